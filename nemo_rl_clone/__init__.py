@@ -1,0 +1,1 @@
+"""nemo_rl_clone: Ray-orchestrated RL post-training for LLMs."""
