@@ -1,0 +1,195 @@
+"""Policy config (``policy``): NeMo-RL's keys, typed, with the checks NeMo-RL leaves to runtime crashes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from nemo_rl_clone.models.generation.config import GenerationConfig
+
+
+@dataclass
+class TokenizerConfig:
+    name: Optional[str] = None  # null → policy.model_name
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class OptimizerConfig:
+    """A torch optimizer by class path, built as ``cls(params, **kwargs)``."""
+
+    name: str = "torch.optim.AdamW"
+    kwargs: dict[str, Any] = field(
+        default_factory=lambda: {"lr": 5e-6, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
+    )
+
+
+def _default_scheduler() -> list[dict[str, Any]]:
+    return [
+        {"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 50}},
+        {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0, "total_iters": 10000000000}},
+        {"milestones": [50]},
+    ]
+
+
+def check_scheduler_entries(entries: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """NeMo-RL's scheduler list: ``{name, kwargs}`` entries chained by one optional ``{milestones: [...]}`` entry."""
+    problems = []
+    schedulers = [e for e in entries if "milestones" not in e]
+    for i, entry in enumerate(entries):
+        if "milestones" in entry:
+            if set(entry) != {"milestones"} or not isinstance(entry["milestones"], list):
+                problems.append((f"scheduler[{i}]", "a milestones entry must be exactly {milestones: [int, ...]}"))
+            elif len(entry["milestones"]) != len(schedulers) - 1:
+                problems.append(
+                    (f"scheduler[{i}].milestones", f"needs {len(schedulers) - 1} values for {len(schedulers)} schedulers")
+                )
+        elif "name" not in entry or not set(entry) <= {"name", "kwargs"}:
+            problems.append((f"scheduler[{i}]", f"expected {{name, kwargs}} or {{milestones}}, got keys {sorted(entry)}"))
+    if len(schedulers) > 1 and not any("milestones" in e for e in entries):
+        problems.append(("scheduler", "several schedulers need a {milestones: [...]} entry to chain them"))
+    return problems
+
+
+@dataclass
+class DTensorConfig:
+    enabled: bool = True
+    cpu_offload: bool = False
+    sequence_parallel: bool = False
+    activation_checkpointing: bool = False
+    tensor_parallel_size: int = 1
+    context_parallel_size: int = 1
+    custom_parallel_plan: Optional[str] = None
+
+
+@dataclass
+class MegatronOptimizerConfig:
+    optimizer: str = "adam"
+    lr: float = 5e-6
+    min_lr: float = 5e-7
+    weight_decay: float = 0.01
+    bf16: bool = True
+    fp16: bool = False
+    params_dtype: str = "float32"
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    sgd_momentum: float = 0.9
+    use_distributed_optimizer: bool = True
+    use_precision_aware_optimizer: bool = True
+    clip_grad: float = 1.0
+
+
+@dataclass
+class MegatronSchedulerConfig:
+    start_weight_decay: float = 0.01
+    end_weight_decay: float = 0.01
+    weight_decay_incr_style: str = "constant"
+    lr_decay_style: str = "constant"
+    lr_decay_iters: Optional[int] = None
+    lr_warmup_iters: int = 50
+    lr_warmup_init: float = 5e-7
+
+
+@dataclass
+class MegatronDDPConfig:
+    grad_reduce_in_fp32: bool = False
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    average_in_collective: bool = True
+    use_custom_fsdp: bool = False
+    data_parallel_sharding_strategy: str = "optim_grads_params"
+
+
+@dataclass
+class MegatronConfig:
+    enabled: bool = False
+    empty_unused_memory_level: int = 0
+    activation_checkpointing: bool = False
+    converter_type: str = "Qwen2ForCausalLM"
+    tensor_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    num_layers_in_last_pipeline_stage: Optional[int] = None
+    context_parallel_size: int = 1
+    pipeline_dtype: str = "bfloat16"
+    sequence_parallel: bool = False
+    freeze_moe_router: bool = True
+    moe_router_dtype: Optional[str] = None
+    moe_router_load_balancing_type: str = "none"
+    moe_router_bias_update_rate: float = 0.0
+    apply_rope_fusion: bool = True
+    optimizer: MegatronOptimizerConfig = field(default_factory=MegatronOptimizerConfig)
+    scheduler: MegatronSchedulerConfig = field(default_factory=MegatronSchedulerConfig)
+    distributed_data_parallel_config: MegatronDDPConfig = field(default_factory=MegatronDDPConfig)
+
+
+@dataclass
+class DynamicBatchingConfig:
+    """Token-budgeted microbatches of length-sorted samples (less padding)."""
+
+    enabled: bool = False
+    train_mb_tokens: Optional[int] = None
+    logprob_mb_tokens: Optional[int] = None
+    sequence_length_round: int = 64
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.enabled and (self.train_mb_tokens is None or self.logprob_mb_tokens is None):
+            return [("enabled", "dynamic batching needs train_mb_tokens and logprob_mb_tokens")]
+        return []
+
+
+@dataclass
+class SequencePackingConfig:
+    enabled: bool = False
+    train_mb_tokens: Optional[int] = None
+    logprob_mb_tokens: Optional[int] = None
+    algorithm: Literal["modified_first_fit_decreasing", "first_fit_decreasing"] = "modified_first_fit_decreasing"
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.enabled and (self.train_mb_tokens is None or self.logprob_mb_tokens is None):
+            return [("enabled", "sequence packing needs train_mb_tokens and logprob_mb_tokens")]
+        return []
+
+
+@dataclass
+class PolicyConfig:
+    model_name: str = "Qwen/Qwen2.5-1.5B"
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    train_global_batch_size: int = 512
+    train_micro_batch_size: int = 4
+    logprob_batch_size: int = 4
+    max_total_sequence_length: int = 512
+    precision: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    max_grad_norm: Optional[float] = 1.0
+    logprob_chunk_size: Optional[int] = None
+    make_sequence_length_divisible_by: int = 1
+    refit_buffer_size_gb: Optional[float] = None
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    scheduler: Optional[list[dict[str, Any]]] = field(default_factory=_default_scheduler)
+    dtensor_cfg: DTensorConfig = field(default_factory=DTensorConfig)
+    megatron_cfg: MegatronConfig = field(default_factory=MegatronConfig)
+    dynamic_batching: DynamicBatchingConfig = field(default_factory=DynamicBatchingConfig)
+    sequence_packing: SequencePackingConfig = field(default_factory=SequencePackingConfig)
+    generation: Optional[GenerationConfig] = field(default_factory=GenerationConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.dtensor_cfg.enabled == self.megatron_cfg.enabled:
+            state = "both" if self.dtensor_cfg.enabled else "neither"
+            problems.append(("dtensor_cfg.enabled", f"exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true ({state} is)"))
+        for name in ("train_global_batch_size", "train_micro_batch_size", "logprob_batch_size", "max_total_sequence_length"):
+            if getattr(self, name) < 1:
+                problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
+        if self.train_micro_batch_size >= 1 and self.train_global_batch_size % self.train_micro_batch_size:
+            problems.append(
+                ("train_global_batch_size", f"must be a multiple of train_micro_batch_size ({self.train_global_batch_size} % {self.train_micro_batch_size} != 0)")
+            )
+        if self.dynamic_batching.enabled and self.sequence_packing.enabled:
+            problems.append(("dynamic_batching.enabled", "dynamic_batching and sequence_packing cannot both be enabled"))
+        if self.scheduler:
+            problems.extend(check_scheduler_entries(self.scheduler))
+        return problems

@@ -1,0 +1,422 @@
+"""Crash-safe checkpoint directories with top-k retention (SPEC §9).
+
+Layout: ``checkpoint_dir/step_N/{training_info.json, config.yaml, ...}``; callers add ``policy/...``,
+``train_dataloader.pt`` and so on. A checkpoint is written into ``tmp_step_N`` and only becomes ``step_N`` by an
+atomic rename after every file is fsynced, so a crash at any point leaves either the previous complete state or
+the new complete state, never a half-written ``step_N``.
+
+Names in ``checkpoint_dir`` and what they mean:
+
+- ``step_N``: a complete checkpoint (it holds ``training_info.json``).
+- ``tmp_*``: debris of an interrupted save, replace or prune; removed when a manager is constructed.
+- ``old_step_N``: a complete checkpoint moved aside while a re-save of step N was being put in place (only on
+  filesystems without an atomic directory exchange); restored as ``step_N`` on construction if the new one never
+  arrived, otherwise removed.
+
+One manager (one process) owns a ``checkpoint_dir`` at a time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from omegaconf import OmegaConf
+
+logger = logging.getLogger(__name__)
+
+TRAINING_INFO_FILE = "training_info.json"
+CONFIG_FILE = "config.yaml"
+MODEL_SAVE_FORMATS = ("safetensors", "torch_save")
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+_TMP_STEP_RE = re.compile(r"^tmp_step_(\d+)$")
+_OLD_STEP_RE = re.compile(r"^old_step_(\d+)$")
+_DEADLINE_RE = re.compile(r"^(\d+):(\d+):(\d+):(\d+)$")
+_DEADLINE_FORMAT_HINT = "expected 'DD:HH:MM:SS' (e.g. '00:03:45:00' = 3 h 45 min after the run starts)"
+
+
+@dataclass
+class CheckpointingConfig:
+    """The ``checkpointing`` config section (NeMo-RL keys).
+
+    ``metric_name`` is ``"<prefix>:<name>"``, e.g. ``"val:accuracy"`` or ``"train:loss"``; see `get_metric` for
+    how it is looked up in ``training_info``. ``checkpoint_must_save_by`` is a ``"DD:HH:MM:SS"`` budget measured
+    from the start of the run: the train loop saves and stops before it runs out.
+    """
+
+    enabled: bool = True
+    checkpoint_dir: str = "results/grpo"
+    metric_name: Optional[str] = "val:accuracy"
+    higher_is_better: bool = True
+    keep_top_k: Optional[int] = 3
+    save_period: int = 10
+    checkpoint_must_save_by: Optional[str] = None
+    model_save_format: str = "safetensors"
+    save_consolidated: bool = False
+
+    def check(self) -> list[tuple[str, str]]:
+        """Semantic problems as ``(key relative to this section, message)``; empty when valid."""
+        problems: list[tuple[str, str]] = []
+        if not self.checkpoint_dir:
+            problems.append(("checkpoint_dir", "must be a non-empty path"))
+        if self.save_period < 1:
+            problems.append(("save_period", f"must be >= 1, got {self.save_period}"))
+        if self.keep_top_k is not None and self.keep_top_k < 1:
+            problems.append(("keep_top_k", f"must be >= 1 or null (keep all), got {self.keep_top_k}"))
+        if self.metric_name is not None:
+            prefix, sep, name = self.metric_name.partition(":")
+            if not (sep and prefix and name):
+                problems.append(
+                    ("metric_name", f"must be '<prefix>:<name>' like 'val:accuracy' or null, got {self.metric_name!r}")
+                )
+        if self.checkpoint_must_save_by is not None:
+            try:
+                parse_deadline(self.checkpoint_must_save_by)
+            except ValueError as e:
+                problems.append(("checkpoint_must_save_by", str(e)))
+        if self.model_save_format not in MODEL_SAVE_FORMATS:
+            problems.append(
+                ("model_save_format", f"must be one of {list(MODEL_SAVE_FORMATS)}, got {self.model_save_format!r}")
+            )
+        return problems
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Schedule: period and deadline
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def should_save(step: int, cfg: CheckpointingConfig, is_last_step: bool) -> bool:
+    """Whether to checkpoint after ``step`` (1-based count of completed steps): every ``save_period`` and at the end."""
+    return cfg.enabled and (is_last_step or step % cfg.save_period == 0)
+
+
+def parse_deadline(s: str) -> float:
+    """Seconds in a ``"DD:HH:MM:SS"`` duration; ``ValueError`` naming the format on anything else."""
+    match = _DEADLINE_RE.match(s.strip()) if isinstance(s, str) else None
+    if match is None:
+        raise ValueError(f"bad deadline {s!r}: {_DEADLINE_FORMAT_HINT}")
+    days, hours, minutes, seconds = (int(g) for g in match.groups())
+    for value, limit, unit in ((hours, 24, "hours"), (minutes, 60, "minutes"), (seconds, 60, "seconds")):
+        if value >= limit:
+            raise ValueError(f"bad deadline {s!r}: {unit} must be < {limit}; {_DEADLINE_FORMAT_HINT}")
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def must_save_by_deadline(
+    cfg: CheckpointingConfig, start_time: float, now: Optional[float] = None, expected_step_s: float = 0.0
+) -> bool:
+    """True when the run must save and stop now to respect ``checkpoint_must_save_by``.
+
+    ``start_time`` and ``now`` are ``time.monotonic()`` readings. ``expected_step_s`` is how long the next step
+    (plus its save) is expected to take: the check fires when finishing it would cross the deadline. Always False
+    when checkpointing is disabled or no deadline is set.
+    """
+    if not cfg.enabled or cfg.checkpoint_must_save_by is None:
+        return False
+    now = time.monotonic() if now is None else now
+    return (now - start_time) + expected_step_s >= parse_deadline(cfg.checkpoint_must_save_by)
+
+
+class SaveDeadline:
+    """Tracks step durations so a train loop can stop one step early rather than one step late.
+
+    Usage: ``deadline = SaveDeadline(cfg)`` at start; after each step ``deadline.mark_step()``; then
+    ``if deadline.reached(): save and stop``. Uses the longest step seen as the estimate of the next one.
+    """
+
+    def __init__(self, cfg: CheckpointingConfig, start_time: Optional[float] = None):
+        self._cfg = cfg
+        self.start_time = time.monotonic() if start_time is None else start_time
+        self._last_mark = self.start_time
+        self.longest_step_s = 0.0
+
+    def mark_step(self, now: Optional[float] = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.longest_step_s = max(self.longest_step_s, now - self._last_mark)
+        self._last_mark = now
+
+    def reached(self, now: Optional[float] = None) -> bool:
+        return must_save_by_deadline(self._cfg, self.start_time, now, expected_step_s=self.longest_step_s)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metric lookup
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _raw_metric(training_info: Mapping[str, Any], metric_name: str) -> Any:
+    if metric_name in training_info:
+        return training_info[metric_name]
+    prefix, _, name = metric_name.partition(":")
+    section = training_info.get(prefix)
+    return section.get(name) if isinstance(section, Mapping) else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def get_metric(training_info: Mapping[str, Any], metric_name: str) -> Optional[float]:
+    """The value of ``metric_name`` in ``training_info``, or None if it is absent or not a finite number.
+
+    ``"val:accuracy"`` reads the flat key ``training_info["val:accuracy"]`` when it exists, else the nested
+    ``training_info["val"]["accuracy"]``.
+    """
+    value = _raw_metric(training_info, metric_name)
+    return float(value) if _is_number(value) and math.isfinite(value) else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Filesystem primitives
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (directories too, so their entries are durable)."""
+    for dirpath, _, filenames in os.walk(root):
+        for filename in filenames:
+            file_path = Path(dirpath, filename)
+            if not file_path.is_symlink():
+                _fsync_path(file_path)
+        _fsync_path(Path(dirpath))
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange_dirs(a: Path, b: Path) -> bool:
+    """Atomically swap two directory entries (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(err, f"exchanging {a} and {b}: {os.strerror(err)}")
+
+
+def _replace_dir(new: Path, dest: Path, use_exchange: bool = True) -> None:
+    """Put directory ``new`` at ``dest``, replacing a directory already there, without ever losing both.
+
+    With an atomic exchange ``dest`` always names a complete directory. Without one the old directory sits at
+    ``old_<dest>`` for the instant between two renames; `CheckpointManager` restores it after a crash there.
+    """
+    if not dest.exists():
+        os.rename(new, dest)
+        return
+    if use_exchange and _exchange_dirs(new, dest):
+        shutil.rmtree(new)  # now holds the old contents; a crash here leaves tmp_* debris, cleaned later
+        return
+    backup = dest.with_name(f"old_{dest.name}")
+    if backup.exists():
+        shutil.rmtree(backup)
+    os.rename(dest, backup)
+    os.rename(new, dest)
+    shutil.rmtree(backup)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Manager
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class CheckpointManager:
+    """Writes, finds and prunes ``step_N`` checkpoints under ``cfg.checkpoint_dir``.
+
+    Save protocol: ``tmp = init_tmp_checkpoint(step, info, config)``; write files under ``tmp``;
+    ``final = finalize_checkpoint(tmp)``. Construction cleans debris left by a crashed predecessor.
+    """
+
+    def __init__(self, cfg: CheckpointingConfig):
+        self.cfg = cfg
+        self.checkpoint_dir = Path(cfg.checkpoint_dir)
+        self._warned_missing_metric = False
+        self._recover_debris()
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def init_tmp_checkpoint(
+        self, step: int, training_info: Mapping[str, Any], run_config: Optional[Any] = None
+    ) -> Path:
+        """Create a fresh ``tmp_step_{step}`` holding ``training_info.json`` and ``config.yaml``; return its path.
+
+        ``run_config`` (dict, DictConfig or dataclass) is saved resolved; ``config.yaml`` is skipped when None.
+        """
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+        self._check_metric_type(training_info)
+        try:
+            info_text = json.dumps(dict(training_info), indent=2, sort_keys=True)
+        except TypeError as e:
+            raise TypeError(f"training_info for step {step} is not JSON-serializable: {e}") from e
+
+        tmp_dir = self.checkpoint_dir / f"tmp_step_{step}"
+        if tmp_dir.exists():
+            logger.warning("Removing stale %s before saving step %d", tmp_dir, step)
+            shutil.rmtree(tmp_dir)
+        tmp_dir.mkdir(parents=True)
+        (tmp_dir / TRAINING_INFO_FILE).write_text(info_text)
+        if run_config is not None:
+            (tmp_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(run_config), resolve=True))
+        return tmp_dir
+
+    def finalize_checkpoint(self, tmp_dir: Path | str) -> Path:
+        """fsync ``tmp_dir``, atomically rename it to ``step_N`` (replacing a previous ``step_N``), then prune.
+
+        Returns the final ``step_N`` path.
+        """
+        tmp_dir = Path(tmp_dir)
+        match = _TMP_STEP_RE.match(tmp_dir.name)
+        if match is None or tmp_dir.parent.resolve() != self.checkpoint_dir.resolve():
+            raise ValueError(
+                f"{tmp_dir} is not a tmp_step_N directory made by init_tmp_checkpoint in {self.checkpoint_dir}"
+            )
+        if not (tmp_dir / TRAINING_INFO_FILE).is_file():
+            raise FileNotFoundError(
+                f"{tmp_dir / TRAINING_INFO_FILE} is missing; create the directory with init_tmp_checkpoint"
+            )
+
+        final_dir = self.checkpoint_dir / f"step_{int(match.group(1))}"
+        _fsync_tree(tmp_dir)
+        _replace_dir(tmp_dir, final_dir)
+        _fsync_path(self.checkpoint_dir)
+        self.remove_old_checkpoints()
+        return final_dir
+
+    # -- queries --------------------------------------------------------------------------------------------------
+
+    def list_checkpoints(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints as ``(step, path)``, ascending by step."""
+        if not self.checkpoint_dir.is_dir():
+            return []
+        found = []
+        for child in self.checkpoint_dir.iterdir():
+            match = _STEP_RE.match(child.name)
+            if match and (child / TRAINING_INFO_FILE).is_file():
+                found.append((int(match.group(1)), child))
+        return sorted(found)
+
+    def get_latest_checkpoint_path(self) -> Optional[Path]:
+        """The complete checkpoint with the highest step, or None when there is none."""
+        checkpoints = self.list_checkpoints()
+        return checkpoints[-1][1] if checkpoints else None
+
+    def get_best_checkpoint_path(self) -> Optional[Path]:
+        """The best checkpoint by ``metric_name``/``higher_is_better`` (latest on ties or without a metric)."""
+        ranked = self._ranked_best_first()
+        return ranked[0][1] if ranked else None
+
+    @staticmethod
+    def load_training_info(path: Path | str) -> dict[str, Any]:
+        """The ``training_info.json`` dict of the checkpoint directory ``path``."""
+        info_path = Path(path) / TRAINING_INFO_FILE
+        if not info_path.is_file():
+            raise FileNotFoundError(f"{path} is not a complete checkpoint: {TRAINING_INFO_FILE} is missing")
+        return json.loads(info_path.read_text())
+
+    # -- retention ------------------------------------------------------------------------------------------------
+
+    def remove_old_checkpoints(self) -> list[Path]:
+        """Apply ``keep_top_k`` and return the removed paths. The latest step is always kept.
+
+        ``keep_top_k`` None keeps everything; ``metric_name`` None keeps the k latest; otherwise the k best by the
+        metric plus the latest, with checkpoints lacking the metric ranked last.
+        """
+        k = self.cfg.keep_top_k
+        if k is None:
+            return []
+        checkpoints = self.list_checkpoints()
+        if not checkpoints:
+            return []
+        latest_step = checkpoints[-1][0]
+        keep = {step for step, _ in self._ranked_best_first()[:k]} | {latest_step}
+        removed = []
+        for step, path in checkpoints:
+            if step not in keep:
+                # Rename first so a crash mid-delete leaves tmp_* debris, never a half-deleted step_N.
+                doomed = path.with_name(f"tmp_delete_{path.name}")
+                os.rename(path, doomed)
+                shutil.rmtree(doomed)
+                removed.append(path)
+        if removed:
+            logger.info("Pruned checkpoints (keep_top_k=%d): %s", k, ", ".join(p.name for p in removed))
+        return removed
+
+    def _ranked_best_first(self) -> list[tuple[int, Path]]:
+        checkpoints = self.list_checkpoints()
+        metric_name = self.cfg.metric_name
+        if metric_name is None:
+            return checkpoints[::-1]
+        sign = 1.0 if self.cfg.higher_is_better else -1.0
+        keyed, missing = [], []
+        for step, path in checkpoints:
+            value = get_metric(self.load_training_info(path), metric_name)
+            if value is None:
+                missing.append(path.name)
+            keyed.append(((value is not None, sign * value if value is not None else 0.0, step), step, path))
+        if missing and not self._warned_missing_metric:
+            self._warned_missing_metric = True
+            logger.warning(
+                "Checkpoints %s have no finite %r in %s; they rank last for keep_top_k",
+                missing, metric_name, TRAINING_INFO_FILE,
+            )
+        keyed.sort(key=lambda item: item[0], reverse=True)
+        return [(step, path) for _, step, path in keyed]
+
+    def _check_metric_type(self, training_info: Mapping[str, Any]) -> None:
+        """Fail early on a metric that exists but cannot be ranked (a caller bug, not a missing value)."""
+        if self.cfg.metric_name is None:
+            return
+        value = _raw_metric(training_info, self.cfg.metric_name)
+        if value is not None and not _is_number(value):
+            raise TypeError(
+                f"training_info[{self.cfg.metric_name!r}] must be a number (it ranks checkpoints for keep_top_k), "
+                f"got {type(value).__name__} {value!r}"
+            )
+
+    # -- crash recovery -------------------------------------------------------------------------------------------
+
+    def _recover_debris(self) -> None:
+        if not self.checkpoint_dir.is_dir():
+            return
+        for child in sorted(self.checkpoint_dir.iterdir()):
+            if not child.is_dir():
+                continue
+            if child.name.startswith("tmp_"):
+                logger.warning("Removing incomplete checkpoint debris %s (left by an interrupted run)", child)
+                shutil.rmtree(child)
+            elif (match := _OLD_STEP_RE.match(child.name)) is not None:
+                final_dir = self.checkpoint_dir / f"step_{match.group(1)}"
+                if (final_dir / TRAINING_INFO_FILE).is_file():
+                    logger.warning("Removing %s: its replacement %s is complete", child, final_dir.name)
+                    shutil.rmtree(child)
+                else:
+                    logger.warning("Restoring %s from %s (a re-save was interrupted)", final_dir.name, child.name)
+                    if final_dir.exists():
+                        shutil.rmtree(final_dir)
+                    os.rename(child, final_dir)
+        _fsync_path(self.checkpoint_dir)

@@ -1,0 +1,205 @@
+"""Validate a merged config against typed dataclass schemas.
+
+NeMo-RL accepts any key, so a typo silently falls back to a default. Here every key of the merged config must exist
+in the schema, have the declared type and pass the schema's own cross-field checks. All problems are collected and
+reported together, one line each, naming the full dotted key.
+
+Schema conventions:
+- a schema is a dataclass; nested sections are dataclass-typed fields;
+- supported field types: bool, int, float (ints accepted), str, Any, Optional[X], Union, Literal, list[X],
+  tuple[X, ...], dict[str, X] and nested dataclasses;
+- a dataclass may define ``check(self) -> list[tuple[str, str]]`` returning ``(relative_key, message)`` pairs for
+  impossible combinations; it runs only when the section itself had no type errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar, Union
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """One or more problems in a config; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def validate_config(data: Mapping[str, Any], schema: type[T]) -> T:
+    """Build ``schema`` from ``data`` (plain containers), raising :class:`ConfigError` with every problem found."""
+    problems: list[str] = []
+    result = _convert(data, schema, "", problems, _Context(schema))
+    if problems:
+        raise ConfigError(problems)
+    return result
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A validated config (dataclass) as plain nested dicts, e.g. for saving ``config.yaml``."""
+    return dataclasses.asdict(config)
+
+
+class _Context:
+    """Everything needed to suggest the nearest valid key for an unknown one."""
+
+    def __init__(self, root: type):
+        self.all_keys = sorted(_dotted_keys(root, ""))
+
+    def suggestion(self, dotted: str, siblings: list[str], prefix: str) -> str | None:
+        leaf = dotted.rsplit(".", 1)[-1]
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+        if close:
+            return _join(prefix, close[0])
+        # Maybe the key was put in the wrong section: compare full paths, then leaf names anywhere.
+        close = difflib.get_close_matches(dotted, self.all_keys, n=1, cutoff=0.75)
+        if close:
+            return close[0]
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in self.all_keys}
+        close = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.8)
+        return by_leaf[close[0]] if close else None
+
+
+def _dotted_keys(schema: type, prefix: str) -> set[str]:
+    keys: set[str] = set()
+    hints = typing.get_type_hints(schema)
+    for field in dataclasses.fields(schema):
+        key = _join(prefix, field.name)
+        keys.add(key)
+        inner = _dataclass_in(hints[field.name])
+        if inner is not None:
+            keys |= _dotted_keys(inner, key)
+    return keys
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    """The dataclass inside ``tp`` (itself, or X of Optional[X]), if any."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    if _is_union(tp):
+        for arg in typing.get_args(tp):
+            if dataclasses.is_dataclass(arg):
+                return arg
+    return None
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType)
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    if isinstance(tp, type) and not typing.get_args(tp):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _convert(value: Any, tp: Any, key: str, problems: list[str], ctx: _Context) -> Any:
+    """Check ``value`` against type ``tp``; return the converted value (or None after recording a problem)."""
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _convert_dataclass(value, tp, key, problems, ctx)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if _is_union(tp):
+        if value is None and type(None) in args:
+            return None
+        for option in args:
+            if option is type(None):
+                continue
+            trial: list[str] = []
+            converted = _convert(value, option, key, trial, ctx)
+            if not trial:
+                return converted
+        # Report the error of the single non-null option directly: it reads better than a union listing.
+        non_null = [a for a in args if a is not type(None)]
+        if len(non_null) == 1:
+            return _convert(value, non_null[0], key, problems, ctx)
+        problems.append(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+        return None
+    if origin is Literal:
+        if value not in args:
+            allowed = ", ".join(repr(a) for a in args)
+            problems.append(f"{key}: must be one of {allowed}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            problems.append(f"{key}: expected a list, got {_describe(value)}")
+            return None
+        item_tp = args[0] if args else Any
+        items = [_convert(v, item_tp, f"{key}[{i}]", problems, ctx) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            problems.append(f"{key}: expected a mapping, got {_describe(value)}")
+            return None
+        value_tp = args[1] if len(args) == 2 else Any
+        return {k: _convert(v, value_tp, _join(key, k), problems, ctx) for k, v in value.items()}
+    return _convert_scalar(value, tp, key, problems)
+
+
+def _convert_scalar(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
+    # bool is a subclass of int: `enabled: 1` or `lr: true` are almost always mistakes, so reject them.
+    if tp is bool:
+        ok = isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok:
+            value = float(value)
+    elif tp is str:
+        ok = isinstance(value, str)
+    else:
+        ok = isinstance(value, tp)
+    if not ok:
+        problems.append(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
+        return None
+    return value
+
+
+def _convert_dataclass(value: Any, tp: type, key: str, problems: list[str], ctx: _Context) -> Any:
+    if not isinstance(value, Mapping):
+        problems.append(f"{key or '<root>'}: expected a section (mapping), got {_describe(value)}")
+        return None
+    hints = typing.get_type_hints(tp)
+    fields = {f.name: f for f in dataclasses.fields(tp)}
+    for name in value:
+        if name not in fields:
+            dotted = _join(key, name)
+            near = ctx.suggestion(dotted, list(fields), key)
+            hint = f" (did you mean {near}?)" if near else ""
+            problems.append(f"{dotted}: unknown key{hint}")
+    before = len(problems)
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        dotted = _join(key, name)
+        if name in value:
+            kwargs[name] = _convert(value[name], hints[name], dotted, problems, ctx)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            problems.append(f"{dotted}: missing required key ({_type_name(hints[name])})")
+    if len(problems) > before:
+        return None
+    instance = tp(**kwargs)
+    check = getattr(instance, "check", None)
+    if callable(check):
+        problems.extend(f"{_join(key, sub)}: {msg}" for sub, msg in check())
+    return instance

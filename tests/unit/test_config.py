@@ -1,0 +1,229 @@
+"""Config loading, overrides, CLI and typed validation (SPEC §2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import pytest
+from omegaconf import OmegaConf
+
+from nemo_rl_clone.utils.config import (
+    apply_overrides,
+    load_config,
+    load_config_from_cli,
+    load_validated_config,
+    parse_override_value,
+    resolve_to_container,
+)
+from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------- defaults inheritance and resolvers
+
+
+def test_defaults_string_relative_and_child_wins(tmp_path):
+    write(tmp_path / "base" / "base.yaml", "a: 1\nb: {c: 2, d: 3}\n")
+    child = write(tmp_path / "child.yaml", "defaults: base/base.yaml\nb: {c: 20}\n")
+    cfg = load_config(child)
+    assert OmegaConf.to_container(cfg) == {"a": 1, "b": {"c": 20, "d": 3}}
+    assert "defaults" not in cfg
+
+
+def test_defaults_list_depth_first_later_wins(tmp_path):
+    write(tmp_path / "root.yaml", "x: root\ny: root\nz: root\n")
+    write(tmp_path / "sub" / "mid.yaml", "defaults: ../root.yaml\ny: mid\n")
+    write(tmp_path / "other.yaml", "z: other\ny: other\n")
+    top = write(tmp_path / "top.yaml", "defaults: [sub/mid.yaml, other.yaml]\nx: top\n")
+    cfg = OmegaConf.to_container(load_config(top))
+    # mid (with root underneath) first, then other overrides y and z, then the file itself overrides x.
+    assert cfg == {"x": "top", "y": "other", "z": "other"}
+
+
+def test_defaults_cycle_and_missing_file(tmp_path):
+    write(tmp_path / "a.yaml", "defaults: b.yaml\n")
+    write(tmp_path / "b.yaml", "defaults: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"inheritance cycle a.yaml -> b.yaml -> a.yaml"):
+        load_config(tmp_path / "a.yaml")
+    write(tmp_path / "c.yaml", "defaults: nope.yaml\n")
+    with pytest.raises(ConfigError, match=r"config file not found: .*nope.yaml \(named in defaults of .*c.yaml\)"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_invalid_yaml_is_one_line(tmp_path):
+    bad = write(tmp_path / "bad.yaml", "a: [1, 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert len(err.value.problems) == 1 and "invalid YAML" in err.value.problems[0]
+
+
+def test_mul_resolver_follows_overrides(tmp_path):
+    path = write(tmp_path / "c.yaml", "a: 3\nb: 4\nprod: ${mul:${a},${b}}\n")
+    cfg = apply_overrides(load_config(path), ["a=5"])
+    assert resolve_to_container(cfg)["prod"] == 20
+
+
+# ---------------------------------------------------------------- overrides
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("4", 4), ("0.5", 0.5), ("1e-6", 1e-6), ("true", True), ("null", None), ("[1, 2]", [1, 2]),
+     ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B"), ("", ""), ("'7'", "7")],
+)
+def test_override_value_parsing(text, expected):
+    assert parse_override_value(text) == expected
+
+
+def test_override_forms(tmp_path):
+    cfg = load_config(write(tmp_path / "c.yaml", "a: {b: 1, c: 2}\n"))
+    out = OmegaConf.to_container(apply_overrides(cfg, ["a.b=10", "+a.new=x", "++a.c=3", "++d.e=[1]", "~a.new"]))
+    assert out == {"a": {"b": 10, "c": 3}, "d": {"e": [1]}}
+    assert OmegaConf.to_container(cfg) == {"a": {"b": 1, "c": 2}}  # the input is not mutated
+
+
+def test_override_errors_each_on_one_line(tmp_path):
+    cfg = load_config(write(tmp_path / "c.yaml", "grpo: {num_prompts_per_step: 32}\n"))
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(cfg, ["grpo.num_prompts_per_stpe=4", "+grpo.num_prompts_per_step=4", "~grpo.nope", "noequals"])
+    problems = err.value.problems
+    assert problems[0] == (
+        "override 'grpo.num_prompts_per_stpe=4': grpo.num_prompts_per_stpe does not exist "
+        "(did you mean grpo.num_prompts_per_step?); use +grpo.num_prompts_per_stpe=4 to add a new key"
+    )
+    assert "already exists; use grpo.num_prompts_per_step=4 to change it" in problems[1]
+    assert "cannot delete grpo.nope: no such key" in problems[2]
+    assert "expected key=value" in problems[3]
+    assert len(problems) == 4
+
+
+# ---------------------------------------------------------------- typed validation
+
+
+@dataclass
+class Inner:
+    lr: float = 1e-3
+    mode: Literal["a", "b"] = "a"
+    names: Optional[list[str]] = None
+
+
+@dataclass
+class Outer:
+    steps: int
+    enabled: bool = False
+    inner: Inner = field(default_factory=Inner)
+    extra: dict[str, Any] = field(default_factory=dict)
+    batch: int = 8
+    micro: int = 2
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.batch % self.micro:
+            return [("batch", f"must be a multiple of micro ({self.batch} % {self.micro} != 0)")]
+        return []
+
+
+def test_valid_config_builds_typed_objects():
+    cfg = validate_config({"steps": 3, "inner": {"lr": 1, "names": ["x"]}, "extra": {"k": [1]}}, Outer)
+    assert cfg == Outer(steps=3, inner=Inner(lr=1.0, names=["x"]), extra={"k": [1]})
+    assert isinstance(cfg.inner.lr, float)
+
+
+def test_unknown_key_suggests_nearest_full_key():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"steps": 1, "inner": {"lrr": 0.1}}, Outer)
+    assert err.value.problems == ["inner.lrr: unknown key (did you mean inner.lr?)"]
+
+
+def test_unknown_key_in_wrong_section_suggests_where_it_lives():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"steps": 1, "mode": "a"}, Outer)
+    assert err.value.problems == ["mode: unknown key (did you mean inner.mode?)"]
+
+
+def test_wrong_types_are_named_by_full_key():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"steps": "3", "enabled": 1, "inner": {"lr": True, "mode": "c", "names": "x"}}, Outer)
+    assert err.value.problems == [
+        "steps: expected int, got str '3'",
+        "enabled: expected bool, got int 1",
+        "inner.lr: expected float, got bool True",
+        "inner.mode: must be one of 'a', 'b', got 'c'",
+        "inner.names: expected a list, got str 'x'",
+    ]
+
+
+def test_missing_required_key_and_section_type():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"inner": 5}, Outer)
+    assert err.value.problems == ["steps: missing required key (int)", "inner: expected a section (mapping), got int 5"]
+
+
+def test_impossible_combination_uses_schema_check():
+    with pytest.raises(ConfigError) as err:
+        validate_config({"steps": 1, "batch": 7, "micro": 2}, Outer)
+    assert err.value.problems == ["batch: must be a multiple of micro (7 % 2 != 0)"]
+
+
+# ---------------------------------------------------------------- the real GRPO schema and CLI
+
+
+def grpo_schema():
+    from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
+
+    return GRPOMasterConfig
+
+
+def test_grpo_math_1b_yaml_is_valid_and_resolved():
+    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", ["policy.max_total_sequence_length=1024"], grpo_schema())
+    assert cfg.grpo.num_prompts_per_step == 32
+    assert cfg.policy.generation.max_new_tokens == 1024  # interpolation sees the override
+    assert cfg.policy.dynamic_batching.train_mb_tokens == 1024 * 4  # ${mul:...}
+    assert cfg.loss_fn.ratio_clip_min == 0.2
+
+
+def test_grpo_impossible_combinations():
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(
+            REPO / "configs" / "grpo_math_1B.yaml",
+            ["policy.megatron_cfg.enabled=true", "policy.train_global_batch_size=100", "grpo.num_generations_per_prompt=1"],
+            grpo_schema(),
+        )
+    text = "\n".join(err.value.problems)
+    assert "policy.dtensor_cfg.enabled: exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true (both is)" in text
+    assert "policy.train_global_batch_size: must be a multiple of train_micro_batch_size (100 % 4 != 0)" in text
+    assert "grpo.use_leave_one_out_baseline: needs num_generations_per_prompt >= 2" in text
+
+
+def test_cli_exits_2_with_one_line_per_problem(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_config_from_cli(
+            grpo_schema(), REPO / "configs" / "grpo_math_1B.yaml", ["++policy.precison=float32", "++grpo.seed=abc"]
+        )
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "Invalid config (2 problems):",
+        "  grpo.seed: expected int, got str 'abc'",
+        "  policy.precison: unknown key (did you mean policy.precision?)",
+    ]
+
+
+def test_run_grpo_math_typo_exits_2_and_names_the_key():
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "run_grpo_math.py"), "grpo.num_prompts_per_stpe=4"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "did you mean grpo.num_prompts_per_step?" in proc.stderr
+    assert "Traceback" not in proc.stderr
