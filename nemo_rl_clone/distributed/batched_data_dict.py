@@ -1,0 +1,459 @@
+"""``BatchedDataDict``: the batch container passed between the driver and Ray workers.
+
+A dict of per-sample values that share dimension 0: tensors of shape ``[B, ...]`` and Python lists of length
+``B``. It knows how to concatenate batches (padding ragged tensors), shard them over data-parallel ranks and cut
+them into microbatches, optionally bounded by a token budget (dynamic batching or sequence packing).
+
+Validation rule: every value must be a tensor with ``ndim >= 1`` or a ``list``, and all must have the same length
+along dim 0. It is checked on construction and by every operation that needs the batch size (``size`` and all
+methods below); plain ``d[key] = value`` assignments are not checked, so a batch may be built up key by key.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from copy import deepcopy
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from nemo_rl_clone.distributed.sequence_packing import PACKING_ALGORITHMS, plan_token_bounded_shards
+
+_DYNAMIC_KEYS = {"input_key", "input_lengths_key", "max_tokens_per_microbatch", "sequence_length_round"}
+_PACKING_KEYS = {"input_key", "input_lengths_key", "max_tokens_per_microbatch", "algorithm", "sequence_length_round"}
+
+
+@dataclass(frozen=True)
+class MicrobatchPlan:
+    """Token-bounded microbatches of one shard, made by ``shard_by_batch_size``.
+
+    Attributes:
+        kind: ``"dynamic"`` (length-sorted, padded microbatches) or ``"packing"`` (bins to be packed into rows).
+        input_key: the ``[B, S]`` token tensor the plan was made for; its sequence dim is truncated per microbatch.
+        input_lengths_key: per-sample lengths used for the plan.
+        indices: ``indices[g][m] = (start, end)``, the rows of microbatch ``m`` of global batch ``g`` in this shard.
+        lengths: ``lengths[g][m]``; dynamic: the padded sequence length of the microbatch (its longest sample
+            rounded up to ``sequence_length_round``); packing: the total (rounded) tokens in the bin. 0 when empty.
+    """
+
+    kind: Literal["dynamic", "packing"]
+    input_key: str
+    input_lengths_key: str
+    indices: list[list[tuple[int, int]]]
+    lengths: list[list[int]]
+
+
+class BatchedDataDict(dict[str, Any]):
+    """A dict of tensors ``[B, ...]`` and lists of length ``B`` (see module docstring for validation)."""
+
+    microbatch_plan: MicrobatchPlan | None = None
+
+    def __init__(self, data: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), /, **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
+        _ = self.size
+
+    # ---------------------------------------------------------------- basics
+    @property
+    def size(self) -> int:
+        """Number of samples (length of dim 0); 0 for an empty dict. Raises on invalid or unequal values."""
+        lengths: dict[str, int] = {}
+        for key, value in self.items():
+            if isinstance(value, torch.Tensor) and value.ndim >= 1:
+                lengths[key] = value.shape[0]
+            elif isinstance(value, list):
+                lengths[key] = len(value)
+            else:
+                shape = f" with shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
+                raise TypeError(
+                    f"BatchedDataDict[{key!r}] must be a torch.Tensor with ndim >= 1 or a list, "
+                    f"got {type(value).__name__}{shape}"
+                )
+        if len(set(lengths.values())) > 1:
+            listing = ", ".join(f"{key}={length}" for key, length in lengths.items())
+            raise ValueError(f"BatchedDataDict values must have the same length along dim 0, got {listing}")
+        return next(iter(lengths.values()), 0)
+
+    @property
+    def micro_batch_indices(self) -> list[list[tuple[int, int]]] | None:
+        return self.microbatch_plan.indices if self.microbatch_plan else None
+
+    @property
+    def micro_batch_lengths(self) -> list[list[int]] | None:
+        return self.microbatch_plan.lengths if self.microbatch_plan else None
+
+    def copy(self) -> BatchedDataDict:
+        """Shallow copy: a new dict (keeping the microbatch plan) whose values are the same tensor/list objects."""
+        result = BatchedDataDict(self)
+        result.microbatch_plan = self.microbatch_plan
+        return result
+
+    def to(self, device: torch.device | str) -> BatchedDataDict:
+        """Move every tensor value to ``device`` in place (list contents are left alone); returns ``self``."""
+        for key, value in self.items():
+            if isinstance(value, torch.Tensor):
+                self[key] = value.to(device)
+        return self
+
+    # ---------------------------------------------------------------- combine
+    @classmethod
+    def from_batches(
+        cls, batches: Sequence[Mapping[str, Any]], pad_value_dict: Mapping[str, Any] | None = None
+    ) -> BatchedDataDict:
+        """Concatenate batches along dim 0.
+
+        Tensors of one key must have the same ndim; where their trailing sizes differ, each is right-padded to
+        the largest size per dim with ``pad_value_dict[key]`` (default 0). Lists are concatenated. All batches
+        must have the same keys. An empty ``batches`` gives an empty ``BatchedDataDict``.
+        """
+        batches = list(batches)
+        if not batches:
+            return cls()
+        keys = list(batches[0])
+        for i, batch in enumerate(batches):
+            if set(batch) != set(keys):
+                missing = sorted(set(keys) - set(batch))
+                extra = sorted(set(batch) - set(keys))
+                raise ValueError(
+                    f"from_batches: batch {i} has different keys than batch 0: missing {missing}, unexpected {extra}"
+                )
+            _ = batch.size if isinstance(batch, BatchedDataDict) else BatchedDataDict(batch).size
+        pad_value_dict = pad_value_dict or {}
+        result = cls()
+        for key in keys:
+            values = [batch[key] for batch in batches]
+            if all(isinstance(v, torch.Tensor) for v in values):
+                result[key] = _concat_padded(key, values, pad_value_dict.get(key, 0))
+            elif all(isinstance(v, list) for v in values):
+                result[key] = list(itertools.chain.from_iterable(values))
+            else:
+                kinds = [type(v).__name__ for v in values]
+                raise TypeError(f"from_batches: key {key!r} mixes value types across batches: {kinds}")
+        _ = result.size
+        return result
+
+    def all_gather(
+        self, group: dist.ProcessGroup | None = None, pad_value_dict: Mapping[str, Any] | None = None
+    ) -> BatchedDataDict:
+        """Gather this batch from every rank of ``group`` (default: world) and concatenate them in rank order.
+
+        A collective: every rank of ``group`` must call it. Uses ``all_gather_object`` (pickling), so it works
+        with any backend and with ragged batches, which ``from_batches`` pads.
+        """
+        gathered: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, self, group=group)
+        return BatchedDataDict.from_batches(gathered, pad_value_dict)
+
+    # ---------------------------------------------------------------- select
+    def slice(self, start: int, end: int) -> BatchedDataDict:
+        """Samples ``start .. end-1`` (requires ``0 <= start <= end <= size``). Tensors are views; lists are new."""
+        size = self.size
+        if not 0 <= start <= end <= size:
+            raise IndexError(f"slice({start}, {end}) is out of range for a batch of size {size}")
+        return BatchedDataDict({key: value[start:end] for key, value in self.items()})
+
+    def select_indices(self, indices: Sequence[int] | torch.Tensor) -> BatchedDataDict:
+        """New batch whose sample ``j`` is sample ``indices[j]`` of this one (repeats allowed, no negatives)."""
+        size = self.size
+        index = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+        if isinstance(indices, torch.Tensor) and indices.is_floating_point():
+            raise TypeError(f"select_indices needs integer indices, got a {indices.dtype} tensor")
+        bad = ((index < 0) | (index >= size)).nonzero()
+        if bad.numel():
+            position = int(bad[0])
+            raise IndexError(
+                f"select_indices: index {int(index[position])} at position {position} is out of range "
+                f"for a batch of size {size}"
+            )
+        positions = index.tolist()
+        return BatchedDataDict(
+            {
+                key: value.index_select(0, index.to(value.device))
+                if isinstance(value, torch.Tensor)
+                else [value[i] for i in positions]
+                for key, value in self.items()
+            }
+        )
+
+    def chunk(self, rank: int, chunks: int) -> BatchedDataDict:
+        """Contiguous chunk ``rank`` of ``chunks`` near-equal chunks (the first ``size % chunks`` get one extra)."""
+        if chunks < 1 or not 0 <= rank < chunks:
+            raise ValueError(f"chunk(rank={rank}, chunks={chunks}) needs chunks >= 1 and 0 <= rank < chunks")
+        sizes = _split_sizes(self.size, chunks)
+        start = sum(sizes[:rank])
+        return self.slice(start, start + sizes[rank])
+
+    def get_batch(self, batch_idx: int, batch_size: int) -> BatchedDataDict:
+        """Samples of global batch ``batch_idx`` (``[batch_idx * batch_size, (batch_idx + 1) * batch_size)``).
+
+        A microbatch plan, if present, is narrowed to that global batch (indices re-based to its start).
+        """
+        size = self.size
+        if batch_size < 1:
+            raise ValueError(f"get_batch: batch_size must be >= 1, got {batch_size}")
+        start, end = batch_idx * batch_size, (batch_idx + 1) * batch_size
+        if batch_idx < 0 or end > size:
+            raise IndexError(f"get_batch({batch_idx}, {batch_size}) needs samples {start}..{end - 1}, batch has {size}")
+        batch = self.slice(start, end)
+        plan = self.microbatch_plan
+        if plan is not None:
+            if len(plan.indices) * batch_size != size:
+                raise ValueError(
+                    f"get_batch: this shard's microbatch plan covers {len(plan.indices)} global batches of "
+                    f"{size} samples, which does not match batch_size={batch_size}"
+                )
+            batch.microbatch_plan = replace(
+                plan,
+                indices=[[(s - start, e - start) for s, e in plan.indices[batch_idx]]],
+                lengths=[list(plan.lengths[batch_idx])],
+            )
+        return batch
+
+    def repeat_interleave(self, num_repeats: int) -> BatchedDataDict:
+        """Each sample repeated ``num_repeats`` times, adjacent (``[a, b] -> [a, a, b, b]``), e.g. GRPO groups.
+
+        List items are deep-copied per repeat so that repeats can be mutated independently (rollouts append to
+        each sample's message log).
+        """
+        if num_repeats < 1:
+            raise ValueError(f"repeat_interleave: num_repeats must be >= 1, got {num_repeats}")
+        _ = self.size
+        return BatchedDataDict(
+            {
+                key: value.repeat_interleave(num_repeats, dim=0)
+                if isinstance(value, torch.Tensor)
+                else [deepcopy(item) for item in value for _ in range(num_repeats)]
+                for key, value in self.items()
+            }
+        )
+
+    def reorder_data(self, reordered_indices: Sequence[int] | torch.Tensor) -> None:
+        """In place, move the sample at position ``j`` to position ``reordered_indices[j]``.
+
+        This is the inverse of ``select_indices``: after ``shards, order = shard_by_batch_size(...)`` with dynamic
+        batching or packing, ``from_batches(per_shard_outputs).reorder_data(order)`` restores the input order.
+        ``reordered_indices`` must be a permutation of ``range(size)``. Drops any microbatch plan.
+        """
+        size = self.size
+        order = torch.as_tensor(reordered_indices, dtype=torch.long).reshape(-1)
+        if order.numel() != size or not torch.equal(order.sort().values, torch.arange(size)):
+            raise ValueError(f"reorder_data needs a permutation of range({size}), got {order.tolist()}")
+        restored = self.select_indices(torch.argsort(order))
+        self.clear()
+        self.update(restored)
+        self.microbatch_plan = None
+
+    # ---------------------------------------------------------------- microbatches
+    def make_microbatch_iterator(self, microbatch_size: int) -> Iterator[BatchedDataDict]:
+        """Consecutive microbatches of ``microbatch_size`` samples; a last, smaller one holds the remainder."""
+        if microbatch_size < 1:
+            raise ValueError(f"microbatch_size must be >= 1, got {microbatch_size}")
+        size = self.size
+        for start in range(0, size, microbatch_size):
+            yield self.slice(start, min(start + microbatch_size, size))
+
+    def make_microbatch_iterator_with_dynamic_shapes(self) -> Iterator[BatchedDataDict]:
+        """Microbatches of a dynamic-batching plan, all global batches in order.
+
+        Each has its sequence dim (dim 1 of every tensor as wide as ``plan.input_key``) truncated to the
+        microbatch's padded length (capped at the stored width). Empty microbatches (0 rows) can occur only
+        with uneven shards; they keep every rank's microbatch count equal.
+        """
+        plan = self._require_plan("dynamic")
+        for ranges, lengths in zip(plan.indices, plan.lengths, strict=True):
+            for (start, end), length in zip(ranges, lengths, strict=True):
+                yield self._truncated_slice(start, end, length)
+
+    def make_microbatch_iterator_for_packable_sequences(self) -> Iterator[BatchedDataDict]:
+        """Bins of a sequence-packing plan, all global batches in order, one ``BatchedDataDict`` per bin.
+
+        Rows are still padded samples, truncated along the sequence dim to the longest sample in the bin; the
+        consumer packs them into one row using ``plan.input_lengths_key``. ``micro_batch_lengths`` gives each
+        bin's token total. Empty bins (0 rows) can occur only with uneven shards.
+        """
+        plan = self._require_plan("packing")
+        sample_lengths = _as_int_list(self[plan.input_lengths_key])
+        for start, end in itertools.chain.from_iterable(plan.indices):
+            yield self._truncated_slice(start, end, max(sample_lengths[start:end], default=0))
+
+    # ---------------------------------------------------------------- sharding
+    def shard_by_batch_size(
+        self,
+        shards: int,
+        batch_size: int | None = None,
+        allow_uneven_shards: bool = False,
+        dynamic_batching_args: Mapping[str, Any] | None = None,
+        sequence_packing_args: Mapping[str, Any] | None = None,
+    ) -> list[BatchedDataDict] | tuple[list[BatchedDataDict], list[int]]:
+        """Split into ``shards`` data-parallel shards, global batch by global batch.
+
+        The batch is a sequence of global batches of ``batch_size`` samples (one if ``None``). Each global batch
+        is split into ``shards`` pieces and shard ``i`` holds its piece of every global batch, in order, so every
+        rank sees the same number of samples per optimizer step. ``batch_size`` must divide the size, and
+        ``shards`` must divide ``batch_size`` unless ``allow_uneven_shards`` (then the first shards get one extra).
+
+        Plain sharding gives contiguous pieces and returns ``list[BatchedDataDict]``.
+
+        With ``dynamic_batching_args`` (``input_key``, ``input_lengths_key``, ``max_tokens_per_microbatch``,
+        ``sequence_length_round``) or ``sequence_packing_args`` (``input_key``, ``input_lengths_key``,
+        ``max_tokens_per_microbatch``, ``algorithm`` in ``PACKING_ALGORITHMS``, optional
+        ``sequence_length_round``, default 1), each global batch is sorted by length and dealt round-robin to
+        the shards (balancing tokens per rank). Inside each shard, samples are cut into length-sorted padded
+        microbatches of at most ``max_tokens_per_microbatch`` padded tokens, or bin-packed into bins of at most
+        that many tokens (each sample costs its length rounded up to ``sequence_length_round``). Every shard
+        then gets the same number of microbatches per global batch, needed because FSDP collectives run once
+        per microbatch on every rank: shards with fewer are split further (halving their largest microbatch).
+        Each shard carries a ``MicrobatchPlan`` and the call returns ``(shards, order)`` where ``order[j]`` is
+        the input index of row ``j`` of the shards concatenated in shard order; restore the input order of
+        per-shard outputs with ``from_batches(outputs).reorder_data(order)``.
+        """
+        if dynamic_batching_args is not None and sequence_packing_args is not None:
+            raise ValueError("shard_by_batch_size: pass dynamic_batching_args or sequence_packing_args, not both")
+        size = self.size
+        if shards < 1:
+            raise ValueError(f"shard_by_batch_size: shards must be >= 1, got {shards}")
+        if batch_size is None:
+            batch_size = max(size, 1)  # an empty batch is zero global batches
+        elif batch_size < 1:
+            raise ValueError(f"shard_by_batch_size: batch_size must be >= 1, got {batch_size}")
+        if size and size % batch_size:
+            raise ValueError(
+                f"shard_by_batch_size: batch of {size} samples is not a whole number of global batches of "
+                f"batch_size={batch_size}"
+            )
+        if size and batch_size % shards and not allow_uneven_shards:
+            raise ValueError(
+                f"shard_by_batch_size: batch_size={batch_size} is not divisible by shards={shards}; "
+                f"pass allow_uneven_shards=True to give the first shards one extra sample"
+            )
+        num_batches = size // batch_size if size else 0
+        if dynamic_batching_args is not None:
+            return self._shard_token_bounded(shards, batch_size, num_batches, "dynamic", dynamic_batching_args)
+        if sequence_packing_args is not None:
+            return self._shard_token_bounded(shards, batch_size, num_batches, "packing", sequence_packing_args)
+        piece_sizes = _split_sizes(batch_size, shards) if size else [0] * shards
+        offsets = [sum(piece_sizes[:s]) for s in range(shards)]
+        return [
+            self.select_indices(
+                [g * batch_size + offsets[s] + k for g in range(num_batches) for k in range(piece_sizes[s])]
+            )
+            for s in range(shards)
+        ]
+
+    def _shard_token_bounded(
+        self,
+        shards: int,
+        batch_size: int,
+        num_batches: int,
+        kind: Literal["dynamic", "packing"],
+        args: Mapping[str, Any],
+    ) -> tuple[list[BatchedDataDict], list[int]]:
+        """Token-bounded sharding; see ``shard_by_batch_size`` and ``plan_token_bounded_shards``."""
+        args = _checked_args(args, kind)
+        lengths = self._sample_lengths(args["input_lengths_key"], args["input_key"]) if num_batches else []
+        plans = plan_token_bounded_shards(
+            lengths,
+            shards,
+            batch_size,
+            args["max_tokens_per_microbatch"],
+            args["sequence_length_round"],
+            args["algorithm"] if kind == "packing" else None,
+        )
+        result = []
+        for plan in plans:
+            shard = self.select_indices(plan.order)
+            shard.microbatch_plan = MicrobatchPlan(
+                kind, args["input_key"], args["input_lengths_key"], plan.ranges, plan.tokens
+            )
+            result.append(shard)
+        return result, list(itertools.chain.from_iterable(plan.order for plan in plans))
+
+    # ---------------------------------------------------------------- helpers
+    def _sample_lengths(self, lengths_key: str, input_key: str) -> list[int]:
+        for key in (lengths_key, input_key):
+            if key not in self:
+                raise KeyError(f"microbatching needs key {key!r}, batch has keys {list(self)}")
+        tokens = self[input_key]
+        if not isinstance(tokens, torch.Tensor) or tokens.ndim < 2:
+            raise ValueError(f"input_key {input_key!r} must be a tensor [batch, seq, ...] for microbatching")
+        lengths = _as_int_list(self[lengths_key])
+        for index, length in enumerate(lengths):
+            if not 0 <= length <= tokens.shape[1]:
+                raise ValueError(
+                    f"{lengths_key}[{index}] = {length} is outside 0..{tokens.shape[1]} "
+                    f"(the sequence width of {input_key!r})"
+                )
+        return lengths
+
+    def _require_plan(self, kind: str) -> MicrobatchPlan:
+        plan = self.microbatch_plan
+        if plan is None or plan.kind != kind:
+            argument = "dynamic_batching_args" if kind == "dynamic" else "sequence_packing_args"
+            found = plan.kind if plan else "none"
+            raise ValueError(
+                f"this batch has no {kind} microbatch plan (found: {found}); make it with "
+                f"shard_by_batch_size(..., {argument}=...)"
+            )
+        return plan
+
+    def _truncated_slice(self, start: int, end: int, length: int) -> BatchedDataDict:
+        assert self.microbatch_plan is not None
+        width = self[self.microbatch_plan.input_key].shape[1]
+        batch = self.slice(start, end)
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == width:
+                batch[key] = value[:, : min(length, width)]
+        return batch
+
+
+def _split_sizes(total: int, parts: int) -> list[int]:
+    """``parts`` near-equal sizes summing to ``total``; the first ``total % parts`` are one larger."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def _as_int_list(values: torch.Tensor | list[Any]) -> list[int]:
+    if isinstance(values, torch.Tensor):
+        if values.is_floating_point() or values.ndim != 1:
+            raise ValueError(f"sequence lengths must be a 1-D integer tensor, got {values.dtype} {tuple(values.shape)}")
+        return values.tolist()
+    return [int(v) for v in values]
+
+
+def _checked_args(args: Mapping[str, Any], kind: Literal["dynamic", "packing"]) -> dict[str, Any]:
+    name = "dynamic_batching_args" if kind == "dynamic" else "sequence_packing_args"
+    allowed = _DYNAMIC_KEYS if kind == "dynamic" else _PACKING_KEYS
+    unknown = sorted(set(args) - allowed)
+    missing = sorted(allowed - {"sequence_length_round"} - set(args))
+    if unknown or missing:
+        raise ValueError(f"{name}: unknown keys {unknown}, missing keys {missing}; expected {sorted(allowed)}")
+    checked = {"sequence_length_round": 1, **args}
+    for key in ("max_tokens_per_microbatch", "sequence_length_round"):
+        if not isinstance(checked[key], int) or checked[key] < 1:
+            raise ValueError(f"{name}[{key!r}] must be a positive int, got {checked[key]!r}")
+    if kind == "packing" and checked["algorithm"] not in PACKING_ALGORITHMS:
+        raise ValueError(
+            f"{name}['algorithm'] = {checked['algorithm']!r} is unknown; choose one of {list(PACKING_ALGORITHMS)}"
+        )
+    return checked
+
+
+def _concat_padded(key: str, tensors: list[torch.Tensor], pad_value: Any) -> torch.Tensor:
+    """Concatenate along dim 0, right-padding every trailing dim to its largest size with ``pad_value``."""
+    ndims = {t.ndim for t in tensors}
+    if len(ndims) > 1:
+        shapes = [tuple(t.shape) for t in tensors]
+        raise ValueError(f"from_batches: key {key!r} has tensors of different ndim across batches: {shapes}")
+    trailing = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].ndim)]
+    if all(list(t.shape[1:]) == trailing for t in tensors):
+        return torch.cat(tensors)
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+    rows = sum(t.shape[0] for t in tensors)
+    out = torch.full((rows, *trailing), pad_value, dtype=dtype, device=tensors[0].device)
+    row = 0
+    for t in tensors:
+        out[(slice(row, row + t.shape[0]), *(slice(0, s) for s in t.shape[1:]))] = t
+        row += t.shape[0]
+    return out

@@ -1,0 +1,316 @@
+"""Experiment logging: console, `metrics.jsonl`, TensorBoard, wandb and MLflow behind one `Logger`.
+
+Metric names follow NeMo-RL (`train/loss`, `validation/accuracy`, `timing/train/generation`,
+`performance/tokens_per_sec`, ...): the caller passes the first component(s) as `prefix`.
+
+Files written under the run's log dir:
+- `metrics.jsonl`: one JSON object per `log_metrics` call, `{"step": 3, "train/loss": 0.41, ...}`.
+- `train_data_step{N}.jsonl` (or another name): one JSON object per sample, see `log_samples_jsonl`.
+- `tensorboard/`, `wandb/`, `mlruns/` when those backends are enabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import numbers
+import operator
+import re
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from nemo_rl_clone.utils.logger_backends import (
+    ConsoleBackend,
+    GpuMonitor,
+    JsonlBackend,
+    MetricsBackend,
+    MlflowBackend,
+    TensorboardBackend,
+    WandbBackend,
+    default_mlflow_tracking_uri,
+)
+
+log = logging.getLogger(__name__)
+
+METRICS_FILENAME = "metrics.jsonl"
+
+
+@dataclass
+class WandbConfig:
+    project: str = "nemo-rl-clone"
+    name: str = "run"
+    mode: str = "offline"  # online | offline | disabled
+
+
+@dataclass
+class TensorboardConfig:
+    pass  # no keys yet; kept so `logger.tensorboard: {}` validates
+
+
+@dataclass
+class MLflowConfig:
+    experiment_name: str = "nemo-rl-clone"
+    run_name: str = "run"
+    tracking_uri: Optional[str] = None  # None -> file store at <log_dir>/mlruns
+
+
+@dataclass
+class LoggerConfig:
+    log_dir: str = "logs"
+    num_val_samples_to_print: int = 0
+    wandb_enabled: bool = False
+    tensorboard_enabled: bool = False
+    mlflow_enabled: bool = False
+    monitor_gpus: bool = True
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
+    mlflow: MLflowConfig = field(default_factory=MLflowConfig)
+
+
+def get_next_experiment_dir(base_dir: str | Path) -> Path:
+    """Creates and returns `base_dir/exp_N`, N = 1 + the largest existing `exp_N` (`exp_1` in an empty dir).
+
+    Safe against concurrent callers: the directory is created with `exist_ok=False`, and a caller that
+    loses the race rescans and tries the next number.
+    """
+    base = Path(base_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    for _ in range(1000):
+        taken = [int(m.group(1)) for p in base.iterdir() if (m := re.fullmatch(r"exp_(\d+)", p.name))]
+        candidate = base / f"exp_{max(taken, default=0) + 1}"
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"Could not create a fresh exp_N directory under {base} after 1000 attempts")
+
+
+class Logger:
+    """Fans metrics, hyperparameters and sample dumps out to the enabled backends.
+
+    `log_dir` is the run's directory (already chosen, e.g. by `get_next_experiment_dir`); `cfg.log_dir` is
+    not used here. The console table can be silenced with `quiet=True` or redirected with `console`.
+    Use as a context manager, or call `finish()` at the end (runs that raised are marked failed in
+    wandb/MLflow when used as a context manager).
+    """
+
+    def __init__(
+        self, cfg: LoggerConfig, log_dir: str | Path, *, quiet: bool = False, console: Console | None = None
+    ) -> None:
+        if cfg.wandb_enabled and cfg.wandb.mode not in WandbBackend.MODES:
+            raise ValueError(f"logger.wandb.mode must be one of {list(WandbBackend.MODES)}, got {cfg.wandb.mode!r}")
+        self.cfg = cfg
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._warned_keys: set[str] = set()
+        self._finished = False
+        self._last_gpu_step: int | None = None
+        self._backends: list[MetricsBackend] = []
+        self._gpu_monitor: GpuMonitor | None = None
+        try:
+            if not quiet:
+                self._backends.append(ConsoleBackend(console))
+            self._backends.append(JsonlBackend(self.log_dir / METRICS_FILENAME))
+            if cfg.tensorboard_enabled:
+                self._backends.append(TensorboardBackend(self.log_dir / "tensorboard"))
+            if cfg.wandb_enabled:
+                self._backends.append(WandbBackend(self.log_dir, cfg.wandb.project, cfg.wandb.name, cfg.wandb.mode))
+            if cfg.mlflow_enabled:
+                uri = cfg.mlflow.tracking_uri or default_mlflow_tracking_uri(self.log_dir)
+                self._backends.append(MlflowBackend(uri, cfg.mlflow.experiment_name, cfg.mlflow.run_name))
+            if cfg.monitor_gpus:
+                self._gpu_monitor = GpuMonitor.create()
+        except BaseException:
+            with contextlib.suppress(Exception):  # keep the original error
+                self.finish(failed=True)  # release the backends that did start
+            raise
+        log.info("Logging to %s (%s)", self.log_dir, ", ".join(type(b).__name__ for b in self._backends))
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int, prefix: str = "") -> dict[str, int | float]:
+        """Logs scalar metrics at `step`; returns what was logged (full keys -> int/float).
+
+        Keys become `"<prefix>/<key>"` (prefix "timing/train" -> "timing/train/generation"); nested
+        mappings are joined with "/". Python/numpy/torch scalars and one-element arrays/tensors are
+        accepted (integers stay int, the rest become float); other values are skipped with one warning
+        per key. With `monitor_gpus` on a GPU node, the first call of each step also logs
+        `gpu_monitoring/gpu{i}/{utilization_pct,memory_used_gib}` at that step.
+        """
+        self._check_open()
+        step = _check_step(step)
+        if not isinstance(metrics, Mapping):
+            raise TypeError(f"log_metrics: metrics must be a mapping of name -> scalar, got {type(metrics).__name__}")
+        flat: dict[str, int | float] = {}
+        for key, value in _flatten(metrics, prefix.strip("/"), "/"):
+            if key == "step":
+                raise ValueError("log_metrics: metric key 'step' is reserved (use a prefix, e.g. prefix='train')")
+            scalar = to_scalar(value)
+            if scalar is None:
+                if key not in self._warned_keys:
+                    self._warned_keys.add(key)
+                    log.warning("log_metrics: skipping %r: not a scalar (got %s)", key, _describe(value))
+                continue
+            flat[key] = scalar
+        if flat:
+            self._emit(flat, step)
+        if self._gpu_monitor is not None and step != self._last_gpu_step:
+            self._last_gpu_step = step
+            self._emit({f"gpu_monitoring/{k}": v for k, v in self._gpu_monitor.sample().items()}, step)
+        return flat
+
+    def log_hyperparams(self, config: Mapping[str, Any] | Any) -> dict[str, Any]:
+        """Logs a (nested) config; returns the flattened `{"a.b.c": value}` form given to TensorBoard/MLflow.
+
+        Accepts a mapping or a dataclass instance; wandb receives the nested form.
+        """
+        self._check_open()
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            config = dataclasses.asdict(config)
+        if not isinstance(config, Mapping):
+            raise TypeError(f"log_hyperparams: config must be a mapping or a dataclass, got {type(config).__name__}")
+        config = _to_plain(config)
+        flat = dict(_flatten(config, "", "."))
+        for backend in self._backends:
+            backend.log_hyperparams(flat, config)
+        return flat
+
+    def log_samples_jsonl(
+        self, rows: Sequence[Mapping[str, Any]], step: int, filename: str = "train_data_step{step}.jsonl"
+    ) -> Path:
+        """Writes one JSON object per row to `log_dir/filename.format(step=step)` (overwritten) and returns the path.
+
+        Rows are mappings such as `{"prompt": str, "response": str, "reward": float, "advantage": float}`;
+        tensors and numpy arrays become (nested) lists, their scalars plain numbers.
+        """
+        self._check_open()
+        step = _check_step(step)
+        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+            raise TypeError(f"log_samples_jsonl: rows must be a list of mappings, got {type(rows).__name__}")
+        lines = []
+        for index, row in enumerate(rows):
+            if not isinstance(row, Mapping):
+                raise TypeError(f"log_samples_jsonl: rows[{index}] must be a mapping, got {type(row).__name__}")
+            try:
+                lines.append(json.dumps(dict(row), default=_json_default) + "\n")
+            except (TypeError, ValueError):
+                for key, value in row.items():  # find the offending key for the error message
+                    try:
+                        json.dumps(value, default=_json_default)
+                    except (TypeError, ValueError) as error:
+                        raise TypeError(
+                            f"log_samples_jsonl: rows[{index}][{key!r}] is not JSON-serialisable: {error}"
+                        ) from None
+                raise
+        path = self.log_dir / filename.format(step=step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(lines), encoding="utf-8")
+        return path
+
+    def finish(self, failed: bool = False) -> None:
+        """Closes every backend (idempotent). All backends are closed even if one fails; the first error is raised."""
+        if self._finished:
+            return
+        self._finished = True
+        errors: list[BaseException] = []
+        for backend in self._backends:
+            try:
+                backend.finish(failed)
+            except Exception as error:
+                errors.append(error)
+        if self._gpu_monitor is not None:
+            self._gpu_monitor.close()
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> Logger:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
+    ) -> None:
+        self.finish(failed=exc_type is not None)
+
+    def _emit(self, flat: dict[str, int | float], step: int) -> None:
+        for backend in self._backends:
+            backend.log_metrics(flat, step)
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise RuntimeError("Logger.finish() was already called; create a new Logger to log more")
+
+
+def to_scalar(value: Any) -> int | float | None:
+    """int/float for Python, numpy and torch scalars (and one-element arrays/tensors); None otherwise."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            return None
+        value = value.item()
+    elif isinstance(value, (np.ndarray, np.generic)):
+        if value.size != 1 or np.iscomplexobj(value):
+            return None
+        value = value.item()
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return None
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str, sep: str) -> list[tuple[str, Any]]:
+    items: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"key {key!r} under {prefix or 'the top level'!r} must be a non-empty string")
+        full = f"{prefix}{sep}{key}" if prefix else key
+        if isinstance(value, Mapping):
+            items.extend(_flatten(value, full, sep))
+        else:
+            items.append((full, value))
+    return items
+
+
+def _to_plain(value: Any) -> Any:
+    """Nested mappings/sequences (e.g. OmegaConf nodes) as plain dicts/lists, which every backend accepts."""
+    if isinstance(value, Mapping):
+        return {key: _to_plain(item) for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_to_plain(item) for item in value]
+    return value
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool):
+        raise TypeError("step must be a non-negative integer, got a bool")
+    try:
+        step = operator.index(step)
+    except TypeError:
+        raise TypeError(f"step must be a non-negative integer, got {type(step).__name__} {step!r}") from None
+    if step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step}")
+    return step
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    return f"{type(value).__name__} of shape {tuple(shape)}" if shape is not None else type(value).__name__
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not supported (use str, numbers, lists, dicts, tensors or arrays)")

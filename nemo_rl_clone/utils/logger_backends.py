@@ -1,0 +1,236 @@
+"""Metric sinks used by `nemo_rl_clone.utils.logger.Logger`.
+
+Every backend receives already-flattened metrics (`{"train/loss": 0.5, ...}` of int/float) and flattened
+hyperparameters (`{"policy.optimizer.kwargs.lr": 5e-6, ...}`). Heavy third-party imports (wandb, mlflow,
+tensorboard) happen inside the constructors so that disabled backends cost nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+from rich import box
+from rich.table import Table
+
+log = logging.getLogger(__name__)
+
+Scalar = int | float
+
+# Console groups, in display order; other groups follow in order of appearance.
+_CONSOLE_GROUP_ORDER = ("train", "validation", "timing", "performance")
+
+
+class MetricsBackend(Protocol):
+    def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None: ...
+
+    def log_hyperparams(self, flat_params: Mapping[str, Any], params: Mapping[str, Any]) -> None: ...
+
+    def finish(self, failed: bool) -> None: ...
+
+
+def param_to_scalar_or_str(value: Any) -> int | float | bool | str:
+    """Hyperparameter value as a type every backend accepts; lists/None/dicts become JSON text."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    try:
+        return json.dumps(value)
+    except TypeError:
+        return str(value)
+
+
+class ConsoleBackend:
+    """Prints one compact rich table per `log_metrics` call, rows grouped by the first key component."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+
+    def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
+        groups: dict[str, list[tuple[str, Scalar]]] = {}
+        for key, value in metrics.items():
+            group, _, name = key.partition("/")
+            groups.setdefault(group if name else "", []).append((name or key, value))
+        ordered = sorted(groups, key=lambda g: _CONSOLE_GROUP_ORDER.index(g) if g in _CONSOLE_GROUP_ORDER else 99)
+
+        table = Table(title=f"step {step}", title_justify="left", show_header=False, box=box.SIMPLE, pad_edge=False)
+        table.add_column("group", style="bold cyan")
+        table.add_column("metric")
+        table.add_column("value", justify="right", style="green")
+        for index, group in enumerate(ordered):
+            if index > 0:
+                table.add_section()
+            for row, (name, value) in enumerate(groups[group]):
+                table.add_row(group if row == 0 else "", name, format_value(value))
+        self.console.print(table)
+
+    def log_hyperparams(self, flat_params: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+        pass  # the resolved config is printed by the config loader
+
+    def finish(self, failed: bool) -> None:
+        pass
+
+
+def format_value(value: Scalar) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
+class JsonlBackend:
+    """Appends `{"step": int, "<prefix>/<name>": value, ...}` per call to a JSONL file, flushed per line.
+
+    Append mode keeps earlier lines when a resumed run reuses the log dir. NaN/inf are written as the
+    JavaScript literals `NaN`/`Infinity` (Python's json reads them back), so a diverged loss stays visible.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
+        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._file.flush()
+
+    def log_hyperparams(self, flat_params: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+        pass
+
+    def finish(self, failed: bool) -> None:
+        self._file.close()
+
+
+class TensorboardBackend:
+    """Scalars via `torch.utils.tensorboard.SummaryWriter`; hyperparameters in the HParams tab."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = log_dir
+        self._writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, global_step=step)
+        self._writer.flush()  # a crashed run still shows everything logged before the crash
+
+    def log_hyperparams(self, flat_params: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+        hparams = {key: param_to_scalar_or_str(value) for key, value in flat_params.items()}
+        # run_name="." keeps the hparams event file in the same run dir as the scalars (the default would
+        # create a timestamped sub-run that TensorBoard lists as a separate run).
+        self._writer.add_hparams(hparams, {}, run_name=".")
+
+    def finish(self, failed: bool) -> None:
+        self._writer.close()
+
+
+class WandbBackend:
+    """A wandb run under `dir`; mode "offline" writes `dir/wandb/offline-run-*` and never touches the network."""
+
+    MODES = ("online", "offline", "disabled")
+
+    def __init__(self, run_dir: Path, project: str, name: str, mode: str) -> None:
+        import wandb
+
+        self._run = wandb.init(dir=str(run_dir), project=project, name=name, mode=mode)
+
+    def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
+        self._run.log(dict(metrics), step=step)
+
+    def log_hyperparams(self, flat_params: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+        self._run.config.update(dict(params), allow_val_change=True)  # wandb shows nesting natively
+
+    def finish(self, failed: bool) -> None:
+        self._run.finish(exit_code=1 if failed else 0)
+
+
+class MlflowBackend:
+    """An MLflow run through `MlflowClient` (no global "active run" state)."""
+
+    def __init__(self, tracking_uri: str, experiment_name: str, run_name: str) -> None:
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(tracking_uri=tracking_uri)
+        experiment = self._client.get_experiment_by_name(experiment_name)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:
+            try:
+                experiment_id = self._client.create_experiment(experiment_name)
+            except MlflowException:  # created concurrently by another run
+                experiment_id = self._client.get_experiment_by_name(experiment_name).experiment_id
+        self.run_id: str = self._client.create_run(experiment_id, run_name=run_name).info.run_id
+
+    def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
+        from mlflow.entities import Metric
+        from mlflow.utils.validation import MAX_METRICS_PER_BATCH
+
+        now_ms = int(time.time() * 1000)
+        entries = [Metric(key, float(value), now_ms, step) for key, value in metrics.items()]
+        for start in range(0, len(entries), MAX_METRICS_PER_BATCH):
+            self._client.log_batch(self.run_id, metrics=entries[start : start + MAX_METRICS_PER_BATCH])
+
+    def log_hyperparams(self, flat_params: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
+
+        entries = [
+            Param(key, str(param_to_scalar_or_str(value))[:MAX_PARAM_VAL_LENGTH]) for key, value in flat_params.items()
+        ]
+        for start in range(0, len(entries), MAX_PARAMS_TAGS_PER_BATCH):
+            self._client.log_batch(self.run_id, params=entries[start : start + MAX_PARAMS_TAGS_PER_BATCH])
+
+    def finish(self, failed: bool) -> None:
+        self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+
+
+def default_mlflow_tracking_uri(log_dir: Path) -> str:
+    """File store at `log_dir/mlruns` (mlflow-skinny has no SQL backend)."""
+    # MLflow >= 3.7 refuses the file store unless this is set; an explicit user setting wins.
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (log_dir / "mlruns").resolve().as_uri()
+
+
+class GpuMonitor:
+    """Utilisation and memory of every NVIDIA GPU on this (the driver's) node, read through NVML.
+
+    NVML sees all GPUs of the node, including those used by Ray workers, without creating a CUDA context.
+    Other nodes of a multi-node cluster are not covered.
+    """
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+
+    @classmethod
+    def create(cls) -> GpuMonitor | None:
+        """A monitor, or None (noted once at INFO level) when there is no CUDA GPU or no NVML binding."""
+        import torch
+
+        if not torch.cuda.is_available():
+            log.info("logger.monitor_gpus: no CUDA device on this machine, GPU monitoring is off")
+            return None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            return cls(pynvml)
+        except Exception as error:  # ImportError, or NVMLError when the driver library is unusable
+            log.info("logger.monitor_gpus: NVML unavailable (%s; install nvidia-ml-py), GPU monitoring is off", error)
+            return None
+
+    def sample(self) -> dict[str, float]:
+        """`{"gpu{i}/utilization_pct": ..., "gpu{i}/memory_used_gib": ...}` for every GPU of the node."""
+        metrics: dict[str, float] = {}
+        for index, handle in enumerate(self._handles):
+            utilization = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+            memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            metrics[f"gpu{index}/utilization_pct"] = float(utilization.gpu)
+            metrics[f"gpu{index}/memory_used_gib"] = memory.used / 2**30
+        return metrics
+
+    def close(self) -> None:
+        self._nvml.nvmlShutdown()
