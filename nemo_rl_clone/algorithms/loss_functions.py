@@ -1,0 +1,460 @@
+"""Losses for GRPO/PPO (`ClippedPGLossFn`), SFT (`NLLLoss`), DPO (`DPOLossFn`) and reward models (`PreferenceLoss`).
+
+Call contract (NeMo-RL's), shared by all four:
+
+    loss, metrics = loss_fn(next_token_logits, data, global_valid_seqs, global_valid_toks,
+                            vocab_parallel_rank=None, vocab_parallel_group=None, context_parallel_group=None)
+
+- `next_token_logits`: [B, S, V] (position t predicts token t+1), or this rank's vocab shard when
+  `vocab_parallel_group` is given. `PreferenceLoss` takes the [B, 1] scores of a classification head instead.
+- `data`: a dict or `BatchedDataDict` of [B, S] / [B] tensors. [B, S] logprob tensors follow SPEC §4 (position i
+  holds log p(token_i | tokens_<i), position 0 is 0), so the losses use their `[:, 1:]`, aligned with the
+  [B, S-1] logprobs computed here. The trainable-token mask is m = token_mask[:, 1:] * sample_mask[:, None].
+- `global_valid_toks` / `global_valid_seqs`: Σ m and Σ sample_mask over the *whole global batch* — all microbatches
+  on all data-parallel ranks (`nemo_rl_clone.distributed.model_utils.valid_counts`). Each call returns its
+  microbatch's *share*: Σ(per-token or per-sequence loss) / global count. Summing the returned losses over the
+  microbatches of one optimizer step and over DP ranks gives the global mean, whatever the number of workers;
+  gradients accumulate the same way (the DP all-reduce must *sum*, not average).
+- `metrics`: python numbers normalised the same way (microbatch sum / global count), so the trainer *sums* each
+  metric over the microbatches of one global batch and over DP ranks to get its global value; counts
+  (`num_valid_samples`, `num_unmasked_tokens`) are local counts and sum to global counts too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from nemo_rl_clone.algorithms.utils import kl_k3, masked_mean
+from nemo_rl_clone.distributed.model_utils import LossType, token_logprobs_from_logits
+from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
+
+__all__ = [
+    "ClippedPGLossConfig",
+    "ClippedPGLossFn",
+    "DPOLossConfig",
+    "DPOLossFn",
+    "LossType",
+    "NLLLoss",
+    "PreferenceLoss",
+]
+
+Metrics = dict[str, float | int]
+_Config = TypeVar("_Config")
+
+
+def _validated(schema: type[_Config], cfg: Mapping[str, Any] | _Config | None, owner: str) -> _Config:
+    """`cfg` (a NeMo-RL config mapping, an OmegaConf DictConfig or the dataclass itself) checked against `schema`.
+
+    Missing keys take the defaults. Raises one ValueError listing every unknown key (with the nearest valid name),
+    wrong type and impossible combination, one line each.
+    """
+    if cfg is None:
+        cfg = schema()
+    if isinstance(cfg, schema):
+        cfg = dataclasses.asdict(cfg)
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"{owner} config must be a mapping or {schema.__name__}, got {type(cfg).__name__}")
+    try:
+        return validate_config(cfg, schema)
+    except ConfigError as error:
+        raise ValueError(f"invalid {owner} config:\n" + "\n".join(f"  {line}" for line in error.problems)) from None
+
+
+@dataclass(frozen=True)
+class ClippedPGLossConfig:
+    """`loss_fn` section of a GRPO config (SPEC §13 keys and defaults)."""
+
+    reference_policy_kl_penalty: float = 0.01
+    ratio_clip_min: float = 0.2
+    ratio_clip_max: float = 0.2
+    ratio_clip_c: float | None = None
+    use_on_policy_kl_approximation: bool = False
+    use_importance_sampling_correction: bool = False
+    truncated_importance_sampling_ratio: float | None = None
+    sequence_level_importance_ratios: bool = False
+    token_level_loss: bool = True
+    disable_ppo_ratio: bool = False
+
+    def check(self) -> list[tuple[str, str]]:
+        """(key, message) for every impossible value or combination; types are checked by `validate_config`."""
+        problems = []
+        for key in ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty"):
+            if getattr(self, key) < 0:
+                problems.append((key, f"must be >= 0, got {getattr(self, key)}"))
+        if self.ratio_clip_c is not None and self.ratio_clip_c <= 1:
+            problems.append(
+                ("ratio_clip_c", f"must be > 1 (dual-clip bound on the ratio) or null, got {self.ratio_clip_c}")
+            )
+        tis = self.truncated_importance_sampling_ratio
+        if tis is not None and tis <= 0:
+            problems.append(("truncated_importance_sampling_ratio", f"must be > 0 or null, got {tis}"))
+        if tis is not None and not self.use_importance_sampling_correction:
+            problems.append(
+                ("truncated_importance_sampling_ratio", "needs use_importance_sampling_correction=true")
+            )
+        if self.sequence_level_importance_ratios and self.token_level_loss:
+            problems.append(
+                ("sequence_level_importance_ratios", "GSPO (true) needs token_level_loss=false")
+            )
+        return problems
+
+
+@dataclass(frozen=True)
+class DPOLossConfig:
+    """`dpo` loss keys of a DPO config (NeMo-RL's names and defaults)."""
+
+    reference_policy_kl_penalty: float = 0.05
+    preference_loss_weight: float = 1.0
+    sft_loss_weight: float = 0.0
+    preference_average_log_probs: bool = False
+    sft_average_log_probs: bool = False
+
+    def check(self) -> list[tuple[str, str]]:
+        """(key, message) for every impossible value; types are checked by `validate_config`."""
+        problems = []
+        if self.reference_policy_kl_penalty <= 0:
+            beta = self.reference_policy_kl_penalty
+            problems.append(("reference_policy_kl_penalty", f"must be > 0 (the DPO β), got {beta}"))
+        for key in ("preference_loss_weight", "sft_loss_weight"):
+            if getattr(self, key) < 0:
+                problems.append((key, f"must be >= 0, got {getattr(self, key)}"))
+        return problems
+
+
+def _require(data: Mapping[str, Any], keys: tuple[str, ...], owner: str) -> None:
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise KeyError(f"{owner}: data is missing {missing} (it needs {list(keys)})")
+
+
+def _policy_logprobs(
+    logits: torch.Tensor,
+    data: Mapping[str, Any],
+    vocab_parallel_rank: int | None,
+    vocab_parallel_group: dist.ProcessGroup | None,
+    context_parallel_group: dist.ProcessGroup | None,
+) -> torch.Tensor:
+    """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits`."""
+    if context_parallel_group is not None and dist.get_world_size(context_parallel_group) > 1:
+        raise NotImplementedError("context parallelism is not supported by the losses; use context_parallel_size=1")
+    vocab_start = None
+    if vocab_parallel_group is not None and vocab_parallel_rank is not None:
+        vocab_start = vocab_parallel_rank * logits.shape[-1]
+    return token_logprobs_from_logits(logits, data["input_ids"], vocab_parallel_group, vocab_start)
+
+
+def _shifted(data: Mapping[str, Any], key: str, like: torch.Tensor) -> torch.Tensor:
+    """data[key][:, 1:] in fp32 on `like`'s device (SPEC §4 [B, S] tensors → [B, S-1])."""
+    return data[key][:, 1:].to(device=like.device, dtype=torch.float32)
+
+
+def _masks(data: Mapping[str, Any], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token_mask[:, 1:], sample_mask, m = token_mask[:, 1:] * sample_mask[:, None]) in fp32."""
+    token_mask = _shifted(data, "token_mask", like)
+    sample_mask = data["sample_mask"].to(device=like.device, dtype=torch.float32)
+    return token_mask, sample_mask, token_mask * sample_mask.unsqueeze(-1)
+
+
+def _masked_diff(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """a − b where valid, else 0: padding holding −inf or NaN never reaches an exp or a gradient."""
+    return torch.where(valid, a - b, torch.zeros_like(a))
+
+
+class ClippedPGLossFn:
+    """Clipped policy-gradient loss with a k3 KL penalty: PPO / GRPO / DAPO clip-higher / dual clip / GSPO / REINFORCE.
+
+    Per trainable token (lp = current, lp_prev = `prev_logprobs`, lp_gen = `generation_logprobs`):
+      r = exp(lp − lp_prev); L = max(−A·r, −A·clip(r, 1 − ratio_clip_min, 1 + ratio_clip_max));
+      dual clip (ratio_clip_c = c): L = min(L, −A·c) where A < 0;
+      `disable_ppo_ratio` (REINFORCE/RLOO): L = −A·lp;
+      GSPO (`sequence_level_importance_ratios`): r = exp(mean over the sequence's tokens of (lp − lp_prev)).
+    Importance-sampling correction (`use_importance_sampling_correction`): L ← w·L with the detached
+      w = exp(lp_prev − lp_gen) (per sequence with GSPO: exp(Σ_t (lp_prev − lp_gen))); NaN/inf → 0; clamped above
+      at `truncated_importance_sampling_ratio` when set.
+    KL: β·k3 with d = clamp(lp_ref − lp, ±20), β = `reference_policy_kl_penalty`; with
+      `use_on_policy_kl_approximation` each token's k3 is weighted by the detached exp(lp − lp_gen), so the penalty
+      estimates KL(π ‖ π_ref) although the tokens were sampled from π_gen.
+    Normalisation: `token_level_loss=true`: Σ(L + kl)·m / global_valid_toks; false: per-sequence token mean,
+      summed over valid sequences / global_valid_seqs.
+
+    Metrics (shares of global means, see the module doc; `loss` and `kl_penalty` use the loss's normalisation,
+    the others the token count): `loss`; `probs_ratio` and
+    `probs_ratio_clamped` (r and its clip; with `disable_ppo_ratio` both are the unclipped exp(lp − lp_prev));
+    `kl_penalty` (the KL term without β; 0 when β = 0); `token_mult_prob_error` (exp|lp_gen − lp_prev|, 1 when the
+    trainer and the generator agree); `gen_kl_error` (k3 with d = lp_prev − lp_gen: an estimate of
+    KL(π_gen ‖ π_prev) from the generator's samples); `approx_entropy` (−exp(lp − lp_gen)·lp: the entropy of π
+    estimated from π_gen's samples); `num_valid_samples` (local Σ sample_mask).
+
+    Data keys: input_ids, token_mask, sample_mask, advantages, prev_logprobs, generation_logprobs, and
+    reference_policy_logprobs when β ≠ 0.
+    """
+
+    def __init__(self, cfg: Mapping[str, Any] | ClippedPGLossConfig | None = None) -> None:
+        self.cfg = _validated(ClippedPGLossConfig, cfg, "ClippedPGLossFn")
+        self.loss_type = LossType.TOKEN_LEVEL if self.cfg.token_level_loss else LossType.SEQUENCE_LEVEL
+
+    def __call__(
+        self,
+        next_token_logits: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+        vocab_parallel_rank: int | None = None,
+        vocab_parallel_group: dist.ProcessGroup | None = None,
+        context_parallel_group: dist.ProcessGroup | None = None,
+    ) -> tuple[torch.Tensor, Metrics]:
+        cfg = self.cfg
+        keys = ("input_ids", "token_mask", "sample_mask", "advantages", "prev_logprobs", "generation_logprobs")
+        keys += ("reference_policy_logprobs",) if cfg.reference_policy_kl_penalty != 0 else ()
+        _require(data, keys, type(self).__name__)
+        lp = _policy_logprobs(
+            next_token_logits, data, vocab_parallel_rank, vocab_parallel_group, context_parallel_group
+        )
+        token_mask, sample_mask, mask = _masks(data, lp)
+        valid = mask > 0
+        advantages = torch.where(valid, _shifted(data, "advantages", lp), 0.0)
+        prev_lp, gen_lp = _shifted(data, "prev_logprobs", lp), _shifted(data, "generation_logprobs", lp)
+
+        log_ratio = _masked_diff(lp, prev_lp, valid)
+        if cfg.disable_ppo_ratio:
+            ratio = clamped_ratio = log_ratio.detach().exp()
+            per_token = -advantages * torch.where(valid, lp, 0.0)
+        else:
+            if cfg.sequence_level_importance_ratios:
+                ratio = masked_mean(log_ratio, mask, dim=-1).exp().unsqueeze(-1).expand_as(lp)
+            else:
+                ratio = log_ratio.exp()
+            clamped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+            per_token = torch.maximum(-advantages * ratio, -advantages * clamped_ratio)
+            if cfg.ratio_clip_c is not None:
+                dual_bound = -advantages * cfg.ratio_clip_c
+                per_token = torch.where(advantages < 0, torch.minimum(per_token, dual_bound), per_token)
+
+        if cfg.use_importance_sampling_correction:
+            per_token = per_token * self._importance_weights(prev_lp, gen_lp, valid)
+
+        kl_per_token = torch.zeros_like(lp)
+        if cfg.reference_policy_kl_penalty != 0:
+            ref_lp = _shifted(data, "reference_policy_logprobs", lp)
+            kl_per_token = kl_k3(lp, torch.where(valid, ref_lp, lp.detach()))
+            if cfg.use_on_policy_kl_approximation:
+                on_policy_weight = _masked_diff(lp, gen_lp, valid).detach().exp()
+                kl_per_token = kl_per_token * torch.nan_to_num(on_policy_weight, nan=0.0, posinf=0.0, neginf=0.0)
+
+        actor_loss = self._reduce(per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
+        kl = self._reduce(kl_per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
+        loss = actor_loss + cfg.reference_policy_kl_penalty * kl
+
+        with torch.no_grad():
+            def token_metric(values: torch.Tensor) -> float:
+                return masked_mean(values, mask, global_normalization_factor=global_valid_toks).item()
+
+            lp_detached = lp.detach()
+            gen_gap = _masked_diff(gen_lp, prev_lp, valid)
+            metrics: Metrics = {
+                "loss": loss.item(),
+                "probs_ratio": token_metric(ratio.detach()),
+                "probs_ratio_clamped": token_metric(clamped_ratio.detach()),
+                "kl_penalty": kl.item(),
+                "token_mult_prob_error": token_metric(gen_gap.abs().exp()),
+                "gen_kl_error": token_metric(kl_k3(gen_lp, torch.where(valid, prev_lp, gen_lp))),
+                "approx_entropy": token_metric(-_masked_diff(lp_detached, gen_lp, valid).exp() * lp_detached),
+                "num_valid_samples": sample_mask.sum().item(),
+            }
+        return loss, metrics
+
+    def _importance_weights(self, prev_lp: torch.Tensor, gen_lp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Detached off-policy weights π_prev/π_gen, [B, S-1] (or [B, 1] with GSPO)."""
+        log_weight = _masked_diff(prev_lp, gen_lp, valid)
+        if self.cfg.sequence_level_importance_ratios:
+            log_weight = log_weight.sum(dim=-1, keepdim=True)
+        weights = torch.nan_to_num(log_weight.exp(), nan=0.0, posinf=0.0, neginf=0.0)
+        if self.cfg.truncated_importance_sampling_ratio is not None:
+            weights = weights.clamp(max=self.cfg.truncated_importance_sampling_ratio)
+        return weights.detach()
+
+    def _reduce(
+        self,
+        per_token: torch.Tensor,
+        token_mask: torch.Tensor,
+        sample_mask: torch.Tensor,
+        mask: torch.Tensor,
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> torch.Tensor:
+        if self.loss_type == LossType.TOKEN_LEVEL:
+            return masked_mean(per_token, mask, global_normalization_factor=global_valid_toks)
+        per_sequence = masked_mean(per_token, token_mask, dim=-1)
+        return masked_mean(per_sequence, sample_mask, global_normalization_factor=global_valid_seqs)
+
+
+class NLLLoss:
+    """Token-level negative log-likelihood for SFT: −Σ lp·m / global_valid_toks.
+
+    Data keys: input_ids, token_mask, sample_mask. Metrics: `loss`, `num_unmasked_tokens` (local Σ m),
+    `num_valid_samples` (local Σ sample_mask).
+    """
+
+    loss_type = LossType.TOKEN_LEVEL
+
+    def __call__(
+        self,
+        next_token_logits: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor | None,
+        global_valid_toks: torch.Tensor,
+        vocab_parallel_rank: int | None = None,
+        vocab_parallel_group: dist.ProcessGroup | None = None,
+        context_parallel_group: dist.ProcessGroup | None = None,
+    ) -> tuple[torch.Tensor, Metrics]:
+        _require(data, ("input_ids", "token_mask", "sample_mask"), type(self).__name__)
+        lp = _policy_logprobs(
+            next_token_logits, data, vocab_parallel_rank, vocab_parallel_group, context_parallel_group
+        )
+        _, sample_mask, mask = _masks(data, lp)
+        loss = -masked_mean(lp, mask, global_normalization_factor=global_valid_toks)
+        return loss, {
+            "loss": loss.item(),
+            "num_unmasked_tokens": mask.sum().item(),
+            "num_valid_samples": sample_mask.sum().item(),
+        }
+
+
+def _split_pairs(
+    values: torch.Tensor, sample_mask: torch.Tensor, owner: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(chosen = values[::2], rejected = values[1::2], pair mask) of an interleaved preference batch."""
+    if values.shape[0] % 2:
+        raise ValueError(
+            f"{owner}: rows interleave chosen/rejected, so the batch size must be even, got {values.shape[0]}"
+        )
+    pair_mask = sample_mask[::2]
+    mismatch = (pair_mask != sample_mask[1::2]).nonzero()
+    if mismatch.numel():
+        row = 2 * mismatch[0].item()
+        raise ValueError(
+            f"{owner}: sample_mask of chosen row {row} and rejected row {row + 1} differ; mask a pair together"
+        )
+    return values[::2], values[1::2], pair_mask
+
+
+def _bradley_terry(
+    rewards: torch.Tensor, sample_mask: torch.Tensor, global_valid_seqs: torch.Tensor, beta: float, owner: str
+) -> tuple[torch.Tensor, Metrics]:
+    """−log σ(β(R_chosen − R_rejected)) summed over valid pairs / global pair count, and its metrics."""
+    chosen, rejected, pair_mask = _split_pairs(rewards, sample_mask, owner)
+    global_pairs = torch.as_tensor(global_valid_seqs, dtype=torch.float32, device=rewards.device) / 2
+
+    def pair_share(values: torch.Tensor) -> torch.Tensor:
+        return masked_mean(values, pair_mask, global_normalization_factor=global_pairs)
+
+    loss = pair_share(-F.logsigmoid(beta * (chosen - rejected)))
+    with torch.no_grad():
+        metrics: Metrics = {
+            "accuracy": pair_share((chosen > rejected).float()).item(),
+            "rewards_chosen_mean": pair_share(chosen.detach()).item(),
+            "rewards_rejected_mean": pair_share(rejected.detach()).item(),
+            "num_valid_samples": pair_mask.sum().item(),
+        }
+    return loss, metrics
+
+
+class PreferenceLoss:
+    """Bradley-Terry reward-model loss: −log σ(s_chosen − s_rejected), per pair, / (global_valid_seqs / 2).
+
+    Same call signature as the other losses, but the first argument is the [B, 1] (or [B]) scalar scores of a
+    sequence-classification head, not next-token logits. Rows interleave chosen/rejected (`[::2]`, `[1::2]`);
+    `global_valid_seqs` counts rows, so it is twice the number of pairs. Data key: sample_mask (a pair's two rows
+    must share it). Metrics: `loss`, `accuracy` (s_c > s_r), `rewards_chosen_mean`, `rewards_rejected_mean` (mean
+    scores), `num_valid_samples` (local number of valid pairs).
+    """
+
+    loss_type = LossType.SEQUENCE_LEVEL
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor | None = None,
+        vocab_parallel_rank: int | None = None,
+        vocab_parallel_group: dist.ProcessGroup | None = None,
+        context_parallel_group: dist.ProcessGroup | None = None,
+    ) -> tuple[torch.Tensor, Metrics]:
+        _require(data, ("sample_mask",), type(self).__name__)
+        scores = logits.float()
+        if scores.dim() == 2 and scores.shape[-1] == 1:
+            scores = scores.squeeze(-1)
+        if scores.dim() != 1:
+            raise ValueError(f"PreferenceLoss: scores must be [B, 1] or [B], got {tuple(logits.shape)}")
+        sample_mask = data["sample_mask"].to(device=scores.device, dtype=torch.float32)
+        loss, metrics = _bradley_terry(scores, sample_mask, global_valid_seqs, 1.0, type(self).__name__)
+        return loss, {"loss": loss.item(), **metrics}
+
+
+class DPOLossFn:
+    """DPO (Rafailov et al., 2023) with an optional SFT term on the chosen responses.
+
+    R = Σ_t (lp − lp_ref)·token_mask (÷ the token count when `preference_average_log_probs`), per row;
+    preference loss = −log σ(β(R_chosen − R_rejected)) per pair; SFT loss = −Σ_t lp·token_mask of the chosen
+    row (÷ its token count when `sft_average_log_probs`); each summed over valid pairs / (global_valid_seqs / 2);
+    loss = preference_loss_weight·preference + sft_loss_weight·sft; β = `reference_policy_kl_penalty`.
+
+    Rows interleave chosen/rejected (`[::2]`, `[1::2]`); a pair's rows must share sample_mask. Data keys:
+    input_ids, token_mask, sample_mask, reference_policy_logprobs ([B, S], SPEC §4 convention). Metrics: `loss`,
+    `sft_loss` and `preference_loss` (unweighted; sft_loss is reported even with weight 0), `accuracy`
+    (R_c > R_r), `rewards_chosen_mean` / `rewards_rejected_mean` (mean R, without β), `num_valid_samples`
+    (local number of valid pairs).
+    """
+
+    loss_type = LossType.SEQUENCE_LEVEL
+
+    def __init__(self, cfg: Mapping[str, Any] | DPOLossConfig | None = None) -> None:
+        self.cfg = _validated(DPOLossConfig, cfg, "DPOLossFn")
+
+    def __call__(
+        self,
+        next_token_logits: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor | None = None,
+        vocab_parallel_rank: int | None = None,
+        vocab_parallel_group: dist.ProcessGroup | None = None,
+        context_parallel_group: dist.ProcessGroup | None = None,
+    ) -> tuple[torch.Tensor, Metrics]:
+        owner = type(self).__name__
+        _require(data, ("input_ids", "token_mask", "sample_mask", "reference_policy_logprobs"), owner)
+        lp = _policy_logprobs(
+            next_token_logits, data, vocab_parallel_rank, vocab_parallel_group, context_parallel_group
+        )
+        token_mask, sample_mask, _ = _masks(data, lp)
+        valid = token_mask > 0
+        num_tokens = token_mask.sum(dim=-1).clamp(min=1)
+
+        rewards = _masked_diff(lp, _shifted(data, "reference_policy_logprobs", lp), valid).sum(dim=-1)
+        if self.cfg.preference_average_log_probs:
+            rewards = rewards / num_tokens
+        preference_loss, metrics = _bradley_terry(
+            rewards, sample_mask, global_valid_seqs, self.cfg.reference_policy_kl_penalty, owner
+        )
+
+        sft_per_row = -torch.where(valid, lp, 0.0).sum(dim=-1)
+        if self.cfg.sft_average_log_probs:
+            sft_per_row = sft_per_row / num_tokens
+        global_pairs = torch.as_tensor(global_valid_seqs, dtype=torch.float32, device=lp.device) / 2
+        sft_loss = masked_mean(sft_per_row[::2], sample_mask[::2], global_normalization_factor=global_pairs)
+
+        loss = self.cfg.preference_loss_weight * preference_loss + self.cfg.sft_loss_weight * sft_loss
+        return loss, {
+            "loss": loss.item(),
+            "sft_loss": sft_loss.item(),
+            "preference_loss": preference_loss.item(),
+            **metrics,
+        }
