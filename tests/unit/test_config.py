@@ -196,12 +196,12 @@ def test_grpo_impossible_combinations():
     with pytest.raises(ConfigError) as err:
         load_validated_config(
             REPO / "configs" / "grpo_math_1B.yaml",
-            ["policy.megatron_cfg.enabled=true", "policy.train_global_batch_size=100", "grpo.num_generations_per_prompt=1"],
+            ["policy.megatron_cfg.enabled=true", "policy.train_global_batch_size=102", "grpo.num_generations_per_prompt=1"],
             grpo_schema(),
         )
     text = "\n".join(err.value.problems)
     assert "policy.dtensor_cfg.enabled: exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true (both is)" in text
-    assert "policy.train_global_batch_size: must be a multiple of train_micro_batch_size (100 % 4 != 0)" in text
+    assert "policy.train_global_batch_size: must be a multiple of train_micro_batch_size (102 % 4 != 0)" in text
     assert "grpo.use_leave_one_out_baseline: needs num_generations_per_prompt >= 2" in text
 
 

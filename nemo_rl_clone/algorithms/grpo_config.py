@@ -1,0 +1,123 @@
+"""GRPO config: the ``grpo`` section and the whole-run schema that ``examples/run_grpo_math.py`` validates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossConfig
+from nemo_rl_clone.data.config import DataConfig
+from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
+from nemo_rl_clone.environments.config import EnvConfig
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.logger import LoggerConfig
+
+
+@dataclass
+class RewardShapingConfig:
+    """DAPO-style overlong penalty: responses longer than max_response_length - buffer lose up to ``penalty``."""
+
+    enabled: bool = False
+    overlong_buffer_length: int = 128
+    overlong_buffer_penalty: float = 1.0
+    max_response_length: Optional[int] = None
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.enabled and self.max_response_length is None:
+            return [("max_response_length", "required when reward_shaping.enabled is true")]
+        return []
+
+
+@dataclass
+class RewardScalingConfig:
+    """Linear map of rewards from [source_min, source_max] to [target_min, target_max] (clamped)."""
+
+    enabled: bool = False
+    source_min: float = 0.0
+    source_max: float = 1.0
+    target_min: float = 0.0
+    target_max: float = 1.0
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.enabled and self.source_max <= self.source_min:
+            return [("source_max", f"must be > source_min ({self.source_max} <= {self.source_min})")]
+        return []
+
+
+@dataclass
+class AsyncGRPOConfig:
+    enabled: bool = False
+    max_trajectory_age_steps: int = 1
+    in_flight_weight_updates: bool = False
+
+
+@dataclass
+class GRPOConfig:
+    num_prompts_per_step: int = 32
+    num_generations_per_prompt: int = 16
+    max_rollout_turns: int = 1
+    max_num_epochs: int = 1
+    max_num_steps: int = 1000000
+    normalize_rewards: bool = True
+    use_leave_one_out_baseline: bool = True
+    val_period: int = 10
+    val_at_start: bool = False
+    overlong_filtering: bool = False
+    max_val_samples: int = 256
+    val_batch_size: int = 256
+    seed: int = 42
+    use_dynamic_sampling: bool = False
+    dynamic_sampling_max_gen_batches: int = 10
+    batch_multiplier: int = 1
+    reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
+    reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
+    async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        for name in ("num_prompts_per_step", "num_generations_per_prompt", "max_rollout_turns", "max_num_epochs",
+                     "max_num_steps", "max_val_samples", "val_batch_size", "batch_multiplier"):
+            if getattr(self, name) < 1:
+                problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
+        if self.use_leave_one_out_baseline and self.num_generations_per_prompt == 1:
+            problems.append(("use_leave_one_out_baseline", "needs num_generations_per_prompt >= 2"))
+        if self.val_period < 0:
+            problems.append(("val_period", f"must be >= 0 (0 disables validation), got {self.val_period}"))
+        return problems
+
+
+@dataclass
+class GRPOMasterConfig:
+    """Everything a GRPO run reads; each section is validated by its own schema."""
+
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    loss_fn: ClippedPGLossConfig = field(default_factory=ClippedPGLossConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        rollout_batch = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
+        gbs = self.policy.train_global_batch_size
+        if gbs >= 1 and rollout_batch % gbs:
+            problems.append((
+                "policy.train_global_batch_size",
+                f"must divide grpo.num_prompts_per_step * grpo.num_generations_per_prompt = {rollout_batch} (got {gbs})",
+            ))
+        if self.policy.generation is None:
+            problems.append(("policy.generation", "GRPO needs a generation section"))
+        if self.data.max_input_seq_length > self.policy.max_total_sequence_length:
+            problems.append((
+                "data.max_input_seq_length",
+                f"exceeds policy.max_total_sequence_length ({self.data.max_input_seq_length} > {self.policy.max_total_sequence_length})",
+            ))
+        if self.grpo.async_grpo.enabled and not self.loss_fn.use_importance_sampling_correction:
+            problems.append(("grpo.async_grpo.enabled", "async GRPO needs loss_fn.use_importance_sampling_correction=true"))
+        if self.grpo.async_grpo.enabled and self.policy.generation is not None and self.policy.generation.colocated.enabled:
+            problems.append(("grpo.async_grpo.enabled", "async GRPO needs non-colocated generation (policy.generation.colocated.enabled=false)"))
+        return problems

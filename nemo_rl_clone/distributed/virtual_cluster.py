@@ -1,0 +1,387 @@
+"""Ray start-up and the placement groups that every worker group of a run is built on.
+
+`RayVirtualCluster` reserves one *bundle* per worker slot: ``{"GPU": 1, "CPU": 1}`` on GPU machines or ``{"CPU": 1}``
+with ``use_gpus=False`` (how everything runs on CPU machines). Bundles are grouped by logical node: one placement
+group per entry of ``bundle_ct_per_node_list``. Worker groups (`worker_groups.RayWorkerGroup`) then place one actor
+per bundle; with ``max_colocated_worker_groups > 1`` several groups (e.g. policy and vLLM generation) share the
+bundles, each actor taking a ``1 / max_colocated_worker_groups`` share of the bundle's resources.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray._private import services
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from nemo_rl_clone.utils.platform import check_torch_build
+
+logger = logging.getLogger(__name__)
+
+PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
+# Ray's session dir adds ~62 characters (`session_<date>_<pid>/sockets/plasma_store`) and unix sockets allow 107.
+_MAX_RAY_TEMP_DIR_CHARS = 44
+# Ray accepts fractional resources with 4 decimals; rounding *down* keeps n shares of a bundle within the bundle.
+_RESOURCE_PRECISION = 10_000
+
+
+@dataclass
+class ClusterConfig:
+    """``cluster`` section of the run config (NeMo-RL's keys). On CPU machines a "GPU" is one CPU worker slot."""
+
+    gpus_per_node: int = 1
+    num_nodes: int = 1
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        for key in ("gpus_per_node", "num_nodes"):
+            value = getattr(self, key)
+            if value < 1:
+                problems.append((key, f"must be >= 1, got {value}"))
+        return problems
+
+
+class ResourceInsufficientError(RuntimeError):
+    """The placement groups asked for could not be reserved within the readiness timeout."""
+
+
+def init_ray(log_dir: str | os.PathLike | None = None, num_cpus: int | None = None) -> None:
+    """Connect this process to Ray; idempotent.
+
+    Attaches to ``RAY_ADDRESS`` or else to the cluster of the last ``ray start`` on this machine if there is one
+    (as ``ray.init()`` does), else starts a local single-node cluster with ``num_cpus`` logical CPUs (default: all
+    cores). ``num_cpus`` is ignored when attaching. ``log_dir``: when a local cluster is started, Ray's session dir
+    (worker logs) goes to ``<log_dir>/ray`` if that path is short enough for Ray's unix sockets; otherwise Ray's
+    default temp dir is kept.
+
+    Two environment choices are made for every worker:
+    - Ray's ``uv run`` hook is switched off (unless ``RAY_ENABLE_UV_RUN_RUNTIME_ENV=1`` is set explicitly): under
+      ``uv run`` it would start every worker through ``uv run`` in a copy of the repo, building a fresh venv per
+      session (~1 min here). Workers use the driver's interpreter or the one `ray_actor_environment` names.
+    - A driver-side ``OMP_NUM_THREADS`` is not inherited by a locally started cluster, so each actor gets Ray's
+      default of ``max(1, floor(actor CPUs))`` threads instead of oversubscribing the cores. Pass ``env_vars`` to
+      a worker group to choose otherwise.
+    """
+    if ray.is_initialized():
+        return
+    check_torch_build()  # fail before any worker trains on the CPU torch build of a GPU machine
+    _disable_ray_uv_run_hook()
+    # RAY_ADDRESS, else the cluster of the last `ray start` on this machine, else None. (Ray's address="auto" would
+    # also grab any other Ray instance running here, e.g. another user's test session.)
+    address = services.canonicalize_bootstrap_address(None)
+    if address is not None:
+        if num_cpus is not None:
+            logger.warning("init_ray: attaching to the Ray cluster at %s; num_cpus=%s is ignored", address, num_cpus)
+        ray.init(address=address, log_to_driver=True)
+        logger.info("Attached to the Ray cluster at %s", address)
+        return
+    temp_dir = _ray_temp_dir(log_dir)
+    with _without_env("OMP_NUM_THREADS"):
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, _temp_dir=temp_dir)
+    logger.info("Started a local Ray cluster: %s", ray.cluster_resources())
+
+
+def _disable_ray_uv_run_hook() -> None:
+    if os.environ.get("RAY_ENABLE_UV_RUN_RUNTIME_ENV") == "1":
+        return
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # for processes started from here (e.g. `ray job submit`)
+    # Ray reads the variable once at import; `ray.init` consults this module attribute at call time.
+    from ray._private import ray_constants
+
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
+
+
+def _ray_temp_dir(log_dir: str | os.PathLike | None) -> str | None:
+    if log_dir is None:
+        return None
+    temp_dir = Path(log_dir).resolve() / "ray"
+    if len(str(temp_dir)) > _MAX_RAY_TEMP_DIR_CHARS:
+        logger.warning(
+            "init_ray: %s is too long for Ray's unix sockets (max %d chars); Ray logs stay in its default temp dir",
+            temp_dir,
+            _MAX_RAY_TEMP_DIR_CHARS,
+        )
+        return None
+    temp_dir.mkdir(parents=True, exist_ok=True)
+    return str(temp_dir)
+
+
+@contextlib.contextmanager
+def _without_env(name: str) -> Iterator[None]:
+    """Hide one environment variable from processes started inside the block (Ray's raylet copies the env)."""
+    saved = os.environ.pop(name, None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ[name] = saved
+
+
+@dataclass(frozen=True)
+class BundleSlot:
+    """One reserved bundle: where a worker can be placed.
+
+    ``node_rank`` is the logical node: the placement group index for per-node placement groups, or the index of
+    the physical node (in order of first appearance) for a unified placement group.
+    """
+
+    placement_group_index: int
+    bundle_index: int
+    node_rank: int
+
+
+@ray.remote(num_cpus=0, num_gpus=0)
+def _node_ip_and_free_port() -> tuple[str, int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+class RayVirtualCluster:
+    """Placement groups reserving ``sum(bundle_ct_per_node_list)`` worker slots.
+
+    Args:
+        bundle_ct_per_node_list: bundles (worker slots) per logical node, e.g. ``[8, 8]`` for two 8-GPU nodes.
+        use_gpus: bundles are ``{"GPU": 1, "CPU": 1}``; with False, ``{"CPU": 1}``.
+        max_colocated_worker_groups: how many worker groups share each bundle; each of their actors asks for
+            ``1 / max_colocated_worker_groups`` of the bundle's CPU (and GPU), see `resources_per_worker`.
+        num_gpus_per_node: GPUs per physical node; with ``use_gpus`` no logical node may ask for more.
+        name: prefix of the placement group names (shows in ``ray status``).
+        placement_group_strategy: ``"STRICT_PACK"`` (default) makes one placement group per logical node, each
+            packed on one machine; when every node's bundles fill a machine, logical nodes are distinct machines.
+            ``"PACK"``, ``"SPREAD"`` or ``"STRICT_SPREAD"`` make one unified placement group of all bundles with that
+            Ray strategy; slots are then grouped by the physical node Ray chose.
+        ready_timeout_s: how long to wait for the reservation before raising `ResourceInsufficientError`.
+
+    Connects to Ray with `init_ray()` if this process is not connected yet.
+
+    Raises:
+        ValueError: on an invalid argument (named in the message).
+        ResourceInsufficientError: the bundles could not be reserved within ``ready_timeout_s``; the message names
+            the resources asked for and those the cluster has. Nothing stays reserved after this error.
+    """
+
+    def __init__(
+        self,
+        bundle_ct_per_node_list: list[int],
+        use_gpus: bool = True,
+        max_colocated_worker_groups: int = 1,
+        num_gpus_per_node: int = 8,
+        name: str = "",
+        placement_group_strategy: str = "STRICT_PACK",
+        ready_timeout_s: float = 180.0,
+    ) -> None:
+        _check_cluster_args(
+            bundle_ct_per_node_list,
+            use_gpus,
+            max_colocated_worker_groups,
+            num_gpus_per_node,
+            placement_group_strategy,
+            ready_timeout_s,
+        )
+        self.bundle_ct_per_node_list = list(bundle_ct_per_node_list)
+        self.use_gpus = use_gpus
+        self.max_colocated_worker_groups = max_colocated_worker_groups
+        self.num_gpus_per_node = num_gpus_per_node
+        self.name = name
+        self.placement_group_strategy = placement_group_strategy
+        self.ready_timeout_s = ready_timeout_s
+        self.bundle_resources: dict[str, float] = {"GPU": 1, "CPU": 1} if use_gpus else {"CPU": 1}
+        init_ray()
+        self._placement_groups = self._reserve()
+        self._slots = self._compute_slots()
+
+    @property
+    def is_unified(self) -> bool:
+        return self.placement_group_strategy != "STRICT_PACK"
+
+    def world_size(self) -> int:
+        """Total number of bundles (worker slots)."""
+        return sum(self.bundle_ct_per_node_list)
+
+    def node_count(self) -> int:
+        """Number of logical nodes (distinct ``BundleSlot.node_rank`` values)."""
+        return len({slot.node_rank for slot in self._slots})
+
+    def get_placement_groups(self) -> list[PlacementGroup]:
+        """One placement group per logical node, or a single one for a unified placement group."""
+        self._check_alive()
+        return list(self._placement_groups)
+
+    def get_bundle_slots(self) -> list[BundleSlot]:
+        """Every bundle ordered by (node_rank, placement group, bundle index): the default worker rank order."""
+        self._check_alive()
+        return list(self._slots)
+
+    def resources_per_worker(self) -> dict[str, float]:
+        """Ray actor options for one worker of one of the colocated groups: ``{"num_cpus", "num_gpus"}``."""
+        share = math.floor(_RESOURCE_PRECISION / self.max_colocated_worker_groups) / _RESOURCE_PRECISION
+        return {"num_cpus": share, "num_gpus": share if self.use_gpus else 0.0}
+
+    def get_master_address_and_port(self, placement_group_index: int = 0, bundle_index: int = 0) -> tuple[str, int]:
+        """IP of the node holding the given bundle and a port free on it at the time of the call.
+
+        Runs a zero-resource task in that bundle. Every call picks a new port, so colocated worker groups each get
+        their own rendezvous port.
+        """
+        self._check_alive()
+        strategy = PlacementGroupSchedulingStrategy(
+            self._placement_groups[placement_group_index], placement_group_bundle_index=bundle_index
+        )
+        ref = _node_ip_and_free_port.options(scheduling_strategy=strategy).remote()
+        ready, _ = ray.wait([ref], timeout=self.ready_timeout_s)
+        if not ready:
+            ray.cancel(ref, force=True)
+            raise ResourceInsufficientError(
+                f"{self._label()}: the address probe in placement group {placement_group_index}, bundle "
+                f"{bundle_index} did not run within {self.ready_timeout_s} s"
+            )
+        return ray.get(ref)
+
+    def shutdown(self) -> None:
+        """Release the placement groups (actors still in them are killed by Ray); idempotent."""
+        if ray.is_initialized():  # otherwise the placement groups went with the Ray cluster
+            for pg in self._placement_groups:
+                remove_placement_group(pg)
+        self._placement_groups = []
+        self._slots = []
+
+    def _check_alive(self) -> None:
+        if not self._placement_groups:
+            raise RuntimeError(f"{self._label()} was shut down; create a new RayVirtualCluster")
+
+    def _label(self) -> str:
+        return f"RayVirtualCluster {self.name!r}" if self.name else "RayVirtualCluster"
+
+    def _reserve(self) -> list[PlacementGroup]:
+        prefix = self.name or "nrl"
+        if self.is_unified:
+            bundles = [dict(self.bundle_resources) for _ in range(self.world_size())]
+            groups = [placement_group(bundles, strategy=self.placement_group_strategy, name=f"{prefix}-unified")]
+        else:
+            groups = [
+                placement_group([dict(self.bundle_resources)] * count, strategy="STRICT_PACK", name=f"{prefix}-node{i}")
+                for i, count in enumerate(self.bundle_ct_per_node_list)
+            ]
+        try:
+            self._wait_until_ready(groups)
+        except BaseException:  # incl. KeyboardInterrupt while waiting: never leave a reservation behind
+            for pg in groups:
+                remove_placement_group(pg)
+            raise
+        return groups
+
+    def _wait_until_ready(self, groups: list[PlacementGroup]) -> None:
+        """Poll with exponential backoff until every group is placed or the readiness timeout passes."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        pending = [pg.ready() for pg in groups]
+        poll_s = 0.5
+        while True:
+            remaining = deadline - time.monotonic()
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(0.0, min(poll_s, remaining)))
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                raise ResourceInsufficientError(self._describe_shortfall(len(pending), len(groups)))
+            logger.info(
+                "%s: %d of %d placement groups still waiting for resources (%.1f s left)",
+                self._label(),
+                len(pending),
+                len(groups),
+                deadline - time.monotonic(),
+            )
+            poll_s = min(poll_s * 2, 10.0)
+
+    def _describe_shortfall(self, num_pending: int, num_groups: int) -> str:
+        total = {key: value * self.world_size() for key, value in self.bundle_resources.items()}
+        layout = (
+            f"one unified {self.placement_group_strategy} placement group"
+            if self.is_unified
+            else "one STRICT_PACK placement group per node"
+        )
+        cluster = ray.cluster_resources()
+        available = ray.available_resources()
+        nodes = [
+            f"{node['NodeManagerAddress']} ({node['NodeID'][:8]}): "
+            + _format_resources({k: node["Resources"].get(k, 0.0) for k in ("CPU", "GPU")})
+            for node in ray.nodes()
+            if node["Alive"]
+        ]
+        return (
+            f"{self._label()}: {num_pending} of {num_groups} placement groups not ready after "
+            f"{self.ready_timeout_s} s. Asked for bundles of {self.bundle_resources} per node "
+            f"{self.bundle_ct_per_node_list} ({layout}), in total "
+            f"{_format_resources(total)}. The cluster has {_format_resources(cluster)} "
+            f"(available now: {_format_resources(available)}) on {len(nodes)} node(s): {'; '.join(nodes)}. "
+            "Ask for fewer workers per node or nodes (cluster.gpus_per_node / cluster.num_nodes), free resources "
+            "held by other jobs, or add nodes."
+        )
+
+    def _compute_slots(self) -> list[BundleSlot]:
+        if not self.is_unified:
+            return [
+                BundleSlot(placement_group_index=i, bundle_index=b, node_rank=i)
+                for i, count in enumerate(self.bundle_ct_per_node_list)
+                for b in range(count)
+            ]
+        node_of_bundle = placement_group_table(self._placement_groups[0])["bundles_to_node_id"]
+        node_ranks: dict[str, int] = {}
+        for bundle in range(self.world_size()):
+            node_ranks.setdefault(node_of_bundle[bundle], len(node_ranks))
+        slots = [
+            BundleSlot(placement_group_index=0, bundle_index=b, node_rank=node_ranks[node_of_bundle[b]])
+            for b in range(self.world_size())
+        ]
+        return sorted(slots, key=lambda slot: (slot.node_rank, slot.bundle_index))
+
+
+def _format_resources(resources: dict[str, float]) -> str:
+    return ", ".join(f"{key} {resources.get(key, 0.0):g}" for key in ("CPU", "GPU"))
+
+
+def _check_cluster_args(
+    bundle_ct_per_node_list: list[int],
+    use_gpus: bool,
+    max_colocated_worker_groups: int,
+    num_gpus_per_node: int,
+    placement_group_strategy: str,
+    ready_timeout_s: float,
+) -> None:
+    if not isinstance(bundle_ct_per_node_list, (list, tuple)) or not bundle_ct_per_node_list:
+        raise ValueError(f"bundle_ct_per_node_list must be a non-empty list of ints, got {bundle_ct_per_node_list!r}")
+    for node, count in enumerate(bundle_ct_per_node_list):
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(f"bundle_ct_per_node_list[{node}] must be an int >= 1, got {count!r}")
+        if use_gpus and count > num_gpus_per_node:
+            raise ValueError(
+                f"bundle_ct_per_node_list[{node}] = {count} GPU bundles exceeds num_gpus_per_node = {num_gpus_per_node}"
+            )
+    if not isinstance(max_colocated_worker_groups, int) or max_colocated_worker_groups < 1:
+        raise ValueError(f"max_colocated_worker_groups must be an int >= 1, got {max_colocated_worker_groups!r}")
+    if not ready_timeout_s > 0:
+        raise ValueError(f"ready_timeout_s must be > 0, got {ready_timeout_s!r}")
+    if placement_group_strategy not in PLACEMENT_STRATEGIES:
+        raise ValueError(
+            f"placement_group_strategy must be one of {PLACEMENT_STRATEGIES}, got {placement_group_strategy!r}"
+        )
+
+
+__all__ = [
+    "PLACEMENT_STRATEGIES",
+    "BundleSlot",
+    "ClusterConfig",
+    "RayVirtualCluster",
+    "ResourceInsufficientError",
+    "init_ray",
+]

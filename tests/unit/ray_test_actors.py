@@ -1,0 +1,63 @@
+"""Small actor classes for the Ray layer tests.
+
+Ray workers import them as ``tests.unit.ray_test_actors``: workers start in the driver's working directory and
+the editable install puts the repo root on ``sys.path``, where ``tests`` is a namespace package.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+MODULE = "tests.unit.ray_test_actors"
+
+
+class RankEchoActor:
+    """Reports what the worker group gave it."""
+
+    def __init__(self, tag: str = "", marker_dir: str | None = None) -> None:
+        self.tag = tag
+        self.marker_dir = marker_dir
+        self.rank = int(os.environ["RANK"])
+
+    def echo(self, data: Any, scale: int = 1) -> tuple[int, Any]:
+        return self.rank, data if scale == 1 else [x * scale for x in data]
+
+    def get_env(self, keys: list[str]) -> dict[str, str | None]:
+        return {key: os.environ.get(key) for key in keys}
+
+    def get_tag(self) -> str:
+        return self.tag
+
+    def get_node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def get_python(self) -> tuple[str, str]:
+        return sys.executable, sys.prefix
+
+    def fail_on_rank(self, failing_rank: int) -> int:
+        """The failing rank raises at once; the others block, as ranks stuck in a collective would."""
+        if self.rank == failing_rank:
+            raise ValueError(f"rank {self.rank} failed on purpose")
+        time.sleep(3600)
+        return self.rank
+
+    def cleanup(self) -> None:
+        """Leaves a file behind so tests can see it ran before the actor was killed."""
+        assert self.marker_dir is not None, "construct with marker_dir to test cleanup"
+        Path(self.marker_dir, f"cleanup-{self.rank}").write_text(self.tag)
+
+
+class VenvProbeActor(RankEchoActor):
+    """A separate class name so registering its environment affects no other test."""
+
+
+class FailingInitActor:
+    def __init__(self) -> None:
+        if os.environ["RANK"] == "1":
+            raise RuntimeError("constructor of rank 1 failed on purpose")

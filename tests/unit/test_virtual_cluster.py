@@ -1,0 +1,140 @@
+"""RayVirtualCluster and init_ray on a real local Ray cluster (CPU bundles)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group_table
+
+from nemo_rl_clone.distributed.virtual_cluster import (
+    BundleSlot,
+    ClusterConfig,
+    RayVirtualCluster,
+    ResourceInsufficientError,
+    init_ray,
+)
+
+
+def _pg_state(pg) -> str:
+    return placement_group_table(pg)["state"]
+
+
+def test_cluster_config_check_names_bad_keys():
+    assert ClusterConfig(gpus_per_node=8, num_nodes=2).check() == []
+    assert ClusterConfig(gpus_per_node=0, num_nodes=-1).check() == [
+        ("gpus_per_node", "must be >= 1, got 0"),
+        ("num_nodes", "must be >= 1, got -1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"bundle_ct_per_node_list": []}, "bundle_ct_per_node_list must be a non-empty list"),
+        ({"bundle_ct_per_node_list": [2, 0]}, r"bundle_ct_per_node_list\[1\] must be an int >= 1, got 0"),
+        ({"bundle_ct_per_node_list": [9], "use_gpus": True}, r"\[0\] = 9 GPU bundles exceeds num_gpus_per_node = 8"),
+        ({"bundle_ct_per_node_list": [1], "max_colocated_worker_groups": 0}, "max_colocated_worker_groups must be"),
+        (
+            {"bundle_ct_per_node_list": [1], "placement_group_strategy": "PACKED"},
+            "placement_group_strategy must be one",
+        ),
+        ({"bundle_ct_per_node_list": [1], "ready_timeout_s": 0}, "ready_timeout_s must be > 0"),
+    ],
+)
+def test_invalid_arguments_are_rejected_before_touching_ray(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        RayVirtualCluster(**{"use_gpus": False, **kwargs})
+
+
+def test_init_ray_is_idempotent(ray_local):
+    gcs_address = ray.get_runtime_context().gcs_address
+    cpus = ray.cluster_resources()["CPU"]
+    init_ray(num_cpus=1)  # already connected: neither restarts nor changes the cluster
+    assert ray.get_runtime_context().gcs_address == gcs_address
+    assert ray.cluster_resources()["CPU"] == cpus != 1
+
+
+def test_per_node_placement_groups_and_master_address(ray_local):
+    cluster = RayVirtualCluster([2, 1], use_gpus=False, name="t-per-node")
+    try:
+        groups = cluster.get_placement_groups()
+        assert len(groups) == 2
+        assert [pg.bundle_specs for pg in groups] == [[{"CPU": 1.0}] * 2, [{"CPU": 1.0}]]
+        assert all(_pg_state(pg) == "CREATED" for pg in groups)
+        assert cluster.world_size() == 3
+        assert cluster.node_count() == 2
+        assert cluster.get_bundle_slots() == [BundleSlot(0, 0, 0), BundleSlot(0, 1, 0), BundleSlot(1, 0, 1)]
+        assert cluster.resources_per_worker() == {"num_cpus": 1.0, "num_gpus": 0.0}
+
+        address, port = cluster.get_master_address_and_port(placement_group_index=1)
+        assert address == ray.util.get_node_ip_address()  # single machine: the bundle's node is this one
+        with socket.socket() as sock:  # the port was free when picked and nothing has taken it since
+            sock.bind(("", port))
+    finally:
+        cluster.shutdown()
+    assert all(_pg_state(pg) == "REMOVED" for pg in groups)
+    cluster.shutdown()  # idempotent
+    with pytest.raises(RuntimeError, match="was shut down"):
+        cluster.get_placement_groups()
+
+
+def test_unified_placement_group_groups_slots_by_physical_node(ray_local):
+    cluster = RayVirtualCluster([1, 2], use_gpus=False, placement_group_strategy="PACK")
+    try:
+        (pg,) = cluster.get_placement_groups()
+        assert pg.bundle_specs == [{"CPU": 1.0}] * 3
+        # One machine here: every bundle is on physical node 0, whatever the requested per-node split.
+        assert cluster.get_bundle_slots() == [BundleSlot(0, b, 0) for b in range(3)]
+        assert cluster.node_count() == 1
+        assert cluster.world_size() == 3
+    finally:
+        cluster.shutdown()
+
+
+def test_colocated_groups_get_a_share_of_each_bundle(ray_local):
+    cluster = RayVirtualCluster([1], use_gpus=False, max_colocated_worker_groups=3)
+    try:
+        # 1/3 rounded down to Ray's 4-decimal resource precision, so three shares fit in one bundle.
+        assert cluster.resources_per_worker() == {"num_cpus": 0.3333, "num_gpus": 0.0}
+    finally:
+        cluster.shutdown()
+
+
+def test_unsatisfiable_request_fails_with_asked_and_available(ray_local):
+    cpus = ray.cluster_resources()["CPU"]
+    with pytest.raises(ResourceInsufficientError) as excinfo:
+        RayVirtualCluster([64], use_gpus=False, name="too-big", ready_timeout_s=2.0)
+    message = str(excinfo.value)
+    assert "RayVirtualCluster 'too-big': 1 of 1 placement groups not ready after 2.0 s" in message
+    assert "bundles of {'CPU': 1} per node [64]" in message
+    assert "in total CPU 64, GPU 0" in message
+    assert f"The cluster has CPU {cpus:g}, GPU 0" in message
+    assert "on 1 node(s)" in message
+    # Nothing stays reserved: the pending group was removed.
+    states = [entry["state"] for entry in placement_group_table().values() if entry["name"] == "too-big-node0"]
+    assert states == ["REMOVED"]
+
+
+def test_gpu_request_on_a_cpu_cluster_names_the_missing_gpus(ray_local):
+    with pytest.raises(ResourceInsufficientError, match=r"in total CPU 2, GPU 2\. The cluster has CPU \d+, GPU 0"):
+        RayVirtualCluster([2], use_gpus=True, ready_timeout_s=1.0)
+
+
+def test_ray_logs_go_to_log_dir_only_when_the_socket_path_fits(tmp_path, caplog):
+    from nemo_rl_clone.distributed.virtual_cluster import _ray_temp_dir
+
+    assert _ray_temp_dir(None) is None
+    deep = tmp_path / ("x" * 40)
+    assert _ray_temp_dir(deep) is None
+    assert "too long for Ray's unix sockets" in caplog.text
+    short = Path("/tmp") / f"nrl-{os.getpid()}"
+    try:
+        assert _ray_temp_dir(short) == str(short / "ray")
+        assert (short / "ray").is_dir()
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
