@@ -480,6 +480,7 @@ def _all_gather_worker(rank: int, world_size: int, init_file: str) -> None:
         assert gathered["ids"].tolist() == [[0, 0, -7], [1, 1, 1], [1, 1, 1]], gathered["ids"].tolist()
         group = dist.new_group([0, 1])
         assert BatchedDataDict(ids=torch.tensor([rank])).all_gather(group)["ids"].tolist() == [0, 1]
+        dist.barrier()  # no rank tears gloo down while the other is still inside a collective
     finally:
         dist.destroy_process_group()
 

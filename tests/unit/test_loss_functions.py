@@ -600,6 +600,7 @@ def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir:
         diffs["global_counts"] = abs(seqs.item() - all_seqs.item()) + abs(toks.item() - all_toks.item())
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(diffs, f)
+        dist.barrier()  # no rank tears gloo down while the other is still inside a collective
     finally:
         dist.destroy_process_group()
 

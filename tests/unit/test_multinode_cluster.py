@@ -7,6 +7,7 @@ the `ray_local` fixture starts a fresh one.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import ray
@@ -97,4 +98,5 @@ def test_bundles_that_fit_in_total_but_not_on_one_node_fail_clearly(two_node_clu
     assert "per node [3] (one STRICT_PACK placement group per node), in total CPU 3, GPU 0" in message
     assert "The cluster has CPU 4, GPU 0" in message
     assert "on 2 node(s)" in message
-    assert message.count(": CPU 2, GPU 0") == 2
+    # Each node is listed with its capacity: "<ip> (<node id>): CPU 2, GPU 0".
+    assert len(re.findall(r"\([0-9a-f]{8}\): CPU 2, GPU 0", message)) == 2
