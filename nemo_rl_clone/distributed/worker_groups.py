@@ -13,6 +13,7 @@ import functools
 import importlib
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -415,6 +416,10 @@ class RayWorkerGroup:
             clean = self._run_cleanup(cleanup_method, timeout_s)
         for worker in self._workers:
             ray.kill(worker, no_restart=True)
+        # ray.kill is asynchronous: wait until the actors are gone so their bundle resources are free for the
+        # next group (e.g. an engine restarted on the same colocated bundles).
+        for worker in self._workers:
+            _wait_until_dead(worker, timeout_s)
         self._workers = []
         return clean
 
@@ -514,3 +519,15 @@ def _assign_ranks(slots: list[BundleSlot]) -> list[WorkerMetadata]:
         local_counts[node_rank] = local_rank + 1
         metadata.append(WorkerMetadata(rank, node_rank, local_rank, slot.placement_group_index, slot.bundle_index))
     return metadata
+
+
+def _wait_until_dead(actor: Any, timeout_s: float) -> None:
+    """Block until calls to a killed actor fail (it is dead), or warn after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return
+        time.sleep(0.05)
+    logger.warning("actor %s still answers %.0f s after ray.kill", actor, timeout_s)
