@@ -1,0 +1,345 @@
+"""``DTensorPolicyWorker``: one rank of an FSDP2 (+ DTensor TP) Hugging Face causal LM, run as a Ray actor.
+
+The `Policy` facade starts one per bundle with ``RANK/WORLD_SIZE/MASTER_*`` set, hands each its data-parallel shard
+and calls the collective methods (training, logprobs, checkpoints, full state dict) on every rank at once.
+
+Gradient normalisation: a loss returns its microbatch's share of the *global* mean (divided by the valid tokens or
+sequences of the whole global batch on all DP ranks), so the global gradient is the *sum* of the ranks' gradients.
+FSDP averages over DP ranks, hence every backward scales the loss by the DP size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.model_utils import LossFunction
+from nemo_rl_clone.models.hf_export import save_consolidated_hf
+from nemo_rl_clone.models.policy import dtensor_parallel, train_step
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler
+
+logger = logging.getLogger(__name__)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a (possibly DTensor) parameter; in-place writes to it update the parameter."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+class DTensorPolicyWorker:
+    """One rank of the policy. Every public method except the ``prepare_*``/``offload_*`` ones is a collective.
+
+    Args:
+        config: the ``policy`` section.
+        tokenizer: saved with checkpoints.
+        model_path: a local Hugging Face folder or hub id (already resolved by the driver).
+        weights_path / optimizer_path: DCP checkpoints written by `save_checkpoint` to resume from (any DP size).
+        init_optimizer: build the optimizer and scheduler (False for inference-only policies).
+        init_reference_model: keep a frozen CPU copy of the initial (Hugging Face) weights for
+            `get_reference_policy_logprobs`; it is taken before ``weights_path`` is loaded, so a resumed run keeps
+            the original reference.
+    """
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        model_path: str,
+        weights_path: str | None = None,
+        optimizer_path: str | None = None,
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+    ) -> None:
+        self.cfg = config
+        self.tokenizer = tokenizer
+        self.device = dtensor_parallel.init_distributed()
+        self.rank = dist.get_rank()
+        dtensor_cfg = config.dtensor_cfg
+        self.mesh = dtensor_parallel.build_device_mesh(self.device, dtensor_cfg.tensor_parallel_size)
+        self.dp_size = self.mesh["dp"].size()
+        self.dp_group = self.mesh["dp"].get_group()
+        self.dtype = dtensor_parallel.PRECISION_DTYPES[config.precision]
+
+        # fp32 master weights on every rank; FSDP casts to `self.dtype` for compute.
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model.config.use_cache = False
+        plan = None
+        if self.mesh["tp"].size() > 1:
+            plan = dtensor_parallel.tensor_parallel_plan(model, dtensor_cfg.custom_parallel_plan)
+        self.model = dtensor_parallel.parallelize(
+            model,
+            self.mesh,
+            param_dtype=self.dtype,
+            tensor_parallel_plan=plan,
+            activation_checkpointing=dtensor_cfg.activation_checkpointing,
+            cpu_offload=dtensor_cfg.cpu_offload,
+        )
+        self.reference_weights: dict[str, torch.Tensor] | None = None
+        if init_reference_model:
+            # Kept in CPU memory and copied into the live shards only while reference logprobs are computed.
+            self.reference_weights = {
+                name: _local(param).detach().to("cpu", copy=True) for name, param in self.model.named_parameters()
+            }
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if init_optimizer:
+            self.optimizer = build_optimizer(self.model.parameters(), config.optimizer)
+            self.scheduler = build_scheduler(self.optimizer, config.scheduler)
+        if weights_path:
+            self.load_checkpoint(weights_path, optimizer_path)
+
+    # ------------------------------------------------------------------ forward passes
+    def _logits(self, batch: BatchedDataDict) -> torch.Tensor:
+        """Next-token logits ``[B, S, V]`` (compute dtype). Right padding needs no attention mask: the causal
+        mask already keeps every valid position from seeing the padding after it."""
+        input_ids = batch["input_ids"].to(self.device)
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+    @torch.no_grad()
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``{"logprobs": [B, S] fp32}`` of this rank's shard (SPEC §4 convention, see `train_step.spec_logprobs`).
+
+        Shards may differ in size by one sample; ranks with fewer microbatches run dummy forwards so that FSDP's
+        per-forward collectives stay matched.
+        """
+        train_step.require_keys(data, ("input_ids", "input_lengths"))
+        micro_batch_size = micro_batch_size or self.cfg.logprob_batch_size
+        self.model.eval()
+        width = data["input_ids"].shape[1]
+        count = torch.tensor(train_step.count_microbatches(data, micro_batch_size))
+        dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
+        outputs = []
+        for batch in train_step.microbatches(data, micro_batch_size):
+            logits = self._logits(batch)
+            logprobs = train_step.spec_logprobs(logits, batch["input_ids"], batch["input_lengths"])
+            outputs.append(train_step.pad_to_width(logprobs, width).cpu())
+            del logits
+        for _ in range(int(count) - len(outputs)):
+            self._logits(data.slice(0, 1))  # output unused: only the collectives matter
+        dtensor_parallel.reshard(self.model)
+        return BatchedDataDict({"logprobs": torch.cat(outputs)})
+
+    @torch.no_grad()
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None
+    ) -> BatchedDataDict:
+        """``{"reference_logprobs": [B, S]}``: `get_logprobs` under the frozen initial weights."""
+        with self._reference_weights_loaded():
+            logprobs = self.get_logprobs(data, micro_batch_size)["logprobs"]
+        return BatchedDataDict({"reference_logprobs": logprobs})
+
+    @contextlib.contextmanager
+    def _reference_weights_loaded(self) -> Iterator[None]:
+        if self.reference_weights is None:
+            raise RuntimeError("this policy was created with init_reference_model=False; it has no reference model")
+        params = dict(self.model.named_parameters())
+        dtensor_parallel.reshard(self.model)
+        with torch.no_grad():
+            current = {name: _local(param).to("cpu", copy=True) for name, param in params.items()}
+            for name, param in params.items():
+                _local(param).copy_(self.reference_weights[name])
+            try:
+                yield
+            finally:
+                dtensor_parallel.reshard(self.model)  # drop anything gathered from the reference weights
+                for name, param in params.items():
+                    _local(param).copy_(current[name])
+
+    # ------------------------------------------------------------------ training
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: LossFunction,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict[str, Any]:
+        """Optimizer steps over this rank's shard: one per global batch of ``gbs`` samples (``gbs // dp`` here).
+
+        Returns (identical on every rank of a DP group except ``all_mb_metrics``, which holds this rank's
+        microbatches): ``global_loss`` ``[num_global_batches]`` (the global mean loss of each step), ``grad_norm``
+        ``[num_global_batches]`` (before clipping; 0 in eval mode), ``all_mb_metrics`` (metric → list, one entry
+        per microbatch, plus ``lr``, ``global_valid_seqs``, ``global_valid_toks``).
+        """
+        if self.optimizer is None and not eval_mode:
+            raise RuntimeError("this policy was created with init_optimizer=False; it cannot train")
+        gbs = gbs or self.cfg.train_global_batch_size
+        mbs = mbs or self.cfg.train_micro_batch_size
+        local_gbs = gbs // self.dp_size
+        num_global_batches = data.size // local_gbs
+        self.model.train(not eval_mode)
+        losses, grad_norms = [], []
+        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        with torch.set_grad_enabled(not eval_mode):
+            for index in range(num_global_batches):
+                batch = data.get_batch(index, local_gbs)
+                valid_seqs, valid_toks = train_step.global_valid_counts(batch, self.dp_group)
+                if not eval_mode:
+                    self.optimizer.zero_grad(set_to_none=True)
+                step_loss = torch.zeros((), dtype=torch.float64)
+                for microbatch in train_step.microbatches(batch, mbs):
+                    microbatch = microbatch.to(self.device)
+                    loss, metrics = loss_fn(self._logits(microbatch), microbatch, valid_seqs, valid_toks)
+                    if not eval_mode:
+                        (loss * self.dp_size).backward()
+                    step_loss += loss.detach().double().cpu()
+                    metrics = {
+                        **metrics,
+                        "lr": self._lr(),
+                        "global_valid_seqs": valid_seqs.item(),
+                        "global_valid_toks": valid_toks.item(),
+                    }
+                    for key, value in metrics.items():
+                        all_mb_metrics[key].append(value)
+                grad_norms.append(self._optimizer_step() if not eval_mode else torch.tensor(0.0))
+                dist.all_reduce(step_loss, group=self.dp_group)
+                losses.append(step_loss.float())
+        if not eval_mode and self.scheduler is not None:
+            self.scheduler.step()
+        dtensor_parallel.reshard(self.model)  # an eval-mode pass leaves the root gathered, see `reshard`
+        return {
+            "global_loss": torch.stack(losses) if losses else torch.zeros(0),
+            "grad_norm": torch.stack(grad_norms).float().cpu() if grad_norms else torch.zeros(0),
+            "all_mb_metrics": dict(all_mb_metrics),
+        }
+
+    def _optimizer_step(self) -> torch.Tensor:
+        grad_norm = dtensor_parallel.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            logger.warning("rank %d: non-finite grad norm %s; skipping this optimizer step", self.rank, grad_norm)
+        return grad_norm.detach().cpu()
+
+    def _lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
+
+    # ------------------------------------------------------------------ placement
+    def prepare_for_training(self) -> None:
+        self._move_model(self.device)
+        self._move_optimizer_state(self.device)
+        self.model.train()
+
+    def prepare_for_lp_inference(self) -> None:
+        self._move_model(self.device)
+        self.model.eval()
+
+    def finish_training(self) -> None:
+        """Nothing to release: the weights stay where they are until `offload_after_refit`."""
+
+    def offload_before_refit(self) -> None:
+        """Free accelerator memory for the refit: optimizer state moves to CPU (it is already there on CPU)."""
+        self._move_optimizer_state(torch.device("cpu"))
+        self._empty_cache()
+
+    def offload_after_refit(self) -> None:
+        """Free accelerator memory for colocated generation: the model moves to CPU until the next
+        ``prepare_for_*``. On a CPU-only machine both already live in CPU memory, so this does nothing."""
+        self._move_model(torch.device("cpu"))
+        self._empty_cache()
+
+    def _move_model(self, device: torch.device) -> None:
+        if self.device.type == "cpu" or self.cfg.dtensor_cfg.cpu_offload:
+            return  # nothing lives elsewhere, or FSDP's CPU offload already decides where the shards live
+        self.model.to(device)  # FSDP2's `_apply` re-points its sharded parameters after the move
+
+    def _move_optimizer_state(self, device: torch.device) -> None:
+        if self.device.type == "cpu" or self.optimizer is None or self.cfg.dtensor_cfg.cpu_offload:
+            return  # with CPU offload the optimizer state already lives on CPU
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device != device:
+                    state[key] = value.to(device, non_blocking=True)
+
+    def _empty_cache(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ weights for refit and export
+    def prepare_refit_info(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        """``{hf_name: (full shape, dtype)}`` of what `get_full_state_dict_for_refit` returns (local, no collective)."""
+        state = self.model.state_dict()
+        return {
+            name: (tensor.shape, self.dtype if tensor.is_floating_point() else tensor.dtype)
+            for name, tensor in state.items()
+        }
+
+    def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor] | None:
+        """The full (unsharded) Hugging Face-named state dict in the compute dtype, on CPU, on rank 0 (None on
+        the other ranks). A collective: every rank must call it (each shard is gathered)."""
+        state = self._full_state_dict()
+        if self.rank != 0:
+            return None
+        return {name: tensor.to(self.dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
+
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        with dtensor_parallel.quiet_redistribute_warnings():
+            return get_model_state_dict(self.model, options=options)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(
+        self,
+        weights_path: str,
+        optimizer_path: str | None = None,
+        tokenizer_path: str | None = None,
+        save_hf_path: str | None = None,
+    ) -> None:
+        """Sharded DCP of the model (``{"model": ...}``, Hugging Face names) and, with ``optimizer_path``, of the
+        optimizer and scheduler; ``tokenizer.save_pretrained(tokenizer_path)``; a consolidated Hugging Face folder
+        at ``save_hf_path`` (fp32 master weights). A collective."""
+        dcp.save({"model": get_model_state_dict(self.model)}, checkpoint_id=weights_path)
+        if optimizer_path is not None:
+            if self.optimizer is None:
+                raise RuntimeError("save_checkpoint: optimizer_path given but this policy has no optimizer")
+            dcp.save(self._optimizer_checkpoint_state(), checkpoint_id=optimizer_path)
+        if tokenizer_path is not None and self.rank == 0:
+            self.tokenizer.save_pretrained(tokenizer_path)
+        if save_hf_path is not None:
+            full_state = self._full_state_dict()
+            if self.rank == 0:
+                save_consolidated_hf(full_state, self.model.config, save_hf_path, tokenizer=self.tokenizer)
+        dist.barrier()
+
+    def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
+        """Load a `save_checkpoint` output, resharded to this run's layout (a collective)."""
+        model_state = {"model": get_model_state_dict(self.model)}
+        dcp.load(model_state, checkpoint_id=weights_path)
+        set_model_state_dict(self.model, model_state["model"])
+        dtensor_parallel.reshard(self.model)
+        if optimizer_path is not None and self.optimizer is not None:
+            state = self._optimizer_checkpoint_state()
+            dcp.load(state, checkpoint_id=optimizer_path)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def _optimizer_checkpoint_state(self) -> dict[str, Any]:
+        assert self.optimizer is not None and self.scheduler is not None
+        return {
+            "optim": get_optimizer_state_dict(self.model, self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def shutdown(self) -> bool:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return True

@@ -1,0 +1,85 @@
+"""What algorithms may ask of a training policy (SPEC §4), independent of the backend that implements it.
+
+Tensor conventions: ``input_ids`` ``[B, S]`` right-padded, ``input_lengths`` ``[B]``; logprobs are ``[B, S]`` fp32
+with position ``i`` holding ``log p(token_i | tokens_<i)``, 0 at position 0 and on padding.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.model_utils import LossFunction
+
+
+class PolicyInterface(ABC):
+    """A trainable language-model policy spread over workers."""
+
+    @abstractmethod
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``{"logprobs": [B, S]}`` of ``data["input_ids"]`` under the current weights."""
+
+    @abstractmethod
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None
+    ) -> BatchedDataDict:
+        """``{"reference_logprobs": [B, S]}`` under the frozen initial weights."""
+
+    @abstractmethod
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: LossFunction,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict[str, Any]:
+        """One optimizer step per global batch of ``gbs`` samples in ``data`` (none with ``eval_mode``).
+
+        Returns at least ``loss`` and ``grad_norm`` (``[num_global_batches]``) and ``all_mb_metrics``
+        (metric name → one value per microbatch of every data-parallel rank).
+        """
+
+    @abstractmethod
+    def prepare_for_training(self) -> None: ...
+
+    @abstractmethod
+    def finish_training(self) -> None: ...
+
+    @abstractmethod
+    def prepare_for_lp_inference(self) -> None: ...
+
+    @abstractmethod
+    def save_checkpoint(
+        self,
+        weights_path: str,
+        optimizer_path: str | None = None,
+        tokenizer_path: str | None = None,
+        save_hf_path: str | None = None,
+    ) -> None: ...
+
+    @abstractmethod
+    def shutdown(self) -> bool: ...
+
+
+class ColocatablePolicyInterface(PolicyInterface):
+    """A policy that can share its devices with a generation engine and hand its weights to it (refit)."""
+
+    @abstractmethod
+    def offload_before_refit(self) -> None:
+        """Free device memory the refit needs (optimizer state)."""
+
+    @abstractmethod
+    def offload_after_refit(self) -> None:
+        """Free device memory for generation (weights) until the next ``prepare_for_*``."""
+
+    @abstractmethod
+    def prepare_refit_info(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        """``{hf_parameter_name: (full shape, dtype)}`` of the weights a refit transfers."""
+
+    @abstractmethod
+    def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor]:
+        """The full Hugging Face-named state dict (CPU tensors, shapes and dtypes as in `prepare_refit_info`)."""

@@ -1,0 +1,255 @@
+"""``Policy``: the driver-side facade of a DTensor (FSDP2 + TP) policy spread over Ray workers.
+
+It checks the config, the model name and every batch on the driver (so mistakes surface as one clear exception,
+not a remote traceback), shards batches over data-parallel ranks and merges the workers' results. Each bundle of
+the cluster hosts one `DTensorPolicyWorker`; ranks form a ``data_parallel x tensor_parallel`` grid (dp-major), the
+ranks of one TP group receive the same data and only one of them returns results.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.model_utils import LossFunction
+from nemo_rl_clone.distributed.named_sharding import NamedSharding
+from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
+from nemo_rl_clone.models.huggingface import check_model_available
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
+from nemo_rl_clone.models.policy.optim import check_import_paths
+from nemo_rl_clone.utils.config_validation import validate_config
+
+DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
+_SHARDED = {"in_sharded_axes": ["data_parallel"], "replicate_on_axes": ["tensor_parallel"]}
+
+
+class Policy(ColocatablePolicyInterface):
+    """A Hugging Face causal LM trained with FSDP2 (+ DTensor TP) on the bundles of ``cluster``.
+
+    Args:
+        cluster: one worker per bundle; ``world_size / tensor_parallel_size`` data-parallel ranks.
+        config: the ``policy`` section (a `PolicyConfig` or a mapping validated into one).
+        tokenizer: saved with checkpoints.
+        name_prefix: Ray actor names ``{name_prefix}-{rank}``.
+        init_optimizer / init_reference_model: see `DTensorPolicyWorker`.
+        weights_path / optimizer_path: resume from a `save_checkpoint` output (any DP size that divides the batch).
+
+    Raises:
+        ValueError: an invalid config (optimizer or scheduler class path that does not exist, tensor-parallel
+            size that does not divide the workers, ...), naming the ``policy.*`` key.
+        OSError: ``model_name`` cannot be resolved to a loadable model.
+        NotImplementedError: ``megatron_cfg.enabled`` or ``sequence_packing.enabled`` (other backends).
+    """
+
+    def __init__(
+        self,
+        cluster: RayVirtualCluster,
+        config: PolicyConfig | Mapping[str, Any],
+        tokenizer: PreTrainedTokenizerBase,
+        name_prefix: str = "policy",
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+        weights_path: str | None = None,
+        optimizer_path: str | None = None,
+    ) -> None:
+        self.cfg = config if isinstance(config, PolicyConfig) else validate_config(config, PolicyConfig)
+        _check_config(self.cfg, init_optimizer)
+        model_path = check_model_available(self.cfg.model_name)
+        world_size = cluster.world_size()
+        tp_size = self.cfg.dtensor_cfg.tensor_parallel_size
+        if world_size % tp_size:
+            raise ValueError(
+                f"policy.dtensor_cfg.tensor_parallel_size={tp_size} must divide the number of workers ({world_size})"
+            )
+        self.dp_size = world_size // tp_size
+        sharding = NamedSharding(
+            np.arange(world_size).reshape(self.dp_size, tp_size), ["data_parallel", "tensor_parallel"]
+        )
+        builder = RayWorkerBuilder(
+            DTENSOR_WORKER,
+            self.cfg,
+            tokenizer,
+            model_path,
+            weights_path=weights_path,
+            optimizer_path=optimizer_path,
+            init_optimizer=init_optimizer,
+            init_reference_model=init_reference_model,
+        )
+        self.worker_group = RayWorkerGroup(cluster, builder, name_prefix=name_prefix, sharding_annotations=sharding)
+
+    # ------------------------------------------------------------------ logprobs
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``{"logprobs": [B, S] fp32}``; needs ``input_ids`` and ``input_lengths``. Any ``B >= dp`` works."""
+        return self._logprob_call("get_logprobs", data, micro_batch_size)
+
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None
+    ) -> BatchedDataDict:
+        """``{"reference_logprobs": [B, S] fp32}`` under the initial weights (see `get_logprobs`)."""
+        return self._logprob_call("get_reference_policy_logprobs", data, micro_batch_size)
+
+    def _logprob_call(self, method: str, data: BatchedDataDict, micro_batch_size: int | None) -> BatchedDataDict:
+        self._check_batch(data, ("input_ids", "input_lengths"), method)
+        order = None
+        if self.cfg.dynamic_batching.enabled:
+            shards, order = data.shard_by_batch_size(
+                self.dp_size,
+                allow_uneven_shards=True,
+                dynamic_batching_args=self._dynamic_batching_args(self.cfg.dynamic_batching.logprob_mb_tokens),
+            )
+        else:
+            shards = data.shard_by_batch_size(self.dp_size, allow_uneven_shards=True)
+        results = self._run_sharded(method, shards, {"micro_batch_size": micro_batch_size})
+        merged = BatchedDataDict.from_batches(results)
+        if order is not None:
+            merged.reorder_data(order)
+        return merged
+
+    # ------------------------------------------------------------------ training
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: LossFunction,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict[str, Any]:
+        """Train on ``data`` (``B`` a multiple of ``gbs``, default ``train_global_batch_size``); see `PolicyInterface`.
+
+        Returns ``loss`` and ``grad_norm`` (``[B // gbs]``, identical whatever the number of DP workers),
+        ``all_mb_metrics`` (every microbatch of every DP rank) and ``num_global_batches``.
+        """
+        gbs = gbs or self.cfg.train_global_batch_size
+        mbs = mbs or self.cfg.train_micro_batch_size
+        self._check_batch(data, ("input_ids", "sample_mask"), "train")
+        if gbs % self.dp_size:
+            raise ValueError(
+                f"train: global batch size {gbs} (policy.train_global_batch_size or gbs=) must be divisible by the "
+                f"data-parallel size {self.dp_size}"
+            )
+        if data.size % gbs:
+            raise ValueError(f"train: batch of {data.size} samples is not a multiple of the global batch size {gbs}")
+        if self.cfg.dynamic_batching.enabled:
+            shards, _ = data.shard_by_batch_size(
+                self.dp_size,
+                batch_size=gbs,
+                dynamic_batching_args=self._dynamic_batching_args(self.cfg.dynamic_batching.train_mb_tokens),
+            )
+        else:
+            shards = data.shard_by_batch_size(self.dp_size, batch_size=gbs)
+        kwargs = {"loss_fn": loss_fn, "eval_mode": eval_mode, "gbs": gbs, "mbs": mbs}
+        results = self._run_sharded("train", shards, kwargs)
+        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        for result in results:  # one per DP rank, in rank order
+            for key, values in result["all_mb_metrics"].items():
+                all_mb_metrics[key].extend(values)
+        return {
+            "loss": results[0]["global_loss"],
+            "grad_norm": results[0]["grad_norm"],
+            "all_mb_metrics": dict(all_mb_metrics),
+            "num_global_batches": data.size // gbs,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+    def prepare_for_training(self) -> None:
+        self._run_all("prepare_for_training")
+
+    def prepare_for_lp_inference(self) -> None:
+        self._run_all("prepare_for_lp_inference")
+
+    def finish_training(self) -> None:
+        self._run_all("finish_training")
+
+    def offload_before_refit(self) -> None:
+        self._run_all("offload_before_refit")
+
+    def offload_after_refit(self) -> None:
+        self._run_all("offload_after_refit")
+
+    def prepare_refit_info(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        return ray.get(self.worker_group.run_single_worker_single_data("prepare_refit_info", 0))
+
+    def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor]:
+        """The full state dict gathered by every worker and returned from rank 0 (CPU, compute dtype)."""
+        return self._run_all("get_full_state_dict_for_refit")[0]
+
+    def save_checkpoint(
+        self,
+        weights_path: str,
+        optimizer_path: str | None = None,
+        tokenizer_path: str | None = None,
+        save_hf_path: str | None = None,
+    ) -> None:
+        """Sharded DCP weights (and optimizer + scheduler), tokenizer files, optional consolidated HF folder."""
+        self._run_all(
+            "save_checkpoint",
+            weights_path,
+            optimizer_path=optimizer_path,
+            tokenizer_path=tokenizer_path,
+            save_hf_path=save_hf_path,
+        )
+
+    def shutdown(self) -> bool:
+        return self.worker_group.shutdown(cleanup_method="shutdown")
+
+    # ------------------------------------------------------------------ helpers
+    def _run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        refs = self.worker_group.run_all_workers_single_data(method, *args, **kwargs)
+        future = MultiWorkerFuture(refs, group_name=self.worker_group.name, method_name=method)
+        return self.worker_group.get_all_worker_results(future)
+
+    def _run_sharded(self, method: str, shards: list[BatchedDataDict], kwargs: dict[str, Any]) -> list[Any]:
+        future = self.worker_group.run_all_workers_sharded_data(
+            method, shards, output_is_replicated=["tensor_parallel"], common_kwargs=kwargs, **_SHARDED
+        )
+        return self.worker_group.get_all_worker_results(future)
+
+    def _check_batch(self, data: BatchedDataDict, keys: tuple[str, ...], method: str) -> None:
+        if not isinstance(data, BatchedDataDict):
+            raise TypeError(f"{method}: data must be a BatchedDataDict, got {type(data).__name__}")
+        missing = [key for key in keys if key not in data]
+        if missing:
+            raise KeyError(f"{method}: data is missing {missing}; it has {sorted(data)}")
+        if data.size < self.dp_size:
+            raise ValueError(
+                f"{method}: batch of {data.size} samples is smaller than the data-parallel size {self.dp_size}; "
+                "every data-parallel worker needs at least one sample"
+            )
+
+    def _dynamic_batching_args(self, max_tokens: int | None) -> dict[str, Any]:
+        return {
+            "input_key": "input_ids",
+            "input_lengths_key": "input_lengths",
+            "max_tokens_per_microbatch": max_tokens,
+            "sequence_length_round": self.cfg.dynamic_batching.sequence_length_round,
+        }
+
+
+def _check_config(config: PolicyConfig, init_optimizer: bool) -> None:
+    problems = config.check()
+    if problems:
+        raise ValueError(
+            "invalid policy config:\n" + "\n".join(f"  policy.{key}: {message}" for key, message in problems)
+        )
+    if config.megatron_cfg.enabled:
+        raise NotImplementedError("policy.megatron_cfg.enabled: the Megatron backend is not part of this Policy")
+    if config.sequence_packing.enabled:
+        raise NotImplementedError(
+            "policy.sequence_packing.enabled: the DTensor worker does not pack sequences; use "
+            "policy.dynamic_batching instead"
+        )
+    if config.dtensor_cfg.context_parallel_size != 1:
+        raise NotImplementedError("policy.dtensor_cfg.context_parallel_size: only 1 is supported")
+    if config.dtensor_cfg.sequence_parallel:
+        raise NotImplementedError("policy.dtensor_cfg.sequence_parallel: not supported; set it to false")
+    if init_optimizer:
+        check_import_paths(config.optimizer, config.scheduler)

@@ -1,0 +1,84 @@
+"""Optimizer and LR scheduler from the ``policy.optimizer`` / ``policy.scheduler`` config (class path + kwargs).
+
+The scheduler config is NeMo-RL's list format: ``{name, kwargs}`` entries, chained by one optional
+``{milestones: [...]}`` entry through ``torch.optim.lr_scheduler.SequentialLR``; no list means a constant LR.
+Class paths are resolved on the driver first (``check_import_paths``) so a typo fails before any worker starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from nemo_rl_clone.models.policy.config import OptimizerConfig
+
+
+def import_by_path(path: str, key: str) -> Any:
+    """The object at dotted ``path`` (e.g. ``torch.optim.AdamW``).
+
+    Raises:
+        ValueError: naming the config ``key`` and, where there is one, the nearest existing name
+            (``policy.optimizer.name: cannot import 'torch.optim.AdamWW' (did you mean torch.optim.AdamW?)``).
+    """
+    module_path, _, attr = path.rpartition(".")
+    if not module_path:
+        raise ValueError(f"{key}: {path!r} is not a dotted class path like 'torch.optim.AdamW'")
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as error:
+        raise ValueError(f"{key}: cannot import {path!r} (module {module_path!r}: {error})") from None
+    if hasattr(module, attr):
+        return getattr(module, attr)
+    public = [name for name in dir(module) if not name.startswith("_")]
+    close = difflib.get_close_matches(attr, public, n=1)
+    hint = f" (did you mean {module_path}.{close[0]}?)" if close else ""
+    raise ValueError(f"{key}: cannot import {path!r}{hint}")
+
+
+def check_import_paths(optimizer: OptimizerConfig, scheduler: Sequence[Mapping[str, Any]] | None) -> None:
+    """Resolve every class path of the optimizer and scheduler config; raise on the first that does not exist."""
+    import_by_path(optimizer.name, "policy.optimizer.name")
+    for index, entry in enumerate(scheduler or []):
+        if "name" in entry:
+            import_by_path(entry["name"], f"policy.scheduler[{index}].name")
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
+    """``cls(params, **kwargs)`` for ``config.name``; YAML lists in kwargs (``betas: [0.9, 0.999]``) become tuples."""
+    optimizer_class = import_by_path(config.name, "policy.optimizer.name")
+    kwargs = {name: tuple(value) if isinstance(value, list) else value for name, value in config.kwargs.items()}
+    try:
+        return optimizer_class(params, **kwargs)
+    except TypeError as error:
+        raise ValueError(f"policy.optimizer.kwargs: {config.name} rejected {kwargs}: {error}") from None
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, entries: Sequence[Mapping[str, Any]] | None
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """The LR scheduler of NeMo-RL's list format; ``None`` or ``[]`` gives a constant LR (``LambdaLR`` of 1)."""
+    entries = list(entries or [])
+    milestones = [list(entry["milestones"]) for entry in entries if "milestones" in entry]
+    schedulers = []
+    for index, entry in enumerate(entries):
+        if "milestones" in entry:
+            continue
+        scheduler_class = import_by_path(entry["name"], f"policy.scheduler[{index}].name")
+        try:
+            schedulers.append(scheduler_class(optimizer, **dict(entry.get("kwargs") or {})))
+        except TypeError as error:
+            raise ValueError(f"policy.scheduler[{index}].kwargs: {entry['name']} rejected them: {error}") from None
+    if not schedulers:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    if len(schedulers) == 1:
+        return schedulers[0]
+    if len(milestones) != 1 or len(milestones[0]) != len(schedulers) - 1:
+        raise ValueError(
+            f"policy.scheduler: {len(schedulers)} schedulers need one {{milestones: [...]}} entry with "
+            f"{len(schedulers) - 1} values, got {milestones}"
+        )
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, schedulers, milestones=milestones[0])

@@ -1,0 +1,72 @@
+"""Per-rank pieces of a training step and a logprob pass that do not depend on the worker's state.
+
+Shapes: ``input_ids`` ``[B, S]`` right-padded token ids, ``input_lengths`` ``[B]`` valid lengths; logprobs follow
+SPEC §4: ``[B, S]`` fp32 where position ``i`` holds ``log p(token_i | tokens_<i)``, position 0 and padding are 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
+
+
+def microbatches(batch: BatchedDataDict, micro_batch_size: int) -> Iterator[BatchedDataDict]:
+    """The microbatches of one rank's batch: its dynamic-batching plan when it has one, else fixed-size slices."""
+    if batch.microbatch_plan is not None:
+        if batch.microbatch_plan.kind != "dynamic":
+            raise ValueError("the DTensor policy worker supports dynamic batching, not sequence packing")
+        return batch.make_microbatch_iterator_with_dynamic_shapes()
+    return batch.make_microbatch_iterator(micro_batch_size)
+
+
+def count_microbatches(batch: BatchedDataDict, micro_batch_size: int) -> int:
+    plan = batch.microbatch_plan
+    if plan is not None:
+        return sum(len(ranges) for ranges in plan.indices)
+    return -(-batch.size // micro_batch_size)
+
+
+def spec_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
+    """``[B, S]`` fp32 logprobs of ``input_ids`` under next-token ``logits`` ``[B, S, V]`` (SPEC §4 layout).
+
+    A 0 is prepended (token 0 has no prediction) and positions ``>= input_lengths`` are 0.
+    """
+    next_token = token_logprobs_from_logits(logits, input_ids)
+    logprobs = F.pad(next_token, (1, 0))
+    positions = torch.arange(input_ids.shape[1], device=logprobs.device)
+    valid = positions.unsqueeze(0) < input_lengths.to(logprobs.device).unsqueeze(1)
+    return torch.where(valid, logprobs, torch.zeros_like(logprobs))
+
+
+def global_valid_counts(batch: Mapping[str, Any], group: dist.ProcessGroup) -> tuple[torch.Tensor, torch.Tensor]:
+    """(valid sequences, valid tokens) of one global batch summed over the data-parallel ``group``.
+
+    Losses without per-token masks (reward models) count sequences only; their token count is 0.
+    """
+    if "token_mask" in batch:
+        return valid_counts(batch, group)
+    if "sample_mask" not in batch:
+        raise KeyError(
+            f"policy.train: the batch needs a 'sample_mask' (and usually 'token_mask'); it has {list(batch)}"
+        )
+    counts = torch.stack([batch["sample_mask"].float().sum(), torch.tensor(0.0)])
+    dist.all_reduce(counts, group=group)
+    return counts[0], counts[1]
+
+
+def pad_to_width(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """Right-pad dim 1 with zeros to ``width`` (dynamic batching truncates microbatches to their longest sample)."""
+    return F.pad(tensor, (0, width - tensor.shape[1])) if tensor.shape[1] < width else tensor
+
+
+def require_keys(data: BatchedDataDict, keys: tuple[str, ...]) -> None:
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise KeyError(f"policy batch is missing {missing}; it has {sorted(data)}")
