@@ -53,3 +53,79 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float | Non
     if clamp is not None:
         log_ratio = log_ratio.clamp(min=-clamp, max=clamp)
     return log_ratio.exp() - log_ratio - 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GRPO reward processing. Rewards of one step are laid out group by group: the n samples of a prompt are adjacent
+# (`BatchedDataDict.repeat_interleave(n)`), so a [B] reward vector reshapes to [B // n, n].
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def baseline_and_std_per_prompt(
+    rewards: torch.Tensor, group_size: int, leave_one_out: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample baseline and the std of its prompt group.
+
+    Args:
+        rewards: [B] with B a multiple of ``group_size``, groups adjacent.
+        group_size: samples per prompt (``grpo.num_generations_per_prompt``).
+        leave_one_out: baseline of sample i = mean of the *other* samples of its group (an unbiased baseline that
+            does not depend on r_i); otherwise the group mean. With group_size 1 the baseline is the reward itself.
+
+    Returns:
+        (baseline [B], std [B]): std is the unbiased sample std of the group's rewards (0 for a group of one or a
+        group of equal rewards).
+    """
+    if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be [B] with B a multiple of group_size={group_size}, got {tuple(rewards.shape)}")
+    groups = rewards.double().view(-1, group_size)
+    total = groups.sum(dim=1, keepdim=True)
+    if leave_one_out and group_size > 1:
+        baseline = (total - groups) / (group_size - 1)
+    elif leave_one_out:
+        baseline = groups.clone()
+    else:
+        baseline = (total / group_size).expand_as(groups)
+    std = groups.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(total)
+    return baseline.reshape(-1).to(rewards.dtype), std.expand_as(groups).reshape(-1).to(rewards.dtype)
+
+
+def compute_advantages(
+    rewards: torch.Tensor, group_size: int, leave_one_out: bool = True, normalize: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """GRPO advantages [B]: A = r − baseline, divided by the group std where it is > 0 when ``normalize``.
+
+    A group whose rewards are all equal carries no signal and gets A = 0 exactly (never NaN).
+    """
+    baseline, std = baseline_and_std_per_prompt(rewards, group_size, leave_one_out)
+    advantages = rewards - baseline
+    if normalize:
+        advantages = torch.where(std > 0, advantages / (std + eps), torch.zeros_like(advantages))
+    return advantages
+
+
+def scale_rewards(
+    rewards: torch.Tensor, source_min: float, source_max: float, target_min: float, target_max: float
+) -> torch.Tensor:
+    """Linear map of [source_min, source_max] onto [target_min, target_max]; rewards outside are clamped first."""
+    clamped = rewards.clamp(min=source_min, max=source_max)
+    return target_min + (clamped - source_min) * (target_max - target_min) / (source_max - source_min)
+
+
+def overlong_penalty(
+    response_lengths: torch.Tensor, max_response_length: int, buffer_length: int, penalty: float
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment [B] (≤ 0), to be added to the rewards.
+
+    0 up to ``max_response_length − buffer_length`` tokens, then falling linearly to ``−penalty`` at
+    ``max_response_length`` (and staying there beyond it).
+    """
+    start = max_response_length - buffer_length
+    excess = (response_lengths.to(torch.float32) - start).clamp(min=0) / max(buffer_length, 1)
+    return -penalty * excess.clamp(max=1.0)
+
+
+def groups_with_signal(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[B // group_size] bool: groups whose rewards are not all equal (dynamic sampling keeps only these)."""
+    groups = rewards.view(-1, group_size)
+    return (groups != groups[:, :1]).any(dim=1)
