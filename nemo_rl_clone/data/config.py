@@ -1,9 +1,31 @@
-"""Data config (``data``): NeMo-RL's keys, typed."""
+"""Data config (``data``): NeMo-RL's keys, typed, plus local-file and reasoning-gym options."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from nemo_rl_clone.data.datasets import DATASET_NAMES, unknown_dataset_message
+
+
+@dataclass
+class ReasoningGymDataConfig:
+    """``data.reasoning_gym``: a procedural task generated offline (see ``data/datasets/reasoning_gym.py``)."""
+
+    task: str = "basic_arithmetic"
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    train_size: int = 1000
+    val_size: int = 100
+    seed: int = 42
+    one_shot_example: bool = False
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.train_size < 1:
+            problems.append(("train_size", f"must be >= 1, got {self.train_size}"))
+        if self.val_size < 0:
+            problems.append(("val_size", f"must be >= 0, got {self.val_size}"))
+        return problems
 
 
 @dataclass
@@ -14,6 +36,15 @@ class DataConfig:
     max_input_seq_length: int = 512
     shuffle: bool = True
     num_workers: int = 1
+    # A local file (json/jsonl/parquet/csv) in the dataset's hub format, used instead of the hub.
+    data_path: Optional[str] = None
+    # A local validation file; replaces the dataset's default validation source.
+    val_data_path: Optional[str] = None
+    # Hub split to load (OpenMathInstruct-2: train, train_1M, train_2M, train_5M).
+    split: Optional[str] = None
+    # Fraction of the training rows held out for validation; null = the dataset's default.
+    split_validation_size: Optional[float] = None
+    reasoning_gym: Optional[ReasoningGymDataConfig] = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
@@ -21,4 +52,10 @@ class DataConfig:
             problems.append(("max_input_seq_length", f"must be >= 1, got {self.max_input_seq_length}"))
         if self.num_workers < 0:
             problems.append(("num_workers", f"must be >= 0, got {self.num_workers}"))
+        if self.dataset_name not in DATASET_NAMES:
+            problems.append(("dataset_name", unknown_dataset_message(self.dataset_name)))
+        if (self.dataset_name == "reasoning_gym") != (self.reasoning_gym is not None):
+            problems.append(("reasoning_gym", "must be set exactly when dataset_name is 'reasoning_gym'"))
+        if self.split_validation_size is not None and not 0.0 <= self.split_validation_size < 1.0:
+            problems.append(("split_validation_size", f"must be in [0, 1), got {self.split_validation_size}"))
         return problems

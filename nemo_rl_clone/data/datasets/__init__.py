@@ -1,0 +1,79 @@
+"""Dataset registry: ``data.dataset_name`` → loader returning a :class:`LoadedDataset` in the common row form.
+
+Loader modules are imported on first use, so importing this package (e.g. to validate a config) stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import inspect
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from nemo_rl_clone.data.config import DataConfig
+    from nemo_rl_clone.data.datasets.common import LoadedDataset
+
+# NeMo-RL's names where it has them ("OpenMathInstruct-2", "DeepScaler", "DAPOMath17K").
+_LOADERS: dict[str, str] = {
+    "OpenMathInstruct-2": "nemo_rl_clone.data.datasets.openmathinstruct2:load_openmathinstruct2",
+    "DeepScaler": "nemo_rl_clone.data.datasets.deepscaler:load_deepscaler",
+    "DAPOMath17K": "nemo_rl_clone.data.datasets.dapo_math:load_dapo_math",
+    "aime2024": "nemo_rl_clone.data.datasets.aime2024:load_aime2024",
+    "math500": "nemo_rl_clone.data.datasets.math500:load_math500",
+    "reasoning_gym": "nemo_rl_clone.data.datasets.reasoning_gym:load_reasoning_gym",
+}
+DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
+# DataConfig keys passed to loaders when set.
+_FILE_KEYS = ("data_path", "val_data_path", "split", "split_validation_size")
+
+
+def unknown_dataset_message(name: str) -> str:
+    """The error text for an unknown dataset name: the valid names and the closest one."""
+    near = difflib.get_close_matches(name, DATASET_NAMES, n=1, cutoff=0.5)
+    near = near or [n for n in DATASET_NAMES if n.lower() == name.lower()]
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return f"unknown dataset {name!r}{hint}; valid names: {', '.join(DATASET_NAMES)}"
+
+
+def get_dataset_loader(name: str) -> Callable[..., LoadedDataset]:
+    """The loader function registered under ``name``; raises ``ValueError`` listing the valid names."""
+    if name not in _LOADERS:
+        raise ValueError(unknown_dataset_message(name))
+    module_name, function_name = _LOADERS[name].split(":")
+    return getattr(importlib.import_module(module_name), function_name)
+
+
+def load_dataset_by_name(name: str, **kwargs: Any) -> LoadedDataset:
+    """Load dataset ``name`` with loader keyword arguments ``kwargs`` (e.g. ``data_path=...``, ``seed=...``)."""
+    loader = get_dataset_loader(name)
+    accepted = list(inspect.signature(loader).parameters)
+    unexpected = sorted(set(kwargs) - set(accepted))
+    if unexpected:
+        raise TypeError(f"dataset {name!r} does not take {unexpected}; its arguments: {accepted}")
+    return loader(**kwargs)
+
+
+def load_dataset_from_config(data_config: DataConfig, seed: int) -> LoadedDataset:
+    """Load the dataset a ``data`` config section describes; ``seed`` (e.g. ``grpo.seed``) seeds splits.
+
+    A set key the dataset does not use (e.g. ``data.split`` for DeepScaler) raises a ``ValueError`` naming it.
+    """
+    name = data_config.dataset_name
+    loader = get_dataset_loader(name)
+    options: dict[str, Any] = {
+        key: getattr(data_config, key) for key in _FILE_KEYS if getattr(data_config, key) is not None
+    }
+    if name == "reasoning_gym":
+        if data_config.reasoning_gym is None:
+            raise ValueError("data.reasoning_gym: required when data.dataset_name is 'reasoning_gym'")
+        # The section's fields are the loader's arguments (and carry their own seed).
+        options.update(dataclasses.asdict(data_config.reasoning_gym))
+    accepted = set(inspect.signature(loader).parameters)
+    unused = sorted(set(options) - accepted)
+    if unused:
+        raise ValueError(f"data.{unused[0]}: not used by dataset {name!r}; set it to null")
+    if "seed" in accepted:
+        options.setdefault("seed", seed)
+    return loader(**options)

@@ -1,0 +1,206 @@
+"""Shared loading code: raw rows through ``datasets``, the common row form, splits, and the processed dataset.
+
+Every loader returns a :class:`LoadedDataset` whose rows have the common form
+``{"problem": str, "expected_answer": str, "task_name": str}`` (reasoning-gym rows add ``"extra_env_info"``).
+Rows are validated while they are mapped: a missing or empty field raises an error naming the source, the row
+index (0-based, in file order) and the field as the source spells it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import datasets
+import torch.utils.data
+from transformers import PreTrainedTokenizerBase
+
+from nemo_rl_clone.data.interfaces import DatumSpec, TaskDataProcessFn, TaskDataSpec
+from nemo_rl_clone.data.processors import DATA_PROCESSORS
+
+MATH_TASK = "math"
+LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+# A split's rows: a Hugging Face ``datasets.Dataset`` or, for generated data, a list of dicts. Both support
+# ``len(rows)`` and ``rows[i] -> dict``.
+Rows = Union[datasets.Dataset, list[dict[str, Any]]]
+
+
+class DatasetLoadError(RuntimeError):
+    """A dataset could not be loaded (unreachable hub, missing file, unsupported format)."""
+
+
+@dataclass
+class LoadedDataset:
+    """Rows of one dataset in the common form. Evaluation-only sets (AIME 2024, MATH-500) fill only
+    ``validation``."""
+
+    name: str
+    train: Optional[Rows]
+    validation: Optional[Rows]
+
+
+@dataclass(frozen=True)
+class Field:
+    """How one common field is read from a raw row.
+
+    Attributes:
+        source: the field as the source names it, for error messages (e.g. ``"reward_model.ground_truth"``).
+        column: the top-level column that must exist.
+        get: reads the value from a raw row; KeyError / IndexError / TypeError mean "missing".
+    """
+
+    source: str
+    column: str
+    get: Callable[[Mapping[str, Any]], Any]
+
+
+def column(name: str) -> Field:
+    """A field that is a plain top-level column."""
+    return Field(source=name, column=name, get=lambda row: row[name])
+
+
+def load_raw_rows(dataset_name: str, hub_id: str, hub_split: str, data_path: Optional[str]) -> datasets.Dataset:
+    """Rows of ``hub_id`` (split ``hub_split``) from the Hugging Face hub, or of a local file in the same format.
+
+    ``data_path`` is a ``.json`` (array or JSON Lines), ``.jsonl``, ``.parquet`` or ``.csv`` file.
+    """
+    if data_path is not None:
+        path = Path(data_path)
+        builder = LOCAL_FORMATS.get(path.suffix.lower())
+        if builder is None:
+            raise DatasetLoadError(
+                f"{dataset_name}: cannot read {data_path!r}: unsupported file type {path.suffix!r}; "
+                f"use one of {sorted(LOCAL_FORMATS)}"
+            )
+        if not path.is_file():
+            raise DatasetLoadError(f"{dataset_name}: data file {data_path!r} does not exist")
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    try:
+        return datasets.load_dataset(hub_id, split=hub_split)
+    except (ConnectionError, OSError, ValueError) as err:  # offline, unknown repo, unknown split
+        raise DatasetLoadError(
+            f"{dataset_name}: could not load {hub_id!r} (split {hub_split!r}) from the Hugging Face hub: "
+            f"{type(err).__name__}: {err}. Without hub access, download it elsewhere and point data_path "
+            "(data.data_path / data.val_data_path) at a local .jsonl/.json/.parquet file in the same format"
+        ) from err
+
+
+def to_common_math_form(
+    raw: datasets.Dataset, source: str, problem: Field, answer: Field, task_name: str = MATH_TASK
+) -> datasets.Dataset:
+    """Map raw rows to ``{"problem", "expected_answer", "task_name"}``, validating every row.
+
+    Raises:
+        ValueError: a required column is absent (naming the columns present), or a row's field is missing or
+            empty (naming the row index and the field).
+    """
+    missing = [f.column for f in (problem, answer) if f.column not in raw.column_names]
+    if missing:
+        raise ValueError(
+            f"{source}: missing column(s) {missing}; the file has {raw.column_names}. "
+            f"Expected the source's format: {problem.source!r} for the problem, {answer.source!r} for the answer"
+        )
+
+    def rekey(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+        out: dict[str, list[Any]] = {"problem": [], "expected_answer": [], "task_name": []}
+        for index, row in zip(indices, rows, strict=True):
+            out["problem"].append(_read(row, problem, index, source))
+            out["expected_answer"].append(_read(row, answer, index, source))
+            out["task_name"].append(task_name)
+        return out
+
+    return raw.map(rekey, batched=True, with_indices=True, remove_columns=raw.column_names, desc=f"{source}")
+
+
+def _read(row: Mapping[str, Any], field: Field, index: int, source: str) -> str:
+    try:
+        value = field.get(row)
+    except (KeyError, IndexError, TypeError):
+        value = None
+    if value is None or not str(value).strip():
+        raise ValueError(f"{source}: row {index}: field {field.source!r} is missing or empty")
+    return str(value)
+
+
+def split_train_validation(
+    rows: datasets.Dataset, split_validation_size: float, seed: int, source: str
+) -> tuple[datasets.Dataset, Optional[datasets.Dataset]]:
+    """Hold out a seeded random fraction ``split_validation_size`` of ``rows`` (0 → no validation split)."""
+    if not 0.0 <= split_validation_size < 1.0:
+        raise ValueError(f"{source}: split_validation_size must be in [0, 1), got {split_validation_size}")
+    if split_validation_size == 0.0:
+        return rows, None
+    num_val = int(round(split_validation_size * len(rows)))
+    if num_val < 1 or num_val >= len(rows):
+        raise ValueError(
+            f"{source}: split_validation_size={split_validation_size} of {len(rows)} rows leaves "
+            f"{num_val} validation rows; both splits need at least one"
+        )
+    parts = rows.train_test_split(test_size=num_val, seed=seed, shuffle=True)
+    return parts["train"], parts["test"]
+
+
+def validation_source(
+    val_data_path: Optional[str], split_validation_size: Optional[float], default_split_size: float, source: str
+) -> tuple[Optional[str], float]:
+    """Resolve where validation rows come from: ``(val_data_path or None, fraction to split off the training
+    rows)``. Giving both a validation file and a positive split is ambiguous and rejected."""
+    if val_data_path is not None and split_validation_size:
+        raise ValueError(
+            f"{source}: give either val_data_path or split_validation_size > 0, not both "
+            f"(got {val_data_path!r} and {split_validation_size})"
+        )
+    if val_data_path is not None:
+        return val_data_path, 0.0
+    return None, default_split_size if split_validation_size is None else split_validation_size
+
+
+class AllTaskProcessedDataset(torch.utils.data.Dataset):
+    """Rows processed lazily into :class:`DatumSpec` by the processor of each row's ``task_name``.
+
+    Args:
+        rows: rows in the common form (a split of a :class:`LoadedDataset`).
+        tokenizer: tokenizer with a chat template.
+        task_data_specs: prompt specs, one for all tasks or one per ``task_name``.
+        max_seq_length: prompts longer than this are truncated and get ``loss_multiplier = 0``.
+        processors: ``task_name → processor``; defaults to :data:`DATA_PROCESSORS`.
+    """
+
+    def __init__(
+        self,
+        rows: Rows,
+        tokenizer: PreTrainedTokenizerBase,
+        task_data_specs: Union[TaskDataSpec, Mapping[str, TaskDataSpec]],
+        max_seq_length: int,
+        processors: Optional[Mapping[str, TaskDataProcessFn]] = None,
+    ):
+        self.rows = rows
+        self.tokenizer = tokenizer
+        self.task_data_specs = task_data_specs
+        self.max_seq_length = max_seq_length
+        self.processors = dict(DATA_PROCESSORS if processors is None else processors)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx: int) -> DatumSpec:
+        row = self.rows[idx]
+        task_name = row.get("task_name") or MATH_TASK
+        processor = self.processors.get(task_name)
+        if processor is None:
+            raise KeyError(
+                f"row {idx}: no data processor for task_name {task_name!r}; known: {sorted(self.processors)}"
+            )
+        if isinstance(self.task_data_specs, TaskDataSpec):
+            spec = self.task_data_specs
+        elif task_name in self.task_data_specs:
+            spec = self.task_data_specs[task_name]
+        else:
+            raise KeyError(
+                f"row {idx}: no TaskDataSpec for task_name {task_name!r}; known: {sorted(self.task_data_specs)}"
+            )
+        return processor(row, spec, self.tokenizer, self.max_seq_length, idx)

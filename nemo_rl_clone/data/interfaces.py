@@ -1,0 +1,128 @@
+"""Data records shared by datasets, processors, rollouts and environments.
+
+A conversation is a *message log*: a list of messages ``{"role", "content", "token_ids"}`` where ``role`` is
+``"system" | "user" | "assistant" | "environment"``, ``content`` is the message's text as it appears in the
+chat-templated conversation and ``token_ids`` is a 1-D ``torch.long`` tensor of exactly that message's tokens.
+Concatenating ``token_ids`` over the messages gives the token sequence the model sees; generated tokens are stored as
+generated and never re-tokenised. Later stages may add per-message tensors of the same length (``token_loss_mask``,
+``generation_logprobs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NotRequired, Optional, Protocol, TypedDict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+LLMMessageLogType = list[dict[str, Any]]
+
+# Relative prompt paths are looked up in the working directory first, then in the project checkout, so the
+# NeMo-RL-style default ``examples/prompts/cot.txt`` works from any directory of a source checkout.
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class DatumSpec(TypedDict):
+    """One processed sample, as produced by a data processor and consumed by ``rl_collate_fn``.
+
+    Attributes:
+        message_log: the prompt conversation (see module docstring).
+        length: total number of tokens over ``message_log``.
+        extra_env_info: what the environment needs to score the sample; math: ``{"ground_truth": str}``,
+            reasoning-gym: ``{"task": str, "entry": dict}``.
+        loss_multiplier: 1.0, or 0.0 when the prompt had to be truncated (the sample then contributes no loss).
+        idx: index of the sample in its dataset.
+        task_name: routes the sample to its environment (``"math"`` or ``"reasoning_gym"``).
+        stop_strings: optional per-sample stop strings for generation.
+    """
+
+    message_log: LLMMessageLogType
+    length: int
+    extra_env_info: dict[str, Any]
+    loss_multiplier: float
+    idx: int
+    task_name: str
+    stop_strings: NotRequired[Optional[list[str]]]
+
+
+@dataclass
+class TaskDataSpec:
+    """How prompts of one task are built: an optional system prompt and an optional user-prompt template.
+
+    The template is a ``str.format`` string with one positional field ``{}`` that receives the problem text;
+    literal braces are written ``{{`` ``}}`` (e.g. ``\\boxed{{}}``). Either give a file (``prompt_file``,
+    ``system_prompt_file``) or the text itself (``prompt``, ``system_prompt``), not both.
+    """
+
+    task_name: str
+    prompt_file: Optional[str] = None
+    system_prompt_file: Optional[str] = None
+    prompt: Optional[str] = field(default=None)
+    system_prompt: Optional[str] = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.prompt_file is not None:
+            if self.prompt is not None:
+                raise ValueError(f"TaskDataSpec({self.task_name!r}): give prompt_file or prompt, not both")
+            self.prompt = _read_prompt_file(self.prompt_file, "prompt_file")
+        if self.system_prompt_file is not None:
+            if self.system_prompt is not None:
+                raise ValueError(
+                    f"TaskDataSpec({self.task_name!r}): give system_prompt_file or system_prompt, not both"
+                )
+            self.system_prompt = _read_prompt_file(self.system_prompt_file, "system_prompt_file")
+        if self.prompt is not None:
+            _check_template(self.prompt, self.prompt_file or "prompt")
+
+    def format_prompt(self, problem: str) -> str:
+        """The user message for ``problem``: the template filled in, or the problem itself without a template."""
+        return problem if self.prompt is None else self.prompt.format(problem)
+
+
+class TaskDataProcessFn(Protocol):
+    """Signature of a data processor: one raw row → one :class:`DatumSpec`."""
+
+    def __call__(
+        self,
+        datum: dict[str, Any],
+        task_data_spec: TaskDataSpec,
+        tokenizer: PreTrainedTokenizerBase,
+        max_seq_length: int,
+        idx: int,
+    ) -> DatumSpec: ...
+
+
+def resolve_prompt_path(path: str) -> Path:
+    """``path`` as given if it exists, else relative to the project checkout; raises if neither exists."""
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    in_project = _PROJECT_ROOT / path
+    if not candidate.is_absolute() and in_project.is_file():
+        return in_project
+    raise FileNotFoundError(
+        f"prompt file {path!r} not found (looked in {Path.cwd()} and {_PROJECT_ROOT}); "
+        "set data.prompt_file / data.system_prompt_file to an existing file or null"
+    )
+
+
+def _read_prompt_file(path: str, key: str) -> str:
+    try:
+        return resolve_prompt_path(path).read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{key}: {err}") from None
+
+
+def _check_template(template: str, source: str) -> None:
+    """Fail early, naming the file, if the template does not take exactly one positional ``{}`` field."""
+    try:
+        filled = template.format("\x00PROBLEM\x00")
+    except (IndexError, KeyError, ValueError) as err:
+        raise ValueError(
+            f"prompt template {source!r} must contain exactly one '{{}}' placeholder for the problem, with literal "
+            f"braces doubled ('{{{{' and '}}}}', e.g. \\boxed{{{{}}}}); str.format failed: {err!r}"
+        ) from None
+    if filled.count("\x00PROBLEM\x00") != 1:
+        raise ValueError(f"prompt template {source!r} must contain exactly one '{{}}' placeholder for the problem")

@@ -1,0 +1,234 @@
+"""Message logs: chat templating into per-message tokens, loss masks and flattening into padded batches.
+
+See :mod:`nemo_rl_clone.data.interfaces` for the message-log format. The invariant kept here: concatenating the
+``token_ids`` of a templated message log gives exactly ``tokenizer.apply_chat_template(messages, tokenize=True)``;
+generated tokens enter a log as generated (:func:`message_from_token_ids`), never re-tokenised from text.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from nemo_rl_clone.data.interfaces import LLMMessageLogType
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+VALID_ROLES = ("system", "user", "assistant", "environment")
+# Chat templates know no "environment" role: observations are rendered as user turns.
+_TEMPLATE_ROLE = {"environment": "user"}
+
+
+def get_formatted_message_log(
+    messages: Sequence[Mapping[str, str]],
+    tokenizer: PreTrainedTokenizerBase,
+    add_generation_prompt: bool,
+    chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+) -> LLMMessageLogType:
+    """Chat-template ``messages`` once and split the result into per-message text and tokens.
+
+    Args:
+        messages: ``[{"role", "content"}, ...]`` with roles from :data:`VALID_ROLES`.
+        tokenizer: a fast tokenizer with a chat template.
+        add_generation_prompt: append the template's assistant header (to the last message), for prompting.
+        chat_template_kwargs: extra keyword arguments for ``apply_chat_template`` (e.g. ``enable_thinking``).
+
+    Returns:
+        One dict per input message: ``role``, ``content`` (that message's slice of the templated text, including
+        template markup) and ``token_ids`` (1-D long tensor). The ``token_ids`` concatenate to the tokenisation of
+        the whole templated text, so boundary merges can never differ from what the model is prompted with.
+
+    Raises:
+        ValueError: empty ``messages``, a bad role or content, a tokenizer without chat template or offsets, or a
+            template whose rendering of a prefix of the conversation is not a prefix of the full rendering.
+    """
+    if not messages:
+        raise ValueError("get_formatted_message_log: messages is empty")
+    for i, message in enumerate(messages):
+        if message.get("role") not in VALID_ROLES:
+            raise ValueError(f"messages[{i}]['role'] must be one of {VALID_ROLES}, got {message.get('role')!r}")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"messages[{i}]['content'] must be a str, got {type(message.get('content')).__name__}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no chat template; set one before templating")
+    if not tokenizer.is_fast:
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} is not a fast tokenizer (offsets are needed)")
+
+    template_messages = [{"role": _TEMPLATE_ROLE.get(m["role"], m["role"]), "content": m["content"]} for m in messages]
+    kwargs = dict(chat_template_kwargs or {})
+
+    def render(upto: int, generation_prompt: bool) -> str:
+        return tokenizer.apply_chat_template(
+            template_messages[:upto], tokenize=False, add_generation_prompt=generation_prompt, **kwargs
+        )
+
+    full_text = render(len(messages), add_generation_prompt)
+    ends: list[int] = []
+    for upto in range(1, len(messages)):
+        prefix = render(upto, False)
+        if not full_text.startswith(prefix) or (ends and len(prefix) < ends[-1]):
+            raise ValueError(
+                f"the chat template of {tokenizer.name_or_path!r} renders messages[:{upto}] as text that is not a "
+                "prefix of the whole conversation, so it cannot be split per message"
+            )
+        ends.append(len(prefix))
+    ends.append(len(full_text))
+
+    encoding = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
+    token_ids: list[int] = encoding["input_ids"]
+    # A token belongs to the message in which it starts.
+    owner = [_message_index(start, ends) for start, _ in encoding["offset_mapping"]]
+    message_log: LLMMessageLogType = []
+    text_start = 0
+    for i, message in enumerate(messages):
+        ids = [tok for tok, who in zip(token_ids, owner, strict=True) if who == i]
+        message_log.append(
+            {
+                "role": message["role"],
+                "content": full_text[text_start : ends[i]],
+                "token_ids": torch.tensor(ids, dtype=torch.long),
+            }
+        )
+        text_start = ends[i]
+    return message_log
+
+
+def _message_index(char_start: int, ends: list[int]) -> int:
+    """Index of the first message whose text ends after ``char_start``."""
+    return min(bisect.bisect_right(ends, char_start), len(ends) - 1)
+
+
+def message_from_token_ids(
+    role: str,
+    token_ids: torch.Tensor | Sequence[int],
+    tokenizer: PreTrainedTokenizerBase,
+    skip_special_tokens: bool = False,
+) -> dict[str, Any]:
+    """A message holding ``token_ids`` exactly as given (e.g. generated tokens); ``content`` is their decoding.
+
+    The ids are never re-derived from ``content``: decode→encode is not the identity for BPE tokenizers.
+    """
+    if role not in VALID_ROLES:
+        raise ValueError(f"role must be one of {VALID_ROLES}, got {role!r}")
+    ids = torch.as_tensor(token_ids, dtype=torch.long).detach().clone().cpu()
+    if ids.ndim != 1:
+        raise ValueError(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
+    content = tokenizer.decode(ids.tolist(), skip_special_tokens=skip_special_tokens)
+    return {"role": role, "content": content, "token_ids": ids}
+
+
+def add_loss_mask_to_message_log(
+    message_log_batch: Sequence[LLMMessageLogType],
+    roles_to_train_on: Sequence[str] = ("assistant",),
+    only_unmask_final: bool = False,
+) -> None:
+    """Add ``token_loss_mask`` (1-D long tensor like ``token_ids``) to every message, in place.
+
+    The mask is 1 on messages whose role is in ``roles_to_train_on`` (only the last message of each log when
+    ``only_unmask_final``) and 0 elsewhere.
+    """
+    unknown = set(roles_to_train_on) - set(VALID_ROLES)
+    if unknown:
+        raise ValueError(f"roles_to_train_on has unknown roles {sorted(unknown)}; valid roles: {VALID_ROLES}")
+    for sample, message_log in enumerate(message_log_batch):
+        for i, message in enumerate(message_log):
+            token_ids = _token_ids(message, sample, i)
+            trained = message["role"] in roles_to_train_on and (not only_unmask_final or i == len(message_log) - 1)
+            message["token_loss_mask"] = torch.full_like(token_ids, int(trained))
+
+
+def message_log_to_flat_messages(message_log: LLMMessageLogType) -> dict[str, Any]:
+    """Concatenate one message log: tensor keys are concatenated along dim 0, other keys collected in lists.
+
+    A tensor key present in one message (e.g. ``token_loss_mask``) must be present in every message as a 1-D
+    tensor with one entry per token, so that all flattened tensors stay aligned with ``token_ids``.
+    An empty log flattens to ``{}``.
+    """
+    tensor_keys = sorted({k for m in message_log for k, v in m.items() if isinstance(v, torch.Tensor)})
+    for i, message in enumerate(message_log):
+        token_ids = message.get("token_ids")
+        num_tokens = token_ids.shape[0] if isinstance(token_ids, torch.Tensor) and token_ids.ndim == 1 else None
+        for key in tensor_keys:
+            value = message.get(key)
+            if not isinstance(value, torch.Tensor) or value.ndim != 1 or value.shape[0] != num_tokens:
+                got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(
+                    f"message {i} (role {message.get('role')!r}): {key!r} must be a 1-D tensor with one entry per "
+                    f"token ({num_tokens} tokens), got {got}; other messages of the log have it"
+                )
+    flat: dict[str, Any] = {key: torch.cat([m[key] for m in message_log]) for key in tensor_keys}
+    other_keys = sorted({k for m in message_log for k in m} - set(tensor_keys))
+    for key in other_keys:
+        flat[key] = [message.get(key) for message in message_log]
+    return flat
+
+
+def batched_message_log_to_flat_message(
+    message_log_batch: Sequence[LLMMessageLogType],
+    pad_value_dict: Optional[Mapping[str, Any]] = None,
+    make_sequence_length_divisible_by: int = 1,
+) -> tuple[BatchedDataDict, torch.Tensor]:
+    """Flatten and right-pad a batch of message logs.
+
+    Args:
+        message_log_batch: B message logs; each must have ``token_ids`` on every message.
+        pad_value_dict: pad value per tensor key (default 0), e.g. ``{"token_ids": tokenizer.pad_token_id}``.
+        make_sequence_length_divisible_by: round the padded length S up to a multiple of this.
+
+    Returns:
+        ``(flat, input_lengths)``: ``flat[key]`` is a ``[B, S]`` tensor for every tensor key (``token_ids``,
+        ``token_loss_mask``, ...) and a list of per-message value lists for other keys (``role``, ``content``);
+        ``input_lengths`` is a ``[B]`` long tensor of unpadded token counts.
+    """
+    if make_sequence_length_divisible_by < 1:
+        raise ValueError(f"make_sequence_length_divisible_by must be >= 1, got {make_sequence_length_divisible_by}")
+    if not message_log_batch:
+        raise ValueError("batched_message_log_to_flat_message: message_log_batch is empty")
+    flats = []
+    for sample, message_log in enumerate(message_log_batch):
+        for i, message in enumerate(message_log):
+            _token_ids(message, sample, i)
+        try:
+            flats.append(message_log_to_flat_messages(message_log))
+        except ValueError as err:
+            raise ValueError(f"sample {sample}, {err}") from None
+    tensor_keys = sorted({"token_ids"} | {k for f in flats for k, v in f.items() if isinstance(v, torch.Tensor)})
+    other_keys = sorted({k for f in flats for k in f} - set(tensor_keys))
+    for sample, (flat, message_log) in enumerate(zip(flats, message_log_batch, strict=True)):
+        missing = [key for key in tensor_keys if key not in flat]
+        if message_log and missing:  # an empty log has no keys at all and is padded everywhere
+            raise ValueError(f"sample {sample} lacks tensor key(s) {missing} that other samples have")
+
+    input_lengths = torch.tensor([len(flat.get("token_ids", ())) for flat in flats], dtype=torch.long)
+    divisor = make_sequence_length_divisible_by
+    padded_len = -(-int(input_lengths.max()) // divisor) * divisor
+    pad_values = dict(pad_value_dict or {})
+    batch = BatchedDataDict()
+    for key in tensor_keys:
+        dtype = next((flat[key].dtype for flat in flats if key in flat), torch.long)
+        padded = torch.full((len(flats), padded_len), pad_values.get(key, 0), dtype=dtype)
+        for row, flat in enumerate(flats):
+            if key in flat:
+                padded[row, : flat[key].shape[0]] = flat[key]
+        batch[key] = padded
+    for key in other_keys:
+        batch[key] = [flat.get(key, []) for flat in flats]
+    return batch, input_lengths
+
+
+def get_keys_from_message_log(message_log: LLMMessageLogType, keys: Sequence[str]) -> LLMMessageLogType:
+    """A copy of ``message_log`` keeping only ``keys`` in each message (missing keys are skipped)."""
+    return [{k: message[k] for k in keys if k in message} for message in message_log]
+
+
+def _token_ids(message: Mapping[str, Any], sample: int, index: int) -> torch.Tensor:
+    token_ids = message.get("token_ids")
+    if not isinstance(token_ids, torch.Tensor) or token_ids.ndim != 1:
+        raise ValueError(
+            f"sample {sample}, message {index} (role {message.get('role')!r}): 'token_ids' must be a 1-D tensor, "
+            f"got {type(token_ids).__name__}"
+        )
+    return token_ids
