@@ -1,0 +1,82 @@
+"""What rollouts need from an environment: `EnvironmentInterface` and the `EnvironmentReturn` of one step.
+
+Conventions shared with data and rollouts:
+- a sample's conversation is a ``message_log``: a list of messages ``{"role": "system" | "user" | "assistant" |
+  "environment", "content": str, "token_ids": LongTensor[T]}``; environments read only ``role`` and ``content``;
+- each sample carries a metadata dict (the dataset's ``extra_env_info``), passed to ``step`` and handed back
+  (possibly updated) for the next turn;
+- observations are messages without ``token_ids``: the rollout tokenises them.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+
+class EnvironmentReturn(NamedTuple):
+    """Result of one `EnvironmentInterface.step` over a batch of B samples.
+
+    observations: B messages ``{"role": "environment", "content": str}`` to append to each conversation.
+    metadata: B metadata dicts for the next turn.
+    next_stop_strings: B stop-string lists for the next generation turn (``None``: the generation config's own).
+    rewards: float32[B], this turn's reward per sample.
+    terminateds: bool[B], True where the episode is over.
+    answers: B extracted answers (``None`` where none was found), for logging.
+    """
+
+    observations: list[dict[str, str]]
+    metadata: list[dict[str, Any]]
+    next_stop_strings: list[list[str] | None]
+    rewards: torch.Tensor
+    terminateds: torch.Tensor
+    answers: list[str | None]
+
+
+class EnvironmentInterface(abc.ABC):
+    """An environment; implementations are Ray actors (``@ray.remote``) and score text only (no model code)."""
+
+    @abc.abstractmethod
+    def step(self, message_log_batch: list[list[dict[str, Any]]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
+        """React to the last assistant turn of each of the B conversations."""
+
+    @abc.abstractmethod
+    def global_post_process_and_metrics(self, batch: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, float]]:
+        """Batch-level post-processing after a rollout and the environment's metrics for it.
+
+        ``batch`` holds at least ``rewards`` (float[B], the rollout's total reward per sample); implementations
+        document the optional keys they read. Returns the (possibly updated) batch and a flat metrics dict.
+        """
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook, deliberately not abstract
+        """Releases helper actors or processes; the default has none."""
+
+
+def last_assistant_text(message_log: Sequence[Mapping[str, Any]], sample_index: int) -> str:
+    """Content of the last assistant message of one conversation; ValueError naming the sample if there is none."""
+    for message in reversed(message_log):
+        if message.get("role") == "assistant":
+            content = message.get("content")
+            if not isinstance(content, str):
+                raise TypeError(
+                    f"sample {sample_index}: the last assistant message's content must be a str, got "
+                    f"{type(content).__name__}"
+                )
+            return content
+    roles = [message.get("role") for message in message_log]
+    raise ValueError(f"sample {sample_index}: message_log has no assistant message to score (roles: {roles})")
+
+
+def check_step_batch(message_log_batch: Sequence[Any], metadata: Sequence[Any]) -> None:
+    """The two per-sample lists of `EnvironmentInterface.step` must pair up, with a dict of metadata per sample."""
+    if len(message_log_batch) != len(metadata):
+        raise ValueError(
+            f"step got {len(message_log_batch)} message logs but {len(metadata)} metadata dicts; pass one of each "
+            "per sample"
+        )
+    for index, sample_metadata in enumerate(metadata):
+        if not isinstance(sample_metadata, Mapping):
+            raise TypeError(f"sample {index}: metadata must be a dict, got {type(sample_metadata).__name__}")

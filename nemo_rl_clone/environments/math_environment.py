@@ -1,0 +1,113 @@
+"""`MathEnvironment`: math-verify on the last assistant turn against the gold answer; reward 1.0 or 0.0.
+
+Per-sample metadata: ``{"ground_truth": str}`` (an int or float is accepted and turned into a string). The gold
+answer is wrapped in ``\\boxed{}`` unless it already has one, so plain (``42``) and LaTeX (``\\frac{1}{2}``) answers
+both parse. ``answer_extraction`` (`MathEnvConfig`): ``math_verify`` hands the whole response to math-verify, which
+finds the last ``\\boxed{}`` or expression itself (NeMo-RL's behaviour); any other method extracts the answer first
+(`answer_extraction.extract_answer`) and verifies only that, e.g. ``last_number`` for models that never box.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+
+from nemo_rl_clone.environments.answer_extraction import ANSWER_EXTRACTION_METHODS, extract_answer
+from nemo_rl_clone.environments.config import MathEnvConfig, check_env_config
+from nemo_rl_clone.environments.verifier_pool import VerifierPoolEnvironment, VerifierResult
+
+MATH_ANSWER_EXTRACTION_METHODS: tuple[str, ...] = ("math_verify", *ANSWER_EXTRACTION_METHODS)
+
+
+class MathVerifyWorker:
+    """One verifier process (run as a Ray actor by `VerifierPool`): scores a response against a gold answer.
+
+    ``call_timeout_s``: math-verify's own per-call timeout (whole seconds; ``signal.alarm`` takes ints). It works
+    because actor methods run in the process's main thread; the pool's outer deadline covers hangs it cannot stop.
+    """
+
+    def __init__(self, answer_extraction: str, call_timeout_s: int):
+        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+        from math_verify.errors import TimeoutException
+
+        self._parse, self._verify, self._timeout_exception = parse, verify, TimeoutException
+        self._extraction_config = [LatexExtractionConfig(), ExprExtractionConfig()]
+        self._answer_extraction = answer_extraction
+        self._call_timeout_s = call_timeout_s
+        # The first parse compiles math-verify's regexes and warms sympy (~0.5 s): pay it before the first deadline.
+        self.score("\\boxed{1}", "1")
+
+    def score(self, response: str, ground_truth: str) -> VerifierResult:
+        """Reward 1.0 if the response's answer equals the gold answer (math-verify), else 0.0.
+
+        Raises ValueError if the gold answer does not parse (the pool scores that sample 0 and logs it).
+        """
+        answer: str | None = None
+        try:
+            gold = self._parse_latex(_boxed(ground_truth))
+            if not gold:
+                raise ValueError(f"math-verify could not parse the ground truth {ground_truth!r}")
+            if self._answer_extraction == "math_verify":
+                prediction = self._parse_latex(response)
+            else:
+                answer = extract_answer(response, self._answer_extraction)
+                if answer is None:
+                    return VerifierResult(0.0, None)
+                prediction = self._parse_latex(_boxed(answer))
+            if self._answer_extraction == "math_verify" and len(prediction) > 1:
+                # parse returns [sympy object, matched string]; never str() the sympy object: printing a huge
+                # number can hang in C code.
+                answer = prediction[-1] if isinstance(prediction[-1], str) else None
+            correct = self._verify(gold, prediction, timeout_seconds=self._call_timeout_s, raise_on_error=True)
+        except self._timeout_exception:
+            return VerifierResult(0.0, answer, "timeout", f"math-verify exceeded {self._call_timeout_s} s")
+        return VerifierResult(1.0 if correct else 0.0, answer)
+
+    def _parse_latex(self, text: str) -> list[Any]:
+        return self._parse(
+            text,
+            extraction_config=self._extraction_config,
+            parsing_timeout=self._call_timeout_s,
+            raise_on_error=True,
+        )
+
+
+@ray.remote(max_restarts=-1, max_task_retries=-1)  # a crashed environment restarts; in-flight steps are retried
+class MathEnvironment(VerifierPoolEnvironment):
+    """Math environment actor over a pool of ``cfg.num_workers`` `MathVerifyWorker` actors.
+
+    A response whose verification raises, times out (``cfg.verifier_timeout_s``) or kills its verifier scores 0;
+    the step goes on with the other responses.
+    """
+
+    def __init__(self, cfg: MathEnvConfig):
+        check_env_config("math", cfg)
+        # Three math-verify calls per response (gold parse, answer parse, verify), each bounded by the inner
+        # timeout, normally end before the pool's outer deadline kills the verifier.
+        call_timeout_s = max(1, int(cfg.verifier_timeout_s / 3))
+        super().__init__(
+            MathVerifyWorker, (cfg.answer_extraction, call_timeout_s), cfg.num_workers, cfg.verifier_timeout_s
+        )
+
+    def make_job(self, response: str, metadata: Mapping[str, Any], sample_index: int) -> tuple[Any, ...]:
+        if "ground_truth" not in metadata:
+            raise ValueError(
+                f"sample {sample_index}: math environment metadata needs 'ground_truth'; it has {sorted(metadata)}"
+            )
+        ground_truth = metadata["ground_truth"]
+        if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
+            raise TypeError(
+                f"sample {sample_index}: 'ground_truth' must be a str (or a number), got {type(ground_truth).__name__}"
+            )
+        return (response, str(ground_truth))
+
+
+def _boxed(answer: str) -> str:
+    stripped = answer.strip()
+    if "\\boxed" in stripped:
+        return stripped
+    if len(stripped) >= 2 and stripped.startswith("$") and stripped.endswith("$"):
+        stripped = stripped.strip("$")
+    return f"\\boxed{{{stripped}}}"
