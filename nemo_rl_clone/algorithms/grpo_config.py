@@ -109,6 +109,12 @@ class GRPOMasterConfig:
                 "policy.train_global_batch_size",
                 f"must divide grpo.num_prompts_per_step * grpo.num_generations_per_prompt = {rollout_batch} (got {gbs})",
             ))
+        if self.loss_fn.force_on_policy_ratio and gbs != rollout_batch:
+            problems.append((
+                "loss_fn.force_on_policy_ratio",
+                f"needs one optimizer step per rollout batch: policy.train_global_batch_size ({gbs}) must equal "
+                f"grpo.num_prompts_per_step * grpo.num_generations_per_prompt ({rollout_batch})",
+            ))
         if self.policy.generation is None:
             problems.append(("policy.generation", "GRPO needs a generation section"))
         if self.data.max_input_seq_length > self.policy.max_total_sequence_length:

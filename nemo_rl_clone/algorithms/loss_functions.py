@@ -81,6 +81,9 @@ class ClippedPGLossConfig:
     sequence_level_importance_ratios: bool = False
     token_level_loss: bool = True
     disable_ppo_ratio: bool = False
+    # lp_prev := stop-grad(lp). Exact when each rollout batch gets one optimizer step (on-policy), and it spares the
+    # trainer a logprob pass per step; `prev_logprobs` is then not needed.
+    force_on_policy_ratio: bool = False
 
     def check(self) -> list[tuple[str, str]]:
         """(key, message) for every impossible value or combination; types are checked by `validate_config`."""
@@ -211,7 +214,8 @@ class ClippedPGLossFn:
         context_parallel_group: dist.ProcessGroup | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         cfg = self.cfg
-        keys = ("input_ids", "token_mask", "sample_mask", "advantages", "prev_logprobs", "generation_logprobs")
+        keys = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
+        keys += () if cfg.force_on_policy_ratio else ("prev_logprobs",)
         keys += ("reference_policy_logprobs",) if cfg.reference_policy_kl_penalty != 0 else ()
         _require(data, keys, type(self).__name__)
         lp = _policy_logprobs(
@@ -220,7 +224,8 @@ class ClippedPGLossFn:
         token_mask, sample_mask, mask = _masks(data, lp)
         valid = mask > 0
         advantages = torch.where(valid, _shifted(data, "advantages", lp), 0.0)
-        prev_lp, gen_lp = _shifted(data, "prev_logprobs", lp), _shifted(data, "generation_logprobs", lp)
+        gen_lp = _shifted(data, "generation_logprobs", lp)
+        prev_lp = lp.detach() if cfg.force_on_policy_ratio else _shifted(data, "prev_logprobs", lp)
 
         log_ratio = _masked_diff(lp, prev_lp, valid)
         if cfg.disable_ppo_ratio:

@@ -623,3 +623,19 @@ def test_valid_counts_and_logprob_shape_errors():
         token_logprobs_from_logits(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 4\)"):
         token_logprobs_from_logits(torch.zeros(1, 2, 4), torch.tensor([[0, 4]]))
+
+
+def test_force_on_policy_ratio_equals_prev_logprobs_from_the_same_weights():
+    """lp_prev := stop-grad(lp) gives the loss, metrics and gradients of passing the current logprobs as prev."""
+    logits, data = random_batch(seed=5)
+    on_policy = dict(data)
+    on_policy["prev_logprobs"] = spec_layout(reference_logprobs(logits.detach(), data["input_ids"]).float())
+    expected, expected_metrics = call(pg_loss(**ALL_BRANCHES), logits, on_policy)
+    (expected_grad,) = torch.autograd.grad(expected, logits)
+    forced = {k: v for k, v in data.items() if k != "prev_logprobs"}  # not needed any more
+    loss, metrics = call(pg_loss(**ALL_BRANCHES, force_on_policy_ratio=True), logits, forced)
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    assert torch.allclose(grad, expected_grad, atol=1e-6)
+    assert metrics["probs_ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics["token_mult_prob_error"] == pytest.approx(expected_metrics["token_mult_prob_error"], abs=1e-5)

@@ -21,6 +21,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S
 from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
 from nemo_rl_clone.models.huggingface import check_model_available
 from nemo_rl_clone.models.policy.config import PolicyConfig
@@ -42,6 +43,7 @@ class Policy(ColocatablePolicyInterface):
         name_prefix: Ray actor names ``{name_prefix}-{rank}``.
         init_optimizer / init_reference_model: see `DTensorPolicyWorker`.
         weights_path / optimizer_path: resume from a `save_checkpoint` output (any DP size that divides the batch).
+        env_vars: extra environment for the workers (e.g. ``OMP_NUM_THREADS`` when they time-share the cores).
 
     Raises:
         ValueError: an invalid config (optimizer or scheduler class path that does not exist, tensor-parallel
@@ -60,6 +62,7 @@ class Policy(ColocatablePolicyInterface):
         init_reference_model: bool = True,
         weights_path: str | None = None,
         optimizer_path: str | None = None,
+        env_vars: dict[str, str] | None = None,
     ) -> None:
         self.cfg = config if isinstance(config, PolicyConfig) else validate_config(config, PolicyConfig)
         _check_config(self.cfg, init_optimizer)
@@ -84,7 +87,9 @@ class Policy(ColocatablePolicyInterface):
             init_optimizer=init_optimizer,
             init_reference_model=init_reference_model,
         )
-        self.worker_group = RayWorkerGroup(cluster, builder, name_prefix=name_prefix, sharding_annotations=sharding)
+        self.worker_group = RayWorkerGroup(
+            cluster, builder, name_prefix=name_prefix, sharding_annotations=sharding, env_vars=env_vars
+        )
 
     # ------------------------------------------------------------------ logprobs
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
@@ -181,6 +186,26 @@ class Policy(ColocatablePolicyInterface):
     def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor]:
         """The full state dict gathered by every worker and returned from rank 0 (CPU, compute dtype)."""
         return self._run_all("get_full_state_dict_for_refit")[0]
+
+    def get_packed_state_dict_ref_for_refit(self) -> ray.ObjectRef:
+        """An object-store reference to rank 0's packed full state dict (colocated refit without a driver copy)."""
+        refs = self.worker_group.run_all_workers_single_data("get_packed_state_dict_for_refit")
+        MultiWorkerFuture(refs, group_name=self.worker_group.name).get_results()  # raise any worker's error
+        return refs[0]
+
+    def init_collective(
+        self, master_address: str, master_port: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> list[ray.ObjectRef]:
+        """Futures of every worker joining the weight-transfer group (rank 0 is its member 0)."""
+        return self.worker_group.run_all_workers_single_data(
+            "init_collective", master_address, master_port, world_size, timeout_s=timeout_s
+        )
+
+    def broadcast_weights_for_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[ray.ObjectRef]:
+        """Futures of the broadcast from rank 0 (await together with the engines' receive futures)."""
+        return self.worker_group.run_all_workers_single_data(
+            "broadcast_weights_for_collective", bucket_bytes=bucket_bytes
+        )
 
     def save_checkpoint(
         self,

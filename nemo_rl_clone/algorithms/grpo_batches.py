@@ -1,0 +1,125 @@
+"""Batch plumbing of a GRPO step: rewards from rollouts, the training batch, metric aggregation, sample dumps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
+from nemo_rl_clone.algorithms.utils import groups_with_signal, overlong_penalty, scale_rewards
+from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+# Loss metrics are each microbatch's share of the global mean (SPEC §5), so they add up over microbatches.
+_SUMMED_LOSS_METRICS = (
+    "loss", "probs_ratio", "probs_ratio_clamped", "kl_penalty", "token_mult_prob_error", "gen_kl_error",
+    "approx_entropy",
+)
+
+
+def generation_seeds(seed: int, step: int, gen_batch: int, size: int) -> list[int]:
+    """Per-sample sampling seeds that depend only on (seed, step, batch, row): a resumed run samples the same."""
+    base = (seed * 1_000_003 + step * 1_009 + gen_batch) * 65_536
+    return [base + i for i in range(size)]
+
+
+def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> torch.Tensor:
+    """The environment's total reward per sample, with optional overlong shaping, then optional scaling."""
+    rewards = batch["total_reward"].clone()
+    if cfg.reward_shaping.enabled:
+        shaping = cfg.reward_shaping
+        lengths = torch.tensor([_response_length(log) for log in batch["message_log"]])
+        rewards += overlong_penalty(
+            lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_buffer_penalty
+        )
+    if cfg.reward_scaling.enabled:
+        s = cfg.reward_scaling
+        rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
+    return rewards
+
+
+def select_groups(
+    batch: BatchedDataDict, rewards: torch.Tensor, group_size: int, num_groups: int
+) -> tuple[BatchedDataDict, torch.Tensor]:
+    """Dynamic sampling: ``num_groups`` prompt groups, those whose rewards differ first.
+
+    When fewer groups have signal, groups without it fill the batch (their advantages are 0), so the training batch
+    always has the configured size.
+    """
+    signal = groups_with_signal(rewards, group_size)
+    order = signal.nonzero().flatten().tolist() + (~signal).nonzero().flatten().tolist()
+    rows = [g * group_size + i for g in order[:num_groups] for i in range(group_size)]
+    return batch.select_indices(rows), rewards[rows]
+
+
+def build_train_batch(
+    batch: BatchedDataDict, advantages: torch.Tensor, tokenizer: Any, cfg: GRPOMasterConfig
+) -> BatchedDataDict:
+    """Flatten the conversations into ``[B, S]`` tensors for the policy (loss on assistant tokens only)."""
+    message_logs = batch["message_log"]
+    add_loss_mask_to_message_log(message_logs, roles_to_train_on=["assistant"])
+    flat, lengths = batched_message_log_to_flat_message(
+        message_logs,
+        pad_value_dict={"token_ids": tokenizer.pad_token_id},
+        make_sequence_length_divisible_by=cfg.policy.make_sequence_length_divisible_by,
+    )
+    sample_mask = batch["loss_multiplier"].clone().float()
+    if cfg.grpo.overlong_filtering:  # a truncated response has no trustworthy reward: no gradient from it
+        sample_mask = sample_mask * (~batch["truncated"]).float()
+    token_ids = flat["token_ids"]
+    return BatchedDataDict(
+        input_ids=token_ids,
+        input_lengths=lengths,
+        token_mask=flat["token_loss_mask"].float(),
+        sample_mask=sample_mask,
+        advantages=advantages.float()[:, None].expand(token_ids.shape).contiguous(),
+        generation_logprobs=flat["generation_logprobs"].float(),
+    )
+
+
+def aggregate_train_metrics(
+    train_results: dict[str, Any],
+    train_data: BatchedDataDict,
+    rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    rollout_metrics: dict[str, float],
+) -> dict[str, float]:
+    """NeMo-RL's ``train/*`` metrics of one step (loss-type metrics averaged over the step's global batches)."""
+    num_global_batches = max(1, int(train_results.get("num_global_batches", 1)))
+    mb = train_results["all_mb_metrics"]
+    metrics: dict[str, float] = {
+        name: float(sum(mb[name])) / num_global_batches for name in _SUMMED_LOSS_METRICS if name in mb
+    }
+    metrics["grad_norm"] = float(torch.as_tensor(train_results["grad_norm"], dtype=torch.float32).mean())
+    if "lr" in mb:
+        metrics["lr"] = float(mb["lr"][-1])
+    mask = train_data["token_mask"]
+    prompt_lengths = train_data["input_lengths"] - mask.sum(dim=1)
+    metrics.update(
+        reward=rewards.mean().item(),
+        accuracy=(rewards == 1.0).float().mean().item(),
+        mean_prompt_length=prompt_lengths.float().mean().item(),
+        total_num_tokens=float(train_data["input_lengths"].sum()),
+        generated_tokens=float(mask.sum()),
+        num_valid_samples=float(train_data["sample_mask"].sum()),
+        **{"advantages/mean": advantages.mean().item(), "advantages/max": advantages.max().item(),
+           "advantages/min": advantages.min().item()},
+        **{f"rollout/{k}": v for k, v in rollout_metrics.items()},
+    )
+    return metrics
+
+
+def sample_rows(batch: BatchedDataDict, rewards: torch.Tensor, advantages: torch.Tensor) -> list[dict[str, Any]]:
+    """One JSON row per sample: prompt text, response text, reward, advantage."""
+    rows = []
+    for i, log in enumerate(batch["message_log"]):
+        prompt = "".join(m["content"] for m in log if m["role"] != "assistant")
+        response = "".join(m["content"] for m in log if m["role"] == "assistant")
+        rows.append({"prompt": prompt, "response": response, "reward": float(rewards[i]),
+                     "advantage": float(advantages[i]), "idx": batch["idx"][i]})
+    return rows
+
+
+def _response_length(message_log: list[dict[str, Any]]) -> int:
+    return sum(len(m["token_ids"]) for m in message_log if m["role"] == "assistant")

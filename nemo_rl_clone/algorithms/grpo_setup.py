@@ -1,0 +1,208 @@
+"""Everything a GRPO run needs before its first step: data, environments, clusters, policy, engines, logger and
+checkpoint state (restored from the latest checkpoint when there is one)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn
+from nemo_rl_clone.algorithms.refit import init_refit_collective, prepare_refit
+from nemo_rl_clone.data.collate_fn import rl_collate_fn
+from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.data.datasets import load_dataset_from_config
+from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
+from nemo_rl_clone.data.interfaces import TaskDataSpec
+from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
+from nemo_rl_clone.environments import create_env
+from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
+from nemo_rl_clone.models.huggingface import load_tokenizer
+from nemo_rl_clone.models.policy.lm_policy import Policy
+from nemo_rl_clone.utils.checkpoint import CheckpointManager
+from nemo_rl_clone.utils.config_validation import config_to_dict
+from nemo_rl_clone.utils.config import save_config
+from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
+
+logger = logging.getLogger(__name__)
+
+DATALOADER_FILE = "train_dataloader.pt"
+
+
+@dataclass
+class GRPOState:
+    """What a checkpoint restores besides weights: counters, the last metrics, RNG states."""
+
+    step: int = 0
+    total_valid_samples: int = 0
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    train_metrics: dict[str, float] = field(default_factory=dict)
+
+    def training_info(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "total_valid_samples": self.total_valid_samples,
+            "val": dict(self.val_metrics),
+            "train": dict(self.train_metrics),
+        }
+
+
+@dataclass
+class GRPOComponents:
+    config: GRPOMasterConfig
+    tokenizer: Any
+    policy: Policy
+    generation: VllmGeneration
+    dataloader: StatefulPromptLoader
+    val_dataset: AllTaskProcessedDataset | None
+    task_to_env: dict[str, Any]
+    loss_fn: ClippedPGLossFn
+    logger: Logger
+    checkpointer: CheckpointManager
+    state: GRPOState
+    colocated: bool
+    log_dir: Path
+    clusters: list[RayVirtualCluster]
+
+    def shutdown(self) -> None:
+        import ray
+
+        self.generation.shutdown()
+        self.policy.shutdown()
+        for env in self.task_to_env.values():
+            ray.kill(env)
+        for cluster in self.clusters:
+            cluster.shutdown()
+        self.logger.finish()
+
+
+def set_seeds(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def setup(config: GRPOMasterConfig) -> GRPOComponents:
+    """Build a GRPO run from a validated config; resumes from ``checkpointing.checkpoint_dir`` if it holds one."""
+    set_seeds(config.grpo.seed)
+    log_dir = get_next_experiment_dir(config.logger.log_dir)
+    resolved = config_to_dict(config)
+    save_config(resolved, log_dir / "config.yaml")
+    run_logger = Logger(config.logger, log_dir)
+    run_logger.log_hyperparams(resolved)
+
+    tokenizer = load_tokenizer(config.policy.tokenizer.name or config.policy.model_name)
+    dataloader, val_dataset = _setup_data(config, tokenizer)
+    init_ray(log_dir=str(log_dir))
+    task_to_env = {name: create_env(name, env_cfg) for name, env_cfg in vars(config.env).items() if env_cfg is not None}
+
+    checkpointer = CheckpointManager(config.checkpointing)
+    state, weights_path, optimizer_path = _restore(checkpointer, dataloader, config)
+
+    policy, generation, clusters, colocated = _setup_workers(config, tokenizer, weights_path, optimizer_path)
+    return GRPOComponents(
+        config=config, tokenizer=tokenizer, policy=policy, generation=generation, dataloader=dataloader,
+        val_dataset=val_dataset, task_to_env=task_to_env, loss_fn=ClippedPGLossFn(config.loss_fn),
+        logger=run_logger, checkpointer=checkpointer, state=state, colocated=colocated, log_dir=log_dir,
+        clusters=clusters,
+    )
+
+
+def _setup_data(config: GRPOMasterConfig, tokenizer: Any) -> tuple[StatefulPromptLoader, AllTaskProcessedDataset | None]:
+    loaded = load_dataset_from_config(config.data, seed=config.grpo.seed)
+    if loaded.train is None:
+        raise ValueError(f"data.dataset_name: {loaded.name!r} has no training split (it is an evaluation set)")
+    task_name = "reasoning_gym" if config.data.dataset_name == "reasoning_gym" else "math"
+    spec = TaskDataSpec(
+        task_name=task_name, prompt_file=config.data.prompt_file, system_prompt_file=config.data.system_prompt_file
+    )
+    max_len = config.data.max_input_seq_length
+    train = AllTaskProcessedDataset(loaded.train, tokenizer, spec, max_len)
+    val = AllTaskProcessedDataset(loaded.validation, tokenizer, spec, max_len) if loaded.validation else None
+    loader = StatefulPromptLoader(
+        train, config.grpo.num_prompts_per_step, rl_collate_fn, shuffle=config.data.shuffle, seed=config.grpo.seed
+    )
+    return loader, val
+
+
+def _restore(
+    checkpointer: CheckpointManager, dataloader: StatefulPromptLoader, config: GRPOMasterConfig
+) -> tuple[GRPOState, str | None, str | None]:
+    latest = checkpointer.get_latest_checkpoint_path() if config.checkpointing.enabled else None
+    if latest is None:
+        return GRPOState(), None, None
+    info = checkpointer.load_training_info(latest)
+    state = GRPOState(
+        step=int(info["step"]),
+        total_valid_samples=int(info.get("total_valid_samples", 0)),
+        val_metrics=dict(info.get("val", {})),
+        train_metrics=dict(info.get("train", {})),
+    )
+    extra = torch.load(latest / DATALOADER_FILE, weights_only=False)
+    dataloader.load_state_dict(extra["dataloader"])
+    random.setstate(extra["rng"]["python"])
+    np.random.set_state(extra["rng"]["numpy"])
+    torch.set_rng_state(extra["rng"]["torch"])
+    logger.info("Resuming from %s (step %d)", latest, state.step)
+    print(f"Resuming from checkpoint {latest} (step {state.step})")
+    return state, str(latest / "policy" / "weights"), str(latest / "policy" / "optimizer")
+
+
+def save_checkpoint(components: GRPOComponents) -> Path:
+    """Write ``step_N`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards."""
+    c = components
+    tmp = c.checkpointer.init_tmp_checkpoint(c.state.step, c.state.training_info(), config_to_dict(c.config))
+    c.policy.save_checkpoint(
+        weights_path=str(tmp / "policy" / "weights"),
+        optimizer_path=str(tmp / "policy" / "optimizer"),
+        tokenizer_path=str(tmp / "policy" / "tokenizer"),
+        save_hf_path=str(tmp / "policy" / "hf") if c.config.checkpointing.save_consolidated else None,
+    )
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    torch.save({"dataloader": c.dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)
+    return c.checkpointer.finalize_checkpoint(tmp)
+
+
+def _setup_workers(
+    config: GRPOMasterConfig, tokenizer: Any, weights_path: str | None, optimizer_path: str | None
+) -> tuple[Policy, VllmGeneration, list[RayVirtualCluster], bool]:
+    """Colocated: one cluster, two worker groups time-sharing its bundles. Otherwise a cluster each."""
+    use_gpus = torch.cuda.is_available()
+    gen_cfg = config.policy.generation
+    assert gen_cfg is not None  # GRPOMasterConfig.check guarantees it
+    colocated = gen_cfg.colocated.enabled
+    bundles = [config.cluster.gpus_per_node] * config.cluster.num_nodes
+    train_cluster = RayVirtualCluster(
+        bundles, use_gpus=use_gpus, max_colocated_worker_groups=2 if colocated else 1,
+        num_gpus_per_node=config.cluster.gpus_per_node, name="grpo_train",
+    )
+    clusters = [train_cluster]
+    # On CPU, colocated groups take turns on the same cores: each may use all of them while it runs.
+    threads = {} if use_gpus or not colocated else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    if colocated:
+        gen_cluster = train_cluster
+    else:
+        resources = gen_cfg.colocated.resources
+        gen_cluster = RayVirtualCluster(
+            [resources.gpus_per_node] * resources.num_nodes, use_gpus=use_gpus,
+            num_gpus_per_node=resources.gpus_per_node, name="grpo_generation",
+        )
+        clusters.append(gen_cluster)
+    policy = Policy(
+        train_cluster, config.policy, tokenizer, weights_path=weights_path, optimizer_path=optimizer_path,
+        init_reference_model=config.loss_fn.reference_policy_kl_penalty > 0, env_vars=threads,
+    )
+    generation = VllmGeneration(
+        gen_cluster, gen_cfg, config.policy.model_name, seed=config.grpo.seed, env_vars=threads
+    )
+    prepare_refit(policy, generation)
+    if not colocated:
+        init_refit_collective(policy, generation, train_cluster)
+    return policy, generation, clusters, colocated

@@ -1,0 +1,73 @@
+"""A resumable prompt loader: seeded shuffles per epoch and a position that checkpoints save and restore."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+
+class StatefulPromptLoader:
+    """Batches of ``batch_size`` prompts from ``dataset``, collated by ``collate_fn``.
+
+    Epoch ``e`` visits the dataset in the order of a permutation seeded by ``seed + e`` (or in order without
+    ``shuffle``); an incomplete last batch is dropped so every step sees the same number of prompts. The loader
+    is an endless iterator over epochs; the caller stops it (``max_num_epochs`` is the caller's business through
+    `epoch`). `state_dict` / `load_state_dict` make a resumed run continue with exactly the next batch.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset | Sequence[Any],
+        batch_size: int,
+        collate_fn: Callable[[list[Any]], BatchedDataDict],
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if len(dataset) < batch_size:
+            raise ValueError(f"the dataset has {len(dataset)} prompts, fewer than one batch of {batch_size}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.collate_fn = collate_fn
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.batch_in_epoch = 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.dataset) // self.batch_size
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def __iter__(self) -> Iterator[BatchedDataDict]:
+        while True:
+            order = self._epoch_order(self.epoch)
+            while self.batch_in_epoch < self.batches_per_epoch:
+                start = self.batch_in_epoch * self.batch_size
+                indices = order[start : start + self.batch_size]
+                self.batch_in_epoch += 1
+                yield self.collate_fn([self.dataset[i] for i in indices])
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(f"dataloader state was saved with seed {state['seed']}, this run uses {self.seed}")
+        self.epoch, self.batch_in_epoch = int(state["epoch"]), int(state["batch_in_epoch"])
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.dataset)))
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(len(self.dataset), generator=generator).tolist()

@@ -1,0 +1,165 @@
+"""Rollouts: generate, hand finished turns to their environments, append observations, repeat (SPEC §7).
+
+Single-turn generation is the one-turn case of `run_multi_turn_rollout`. Generated token ids are appended to the
+conversation exactly as the engine produced them (never decoded and re-encoded), together with the engine's
+logprobs, so training sees the very tokens that were sampled.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from nemo_rl_clone.data.llm_message_utils import batched_message_log_to_flat_message, message_from_token_ids
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.models.generation.interfaces import GenerationInterface
+
+# Every message carries its engine logprobs (0 where the engine did not sample), so flattened logs stay aligned.
+GENERATION_LOGPROBS = "generation_logprobs"
+
+
+def run_multi_turn_rollout(
+    policy_generation: GenerationInterface,
+    input_batch: BatchedDataDict,
+    tokenizer: PreTrainedTokenizerBase,
+    task_to_env: Mapping[str, Any],
+    max_seq_len: int,
+    max_rollout_turns: int = 1,
+    greedy: bool = False,
+) -> tuple[BatchedDataDict, dict[str, float]]:
+    """Roll out every sample of ``input_batch`` (from ``rl_collate_fn``) until it terminates.
+
+    A sample stops when its environment says so, when the engine hit its token limit (``truncated``), when the
+    conversation reaches ``max_seq_len`` tokens, or after ``max_rollout_turns`` turns. Rewards are summed over
+    turns.
+
+    Args:
+        task_to_env: ``task_name`` → environment actor handle (``step.remote(message_logs, metadata)``).
+
+    An optional ``seeds`` entry (ints, one per sample) makes sampling reproducible per sample.
+
+    Returns:
+        ``(batch, metrics)``: the input batch (message logs deep-copied, then extended) plus ``total_reward``
+        ``[B]`` float, ``truncated`` ``[B]`` bool, ``turns`` ``[B]`` long; metrics ``mean_turns``,
+        ``truncation_rate``, ``mean_generation_length``, ``total_generated_tokens``, ``natural_termination_rate``.
+    """
+    batch = BatchedDataDict(input_batch.copy())
+    batch["message_log"] = copy.deepcopy(list(input_batch["message_log"]))
+    batch["extra_env_info"] = copy.deepcopy(list(input_batch["extra_env_info"]))
+    size = batch.size
+    missing_envs = sorted(set(batch["task_name"]) - set(task_to_env))
+    if missing_envs:
+        raise KeyError(f"no environment for task_name {missing_envs}; environments given: {sorted(task_to_env)}")
+    for log in batch["message_log"]:
+        for message in log:
+            message.setdefault(GENERATION_LOGPROBS, torch.zeros(len(message["token_ids"]), dtype=torch.float32))
+
+    stop_strings = list(batch.get("stop_strings") or [None] * size)
+    total_reward = torch.zeros(size, dtype=torch.float32)
+    truncated = torch.zeros(size, dtype=torch.bool)
+    terminated = torch.zeros(size, dtype=torch.bool)
+    turns = torch.zeros(size, dtype=torch.long)
+    generated_tokens = 0
+
+    seeds = batch.get("seeds")
+    for turn in range(max_rollout_turns):
+        active = [i for i in range(size) if not (terminated[i] or truncated[i])]
+        if not active:
+            break
+        flat, input_lengths = batched_message_log_to_flat_message(
+            [batch["message_log"][i] for i in active], pad_value_dict={"token_ids": tokenizer.pad_token_id}
+        )
+        room = max_seq_len - input_lengths
+        for j in (room <= 0).nonzero().flatten().tolist():  # no space left to generate: the sample is over
+            truncated[active[j]] = True
+        keep = [j for j in range(len(active)) if room[j] > 0]
+        if not keep:
+            break
+        active = [active[j] for j in keep]
+        gen_input = BatchedDataDict(
+            input_ids=flat["token_ids"][keep],
+            input_lengths=input_lengths[keep],
+            stop_strings=[stop_strings[i] for i in active],
+        )
+        if seeds is not None:  # reproducible sampling per sample (and a different draw each turn)
+            gen_input["seeds"] = [int(seeds[i]) + turn for i in active]
+        outputs = policy_generation.generate(gen_input, greedy=greedy)
+        for j, i in enumerate(active):
+            start, length = int(input_lengths[keep[j]]), int(outputs["generation_lengths"][j])
+            message = message_from_token_ids("assistant", outputs["output_ids"][j, start : start + length], tokenizer)
+            message[GENERATION_LOGPROBS] = outputs["logprobs"][j, start : start + length].to(torch.float32)
+            batch["message_log"][i].append(message)
+            generated_tokens += length
+            turns[i] += 1
+            total_len = start + length
+            if bool(outputs["truncated"][j]) or total_len >= max_seq_len:
+                truncated[i] = True
+
+        env_returns = _step_environments(batch, active, task_to_env)
+        for i, (observation, metadata, next_stops, reward, done) in env_returns.items():
+            total_reward[i] += reward
+            batch["extra_env_info"][i] = metadata if metadata is not None else batch["extra_env_info"][i]
+            if done:
+                terminated[i] = True
+                continue
+            if truncated[i]:
+                continue
+            stop_strings[i] = next_stops
+            batch["message_log"][i].append(_observation_message(observation, tokenizer))
+
+    batch["total_reward"] = total_reward
+    batch["truncated"] = truncated
+    batch["turns"] = turns
+    batch["stop_strings"] = stop_strings
+    metrics = {
+        "mean_turns": turns.float().mean().item(),
+        "truncation_rate": truncated.float().mean().item(),
+        "natural_termination_rate": terminated.float().mean().item(),
+        "total_generated_tokens": float(generated_tokens),
+        "mean_generation_length": generated_tokens / max(1, size),
+    }
+    return batch, metrics
+
+
+def _step_environments(
+    batch: BatchedDataDict, active: list[int], task_to_env: Mapping[str, Any]
+) -> dict[int, tuple[dict[str, Any], Any, Any, float, bool]]:
+    """Send each active sample's conversation to its task's environment (all environments in parallel)."""
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i in active:
+        by_task[batch["task_name"][i]].append(i)
+    futures = {
+        task: task_to_env[task].step.remote(
+            [batch["message_log"][i] for i in indices], [batch["extra_env_info"][i] for i in indices]
+        )
+        for task, indices in by_task.items()
+    }
+    results: dict[int, tuple[dict[str, Any], Any, Any, float, bool]] = {}
+    for task, future in futures.items():
+        ret = ray.get(future)
+        for k, i in enumerate(by_task[task]):
+            results[i] = (
+                ret.observations[k],
+                ret.metadata[k],
+                ret.next_stop_strings[k],
+                float(ret.rewards[k]),
+                bool(ret.terminateds[k]),
+            )
+    return results
+
+
+def _observation_message(observation: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """The environment's reply as a message of its own tokens (plain encoding: it is input, never trained on)."""
+    token_ids = torch.tensor(tokenizer.encode(observation["content"], add_special_tokens=False), dtype=torch.long)
+    return {
+        "role": observation.get("role", "environment"),
+        "content": observation["content"],
+        "token_ids": token_ids,
+        GENERATION_LOGPROBS: torch.zeros(len(token_ids), dtype=torch.float32),
+    }

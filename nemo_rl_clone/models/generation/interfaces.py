@@ -1,0 +1,131 @@
+"""What algorithms may ask of a generation backend (SPEC §6), independent of the engine behind it.
+
+Batch formats (`BatchedDataDict`):
+
+- input of `GenerationInterface.generate`: ``input_ids`` ``[B, S]`` int (right-padded), ``input_lengths`` ``[B]``;
+  optional ``stop_strings`` (list of ``B`` lists of strings or None, added to ``policy.generation.stop_strings``)
+  and ``seeds`` (``[B]`` ints: per-sample sampling seeds, reproducible whichever engine serves the sample);
+- output: ``output_ids`` ``[B, W]`` (prompt + generation, right-padded with the pad token), ``logprobs`` ``[B, W]``
+  fp32 (the engine's logprob of each generated token at its position, 0 on prompt and padding),
+  ``generation_lengths`` and ``unpadded_sequence_lengths`` ``[B]``, ``truncated`` ``[B]`` bool (stopped by the token
+  limit). ``W >= S``.
+
+Refit: the algorithm (``algorithms/refit.py``) moves weights from a policy to a generation backend through
+`prepare_refit_info`, `update_weights_from_state_dict` (colocated) or `init_collective` +
+`update_weights_from_collective` (non-colocated). Policy and generation never import each other.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+import torch
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.weight_transfer import PackedTensors
+
+GENERATION_INPUT_KEYS = ("input_ids", "input_lengths")
+GENERATION_OUTPUT_KEYS = ("output_ids", "logprobs", "generation_lengths", "unpadded_sequence_lengths", "truncated")
+
+
+class RefitError(RuntimeError):
+    """A weight update was refused or failed before loading anything: the engines still serve the old weights."""
+
+
+class GenerationInterface(ABC):
+    """A text generation backend spread over workers (one engine per data-parallel rank)."""
+
+    dp_size: int  # number of engines (data-parallel ranks)
+
+    @abstractmethod
+    def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        """Generate a continuation for every row (formats in the module docstring)."""
+
+    @abstractmethod
+    def generate_text(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        """``{"texts": [str]}``: continuations of ``data["prompts"]`` (raw strings), for evaluation."""
+
+    @abstractmethod
+    def prepare_for_generation(self, tags: list[str] | None = None) -> None:
+        """Re-acquire memory released by `finish_generation` (``tags``: ``["weights"]``, ``["kv_cache"]``, all)."""
+
+    @abstractmethod
+    def finish_generation(self) -> None:
+        """Release memory so a colocated trainer can use the devices."""
+
+    @abstractmethod
+    def prepare_refit_info(self, state_dict_info: Mapping[str, tuple[torch.Size, torch.dtype]]) -> None:
+        """Tell the engines what a refit will send (``{name: (shape, dtype)}`` from the policy)."""
+
+    @abstractmethod
+    def update_weights_from_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor] | PackedTensors | ray.ObjectRef
+    ) -> None:
+        """Load a full Hugging Face-named state dict (plain, packed, or an ObjectRef of either) on every engine
+        (colocated refit); raises `RefitError`, old weights kept, when it does not fit."""
+
+    @abstractmethod
+    def init_collective(self, master_address: str, master_port: int, world_size: int) -> list[ray.ObjectRef]:
+        """Join the weight-transfer group whose rank 0 is train rank 0 (non-colocated refit); returns the engines'
+        futures, to be awaited together with the trainer's."""
+
+    @abstractmethod
+    def update_weights_from_collective(self) -> list[ray.ObjectRef]:
+        """Receive and load the weights broadcast by train rank 0; futures as in `init_collective`."""
+
+    @abstractmethod
+    def invalidate_kv_cache(self) -> None:
+        """Drop cached KV/prefix blocks (they were computed with the old weights)."""
+
+    @abstractmethod
+    def shutdown(self) -> bool:
+        """Stop the engines and remove the files they leave; idempotent."""
+
+
+def check_generation_input(data: Any, max_model_len: int, method: str = "generate") -> None:
+    """Raise one clear error for a malformed generation batch (naming the key or row)."""
+    if not isinstance(data, BatchedDataDict):
+        raise TypeError(f"{method}: data must be a BatchedDataDict, got {type(data).__name__}")
+    missing = [key for key in GENERATION_INPUT_KEYS if key not in data]
+    if missing:
+        raise KeyError(f"{method}: data is missing {missing}; it has {sorted(data)}")
+    input_ids, lengths = data["input_ids"], data["input_lengths"]
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.is_floating_point():
+        raise ValueError(f"{method}: input_ids must be an integer tensor [B, S], got {_describe(input_ids)}")
+    if not isinstance(lengths, torch.Tensor) or lengths.ndim != 1 or lengths.is_floating_point():
+        raise ValueError(f"{method}: input_lengths must be an integer tensor [B], got {_describe(lengths)}")
+    for row, length in enumerate(lengths.tolist()):
+        if not 1 <= length <= input_ids.shape[1]:
+            raise ValueError(
+                f"{method}: input_lengths[{row}] = {length} must be in [1, {input_ids.shape[1]}] (the padded width)"
+            )
+        if length >= max_model_len:
+            raise ValueError(
+                f"{method}: row {row} has a {length}-token prompt, which leaves no room to generate under "
+                f"policy.generation.vllm_cfg.max_model_len = {max_model_len}"
+            )
+    check_per_sample_options(data, method)
+
+
+def check_per_sample_options(data: BatchedDataDict, method: str) -> None:
+    stop_strings = data.get("stop_strings")
+    if stop_strings is not None:
+        for row, stops in enumerate(stop_strings):
+            if stops is not None and (
+                not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops)
+            ):
+                raise ValueError(
+                    f"{method}: stop_strings[{row}] must be None or a list of non-empty strings, got {stops!r}"
+                )
+    seeds = data.get("seeds")
+    if seeds is not None and isinstance(seeds, torch.Tensor) and seeds.is_floating_point():
+        raise ValueError(f"{method}: seeds must be integers, got a {seeds.dtype} tensor")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return type(value).__name__

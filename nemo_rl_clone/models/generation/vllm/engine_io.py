@@ -1,0 +1,216 @@
+"""What goes into and comes out of a vLLM engine: engine arguments, requests from a batch, batch from outputs.
+
+Pure functions (vLLM is imported inside them), shared by the worker and its tests.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.weight_transfer import TensorSpec
+from nemo_rl_clone.models.generation.config import GenerationConfig
+
+# CPU engines take 90% of RAM for the KV cache unless bounded (FINDINGS); this bound applies when the config
+# leaves `vllm_cfg.kv_cache_memory_bytes` unset.
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+_PRECISIONS = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+}
+_SAFETENSORS_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def engine_kwargs(config: GenerationConfig, model_path: str, seed: int, on_gpu: bool) -> dict[str, Any]:
+    """``vllm.LLM(**kwargs)`` for ``policy.generation``. Prefix caching is on (GRPO repeats each prompt)."""
+    vllm_cfg = config.vllm_cfg
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        dtype=engine_dtype(vllm_cfg.precision),
+        seed=seed,
+        max_model_len=vllm_cfg.max_model_len,
+        enforce_eager=vllm_cfg.enforce_eager,
+        tensor_parallel_size=vllm_cfg.tensor_parallel_size,
+        pipeline_parallel_size=vllm_cfg.pipeline_parallel_size,
+        enable_prefix_caching=True,
+        disable_log_stats=True,
+    )
+    if on_gpu:
+        kwargs.update(gpu_memory_utilization=vllm_cfg.gpu_memory_utilization, enable_sleep_mode=True)
+        if vllm_cfg.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = vllm_cfg.kv_cache_memory_bytes
+    else:
+        kwargs["kv_cache_memory_bytes"] = vllm_cfg.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+    return kwargs
+
+
+def engine_dtype(precision: str) -> str:
+    """vLLM's dtype name for ``vllm_cfg.precision``; ValueError naming the key for anything else."""
+    if precision not in _PRECISIONS:
+        raise ValueError(f"policy.generation.vllm_cfg.precision {precision!r} is not one of {sorted(_PRECISIONS)}")
+    return _PRECISIONS[precision]
+
+
+def checkpoint_specs(model_path: str) -> list[TensorSpec] | None:
+    """Names, shapes and dtypes of the tensors in a local model folder's safetensors files (headers only);
+    None for a hub id or a folder without safetensors."""
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors"))) if os.path.isdir(model_path) else []
+    if not files:
+        return None
+    specs = []
+    for file in files:
+        with safe_open(file, framework="pt") as handle:
+            for name in handle.keys():
+                piece = handle.get_slice(name)
+                specs.append(
+                    TensorSpec(
+                        name, tuple(piece.get_shape()), _SAFETENSORS_DTYPES.get(piece.get_dtype(), torch.float32)
+                    )
+                )
+    return specs
+
+
+@dataclass
+class Request:
+    prompt: Any  # vllm TokensPrompt
+    params: Any  # vllm SamplingParams
+
+
+def sampling_params(
+    config: GenerationConfig, greedy: bool, max_tokens: int, stop: list[str] | None, seed: int | None
+) -> Any:
+    """One request's sampling: engine logprob of each sampled token (raw, before temperature); stop strings are
+    kept in the output (environments parse them)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        temperature=0.0 if greedy else config.temperature,
+        top_p=1.0 if greedy else config.top_p,
+        top_k=0 if greedy or config.top_k in (None, -1) else config.top_k,
+        max_tokens=max_tokens,
+        stop=stop or None,
+        stop_token_ids=list(config.stop_token_ids or []) or None,
+        include_stop_str_in_output=True,
+        logprobs=0,
+        seed=seed,
+    )
+
+
+def _stops(config: GenerationConfig, per_sample: Sequence[Any] | None, row: int) -> list[str]:
+    stops = list(config.stop_strings or [])
+    if per_sample is not None and per_sample[row]:
+        stops += [s for s in per_sample[row] if s not in stops]
+    return stops
+
+
+def _seeds(data: BatchedDataDict) -> list[int | None]:
+    if "seeds" not in data:
+        return [None] * data.size
+    seeds = data["seeds"]
+    return [int(s) for s in (seeds.tolist() if isinstance(seeds, torch.Tensor) else seeds)]
+
+
+def token_requests(data: BatchedDataDict, config: GenerationConfig, greedy: bool, max_model_len: int) -> list[Request]:
+    """One request per row of ``input_ids[i, :input_lengths[i]]``; at most ``max_new_tokens`` and never past
+    ``max_model_len`` (the driver has checked every prompt leaves room)."""
+    from vllm.inputs import TokensPrompt
+
+    lengths = data["input_lengths"].tolist()
+    stop_strings = data.get("stop_strings")
+    seeds = _seeds(data)
+    requests = []
+    for row, length in enumerate(lengths):
+        prompt = TokensPrompt(prompt_token_ids=data["input_ids"][row, :length].tolist())
+        max_tokens = min(config.max_new_tokens, max_model_len - length)
+        params = sampling_params(config, greedy, max_tokens, _stops(config, stop_strings, row), seeds[row])
+        requests.append(Request(prompt, params))
+    return requests
+
+
+def text_requests(data: BatchedDataDict, config: GenerationConfig, greedy: bool) -> tuple[list[str], list[Any]]:
+    stop_strings = data.get("stop_strings")
+    seeds = _seeds(data)
+    params = [
+        sampling_params(config, greedy, config.max_new_tokens, _stops(config, stop_strings, row), seeds[row])
+        for row in range(data.size)
+    ]
+    return list(data["prompts"]), params
+
+
+def assemble_outputs(data: BatchedDataDict, outputs: Sequence[Any], pad_token_id: int) -> BatchedDataDict:
+    """Right-padded ``[B, W]`` results, ``W = max(input width, longest prompt + generation)``:
+
+    - ``output_ids``: prompt then generated tokens, then ``pad_token_id``;
+    - ``logprobs`` (fp32): engine logprob of each generated token at its position, 0 elsewhere;
+    - ``generation_lengths``, ``unpadded_sequence_lengths`` (= input length + generation length): ``[B]`` int64;
+    - ``truncated``: ``[B]`` bool, generation stopped by the token limit rather than EOS/stop.
+    """
+    input_ids: torch.Tensor = data["input_ids"]
+    lengths = data["input_lengths"].tolist()
+    generated = [list(out.outputs[0].token_ids) for out in outputs]
+    width = max([input_ids.shape[1]] + [length + len(gen) for length, gen in zip(lengths, generated, strict=False)])
+    output_ids = torch.full((len(outputs), width), pad_token_id, dtype=input_ids.dtype)
+    logprobs = torch.zeros((len(outputs), width), dtype=torch.float32)
+    for row, (out, length, gen) in enumerate(zip(outputs, lengths, generated, strict=False)):
+        output_ids[row, :length] = input_ids[row, :length]
+        output_ids[row, length : length + len(gen)] = torch.tensor(gen, dtype=input_ids.dtype)
+        token_logprobs = out.outputs[0].logprobs
+        if gen and (token_logprobs is None or len(token_logprobs) != len(gen)):
+            raise RuntimeError(f"row {row}: the engine returned no logprob for some generated tokens")
+        logprobs[row, length : length + len(gen)] = torch.tensor(
+            [step[token].logprob for step, token in zip(token_logprobs or [], gen, strict=False)], dtype=torch.float32
+        )
+    generation_lengths = torch.tensor([len(gen) for gen in generated], dtype=torch.int64)
+    return BatchedDataDict(
+        output_ids=output_ids,
+        logprobs=logprobs,
+        generation_lengths=generation_lengths,
+        unpadded_sequence_lengths=torch.tensor(lengths, dtype=torch.int64) + generation_lengths,
+        truncated=torch.tensor([out.outputs[0].finish_reason == "length" for out in outputs]),
+    )
+
+
+def shm_files_mapped_by_process_tree(pid: int | None = None) -> set[str]:
+    """``/dev/shm/psm_*`` segments (Python shared memory, which vLLM's message queues use) mapped by ``pid`` (this
+    process by default) or its descendants: what a killed engine would leave behind."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return set()
+    paths = set()
+    for process in processes:
+        try:
+            maps = Path(f"/proc/{process.pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in maps.splitlines():
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if path.startswith("/dev/shm/psm_") and not path.endswith("(deleted)"):
+                paths.add(path)
+    return paths

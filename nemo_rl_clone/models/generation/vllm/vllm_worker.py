@@ -1,0 +1,214 @@
+"""``VllmGenerationWorker``: one vLLM engine inside a Ray actor (one per data-parallel generation rank).
+
+The engine runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): on CPU it starts in ~3 s
+instead of ~30 s and weights can be handed to it as Python objects. ``vllm`` is imported inside methods, so the
+driver can import this module (and build the actor class) without vLLM installed.
+
+Weight updates (refit) never load a partial or mismatched set: new weights are fully received and checked
+(names and shapes against the model's checkpoint and the trainer's `prepare_refit_info`) *before* the engine's
+``reload_weights`` runs; any failure up to that point raises and the old weights keep serving. The prefix cache is
+reset after every update (stale KV blocks would otherwise be reused: trainer-vs-engine logprob gaps of ~1 instead
+of ~1e-6).
+
+Files: vLLM writes its IPC sockets and ``file://`` rendezvous files to the temp dir; each worker gets a private
+one (``tmp_dir``) that `shutdown` deletes, together with ``/dev/shm`` segments its engine had mapped.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.weight_transfer import (
+    DEFAULT_BUCKET_BYTES,
+    PackedTensors,
+    TensorSpec,
+    WeightTransferError,
+    WeightTransferGroup,
+    describe_spec_mismatch,
+    receive_state_dict,
+    specs_from_info,
+    unpack_tensors,
+)
+from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.generation.interfaces import RefitError
+from nemo_rl_clone.models.generation.vllm import engine_io
+
+logger = logging.getLogger(__name__)
+
+TIED_HEAD, EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
+
+
+class VllmGenerationWorker:
+    """One vLLM engine. Methods are called by `VllmGeneration`; see there for the batch formats.
+
+    Args:
+        config: the ``policy.generation`` section.
+        model_path: a local Hugging Face folder (or hub id) with the initial weights and tokenizer.
+        seed: base seed; this engine uses ``seed + rank`` (sampling without per-sample seeds draws from it).
+        tmp_root: this worker's vLLM IPC files go to ``{tmp_root}/rank{rank}``, removed by `shutdown`.
+    """
+
+    def __init__(self, config: GenerationConfig, model_path: str, seed: int = 0, tmp_root: str | None = None) -> None:
+        self.cfg = config
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.tmp_dir = _use_private_tmp_dir(os.path.join(tmp_root, f"rank{self.rank}")) if tmp_root else None
+        self.on_gpu = torch.cuda.is_available()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+
+        self.llm: Any = LLM(**engine_io.engine_kwargs(config, model_path, seed + self.rank, self.on_gpu))
+        # From the folder's config: vLLM may rewrite the flag in its own copy (it reports False for tied models).
+        self.tied_head = bool(AutoConfig.from_pretrained(model_path).get_text_config().tie_word_embeddings)
+        self.checkpoint_specs = engine_io.checkpoint_specs(model_path)
+        self.refit_specs: list[TensorSpec] | None = None
+        self.transfer_group: WeightTransferGroup | None = None
+        self.broken: str | None = None  # set when a load failed half-way: the engine must not serve any more
+        self.asleep = False
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        """Generate for this worker's shard (see `VllmGeneration.generate` for keys and shapes)."""
+        self._check_serving()
+        requests = engine_io.token_requests(data, self.cfg, greedy, self.llm.llm_engine.model_config.max_model_len)
+        outputs = self.llm.generate([r.prompt for r in requests], [r.params for r in requests], use_tqdm=False)
+        return engine_io.assemble_outputs(data, outputs, self.get_pad_token_id())
+
+    def generate_text(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
+        """``{"texts": [str]}``: the continuation of each of ``data["prompts"]`` (stop strings included)."""
+        self._check_serving()
+        prompts, params = engine_io.text_requests(data, self.cfg, greedy)
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return BatchedDataDict({"texts": [out.outputs[0].text for out in outputs]})
+
+    def get_pad_token_id(self) -> int:
+        """The tokenizer's pad id (its EOS id when it has none, as `load_tokenizer` does)."""
+        tokenizer = self.llm.get_tokenizer()
+        return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+
+    # ------------------------------------------------------------------ memory around training (colocated)
+    def prepare_for_generation(self, tags: list[str] | None = None) -> None:
+        """GPU: wake the engine (``tags``: ``["weights"]`` / ``["kv_cache"]`` / None for all). CPU: nothing to do,
+        vLLM has no sleep mode there and the engine stays resident in RAM."""
+        if self.on_gpu and self.asleep:
+            self.llm.wake_up(tags=tags)
+            self.asleep = tags is not None and "kv_cache" not in tags
+
+    def finish_generation(self) -> None:
+        """GPU: sleep level 1 (weights to host memory, KV cache dropped) so training can use the GPU. CPU: nothing."""
+        if self.on_gpu and not self.asleep:
+            self.llm.reset_prefix_cache()
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def invalidate_kv_cache(self) -> bool:
+        return bool(self.llm.reset_prefix_cache())
+
+    # ------------------------------------------------------------------ refit
+    def prepare_refit_info(self, state_dict_info: Mapping[str, tuple[Any, torch.dtype]]) -> None:
+        """Record what the trainer will send (``{name: (shape, dtype)}``) and check it covers this model."""
+        specs = specs_from_info(state_dict_info)
+        if self.checkpoint_specs is not None:
+            offered = self._with_tied_head({s.name: s for s in specs})
+            mismatch = describe_spec_mismatch(self.checkpoint_specs, offered.values(), dtypes=False)
+            if mismatch:
+                raise RefitError(f"engine rank {self.rank}: the trainer's weights do not fit this model: {mismatch}")
+        self.refit_specs = specs
+
+    def update_weights_from_state_dict(self, state_dict: Mapping[str, torch.Tensor] | PackedTensors) -> None:
+        """Load a full Hugging Face-named state dict, plain or packed (colocated refit). Raises `RefitError`
+        without touching the engine when names or shapes differ from what it expects."""
+        state = unpack_tensors(state_dict) if isinstance(state_dict, PackedTensors) else dict(state_dict)
+        self._load_checked(state, source="state dict")
+
+    def init_collective(
+        self, master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float = 300.0
+    ) -> None:
+        """Join the weight-transfer group (rank 0: train rank 0; engines: ranks 1..)."""
+        device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
+        self.transfer_group = WeightTransferGroup(master_address, master_port, rank, world_size, device, timeout_s)
+
+    def update_weights_from_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        """Receive the weights broadcast by train rank 0 into fresh buffers, then load them (non-colocated refit)."""
+        if self.transfer_group is None:
+            raise RefitError(f"engine rank {self.rank}: init_collective was not called before a collective refit")
+        if self.refit_specs is None:
+            raise RefitError(f"engine rank {self.rank}: prepare_refit_info was not called before a collective refit")
+        try:
+            received = receive_state_dict(self.transfer_group, self.refit_specs, src=0, bucket_bytes=bucket_bytes)
+        except WeightTransferError as error:
+            raise RefitError(f"engine rank {self.rank}: refit aborted, previous weights kept: {error}") from error
+        self._load_checked(received, source="collective broadcast")
+
+    def _load_checked(self, state: dict[str, torch.Tensor], source: str) -> None:
+        self._check_serving()
+        state = self._with_tied_head(state)
+        expected = self.checkpoint_specs or self.refit_specs
+        if expected is None:
+            raise RefitError(f"engine rank {self.rank}: call prepare_refit_info first (the model folder is unknown)")
+        got = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in state.items()]
+        mismatch = describe_spec_mismatch(expected, got, dtypes=False)
+        if mismatch:
+            raise RefitError(f"engine rank {self.rank}: {source} refused, previous weights kept: {mismatch}")
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+        except Exception as error:
+            # vLLM reloads layer by layer: a failure here can leave some layers updated. Refuse to serve.
+            self.broken = f"{type(error).__name__}: {error}"
+            raise RuntimeError(
+                f"engine rank {self.rank}: loading checked weights failed half-way ({self.broken}); this engine "
+                "no longer serves requests, restart the generation worker group"
+            ) from error
+        self.llm.reset_prefix_cache()  # KV blocks computed with the old weights must never be reused
+
+    def _with_tied_head(self, items: dict[str, Any]) -> dict[str, Any]:
+        """Add ``lm_head.weight`` (a tensor or a spec) from the embedding for tied models: vLLM keeps the OLD head
+        on a reload without it, even when the head is tied."""
+        if self.tied_head and TIED_HEAD not in items and EMBEDDING in items:
+            head = items[EMBEDDING]
+            items = {**items, TIED_HEAD: replace(head, name=TIED_HEAD) if isinstance(head, TensorSpec) else head}
+        return items
+
+    def _check_serving(self) -> None:
+        if self.broken is not None:
+            raise RuntimeError(f"engine rank {self.rank} is unusable after a failed weight load: {self.broken}")
+
+    # ------------------------------------------------------------------ lifecycle
+    def is_alive(self) -> bool:
+        return True
+
+    def shutdown(self) -> bool:
+        """Stop the engine and free its memory; delete this worker's temp dir and ``/dev/shm`` leftovers."""
+        shm_files = engine_io.shm_files_mapped_by_process_tree()
+        if self.transfer_group is not None:
+            self.transfer_group.destroy()
+            self.transfer_group = None
+        if getattr(self, "llm", None) is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            gc.collect()
+        for path in shm_files:
+            Path(path).unlink(missing_ok=True)
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        return True
+
+
+def _use_private_tmp_dir(tmp_dir: str) -> str:
+    """Point this process's temp dir (and vLLM's IPC path) at ``tmp_dir`` before vLLM reads them."""
+    os.makedirs(tmp_dir, exist_ok=True)
+    os.environ["TMPDIR"] = tmp_dir
+    os.environ["VLLM_RPC_BASE_PATH"] = tmp_dir
+    tempfile.tempdir = tmp_dir
+    return tmp_dir

