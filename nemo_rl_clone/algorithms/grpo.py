@@ -48,7 +48,7 @@ def grpo_train(c: GRPOComponents) -> None:
             # still lacks groups with reward variance).
             if weights_stale:
                 _phase(step, "weight sync")
-                refit_policy_generation(c.policy, c.generation, c.colocated, timer=timer)
+                _refit(c, timer)
                 weights_stale = False
             _phase(step, "generation")
             rollouts, rewards, rollout_metrics = [], [], {}
@@ -104,7 +104,7 @@ def grpo_train(c: GRPOComponents) -> None:
 
             # 8. validation (on fresh weights)
             if cfg.grpo.val_period > 0 and step % cfg.grpo.val_period == 0:
-                refit_policy_generation(c.policy, c.generation, c.colocated, timer=timer)
+                _refit(c, timer)
                 weights_stale = False
                 log_validation(c, step)
 
@@ -166,6 +166,12 @@ def log_validation(c: GRPOComponents, step: int) -> None:
         c.logger.log_metrics(metrics, step, prefix="validation")
         c.logger.log_metrics({"total_validation_time": time.perf_counter() - start}, step, prefix="timing/validation")
         console.print(f"[bold]step {step}: validation accuracy {metrics['accuracy']:.3f}, avg length {metrics['avg_length']:.1f}")
+
+
+def _refit(c: GRPOComponents, timer: Timer) -> None:
+    buffer_gb = c.config.policy.refit_buffer_size_gb
+    bucket = {"bucket_bytes": int(buffer_gb * 2**30)} if buffer_gb else {}
+    refit_policy_generation(c.policy, c.generation, c.colocated, timer=timer, **bucket)
 
 
 def _phase(step: int, name: str) -> None:

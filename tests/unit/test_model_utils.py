@@ -1,0 +1,78 @@
+"""`distributed/model_utils.py`: token logprobs from (vocab-parallel) logits and global valid counts, against the
+unsharded computation on a real 2-process gloo group."""
+
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
+from tests.unit.test_loss_functions import ALL_BRANCHES, pg_loss, random_batch, reference_logprobs, uniform_batch
+
+
+def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        logits, data = random_batch(seed=21, vocab=12)
+        full = logits.detach()
+        shard_size = full.shape[-1] // world_size
+        local = full[..., rank * shard_size:(rank + 1) * shard_size].clone().requires_grad_()
+        diffs = {}
+
+        expected_lp = reference_logprobs(full, data["input_ids"])
+        sharded_lp = token_logprobs_from_logits(local, data["input_ids"], vocab_parallel_group=dist.group.WORLD)
+        diffs["logprobs"] = (sharded_lp.double() - expected_lp).abs().max().item()
+
+        for name, loss_fn in (("clipped_pg", pg_loss(**ALL_BRANCHES)), ("nll", NLLLoss())):
+            unsharded = full.clone().requires_grad_()
+            seqs, toks = valid_counts(data)
+            expected, _ = loss_fn(unsharded, data, seqs, toks)
+            expected.backward()
+            local.grad = None
+            loss, _ = loss_fn(local, data, seqs, toks, vocab_parallel_rank=rank, vocab_parallel_group=dist.group.WORLD)
+            loss.backward()
+            expected_grad = unsharded.grad[..., rank * shard_size:(rank + 1) * shard_size]
+            diffs[f"{name}_loss"] = abs(loss.item() - expected.item())
+            diffs[f"{name}_grad"] = (local.grad - expected_grad).abs().max().item()
+
+        mesh = init_device_mesh("cpu", (world_size,))
+        dtensor = distribute_tensor(full.clone(), mesh, [Shard(2)]).requires_grad_()
+        dtensor_lp = token_logprobs_from_logits(dtensor, data["input_ids"])
+        diffs["dtensor_logprobs"] = (dtensor_lp.double() - expected_lp).abs().max().item()
+
+        halves = {k: v[rank * 3:(rank + 1) * 3] for k, v in data.items()}
+        seqs, toks = valid_counts(halves, group=dist.group.WORLD)
+        all_seqs, all_toks = valid_counts(data)
+        diffs["global_counts"] = abs(seqs.item() - all_seqs.item()) + abs(toks.item() - all_toks.item())
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(diffs, f)
+        dist.barrier()  # no rank tears gloo down while the other is still inside a collective
+    finally:
+        dist.destroy_process_group()
+
+
+def test_vocab_parallel_logprobs_and_losses_match_unsharded(tmp_path):
+    mp.spawn(_vocab_parallel_worker, args=(2, str(tmp_path / "rdzv"), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        diffs = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert set(diffs) == {"logprobs", "clipped_pg_loss", "clipped_pg_grad", "nll_loss", "nll_grad",
+                              "dtensor_logprobs", "global_counts"}
+        assert all(value <= 1e-6 for value in diffs.values()), diffs
+
+
+def test_valid_counts_and_logprob_shape_errors():
+    _, data = uniform_batch([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], token_mask=[[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]],
+                            sample_mask=[1.0, 0.0])
+    seqs, toks = valid_counts(data)
+    assert (seqs.item(), toks.item()) == (1.0, 2.0)
+    with pytest.raises(ValueError, match=r"logits must be \[B, S, V\] and input_ids \[B, S\]"):
+        token_logprobs_from_logits(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 4\)"):
+        token_logprobs_from_logits(torch.zeros(1, 2, 4), torch.tensor([[0, 4]]))
