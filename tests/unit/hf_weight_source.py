@@ -6,7 +6,6 @@ Workers import it as ``tests.unit.hf_weight_source``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import ray
@@ -21,6 +20,7 @@ from nemo_rl_clone.distributed.weight_transfer import (
     pack_tensors,
     specs_from_state_dict,
 )
+from tests.unit.weight_transfer_actors import FailingStateDict
 
 
 def perturbed_model(model_path: str, seed: int, scale: float = 0.05) -> torch.nn.Module:
@@ -32,24 +32,6 @@ def perturbed_model(model_path: str, seed: int, scale: float = 0.05) -> torch.nn
         for param in model.parameters():
             param.add_(scale * torch.randn(param.shape, generator=generator))
     return model
-
-
-class _FailingOn(Mapping[str, torch.Tensor]):
-    """Produces tensors on access like a sharded trainer gathering them; ``failing`` cannot be produced."""
-
-    def __init__(self, state: dict[str, torch.Tensor], failing: str) -> None:
-        self.state, self.failing = state, failing
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if name == self.failing:
-            raise RuntimeError(f"could not gather {name}")
-        return self.state[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.state)
-
-    def __len__(self) -> int:
-        return len(self.state)
 
 
 @ray.remote(num_cpus=0)
@@ -84,7 +66,7 @@ class HFWeightSource:
         assert self.group is not None
         if self.fail_on is None:
             return broadcast_state_dict(self.group, self.state, bucket_bytes)
-        lazy = _FailingOn(self.state, self.fail_on)
+        lazy = FailingStateDict(self.state, self.fail_on)
         return broadcast_state_dict(self.group, lazy, bucket_bytes, specs_from_state_dict(self.state))
 
 
