@@ -11,6 +11,7 @@ from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -75,11 +76,10 @@ class GRPOConfig:
     async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)
 
     def check(self) -> list[tuple[str, str]]:
-        problems = []
-        for name in ("num_prompts_per_step", "num_generations_per_prompt", "max_rollout_turns", "max_num_epochs",
-                     "max_num_steps", "max_val_samples", "val_batch_size", "batch_multiplier"):
-            if getattr(self, name) < 1:
-                problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
+        problems = check_at_least(
+            self, 1, "num_prompts_per_step", "num_generations_per_prompt", "max_rollout_turns", "max_num_epochs",
+            "max_num_steps", "max_val_samples", "val_batch_size", "batch_multiplier",
+        )
         if self.use_leave_one_out_baseline and self.num_generations_per_prompt == 1:
             problems.append(("use_leave_one_out_baseline", "needs num_generations_per_prompt >= 2"))
         if self.val_period < 0:

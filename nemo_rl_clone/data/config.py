@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from nemo_rl_clone.data.datasets import DATASET_NAMES, unknown_dataset_message
+from nemo_rl_clone.utils.config_validation import check_at_least
 
 
 @dataclass
@@ -20,12 +21,7 @@ class ReasoningGymDataConfig:
     one_shot_example: bool = False
 
     def check(self) -> list[tuple[str, str]]:
-        problems = []
-        if self.train_size < 1:
-            problems.append(("train_size", f"must be >= 1, got {self.train_size}"))
-        if self.val_size < 0:
-            problems.append(("val_size", f"must be >= 0, got {self.val_size}"))
-        return problems
+        return check_at_least(self, 1, "train_size") + check_at_least(self, 0, "val_size")
 
 
 @dataclass
@@ -47,11 +43,7 @@ class DataConfig:
     reasoning_gym: Optional[ReasoningGymDataConfig] = None
 
     def check(self) -> list[tuple[str, str]]:
-        problems = []
-        if self.max_input_seq_length < 1:
-            problems.append(("max_input_seq_length", f"must be >= 1, got {self.max_input_seq_length}"))
-        if self.num_workers < 0:
-            problems.append(("num_workers", f"must be >= 0, got {self.num_workers}"))
+        problems = check_at_least(self, 1, "max_input_seq_length") + check_at_least(self, 0, "num_workers")
         if self.dataset_name not in DATASET_NAMES:
             problems.append(("dataset_name", unknown_dataset_message(self.dataset_name)))
         if (self.dataset_name == "reasoning_gym") != (self.reasoning_gym is not None):

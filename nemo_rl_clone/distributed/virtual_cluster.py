@@ -24,6 +24,7 @@ from ray._private import services
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.platform import check_torch_build
 
 logger = logging.getLogger(__name__)
@@ -43,12 +44,7 @@ class ClusterConfig:
     num_nodes: int = 1
 
     def check(self) -> list[tuple[str, str]]:
-        problems = []
-        for key in ("gpus_per_node", "num_nodes"):
-            value = getattr(self, key)
-            if value < 1:
-                problems.append((key, f"must be >= 1, got {value}"))
-        return problems
+        return check_at_least(self, 1, "gpus_per_node", "num_nodes")
 
 
 class ResourceInsufficientError(RuntimeError):

@@ -227,3 +227,17 @@ def test_run_grpo_math_typo_exits_2_and_names_the_key():
     assert proc.returncode == 2, proc.stderr
     assert "did you mean grpo.num_prompts_per_step?" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_bound_checks_name_each_field_below_its_minimum():
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(
+            REPO / "configs" / "grpo_smoke.yaml",
+            ["cluster.num_nodes=0", "grpo.max_num_steps=0", "data.reasoning_gym.val_size=-1"],
+            grpo_schema(),
+        )
+    assert err.value.problems == [
+        "grpo.max_num_steps: must be >= 1, got 0",
+        "data.reasoning_gym.val_size: must be >= 0, got -1",
+        "cluster.num_nodes: must be >= 1, got 0",
+    ]

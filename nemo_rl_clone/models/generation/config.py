@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from nemo_rl_clone.utils.config_validation import check_at_least
+
 
 @dataclass
 class VllmConfig:
@@ -22,9 +24,7 @@ class VllmConfig:
         problems = []
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             problems.append(("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}"))
-        for name in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len"):
-            if getattr(self, name) < 1:
-                problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
+        problems += check_at_least(self, 1, "tensor_parallel_size", "pipeline_parallel_size", "max_model_len")
         return problems
 
 
@@ -60,11 +60,7 @@ class GenerationConfig:
     colocated: ColocatedConfig = field(default_factory=ColocatedConfig)
 
     def check(self) -> list[tuple[str, str]]:
-        problems = []
-        if self.max_new_tokens < 1:
-            problems.append(("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}"))
-        if self.temperature < 0:
-            problems.append(("temperature", f"must be >= 0, got {self.temperature}"))
+        problems = check_at_least(self, 1, "max_new_tokens") + check_at_least(self, 0, "temperature")
         if not 0.0 < self.top_p <= 1.0:
             problems.append(("top_p", f"must be in (0, 1], got {self.top_p}"))
         if self.top_k is not None and self.top_k < 1 and self.top_k != -1:

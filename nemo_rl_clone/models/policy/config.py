@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.utils.config_validation import check_at_least
 
 
 @dataclass
@@ -127,6 +128,12 @@ class MegatronConfig:
     distributed_data_parallel_config: MegatronDDPConfig = field(default_factory=MegatronDDPConfig)
 
 
+def _check_mb_tokens(section: Any, feature: str) -> list[tuple[str, str]]:
+    if section.enabled and (section.train_mb_tokens is None or section.logprob_mb_tokens is None):
+        return [("enabled", f"{feature} needs train_mb_tokens and logprob_mb_tokens")]
+    return []
+
+
 @dataclass
 class DynamicBatchingConfig:
     """Token-budgeted microbatches of length-sorted samples (less padding)."""
@@ -137,9 +144,7 @@ class DynamicBatchingConfig:
     sequence_length_round: int = 64
 
     def check(self) -> list[tuple[str, str]]:
-        if self.enabled and (self.train_mb_tokens is None or self.logprob_mb_tokens is None):
-            return [("enabled", "dynamic batching needs train_mb_tokens and logprob_mb_tokens")]
-        return []
+        return _check_mb_tokens(self, "dynamic batching")
 
 
 @dataclass
@@ -150,9 +155,7 @@ class SequencePackingConfig:
     algorithm: Literal["modified_first_fit_decreasing", "first_fit_decreasing"] = "modified_first_fit_decreasing"
 
     def check(self) -> list[tuple[str, str]]:
-        if self.enabled and (self.train_mb_tokens is None or self.logprob_mb_tokens is None):
-            return [("enabled", "sequence packing needs train_mb_tokens and logprob_mb_tokens")]
-        return []
+        return _check_mb_tokens(self, "sequence packing")
 
 
 @dataclass
@@ -181,9 +184,9 @@ class PolicyConfig:
         if self.dtensor_cfg.enabled == self.megatron_cfg.enabled:
             state = "both" if self.dtensor_cfg.enabled else "neither"
             problems.append(("dtensor_cfg.enabled", f"exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true ({state} is)"))
-        for name in ("train_global_batch_size", "train_micro_batch_size", "logprob_batch_size", "max_total_sequence_length"):
-            if getattr(self, name) < 1:
-                problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
+        problems += check_at_least(
+            self, 1, "train_global_batch_size", "train_micro_batch_size", "logprob_batch_size", "max_total_sequence_length"
+        )
         if self.train_micro_batch_size >= 1 and self.train_global_batch_size % self.train_micro_batch_size:
             problems.append(
                 ("train_global_batch_size", f"must be a multiple of train_micro_batch_size ({self.train_global_batch_size} % {self.train_micro_batch_size} != 0)")
