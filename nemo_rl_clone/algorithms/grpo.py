@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import torch
-from rich.console import Console
 
 from nemo_rl_clone.algorithms.grpo_batches import (
     aggregate_train_metrics,
@@ -26,13 +25,17 @@ from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
+from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
-
-console = Console()
 
 
 def grpo_train(c: GRPOComponents) -> None:
     """Run GRPO steps until ``grpo.max_num_steps``, ``grpo.max_num_epochs`` or the save deadline."""
+    with StepProgress("GRPO", c.config.grpo.max_num_steps, start_step=c.state.step):
+        _run_steps(c)
+
+
+def _run_steps(c: GRPOComponents) -> None:
     cfg, state, timer = c.config, c.state, Timer()
     group_size = cfg.grpo.num_generations_per_prompt
     deadline = SaveDeadline(cfg.checkpointing)
@@ -47,10 +50,10 @@ def grpo_train(c: GRPOComponents) -> None:
             # 1-3. prompts × generations, fresh weights in the engines, rollouts (repeated while dynamic sampling
             # still lacks groups with reward variance).
             if weights_stale:
-                _phase(step, "weight sync")
+                phase(step, "weight sync")
                 _refit(c, timer)
                 weights_stale = False
-            _phase(step, "generation")
+            phase(step, "generation")
             rollouts, rewards, rollout_metrics = [], [], {}
             for gen_batch in range(cfg.grpo.dynamic_sampling_max_gen_batches if cfg.grpo.use_dynamic_sampling else 1):
                 prompts = next(batches).repeat_interleave(group_size)
@@ -83,7 +86,7 @@ def grpo_train(c: GRPOComponents) -> None:
 
             # 6. logprobs of the pre-update policy (unless the loss takes them on-policy from the training forward)
             # and of the reference policy (when the KL term is on)
-            _phase(step, "logprobs")
+            phase(step, "logprobs")
             with timer.time("policy_and_reference_logprobs"):
                 c.policy.prepare_for_lp_inference()
                 if not cfg.loss_fn.force_on_policy_ratio:
@@ -93,7 +96,7 @@ def grpo_train(c: GRPOComponents) -> None:
                     train_data["reference_policy_logprobs"] = reference
 
             # 7. train
-            _phase(step, "training")
+            phase(step, "training")
             with timer.time("policy_training"):
                 c.policy.prepare_for_training()
                 train_results = c.policy.train(train_data, c.loss_fn)
@@ -115,7 +118,7 @@ def grpo_train(c: GRPOComponents) -> None:
             metrics = aggregate_train_metrics(train_results, train_data, raw_rewards, advantages, rollout_metrics)
             state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
             if should_save(step, cfg.checkpointing, is_last):
-                _phase(step, "checkpoint")
+                phase(step, "checkpoint")
                 with timer.time("checkpointing"):
                     path = save_checkpoint(c)
                 console.print(f"[green]step {step}: saved checkpoint {path}")
@@ -126,6 +129,7 @@ def grpo_train(c: GRPOComponents) -> None:
         c.logger.log_metrics(_performance(metrics, timing), step, prefix="performance")
         c.logger.log_metrics(timing, step, prefix="timing/train")
         c.logger.log_samples_jsonl(sample_rows(batch, raw_rewards, advantages), step)
+        advance(step)
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
             break
@@ -158,7 +162,7 @@ def validate(c: GRPOComponents) -> dict[str, float]:
 
 
 def log_validation(c: GRPOComponents, step: int) -> None:
-    _phase(step, "validation")
+    phase(step, "validation")
     start = time.perf_counter()
     metrics = validate(c)
     if metrics:
@@ -172,10 +176,6 @@ def _refit(c: GRPOComponents, timer: Timer) -> None:
     buffer_gb = c.config.policy.refit_buffer_size_gb
     bucket = {"bucket_bytes": int(buffer_gb * 2**30)} if buffer_gb else {}
     refit_policy_generation(c.policy, c.generation, c.colocated, timer=timer, **bucket)
-
-
-def _phase(step: int, name: str) -> None:
-    console.log(f"step {step}: {name}")
 
 
 def _performance(metrics: dict[str, float], timing: dict[str, float]) -> dict[str, float]:
