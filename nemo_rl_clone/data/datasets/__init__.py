@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
@@ -23,18 +24,19 @@ _LOADERS: dict[str, str] = {
     "aime2024": "nemo_rl_clone.data.datasets.aime2024:load_aime2024",
     "math500": "nemo_rl_clone.data.datasets.math500:load_math500",
     "reasoning_gym": "nemo_rl_clone.data.datasets.reasoning_gym:load_reasoning_gym",
+    "local": "nemo_rl_clone.data.datasets.local_math:load_local_math",
 }
 DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
 # DataConfig keys passed to loaders when set.
 _FILE_KEYS = ("data_path", "val_data_path", "split", "split_validation_size")
 
 
-def unknown_dataset_message(name: str) -> str:
-    """The error text for an unknown dataset name: the valid names and the closest one."""
-    near = difflib.get_close_matches(name, DATASET_NAMES, n=1, cutoff=0.5)
-    near = near or [n for n in DATASET_NAMES if n.lower() == name.lower()]
+def unknown_dataset_message(name: str, names: Sequence[str] = DATASET_NAMES) -> str:
+    """The error text for an unknown dataset name: the valid ``names`` and the closest one."""
+    near = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    near = near or [n for n in names if n.lower() == name.lower()]
     hint = f" (did you mean {near[0]!r}?)" if near else ""
-    return f"unknown dataset {name!r}{hint}; valid names: {', '.join(DATASET_NAMES)}"
+    return f"unknown dataset {name!r}{hint}; valid names: {', '.join(names)}"
 
 
 def get_dataset_loader(name: str) -> Callable[..., LoadedDataset]:

@@ -62,8 +62,11 @@ def column(name: str) -> Field:
     return Field(source=name, column=name, get=lambda row: row[name])
 
 
-def load_raw_rows(dataset_name: str, hub_id: str, hub_split: str, data_path: Optional[str]) -> datasets.Dataset:
-    """Rows of ``hub_id`` (split ``hub_split``) from the Hugging Face hub, or of a local file in the same format.
+def load_raw_rows(
+    dataset_name: str, hub_id: str, hub_split: str, data_path: Optional[str], hub_subset: Optional[str] = None
+) -> datasets.Dataset:
+    """Rows of ``hub_id`` (subset ``hub_subset``, split ``hub_split``) from the Hugging Face hub, or of a local
+    file in the same format.
 
     ``data_path`` is a ``.json`` (array or JSON Lines), ``.jsonl``, ``.parquet`` or ``.csv`` file.
     """
@@ -79,7 +82,7 @@ def load_raw_rows(dataset_name: str, hub_id: str, hub_split: str, data_path: Opt
             raise DatasetLoadError(f"{dataset_name}: data file {data_path!r} does not exist")
         return datasets.load_dataset(builder, data_files=str(path), split="train")
     try:
-        return datasets.load_dataset(hub_id, split=hub_split)
+        return datasets.load_dataset(hub_id, hub_subset, split=hub_split)
     except (ConnectionError, OSError, ValueError) as err:  # offline, unknown repo, unknown split
         raise DatasetLoadError(
             f"{dataset_name}: could not load {hub_id!r} (split {hub_split!r}) from the Hugging Face hub: "

@@ -1,0 +1,193 @@
+"""Supervised data (SFT, DPO, reward models): chat rows → tokenised datums → padded training batches.
+
+An SFT datum templates the whole conversation once (:func:`get_formatted_message_log`, so the tokens equal
+``tokenizer.apply_chat_template(messages)``) and trains on every assistant message. A preference datum templates
+``context + chosen`` and ``context + rejected`` and trains only on the answer (the messages after the context).
+A datum longer than ``max_seq_length`` is truncated so the data keeps flowing, and gets ``loss_multiplier = 0``;
+a truncated answer of a pair masks both rows of that pair.
+
+Loaders live in :mod:`nemo_rl_clone.data.datasets.sft` / ``.preference`` and are re-exported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils.data
+from transformers import PreTrainedTokenizerBase
+
+from nemo_rl_clone.data.datasets.common import Rows
+from nemo_rl_clone.data.datasets.preference import PREFERENCE_DATASET_NAMES, load_preference_dataset
+from nemo_rl_clone.data.datasets.sft import SFT_DATASET_NAMES, load_sft_dataset
+from nemo_rl_clone.data.interfaces import LLMMessageLogType
+from nemo_rl_clone.data.llm_message_utils import batched_message_log_to_flat_message, get_formatted_message_log
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+__all__ = [
+    "PREFERENCE_DATASET_NAMES",
+    "SFT_DATASET_NAMES",
+    "PreferenceDataset",
+    "SFTDataset",
+    "build_preference_datum",
+    "build_sft_datum",
+    "load_preference_dataset",
+    "load_sft_dataset",
+    "preference_collate_fn",
+    "sft_collate_fn",
+]
+
+
+def build_sft_datum(
+    messages: Sequence[Mapping[str, str]], tokenizer: PreTrainedTokenizerBase, max_seq_length: int, idx: int
+) -> dict[str, Any]:
+    """``{"message_log", "length", "loss_multiplier", "idx"}``; ``token_loss_mask`` is 1 on assistant messages."""
+    message_log, length, truncated = _templated(messages, tokenizer, max_seq_length, first_trained=None)
+    return {"message_log": message_log, "length": length, "loss_multiplier": 0.0 if truncated else 1.0, "idx": idx}
+
+
+def build_preference_datum(
+    context: Sequence[Mapping[str, str]],
+    chosen: Sequence[Mapping[str, str]],
+    rejected: Sequence[Mapping[str, str]],
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_length: int,
+    idx: int,
+) -> dict[str, Any]:
+    """``{"message_log_chosen", "message_log_rejected", "length_chosen", "length_rejected", "loss_multiplier",
+    "idx"}``; ``token_loss_mask`` is 1 on the answer messages only (assistant turns inside the context are not
+    trained on)."""
+    log_chosen, len_chosen, cut_chosen = _templated([*context, *chosen], tokenizer, max_seq_length, len(context))
+    log_rejected, len_rejected, cut_rejected = _templated(
+        [*context, *rejected], tokenizer, max_seq_length, len(context)
+    )
+    return {
+        "message_log_chosen": log_chosen,
+        "message_log_rejected": log_rejected,
+        "length_chosen": len_chosen,
+        "length_rejected": len_rejected,
+        "loss_multiplier": 0.0 if cut_chosen or cut_rejected else 1.0,
+        "idx": idx,
+    }
+
+
+def _templated(
+    messages: Sequence[Mapping[str, str]],
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_length: int,
+    first_trained: int | None,
+) -> tuple[LLMMessageLogType, int, bool]:
+    """Template, truncate to ``max_seq_length`` and add ``token_loss_mask``: messages from index ``first_trained``
+    on, or (None) every assistant message. Returns ``(message_log, length, truncated)``."""
+    if max_seq_length < 1:
+        raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
+    message_log = get_formatted_message_log(messages, tokenizer, add_generation_prompt=False)
+    truncated = sum(len(m["token_ids"]) for m in message_log) > max_seq_length
+    if truncated:
+        _keep_prefix(message_log, max_seq_length, tokenizer)
+    for i, message in enumerate(message_log):
+        trained = message["role"] == "assistant" if first_trained is None else i >= first_trained
+        message["token_loss_mask"] = torch.full_like(message["token_ids"], int(trained))
+    return message_log, sum(len(m["token_ids"]) for m in message_log), truncated
+
+
+def _keep_prefix(message_log: LLMMessageLogType, max_seq_length: int, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Keep the first ``max_seq_length`` tokens of the conversation (later messages become empty), in place, so a
+    truncated sequence is still exactly ``max_seq_length`` tokens of the real templated text."""
+    budget = max_seq_length
+    for message in message_log:
+        if len(message["token_ids"]) > budget:
+            message["token_ids"] = message["token_ids"][:budget]
+            message["content"] = tokenizer.decode(message["token_ids"].tolist(), skip_special_tokens=False)
+        budget -= len(message["token_ids"])
+
+
+class SFTDataset(torch.utils.data.Dataset):
+    """SFT rows ``{"messages": [...]}`` processed lazily into datums (:func:`build_sft_datum`)."""
+
+    def __init__(self, rows: Rows, tokenizer: PreTrainedTokenizerBase, max_seq_length: int):
+        self.rows = rows
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        row = self.rows[idx]
+        if not row.get("messages"):
+            raise ValueError(f"row {idx}: field 'messages' is missing or empty (row keys: {sorted(row)})")
+        return build_sft_datum(row["messages"], self.tokenizer, self.max_seq_length, idx)
+
+
+class PreferenceDataset(torch.utils.data.Dataset):
+    """Preference rows ``{"context", "chosen", "rejected"}`` processed lazily (:func:`build_preference_datum`)."""
+
+    def __init__(self, rows: Rows, tokenizer: PreTrainedTokenizerBase, max_seq_length: int):
+        self.rows = rows
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, idx: int) -> dict[str, Any]:
+        row = self.rows[idx]
+        for key in ("chosen", "rejected"):
+            if not row.get(key):
+                raise ValueError(f"row {idx}: field {key!r} is missing or empty (row keys: {sorted(row)})")
+        return build_preference_datum(
+            row.get("context") or [], row["chosen"], row["rejected"], self.tokenizer, self.max_seq_length, idx
+        )
+
+
+def sft_collate_fn(
+    batch: Sequence[Mapping[str, Any]], pad_token_id: int, make_sequence_length_divisible_by: int = 1
+) -> BatchedDataDict:
+    """B SFT datums → ``input_ids`` [B, S] long (right-padded with ``pad_token_id``), ``input_lengths`` [B] long,
+    ``token_mask`` [B, S] float (1 = loss on that token), ``sample_mask`` [B] float (the loss multipliers) and
+    ``idx`` (list of B)."""
+    if not batch:
+        raise ValueError("sft_collate_fn: got an empty batch")
+    return _collate(
+        [datum["message_log"] for datum in batch],
+        [float(datum["loss_multiplier"]) for datum in batch],
+        [datum["idx"] for datum in batch],
+        pad_token_id,
+        make_sequence_length_divisible_by,
+    )
+
+
+def preference_collate_fn(
+    batch: Sequence[Mapping[str, Any]], pad_token_id: int, make_sequence_length_divisible_by: int = 1
+) -> BatchedDataDict:
+    """B preference datums → 2B rows interleaved (row 2i: chosen of pair i, row 2i+1: rejected), with the keys of
+    :func:`sft_collate_fn`; both rows of a pair share ``sample_mask`` and ``idx``."""
+    if not batch:
+        raise ValueError("preference_collate_fn: got an empty batch")
+    logs, multipliers, indices = [], [], []
+    for datum in batch:
+        logs += [datum["message_log_chosen"], datum["message_log_rejected"]]
+        multipliers += [float(datum["loss_multiplier"])] * 2
+        indices += [datum["idx"]] * 2
+    return _collate(logs, multipliers, indices, pad_token_id, make_sequence_length_divisible_by)
+
+
+def _collate(
+    message_logs: list[LLMMessageLogType],
+    loss_multipliers: list[float],
+    indices: list[Any],
+    pad_token_id: int,
+    make_sequence_length_divisible_by: int,
+) -> BatchedDataDict:
+    flat, input_lengths = batched_message_log_to_flat_message(
+        message_logs, {"token_ids": pad_token_id, "token_loss_mask": 0}, make_sequence_length_divisible_by
+    )
+    return BatchedDataDict(
+        input_ids=flat["token_ids"],
+        input_lengths=input_lengths,
+        token_mask=flat["token_loss_mask"].to(torch.float32),
+        sample_mask=torch.tensor(loss_multipliers, dtype=torch.float32),
+        idx=indices,
+    )
