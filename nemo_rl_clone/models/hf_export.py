@@ -47,12 +47,14 @@ def save_consolidated_hf(
     generation_config: Optional[GenerationConfig] = None,
     max_shard_size: int | str = "5GB",
     overwrite: bool = False,
+    model_class: type = AutoModelForCausalLM,
 ) -> Path:
     """Write ``state_dict`` (HF parameter names → full CPU tensors) as a loadable HF folder at ``out_dir``.
 
-    The key set and every shape are checked against the architecture of ``model_config`` (built on the meta
-    device, so nothing is allocated); a mismatch raises ``ValueError`` naming the keys. ``dtype`` (e.g.
-    ``"bfloat16"``) casts floating-point tensors and is recorded in ``config.json``; ``None`` keeps the tensors'
+    The key set and every shape are checked against ``model_class.from_config(model_config)`` (an
+    ``AutoModelFor*`` class, e.g. ``AutoModelForSequenceClassification`` for a reward model; built on the meta
+    device, so nothing is allocated; it also names ``config.architectures``); a mismatch raises ``ValueError``
+    naming the keys. ``dtype`` (e.g. ``"bfloat16"``) casts floating-point tensors and is recorded in ``config.json``; ``None`` keeps the tensors'
     dtype. ``generation_config`` defaults to the one derived from ``model_config`` (bos/eos/pad ids).
 
     The folder is built next to ``out_dir`` and renamed into place, so readers never see a partial export. An
@@ -63,7 +65,7 @@ def save_consolidated_hf(
         raise FileExistsError(f"{out_dir} exists and is not empty; pass overwrite=True (CLI: --overwrite) to replace it")
     target_dtype = _as_dtype(dtype) if dtype is not None else None
     with torch.device("meta"):  # the architecture's parameter names and shapes, without allocating weights
-        reference = AutoModelForCausalLM.from_config(model_config)
+        reference = model_class.from_config(model_config)
     tensors = _checked_full_state_dict(state_dict, reference)
     if target_dtype is not None:
         tensors = {k: v.to(target_dtype) if v.is_floating_point() else v for k, v in tensors.items()}

@@ -158,6 +158,22 @@ class SequencePackingConfig:
         return _check_mb_tokens(self, "sequence packing")
 
 
+REWARD_MODEL_TYPES = ("bradley_terry",)
+
+
+@dataclass
+class RewardModelConfig:
+    """``policy.reward_model_cfg``: train a scalar-head (sequence-classification, 1 label) model instead of an LM."""
+
+    enabled: bool = False
+    reward_model_type: str = "bradley_terry"  # the loss family the head is trained for; only Bradley-Terry exists
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.reward_model_type not in REWARD_MODEL_TYPES:
+            return [("reward_model_type", f"must be one of {list(REWARD_MODEL_TYPES)}, got {self.reward_model_type!r}")]
+        return []
+
+
 @dataclass
 class PolicyConfig:
     model_name: str = "Qwen/Qwen2.5-1.5B"
@@ -178,6 +194,7 @@ class PolicyConfig:
     dynamic_batching: DynamicBatchingConfig = field(default_factory=DynamicBatchingConfig)
     sequence_packing: SequencePackingConfig = field(default_factory=SequencePackingConfig)
     generation: Optional[GenerationConfig] = field(default_factory=GenerationConfig)
+    reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
 
     def check(self) -> list[tuple[str, str]]:
         problems = []

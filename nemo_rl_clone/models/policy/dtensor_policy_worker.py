@@ -1,4 +1,5 @@
 """``DTensorPolicyWorker``: one rank of an FSDP2 (+ DTensor TP) Hugging Face causal LM, run as a Ray actor.
+With ``policy.reward_model_cfg.enabled`` it is a 1-label sequence-classification model instead (see `reward_model`).
 
 The `Policy` facade starts one per bundle with ``RANK/WORLD_SIZE/MASTER_*`` set, hands each its data-parallel shard
 and calls the collective methods (training, logprobs, checkpoints, full state dict) on every rank at once.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
@@ -40,7 +41,7 @@ from nemo_rl_clone.distributed.weight_transfer import (
     pack_tensors,
 )
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
-from nemo_rl_clone.models.policy import dtensor_parallel, train_step
+from nemo_rl_clone.models.policy import dtensor_parallel, reward_model, train_step
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler
 
@@ -63,7 +64,7 @@ class DTensorPolicyWorker:
         init_optimizer: build the optimizer and scheduler (False for inference-only policies).
         init_reference_model: keep a frozen CPU copy of the initial (Hugging Face) weights for
             `get_reference_policy_logprobs`; it is taken before ``weights_path`` is loaded, so a resumed run keeps
-            the original reference.
+            the original reference. Ignored for reward models (they have no logprobs).
     """
 
     def __init__(
@@ -87,7 +88,11 @@ class DTensorPolicyWorker:
         self.dtype = dtensor_parallel.PRECISION_DTYPES[config.precision]
 
         # fp32 master weights on every rank; FSDP casts to `self.dtype` for compute.
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.is_reward_model = config.reward_model_cfg.enabled
+        if self.is_reward_model:
+            model = reward_model.load_reward_model(model_path, tokenizer.pad_token_id)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         model.config.use_cache = False
         plan = None
         if self.mesh["tp"].size() > 1:
@@ -100,8 +105,9 @@ class DTensorPolicyWorker:
             activation_checkpointing=dtensor_cfg.activation_checkpointing,
             cpu_offload=dtensor_cfg.cpu_offload,
         )
+        self.scorer = reward_model.LastTokenScorer(self.model) if self.is_reward_model else None
         self.reference_weights: dict[str, torch.Tensor] | None = None
-        if init_reference_model:
+        if init_reference_model and not self.is_reward_model:
             # Kept in CPU memory and copied into the live shards only while reference logprobs are computed.
             self.reference_weights = {
                 name: _local(param).detach().to("cpu", copy=True) for name, param in self.model.named_parameters()
@@ -115,15 +121,19 @@ class DTensorPolicyWorker:
             self.load_checkpoint(weights_path, optimizer_path)
 
     # ------------------------------------------------------------------ forward passes
-    def _logits(self, batch: BatchedDataDict) -> torch.Tensor:
-        """Next-token logits ``[B, S, V]`` (compute dtype). Right padding needs no attention mask: the causal
-        mask already keeps every valid position from seeing the padding after it."""
+    def _forward(self, batch: BatchedDataDict) -> torch.Tensor:
+        """Next-token logits ``[B, S, V]``, or a reward model's scores ``[B, 1]`` at each row's last valid token
+        (compute dtype). Right padding needs no attention mask: the causal mask already keeps every valid position
+        from seeing the padding after it."""
         input_ids = batch["input_ids"].to(self.device)
+        if self.scorer is not None:
+            return self.scorer(input_ids, batch["input_lengths"].to(self.device))
         return self.model(input_ids=input_ids, use_cache=False).logits
 
-    @torch.no_grad()
-    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """``{"logprobs": [B, S] fp32}`` of this rank's shard (SPEC §4 convention, see `train_step.spec_logprobs`).
+    def _inference_pass(
+        self, data: BatchedDataDict, micro_batch_size: int | None, compute: Callable[[BatchedDataDict], torch.Tensor]
+    ) -> torch.Tensor:
+        """``compute(microbatch)`` (a tensor per microbatch, concatenated) over this rank's shard, without gradients.
 
         Shards may differ in size by one sample; ranks with fewer microbatches run dummy forwards so that FSDP's
         per-forward collectives stay matched.
@@ -131,25 +141,42 @@ class DTensorPolicyWorker:
         train_step.require_keys(data, ("input_ids", "input_lengths"))
         micro_batch_size = micro_batch_size or self.cfg.logprob_batch_size
         self.model.eval()
-        width = data["input_ids"].shape[1]
         count = torch.tensor(train_step.count_microbatches(data, micro_batch_size))
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
-        outputs = []
-        for batch in train_step.microbatches(data, micro_batch_size):
-            logits = self._logits(batch)
-            logprobs = train_step.spec_logprobs(logits, batch["input_ids"], batch["input_lengths"])
-            outputs.append(train_step.pad_to_width(logprobs, width).cpu())
-            del logits
-        for _ in range(int(count) - len(outputs)):
-            self._logits(data.slice(0, 1))  # output unused: only the collectives matter
+        with torch.no_grad():
+            outputs = [compute(batch) for batch in train_step.microbatches(data, micro_batch_size)]
+            for _ in range(int(count) - len(outputs)):
+                self._forward(data.slice(0, 1))  # output unused: only the collectives matter
         dtensor_parallel.reshard(self.model)
-        return BatchedDataDict({"logprobs": torch.cat(outputs)})
+        return torch.cat(outputs)
+
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``{"logprobs": [B, S] fp32}`` of this rank's shard (SPEC §4 convention, see `train_step.spec_logprobs`)."""
+        self._require_language_model("get_logprobs")
+
+        def logprobs(batch: BatchedDataDict) -> torch.Tensor:
+            lp = train_step.spec_logprobs(self._forward(batch), batch["input_ids"], batch["input_lengths"])
+            return train_step.pad_to_width(lp, data["input_ids"].shape[1]).cpu()
+
+        return BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
+
+    def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """A reward model's ``{"scores": [B] fp32}`` for this rank's shard, each read at ``input_lengths - 1``."""
+        if self.scorer is None:
+            raise RuntimeError("score needs a reward model (policy.reward_model_cfg.enabled=true); this is a causal LM")
+        scores = self._inference_pass(data, micro_batch_size, lambda batch: self._forward(batch).float()[:, 0].cpu())
+        return BatchedDataDict({"scores": scores})
+
+    def _require_language_model(self, method: str) -> None:
+        if self.is_reward_model:
+            raise reward_model.reward_model_error(method)
 
     @torch.no_grad()
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
         """``{"reference_logprobs": [B, S]}``: `get_logprobs` under the frozen initial weights."""
+        self._require_language_model("get_reference_policy_logprobs")
         with self._reference_weights_loaded():
             logprobs = self.get_logprobs(data, micro_batch_size)["logprobs"]
         return BatchedDataDict({"reference_logprobs": logprobs})
@@ -205,7 +232,7 @@ class DTensorPolicyWorker:
                 step_loss = torch.zeros((), dtype=torch.float64)
                 for microbatch in train_step.microbatches(batch, mbs):
                     microbatch = microbatch.to(self.device)
-                    loss, metrics = loss_fn(self._logits(microbatch), microbatch, valid_seqs, valid_toks)
+                    loss, metrics = loss_fn(self._forward(microbatch), microbatch, valid_seqs, valid_toks)
                     if not eval_mode:
                         (loss * self.dp_size).backward()
                     step_loss += loss.detach().double().cpu()
@@ -285,6 +312,7 @@ class DTensorPolicyWorker:
     # ------------------------------------------------------------------ weights for refit and export
     def prepare_refit_info(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
         """``{hf_name: (full shape, dtype)}`` of what `get_full_state_dict_for_refit` returns (local, no collective)."""
+        self._require_language_model("prepare_refit_info")
         state = self.model.state_dict()
         return {
             name: (tensor.shape, self.dtype if tensor.is_floating_point() else tensor.dtype)
@@ -294,6 +322,7 @@ class DTensorPolicyWorker:
     def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor] | None:
         """The full (unsharded) Hugging Face-named state dict in the compute dtype, on CPU, on rank 0 (None on
         the other ranks). A collective: every rank must call it (each shard is gathered)."""
+        self._require_language_model("get_full_state_dict_for_refit")
         state = self._full_state_dict()
         if self.rank != 0:
             return None
@@ -343,7 +372,10 @@ class DTensorPolicyWorker:
         if save_hf_path is not None:
             full_state = self._full_state_dict()
             if self.rank == 0:
-                save_consolidated_hf(full_state, self.model.config, save_hf_path, tokenizer=self.tokenizer)
+                model_class = AutoModelForSequenceClassification if self.is_reward_model else AutoModelForCausalLM
+                save_consolidated_hf(
+                    full_state, self.model.config, save_hf_path, tokenizer=self.tokenizer, model_class=model_class
+                )
         dist.barrier()
 
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:

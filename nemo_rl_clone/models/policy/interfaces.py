@@ -16,11 +16,17 @@ from nemo_rl_clone.distributed.model_utils import LossFunction
 
 
 class PolicyInterface(ABC):
-    """A trainable language-model policy spread over workers."""
+    """A trainable language-model policy spread over workers, or a reward model (a scalar score head, trained
+    through the same `train`; the logprob and refit methods then raise)."""
 
     @abstractmethod
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
         """``{"logprobs": [B, S]}`` of ``data["input_ids"]`` under the current weights."""
+
+    @abstractmethod
+    def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """A reward model's ``{"scores": [B] fp32}``: the score head at each row's last valid token
+        (``input_lengths - 1``)."""
 
     @abstractmethod
     def get_reference_policy_logprobs(
@@ -39,8 +45,9 @@ class PolicyInterface(ABC):
     ) -> dict[str, Any]:
         """One optimizer step per global batch of ``gbs`` samples in ``data`` (none with ``eval_mode``).
 
-        Returns at least ``loss`` and ``grad_norm`` (``[num_global_batches]``) and ``all_mb_metrics``
-        (metric name → one value per microbatch of every data-parallel rank).
+        ``loss_fn`` receives next-token logits ``[B, S, V]``, or a reward model's scores ``[B, 1]``. Returns at
+        least ``loss`` and ``grad_norm`` (``[num_global_batches]``) and ``all_mb_metrics`` (metric name → one value
+        per microbatch of every data-parallel rank).
         """
 
     @abstractmethod

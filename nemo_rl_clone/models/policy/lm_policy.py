@@ -27,6 +27,7 @@ from nemo_rl_clone.models.huggingface import check_model_available
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
 from nemo_rl_clone.models.policy.optim import check_import_paths
+from nemo_rl_clone.models.policy.reward_model import check_input_lengths, reward_model_error
 from nemo_rl_clone.utils.config_validation import validate_config
 
 DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
@@ -34,7 +35,9 @@ _SHARDED = {"in_sharded_axes": ["data_parallel"], "replicate_on_axes": ["tensor_
 
 
 class Policy(ColocatablePolicyInterface):
-    """A Hugging Face causal LM trained with FSDP2 (+ DTensor TP) on the bundles of ``cluster``.
+    """A Hugging Face causal LM trained with FSDP2 (+ DTensor TP) on the bundles of ``cluster``; with
+    ``policy.reward_model_cfg.enabled`` a 1-label sequence-classification model (reward model) instead, whose
+    `train` hands the loss scores ``[B, 1]`` and whose `score` replaces the logprob, refit and generation methods.
 
     Args:
         cluster: one worker per bundle; ``world_size / tensor_parallel_size`` data-parallel ranks.
@@ -74,6 +77,7 @@ class Policy(ColocatablePolicyInterface):
                 f"policy.dtensor_cfg.tensor_parallel_size={tp_size} must divide the number of workers ({world_size})"
             )
         self.dp_size = world_size // tp_size
+        self.is_reward_model = self.cfg.reward_model_cfg.enabled
         sharding = NamedSharding(
             np.arange(world_size).reshape(self.dp_size, tp_size), ["data_parallel", "tensor_parallel"]
         )
@@ -94,16 +98,33 @@ class Policy(ColocatablePolicyInterface):
     # ------------------------------------------------------------------ logprobs
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
         """``{"logprobs": [B, S] fp32}``; needs ``input_ids`` and ``input_lengths``. Any ``B >= dp`` works."""
+        self._require_language_model("get_logprobs")
         return self._logprob_call("get_logprobs", data, micro_batch_size)
 
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
         """``{"reference_logprobs": [B, S] fp32}`` under the initial weights (see `get_logprobs`)."""
+        self._require_language_model("get_reference_policy_logprobs")
         return self._logprob_call("get_reference_policy_logprobs", data, micro_batch_size)
+
+    def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """A reward model's ``{"scores": [B] fp32}`` (inference): the head at each row's ``input_lengths - 1``.
+
+        Needs ``input_ids`` (right-padded) and ``input_lengths``; sharded over DP ranks like `get_logprobs`
+        (dynamic batching included), microbatches of ``micro_batch_size`` (default ``logprob_batch_size``).
+        """
+        if not self.is_reward_model:
+            raise RuntimeError(
+                "Policy.score needs a reward model (policy.reward_model_cfg.enabled=true); this policy is a causal "
+                "LM: use get_logprobs"
+            )
+        return self._logprob_call("score", data, micro_batch_size)
 
     def _logprob_call(self, method: str, data: BatchedDataDict, micro_batch_size: int | None) -> BatchedDataDict:
         self._check_batch(data, ("input_ids", "input_lengths"), method)
+        if self.is_reward_model:
+            check_input_lengths(data, method)
         order = None
         if self.cfg.dynamic_batching.enabled:
             shards, order = data.shard_by_batch_size(
@@ -129,13 +150,18 @@ class Policy(ColocatablePolicyInterface):
         mbs: int | None = None,
     ) -> dict[str, Any]:
         """Train on ``data`` (``B`` a multiple of ``gbs``, default ``train_global_batch_size``); see `PolicyInterface`.
+        A reward model also needs ``input_lengths`` (its scores are read at ``input_lengths - 1``).
 
         Returns ``loss`` and ``grad_norm`` (``[B // gbs]``, identical whatever the number of DP workers),
         ``all_mb_metrics`` (every microbatch of every DP rank) and ``num_global_batches``.
         """
         gbs = gbs or self.cfg.train_global_batch_size
         mbs = mbs or self.cfg.train_micro_batch_size
-        self._check_batch(data, ("input_ids", "sample_mask"), "train")
+        if self.is_reward_model:
+            self._check_batch(data, ("input_ids", "input_lengths", "sample_mask"), "train")
+            check_input_lengths(data, "train")
+        else:
+            self._check_batch(data, ("input_ids", "sample_mask"), "train")
         if gbs % self.dp_size:
             raise ValueError(
                 f"train: global batch size {gbs} (policy.train_global_batch_size or gbs=) must be divisible by the "
@@ -143,6 +169,8 @@ class Policy(ColocatablePolicyInterface):
             )
         if data.size % gbs:
             raise ValueError(f"train: batch of {data.size} samples is not a multiple of the global batch size {gbs}")
+        if self.is_reward_model:
+            _check_pairs_stay_together(self.cfg, gbs // self.dp_size, mbs)
         if self.cfg.dynamic_batching.enabled:
             shards, _ = data.shard_by_batch_size(
                 self.dp_size,
@@ -181,14 +209,17 @@ class Policy(ColocatablePolicyInterface):
         self._run_all("offload_after_refit")
 
     def prepare_refit_info(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        self._require_language_model("prepare_refit_info")
         return ray.get(self.worker_group.run_single_worker_single_data("prepare_refit_info", 0))
 
     def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor]:
         """The full state dict gathered by every worker and returned from rank 0 (CPU, compute dtype)."""
+        self._require_language_model("get_full_state_dict_for_refit")
         return self._run_all("get_full_state_dict_for_refit")[0]
 
     def get_packed_state_dict_ref_for_refit(self) -> ray.ObjectRef:
         """An object-store reference to rank 0's packed full state dict (colocated refit without a driver copy)."""
+        self._require_language_model("get_packed_state_dict_ref_for_refit")
         refs = self.worker_group.run_all_workers_single_data("get_packed_state_dict_for_refit")
         MultiWorkerFuture(refs, group_name=self.worker_group.name).get_results()  # raise any worker's error
         return refs[0]
@@ -197,12 +228,14 @@ class Policy(ColocatablePolicyInterface):
         self, master_address: str, master_port: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> list[ray.ObjectRef]:
         """Futures of every worker joining the weight-transfer group (rank 0 is its member 0)."""
+        self._require_language_model("init_collective")
         return self.worker_group.run_all_workers_single_data(
             "init_collective", master_address, master_port, world_size, timeout_s=timeout_s
         )
 
     def broadcast_weights_for_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[ray.ObjectRef]:
         """Futures of the broadcast from rank 0 (await together with the engines' receive futures)."""
+        self._require_language_model("broadcast_weights_for_collective")
         return self.worker_group.run_all_workers_single_data(
             "broadcast_weights_for_collective", bucket_bytes=bucket_bytes
         )
@@ -227,6 +260,10 @@ class Policy(ColocatablePolicyInterface):
         return self.worker_group.shutdown(cleanup_method="shutdown")
 
     # ------------------------------------------------------------------ helpers
+    def _require_language_model(self, method: str) -> None:
+        if self.is_reward_model:
+            raise reward_model_error(f"Policy.{method}")
+
     def _run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         refs = self.worker_group.run_all_workers_single_data(method, *args, **kwargs)
         future = MultiWorkerFuture(refs, group_name=self.worker_group.name, method_name=method)
@@ -259,8 +296,24 @@ class Policy(ColocatablePolicyInterface):
         }
 
 
+def _check_pairs_stay_together(config: PolicyConfig, rank_batch_size: int, mbs: int) -> None:
+    """Bradley-Terry rows come as (chosen, rejected) neighbours; every microbatch must hold whole pairs."""
+    if config.dynamic_batching.enabled:
+        raise ValueError(
+            "train: policy.dynamic_batching.enabled sorts rows by length, which separates a reward model's "
+            "chosen/rejected pairs; disable it for reward-model training (Policy.score supports it)"
+        )
+    if rank_batch_size % 2 or mbs % 2:
+        raise ValueError(
+            f"train: a reward model trains on (chosen, rejected) row pairs, so the per-rank batch (global batch / "
+            f"data-parallel size = {rank_batch_size}) and the micro batch size ({mbs}) must both be even"
+        )
+
+
 def _check_config(config: PolicyConfig, init_optimizer: bool) -> None:
-    problems = config.check()
+    problems = config.check() + [
+        (f"reward_model_cfg.{key}", message) for key, message in config.reward_model_cfg.check()
+    ]
     if problems:
         raise ValueError(
             "invalid policy config:\n" + "\n".join(f"  policy.{key}: {message}" for key, message in problems)

@@ -1,0 +1,91 @@
+"""Reward-model mode of the DTensor policy (``policy.reward_model_cfg.enabled``): a Hugging Face sequence-
+classification model with one label whose score is read at each row's last valid token.
+
+Why not Hugging Face's own pooling: ``*ForSequenceClassification.forward`` scores the rightmost token that differs
+from ``config.pad_token_id``. When pad == eos (the built-in tiny models, many chat models) and a conversation ends
+with eos, it scores the token before the eos; a row ending in several pad-id tokens loses all of them. Here the
+head's per-token output ``[B, S, 1]`` is captured from inside the normal forward (so FSDP's root hooks still gather
+the head and embeddings) and indexed at ``input_lengths - 1`` of the right-padded batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
+
+# A causal-LM checkpoint has no score head; from_pretrained initialises it from torch's global RNG. Seeding that
+# draw (inside a forked RNG, so nothing else is affected) gives every rank, every run and every resume-from-HF the
+# same head; FSDP2 shards each rank's own copy of a parameter and would otherwise mix heads from different ranks.
+SCORE_HEAD_INIT_SEED = 0
+
+
+def reward_model_error(method: str) -> RuntimeError:
+    """The error every language-model-only method raises on a reward-model policy."""
+    return RuntimeError(
+        f"{method} is not available for a reward model (policy.reward_model_cfg.enabled=true): it has a scalar "
+        "score head, no language-model head or generation weights; use Policy.score(data) for its scores"
+    )
+
+
+def load_reward_model(model_path: str, pad_token_id: int | None) -> PreTrainedModel:
+    """``AutoModelForSequenceClassification`` with 1 label, fp32, from a seq-cls or causal-LM checkpoint.
+
+    ``pad_token_id`` fills a missing ``config.pad_token_id`` (Hugging Face's forward refuses batches without one;
+    the exported config then works for plain transformers users too).
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SCORE_HEAD_INIT_SEED)
+        model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
+    head = getattr(model, "score", None)
+    if not isinstance(head, nn.Linear):
+        raise ValueError(
+            f"policy.reward_model_cfg: {type(model).__name__} ({model_path}) has no linear 'score' head; reward "
+            "models need a decoder model whose sequence-classification class names its head 'score' (Llama, Qwen2, ...)"
+        )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = pad_token_id
+    return model
+
+
+def scores_at_last_valid_token(token_scores: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` rows of ``token_scores`` ``[B, S, L]`` at position ``input_lengths - 1`` (right padding)."""
+    rows = torch.arange(token_scores.shape[0], device=token_scores.device)
+    return token_scores[rows, input_lengths.to(token_scores.device) - 1]
+
+
+class LastTokenScorer:
+    """Runs the (possibly FSDP-wrapped) model and returns its scores ``[B, 1]`` at each row's last valid token.
+
+    A forward hook on the ``score`` head keeps its per-token output ``[B, S, 1]`` (with its autograd graph, so the
+    scores can be trained); the pooled output Hugging Face computes is ignored.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._token_scores: torch.Tensor | None = None
+        model.score.register_forward_hook(self._keep_output)
+
+    def _keep_output(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        self._token_scores = output
+
+    def __call__(self, input_ids: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
+        self.model(input_ids=input_ids, use_cache=False)
+        token_scores, self._token_scores = self._token_scores, None
+        assert token_scores is not None, "the score head did not run"
+        return scores_at_last_valid_token(token_scores, input_lengths)
+
+
+def check_input_lengths(data: Mapping[str, Any], method: str) -> None:
+    """Every row must have ``1 <= input_lengths <= S``: index ``input_lengths - 1`` would otherwise wrap silently."""
+    lengths, width = data["input_lengths"], data["input_ids"].shape[1]
+    bad = ((lengths < 1) | (lengths > width)).nonzero().flatten()
+    if len(bad):
+        row = int(bad[0])
+        raise ValueError(
+            f"{method}: input_lengths[{row}] = {int(lengths[row])} is outside [1, {width}] (the width of input_ids); "
+            "a reward model scores the token at input_lengths - 1 of each right-padded row"
+        )
