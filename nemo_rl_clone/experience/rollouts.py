@@ -46,8 +46,10 @@ def run_multi_turn_rollout(
 
     Returns:
         ``(batch, metrics)``: the input batch (message logs deep-copied, then extended) plus ``total_reward``
-        ``[B]`` float, ``truncated`` ``[B]`` bool, ``turns`` ``[B]`` long; metrics ``mean_turns``,
-        ``truncation_rate``, ``mean_generation_length``, ``total_generated_tokens``, ``natural_termination_rate``.
+        ``[B]`` float, ``truncated`` ``[B]`` bool, ``turns`` ``[B]`` long, ``extracted_answers`` (B answers the
+        environment extracted from each sample's last scored turn, ``None`` where it found none); metrics
+        ``mean_turns``, ``truncation_rate``, ``mean_generation_length``, ``total_generated_tokens``,
+        ``natural_termination_rate``.
     """
     batch = BatchedDataDict(input_batch.copy())
     batch["message_log"] = copy.deepcopy(list(input_batch["message_log"]))
@@ -65,6 +67,7 @@ def run_multi_turn_rollout(
     truncated = torch.zeros(size, dtype=torch.bool)
     terminated = torch.zeros(size, dtype=torch.bool)
     turns = torch.zeros(size, dtype=torch.long)
+    extracted_answers: list[str | None] = [None] * size
     generated_tokens = 0
 
     seeds = batch.get("seeds")
@@ -102,8 +105,9 @@ def run_multi_turn_rollout(
                 truncated[i] = True
 
         env_returns = _step_environments(batch, active, task_to_env)
-        for i, (observation, metadata, next_stops, reward, done) in env_returns.items():
+        for i, (observation, metadata, next_stops, reward, done, answer) in env_returns.items():
             total_reward[i] += reward
+            extracted_answers[i] = answer
             batch["extra_env_info"][i] = metadata if metadata is not None else batch["extra_env_info"][i]
             if done:
                 terminated[i] = True
@@ -116,6 +120,7 @@ def run_multi_turn_rollout(
     batch["total_reward"] = total_reward
     batch["truncated"] = truncated
     batch["turns"] = turns
+    batch["extracted_answers"] = extracted_answers
     batch["stop_strings"] = stop_strings
     metrics = {
         "mean_turns": turns.float().mean().item(),
@@ -129,7 +134,7 @@ def run_multi_turn_rollout(
 
 def _step_environments(
     batch: BatchedDataDict, active: list[int], task_to_env: Mapping[str, Any]
-) -> dict[int, tuple[dict[str, Any], Any, Any, float, bool]]:
+) -> dict[int, tuple[dict[str, Any], Any, Any, float, bool, str | None]]:
     """Send each active sample's conversation to its task's environment (all environments in parallel)."""
     by_task: dict[str, list[int]] = defaultdict(list)
     for i in active:
@@ -140,7 +145,7 @@ def _step_environments(
         )
         for task, indices in by_task.items()
     }
-    results: dict[int, tuple[dict[str, Any], Any, Any, float, bool]] = {}
+    results: dict[int, tuple[dict[str, Any], Any, Any, float, bool, str | None]] = {}
     for task, future in futures.items():
         ret = ray.get(future)
         for k, i in enumerate(by_task[task]):
@@ -150,6 +155,7 @@ def _step_environments(
                 ret.next_stop_strings[k],
                 float(ret.rewards[k]),
                 bool(ret.terminateds[k]),
+                ret.answers[k],
             )
     return results
 

@@ -1,0 +1,155 @@
+"""Evaluation config: the schema ``examples/run_eval.py`` validates (NeMo-RL's ``evals/eval.yaml`` keys).
+
+Sections: ``eval`` (metric and sampling plan), ``generation`` (the engine: `GenerationConfig` plus ``model_name`` and
+``num_prompts_per_step``), ``tokenizer``, ``data``, ``env``, ``cluster`` and an optional ``logger``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from nemo_rl_clone.data.config import ReasoningGymDataConfig
+from nemo_rl_clone.data.datasets import DATASET_NAMES, unknown_dataset_message
+from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
+from nemo_rl_clone.environments.config import EnvConfig
+from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.policy.config import TokenizerConfig
+from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.logger import LoggerConfig
+
+METRICS = ("pass@k", "cons@k")
+LOCAL_DATASET = "local"
+# Datasets made for training only: evaluating on them would mean their (hub) training split.
+_TRAINING_ONLY = ("OpenMathInstruct-2", "DeepScaler", "DAPOMath17K")
+EVAL_DATASET_NAMES = tuple(name for name in DATASET_NAMES if name not in _TRAINING_ONLY)
+
+
+@dataclass
+class EvalConfig:
+    """``eval``: ``num_tests_per_prompt`` samples per problem, scored as ``metric`` with ``k = k_value``.
+
+    ``save_path``: a JSONL file that receives one row per sample (null: not written).
+    """
+
+    metric: Literal["pass@k", "cons@k"] = "pass@k"
+    num_tests_per_prompt: int = 1
+    seed: int = 42
+    k_value: int = 1
+    save_path: Optional[str] = None
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = check_at_least(self, 1, "num_tests_per_prompt", "k_value")
+        if self.k_value > self.num_tests_per_prompt >= 1:
+            problems.append((
+                "k_value",
+                f"must be <= num_tests_per_prompt ({self.k_value} > {self.num_tests_per_prompt}): "
+                f"{self.metric} needs at least k samples per problem",
+            ))
+        return problems
+
+
+@dataclass
+class EvalGenerationConfig(GenerationConfig):
+    """``generation``: the engine settings of `GenerationConfig`, plus what to load and how many prompts at once.
+
+    ``model_name``: a Hugging Face folder, a built-in name, a hub id, or a checkpoint (``<checkpoint_dir>/step_N``
+    or ``<checkpoint_dir>`` for its latest step); see `eval_checkpoint.resolve_eval_model`.
+    ``num_prompts_per_step``: problems per generation batch (each with ``num_tests_per_prompt`` samples); -1: all.
+    """
+
+    model_name: str = "SmolLM2-135M-Instruct"
+    num_prompts_per_step: int = -1
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = super().check()
+        if not self.model_name.strip():
+            problems.append(("model_name", "must name a model folder, a built-in model, a hub id or a checkpoint"))
+        if self.num_prompts_per_step != -1 and self.num_prompts_per_step < 1:
+            problems.append(
+                ("num_prompts_per_step", f"must be >= 1, or -1 for all prompts, got {self.num_prompts_per_step}")
+            )
+        if not self.colocated.enabled:
+            problems.append((
+                "colocated.enabled",
+                "evaluation runs only generation engines, one per `cluster` bundle; there is nothing to colocate "
+                "with, so leave it true and size the engines with cluster.gpus_per_node / cluster.num_nodes",
+            ))
+        return problems
+
+
+@dataclass
+class EvalDataConfig:
+    """``data``: which problems, and how prompts are built from them.
+
+    ``dataset_name``: ``aime2024`` / ``math500`` (the hub, or ``data_path``: a local file in the hub format),
+    ``reasoning_gym`` (its ``validation`` rows, generated offline from the ``reasoning_gym`` section), or ``local``
+    (``data_path`` with columns ``problem_key`` and ``solution_key``).
+    """
+
+    dataset_name: str = "aime2024"
+    prompt_file: Optional[str] = "examples/prompts/cot.txt"
+    system_prompt_file: Optional[str] = None
+    max_input_seq_length: int = 512
+    data_path: Optional[str] = None
+    problem_key: str = "problem"
+    solution_key: str = "answer"
+    reasoning_gym: Optional[ReasoningGymDataConfig] = None
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = check_at_least(self, 1, "max_input_seq_length")
+        if self.dataset_name not in EVAL_DATASET_NAMES:
+            problems.append(("dataset_name", unknown_dataset_message(self.dataset_name, EVAL_DATASET_NAMES)))
+        if (self.dataset_name == "reasoning_gym") != (self.reasoning_gym is not None):
+            problems.append(("reasoning_gym", "must be set exactly when dataset_name is 'reasoning_gym'"))
+        if self.dataset_name == LOCAL_DATASET and self.data_path is None:
+            problems.append(("data_path", "required for dataset_name 'local' (a .jsonl/.json/.parquet/.csv file)"))
+        if self.dataset_name == "reasoning_gym" and self.data_path is not None:
+            problems.append(("data_path", "not used by 'reasoning_gym' (generated offline); set it to null"))
+        if self.dataset_name != LOCAL_DATASET:
+            for key, default in (("problem_key", "problem"), ("solution_key", "answer")):
+                if getattr(self, key) != default:
+                    problems.append((key, f"only used by dataset_name 'local', not {self.dataset_name!r}"))
+        return problems
+
+    @property
+    def task_name(self) -> str:
+        """The environment (``env.<task_name>``) that scores this dataset's answers."""
+        return "reasoning_gym" if self.dataset_name == "reasoning_gym" else "math"
+
+
+@dataclass
+class EvalMasterConfig:
+    """Everything an evaluation reads; each section is validated by its own schema."""
+
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    generation: EvalGenerationConfig = field(default_factory=EvalGenerationConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # Optional: with a logger section the summary also goes to metrics.jsonl (and TensorBoard/wandb/MLflow).
+    logger: Optional[LoggerConfig] = None
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        n = self.eval.num_tests_per_prompt
+        if self.generation.temperature == 0 and n > 1:
+            # Greedy decoding gives the same answer n times: pass@k would equal pass@1 at n times the cost.
+            problems.append((
+                "eval.num_tests_per_prompt",
+                f"{n} samples per problem with generation.temperature=0 (greedy) are {n} copies of one answer; "
+                "set generation.temperature > 0, or num_tests_per_prompt=1",
+            ))
+        max_model_len = self.generation.vllm_cfg.max_model_len
+        if self.data.max_input_seq_length > max_model_len:
+            problems.append((
+                "data.max_input_seq_length",
+                f"must be <= generation.vllm_cfg.max_model_len ({self.data.max_input_seq_length} > {max_model_len})",
+            ))
+        task = self.data.task_name
+        if getattr(self.env, task) is None:
+            problems.append((f"env.{task}", f"required: it scores data.dataset_name {self.data.dataset_name!r}"))
+        if self.tokenizer.chat_template_kwargs is not None:
+            problems.append(("tokenizer.chat_template_kwargs", "not supported by evaluation; set it to null"))
+        return problems

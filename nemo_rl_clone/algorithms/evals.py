@@ -1,0 +1,327 @@
+"""Evaluation: sample ``num_tests_per_prompt`` answers per problem with vLLM, score each with the task's environment,
+and report pass@k or cons@k (SPEC §10; NeMo-RL's ``run_eval.py``).
+
+A sample is *correct* when its reward is 1 (math-verify says equal; reasoning-gym's scorer gives full credit).
+Partial credit (reasoning-gym scorers can give e.g. 0.5) counts as not correct, as in GRPO's validation accuracy.
+
+Metrics (pure functions below, averaged over problems):
+- pass@k, the unbiased estimator of Chen et al. (2021): with n samples of which c are correct,
+  ``pass@k = 1 - C(n-c, k) / C(n, k)``, the probability that k samples drawn without replacement from the n contain
+  a correct one. Exactly 0 when c = 0 and exactly 1 when n - c < k.
+- cons@k (majority vote): the answers extracted from the first k samples vote; samples without an extracted answer
+  abstain. The most frequent answer wins; a tie goes to the tied answer that appears first (lowest sample index).
+  The problem counts as solved when the winning answer is correct (the reward of the first sample that gave it). No
+  votes at all: not solved. Answers are compared as strings after stripping surrounding whitespace, so ``1/2`` and
+  ``0.5`` are different votes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from collections.abc import Sequence
+from fractions import Fraction
+from math import comb
+from pathlib import Path
+from typing import Any, Optional
+
+from nemo_rl_clone.algorithms.eval_config import EvalMasterConfig
+
+CORRECT_REWARD = 1.0
+
+
+# ---------------------------------------------------------------------------- metrics (pure)
+def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
+    """Unbiased pass@k of one problem: ``1 - C(n-c, k) / C(n, k)`` with n = ``num_samples``, c = ``num_correct``.
+
+    Computed in exact rational arithmetic and rounded once, so e.g. n=5, c=2, k=2 gives exactly ``float(7/10)``.
+    Raises ValueError unless ``0 <= c <= n`` and ``1 <= k <= n``.
+    """
+    n, c = num_samples, num_correct
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(
+            f"pass@k needs 0 <= num_correct <= num_samples and 1 <= k <= num_samples; got n={n}, c={c}, k={k}"
+        )
+    if n - c < k:  # every draw of k samples contains a correct one
+        return 1.0
+    return float(1 - Fraction(comb(n - c, k), comb(n, k)))
+
+
+def majority_vote(answers: Sequence[Optional[str]]) -> Optional[int]:
+    """Index of the sample whose answer wins the vote among ``answers`` (None entries abstain), or None if nobody
+    voted. Ties go to the answer that appears first; the index returned is that answer's first occurrence."""
+    votes = [(index, answer.strip()) for index, answer in enumerate(answers) if answer is not None and answer.strip()]
+    if not votes:
+        return None
+    counts = Counter(answer for _, answer in votes)
+    best = max(counts.values())
+    # votes are in sample order: the first answer reaching the top count is the earliest of the tied ones
+    return next(index for index, answer in votes if counts[answer] == best)
+
+
+def cons_at_k(answers: Sequence[Optional[str]], correct: Sequence[bool], k: int) -> float:
+    """cons@k of one problem: 1.0 if the majority answer of the first ``k`` samples is correct, else 0.0."""
+    if len(answers) != len(correct):
+        raise ValueError(f"cons@k: {len(answers)} answers but {len(correct)} correctness flags")
+    if not 1 <= k <= len(answers):
+        raise ValueError(f"cons@k needs 1 <= k <= number of samples ({len(answers)}), got k={k}")
+    winner = majority_vote(answers[:k])
+    return 1.0 if winner is not None and correct[winner] else 0.0
+
+
+def score_problems(
+    metric: str, correct: Sequence[bool], answers: Sequence[Optional[str]], num_tests_per_prompt: int, k: int
+) -> list[float]:
+    """Per-problem scores; samples are grouped by problem, ``num_tests_per_prompt`` consecutive samples each."""
+    n = num_tests_per_prompt
+    if len(correct) % n or len(answers) != len(correct):
+        raise ValueError(f"{len(correct)} samples ({len(answers)} answers) do not form groups of {n} per problem")
+    groups = range(0, len(correct), n)
+    if metric == "pass@k":
+        return [pass_at_k(n, sum(bool(x) for x in correct[g : g + n]), k) for g in groups]
+    if metric == "cons@k":
+        return [cons_at_k(answers[g : g + n], correct[g : g + n], k) for g in groups]
+    raise ValueError(f"unknown metric {metric!r}; valid: pass@k, cons@k")
+
+
+def sample_seeds(seed: int, prompt_indices: Sequence[int], num_tests_per_prompt: int) -> list[int]:
+    """One sampling seed per (problem, sample), problem-major: results do not depend on how problems are batched
+    or spread over engines."""
+    n = num_tests_per_prompt
+    return [(seed * 1_000_003 + p) * n + j for p in prompt_indices for j in range(n)]
+
+
+# ---------------------------------------------------------------------------- the run
+def run_evaluation(config: EvalMasterConfig) -> dict[str, Any]:
+    """Evaluate ``config.generation.model_name`` on ``config.data``; returns the summary (also printed, and logged
+    when a ``logger`` section exists). Per-sample rows go to ``config.eval.save_path`` when it is set."""
+    from nemo_rl_clone.algorithms.eval_checkpoint import resolve_eval_model
+    from nemo_rl_clone.algorithms.run_state import set_seeds
+    from nemo_rl_clone.distributed.virtual_cluster import init_ray
+
+    set_seeds(config.eval.seed)
+    model = resolve_eval_model(config.generation.model_name)
+    try:
+        tokenizer = load_eval_tokenizer(config, model.tokenizer_path)
+        dataset = load_eval_problems(config, tokenizer)
+        log_dir, run_logger = _start_logger(config)
+        with run_logger if run_logger is not None else contextlib.nullcontext():
+            init_ray(log_dir=str(log_dir) if log_dir else None)
+            rows = _generate_with_engines(config, model.model_path, dataset, tokenizer)
+            summary = summarize(config, rows, model.description)
+            if config.eval.save_path:
+                write_jsonl(rows, Path(config.eval.save_path))
+            print_summary(summary, config)
+            if run_logger is not None:
+                run_logger.log_metrics(_logged_metrics(summary), step=model.step or 0, prefix="eval")
+        return summary
+    finally:
+        model.cleanup()
+
+
+def _generate_with_engines(
+    config: EvalMasterConfig, model_path: str, dataset: Any, tokenizer: Any
+) -> list[dict[str, Any]]:
+    """Start the scoring environment and one vLLM engine per cluster bundle, roll out, and always shut them down."""
+    import ray
+    import torch
+
+    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+    from nemo_rl_clone.environments import create_env
+    from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
+
+    task = config.data.task_name
+    env = create_env(task, getattr(config.env, task))
+    use_gpus = torch.cuda.is_available()
+    cluster, generation = None, None
+    try:
+        cluster = RayVirtualCluster(
+            [config.cluster.gpus_per_node] * config.cluster.num_nodes, use_gpus=use_gpus,
+            num_gpus_per_node=config.cluster.gpus_per_node, name="eval",
+        )
+        # Ray gives each CPU actor 1 thread; the engines are all that runs here, so they share every core.
+        cores = max(1, (os.cpu_count() or 1) // config.cluster.gpus_per_node)
+        generation = VllmGeneration(
+            cluster, config.generation, model_path, name_prefix="vllm_eval", seed=config.eval.seed,
+            env_vars={} if use_gpus else {"OMP_NUM_THREADS": str(cores)},
+        )
+        return generate_and_score(config, dataset, tokenizer, generation, {task: env})
+    finally:
+        if generation is not None:
+            generation.shutdown()
+        ray.kill(env)
+        if cluster is not None:
+            cluster.shutdown()
+
+
+def load_eval_tokenizer(config: EvalMasterConfig, default_path: str) -> Any:
+    """``tokenizer.name`` (null or equal to ``generation.model_name``: the model's own tokenizer, which for a checkpoint
+    is its ``policy/tokenizer``); ``tokenizer.chat_template`` null or ``"default"`` keeps the tokenizer's template,
+    any other string replaces it (a Jinja template)."""
+    from nemo_rl_clone.models.huggingface import load_tokenizer
+
+    name = config.tokenizer.name
+    tokenizer = load_tokenizer(default_path if name in (None, config.generation.model_name) else name)
+    if config.tokenizer.chat_template not in (None, "default"):
+        tokenizer.chat_template = config.tokenizer.chat_template
+    return tokenizer
+
+
+def load_eval_problems(config: EvalMasterConfig, tokenizer: Any) -> Any:
+    """The evaluation problems as prompts (an `AllTaskProcessedDataset` over the dataset's validation rows)."""
+    from nemo_rl_clone.data.config import DataConfig
+    from nemo_rl_clone.data.datasets import load_dataset_by_name, load_dataset_from_config
+    from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
+    from nemo_rl_clone.data.interfaces import TaskDataSpec
+
+    data = config.data
+    if data.dataset_name == "local":
+        loaded = load_dataset_by_name(
+            "local", data_path=data.data_path, problem_key=data.problem_key, solution_key=data.solution_key
+        )
+    else:
+        loaded = load_dataset_from_config(
+            DataConfig(dataset_name=data.dataset_name, data_path=data.data_path, reasoning_gym=data.reasoning_gym),
+            seed=config.eval.seed,
+        )
+    if not loaded.validation:
+        raise ValueError(f"data.dataset_name: {data.dataset_name!r} gave no evaluation rows")
+    spec = TaskDataSpec(
+        task_name=data.task_name, prompt_file=data.prompt_file, system_prompt_file=data.system_prompt_file
+    )
+    return AllTaskProcessedDataset(loaded.validation, tokenizer, spec, data.max_input_seq_length)
+
+
+def generate_and_score(
+    config: EvalMasterConfig, dataset: Any, tokenizer: Any, generation: Any, task_to_env: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Roll out every problem ``num_tests_per_prompt`` times (one turn each); one row per sample, problem-major."""
+    from rich.console import Console
+
+    from nemo_rl_clone.data.collate_fn import eval_collate_fn
+    from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
+
+    console = Console()
+    n = config.eval.num_tests_per_prompt
+    per_step = config.generation.num_prompts_per_step
+    per_step = len(dataset) if per_step == -1 else per_step
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(dataset), per_step):
+        indices = list(range(start, min(len(dataset), start + per_step)))
+        data = [dataset[i] for i in indices]
+        cut = [i for i, datum in zip(indices, data) if datum["loss_multiplier"] == 0.0]
+        if cut:  # the processor shortened these prompts to data.max_input_seq_length: the model saw a cut problem
+            console.log(f"[yellow]problems {cut} are longer than data.max_input_seq_length and were truncated")
+        prompts = eval_collate_fn(data).repeat_interleave(n)
+        prompts["seeds"] = sample_seeds(config.eval.seed, indices, n)
+        generation.prepare_for_generation()
+        batch, _ = run_multi_turn_rollout(
+            generation, prompts, tokenizer, task_to_env, max_seq_len=config.generation.vllm_cfg.max_model_len,
+            max_rollout_turns=1, greedy=config.generation.temperature == 0,
+        )
+        generation.finish_generation()
+        rows.extend(_sample_rows(batch, n, set(cut)))
+        console.log(f"generated {len(rows)}/{len(dataset) * n} samples")
+    return rows
+
+
+def _sample_rows(batch: Any, num_tests_per_prompt: int, cut_prompts: set[int]) -> list[dict[str, Any]]:
+    rows = []
+    for i, log in enumerate(batch["message_log"]):
+        reward = float(batch["total_reward"][i])
+        prompt_index = int(batch["idx"][i])
+        rows.append({
+            "prompt_index": prompt_index,
+            "sample_index": i % num_tests_per_prompt,
+            "prompt": "".join(m["content"] for m in log if m["role"] != "assistant"),
+            "response": "".join(m["content"] for m in log if m["role"] == "assistant"),
+            "reward": reward,
+            "correct": reward >= CORRECT_REWARD,
+            "extracted_answer": batch["extracted_answers"][i],
+            "ground_truth": _ground_truth(batch["extra_env_info"][i]),
+            "truncated": bool(batch["truncated"][i]),
+            "prompt_truncated": prompt_index in cut_prompts,
+            "response_tokens": sum(len(m["token_ids"]) for m in log if m["role"] == "assistant"),
+        })
+    return rows
+
+
+def _ground_truth(env_info: dict[str, Any]) -> Optional[str]:
+    if "ground_truth" in env_info:  # math
+        return str(env_info["ground_truth"])
+    entry = env_info.get("entry")  # reasoning-gym
+    return str(entry["answer"]) if isinstance(entry, dict) and "answer" in entry else None
+
+
+def summarize(config: EvalMasterConfig, rows: Sequence[dict[str, Any]], model_description: str) -> dict[str, Any]:
+    """The run's summary: ``score`` (the metric averaged over problems) and descriptive statistics."""
+    n, k, metric = config.eval.num_tests_per_prompt, config.eval.k_value, config.eval.metric
+    correct = [row["correct"] for row in rows]
+    per_problem = score_problems(metric, correct, [row["extracted_answer"] for row in rows], n, k)
+    return {
+        "metric": metric.replace("@k", f"@{k}"),
+        "score": sum(per_problem) / len(per_problem),
+        "num_problems": len(per_problem),
+        "num_tests_per_prompt": n,
+        "num_samples": len(rows),
+        "accuracy": sum(correct) / len(rows),
+        "mean_reward": sum(row["reward"] for row in rows) / len(rows),
+        "avg_length": sum(row["response_tokens"] for row in rows) / len(rows),
+        "truncation_rate": sum(row["truncated"] for row in rows) / len(rows),
+        "num_truncated_prompts": len({row["prompt_index"] for row in rows if row.get("prompt_truncated")}),
+        "answer_extracted_rate": sum(row["extracted_answer"] is not None for row in rows) / len(rows),
+        "model": model_description,
+        "dataset": config.data.dataset_name,
+    }
+
+
+def _logged_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    numbers = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {summary["metric"]: summary["score"], **numbers}
+
+
+def write_jsonl(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+
+
+def print_summary(summary: dict[str, Any], config: EvalMasterConfig) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    gen = config.generation
+    table = Table(title=f"Evaluation: {summary['metric']} = {summary['score']:.4f}", show_header=False)
+    for name, value in (
+        ("model", summary["model"]),
+        ("dataset", f"{summary['dataset']} ({summary['num_problems']} problems x {summary['num_tests_per_prompt']} "
+                    "samples)"),
+        ("sampling", f"temperature={gen.temperature} top_p={gen.top_p} top_k={gen.top_k} "
+                     f"max_new_tokens={gen.max_new_tokens} seed={config.eval.seed}"),
+        (summary["metric"], f"{summary['score']:.4f}"),
+        ("sample accuracy", f"{summary['accuracy']:.4f} (mean reward {summary['mean_reward']:.4f})"),
+        ("answer extracted", f"{summary['answer_extracted_rate']:.4f}"),
+        ("avg response tokens", f"{summary['avg_length']:.1f} (truncated {summary['truncation_rate']:.2%})"),
+        ("samples", config.eval.save_path or "not saved (eval.save_path is null)"),
+    ):
+        table.add_row(name, str(value))
+    if summary["num_truncated_prompts"]:
+        table.add_row("[yellow]truncated prompts", f"{summary['num_truncated_prompts']} (data.max_input_seq_length)")
+    Console().print(table)
+
+
+def _start_logger(config: EvalMasterConfig) -> tuple[Optional[Path], Any]:
+    if config.logger is None:
+        return None, None
+    from nemo_rl_clone.utils.config import save_config
+    from nemo_rl_clone.utils.config_validation import config_to_dict
+    from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
+
+    log_dir = get_next_experiment_dir(config.logger.log_dir)
+    resolved = config_to_dict(config)
+    save_config(resolved, log_dir / "config.yaml")
+    run_logger = Logger(config.logger, log_dir, quiet=True)
+    run_logger.log_hyperparams(resolved)
+    return log_dir, run_logger

@@ -1,0 +1,26 @@
+"""A local math file (``dataset_name: local``, NeMo-RL's name): one problem and one answer column per row.
+
+    data: {dataset_name: local, data_path: problems.jsonl, problem_key: problem, solution_key: answer}
+
+Any ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file works; the two columns are named by ``problem_key`` and
+``solution_key`` (defaults ``problem`` and ``answer``). An evaluation set: rows are returned as ``validation``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from nemo_rl_clone.data.datasets.common import LoadedDataset, column, load_raw_rows, to_common_math_form
+
+NAME = "local"
+
+
+def load_local_math(
+    data_path: Optional[str] = None, problem_key: str = "problem", solution_key: str = "answer"
+) -> LoadedDataset:
+    """Rows of ``data_path`` in the common math form (a missing column or empty field names the row and field)."""
+    if data_path is None:
+        raise ValueError(f"{NAME}: data_path is required (a local .jsonl/.json/.parquet/.csv file)")
+    raw = load_raw_rows(NAME, hub_id="", hub_split="", data_path=data_path)
+    rows = to_common_math_form(raw, f"{NAME} ({data_path})", problem=column(problem_key), answer=column(solution_key))
+    return LoadedDataset(name=NAME, train=None, validation=rows)
