@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from nemo_rl_clone.algorithms.eval_config import EvalMasterConfig
+from nemo_rl_clone.evals.config import EvalMasterConfig
 from nemo_rl_clone.utils.config import load_config_from_cli, print_config
 from nemo_rl_clone.utils.config_validation import config_to_dict
 
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     print_config(config_to_dict(config), title="Evaluation config (validated)")
 
     # Heavy imports only after the config is known to be valid: a typo fails in a second, not after torch loads.
-    from nemo_rl_clone.algorithms.eval_checkpoint import EvalModelError
-    from nemo_rl_clone.algorithms.evals import run_evaluation
+    from nemo_rl_clone.evals.checkpoint import EvalModelError
+    from nemo_rl_clone.evals.eval import run_evaluation
     from nemo_rl_clone.data.datasets.common import DatasetLoadError
 
     try:

@@ -19,8 +19,8 @@ import pytest
 import torch
 import yaml
 
-from nemo_rl_clone.algorithms.eval_config import EvalMasterConfig
-from nemo_rl_clone.algorithms.evals import run_evaluation, score_problems
+from nemo_rl_clone.evals.config import EvalMasterConfig
+from nemo_rl_clone.evals.eval import run_evaluation, score_problems
 from nemo_rl_clone.utils.config import load_validated_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_clone.algorithms.eval_config import EvalMasterConfig
-from nemo_rl_clone.algorithms.evals import (
+from nemo_rl_clone.evals.config import EvalMasterConfig
+from nemo_rl_clone.evals.eval import (
     cons_at_k,
     majority_vote,
     pass_at_k,

@@ -54,7 +54,7 @@ class EvalGenerationConfig(GenerationConfig):
     """``generation``: the engine settings of `GenerationConfig`, plus what to load and how many prompts at once.
 
     ``model_name``: a Hugging Face folder, a built-in name, a hub id, or a checkpoint (``<checkpoint_dir>/step_N``
-    or ``<checkpoint_dir>`` for its latest step); see `eval_checkpoint.resolve_eval_model`.
+    or ``<checkpoint_dir>`` for its latest step); see `nemo_rl_clone.evals.checkpoint.resolve_eval_model`.
     ``num_prompts_per_step``: problems per generation batch (each with ``num_tests_per_prompt`` samples); -1: all.
     """
 
