@@ -4,9 +4,11 @@ Rows: ``{"problem", "expected_answer", "task_name": "reasoning_gym", "extra_env_
 environment scores an answer with the task's own scorer on ``entry``.
 
 Seeding: reasoning-gym draws item ``i`` of a dataset seeded ``s`` from ``Random(s + i)``, so datasets with seeds
-``s`` and ``s + 1`` share all but one item. Training items therefore use seeds ``seed + i`` (``i < train_size``),
-validation candidates ``seed + train_size + j``, and validation keeps only questions that occur neither in the
-training set nor earlier in validation: the two sets never share a question.
+``s`` and ``s + 1`` share all but one item. Validation is drawn first, from seeds ``seed + VAL_SEED_OFFSET + j``,
+keeping the first ``val_size`` distinct questions; training draws from seeds ``seed + i`` and skips every validation
+question (repeats among training rows are allowed). So the two sets never share a question, and validation is a
+plain sample of the task: an earlier version drew validation from what training left over, which in small task
+spaces (2-term 1-digit arithmetic has ~2,000 questions) over-represents the rare, harder forms.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from nemo_rl_clone.data.datasets.common import LoadedDataset
 
 NAME = "reasoning_gym"
 TASK_NAME = "reasoning_gym"
-# Validation candidates examined per wanted validation item before giving up (tiny task spaces run out).
-_CANDIDATES_PER_VAL_ITEM = 20
+# Candidates examined per wanted item before giving up (tiny task spaces run out).
+_CANDIDATES_PER_ITEM = 20
+# Validation seeds sit far from training seeds, so the validation set does not depend on train_size.
+VAL_SEED_OFFSET = 1_000_003
 
 # FINDINGS: SmolLM2-135M-Instruct only uses the <answer> tag when shown an example of it in the prompt.
 ONE_SHOT_TEMPLATE = (
@@ -46,7 +50,7 @@ def load_reasoning_gym(
         task: a reasoning-gym dataset name (e.g. ``"basic_arithmetic"``).
         task_kwargs: the task's config fields (e.g. ``{"min_terms": 2, "max_terms": 2}``).
         train_size: number of training rows (questions may repeat in small task spaces).
-        val_size: number of validation rows; all distinct and absent from the training rows.
+        val_size: number of validation rows: distinct questions, none of them among the training rows.
         seed: base seed (see module docstring).
         one_shot_example: prefix every question with one solved example of the same task in the ``<answer>``
             format (:data:`ONE_SHOT_TEMPLATE`); the example is not a validation question.
@@ -59,15 +63,15 @@ def load_reasoning_gym(
         raise ValueError(f"{NAME}: need train_size >= 1 and val_size >= 0, got {train_size} and {val_size}")
     kwargs = dict(task_kwargs or {})
 
-    train_entries = list(_generate(task, kwargs, seed, train_size))
-    train_questions = {entry["question"] for entry in train_entries}
-    val_entries = _distinct_entries(task, kwargs, seed + train_size, val_size, exclude=train_questions)
+    val_seed = seed + VAL_SEED_OFFSET
+    val_entries = _draw(task, kwargs, val_seed, val_size, exclude=set(), distinct=True, split="validation")
+    val_questions = {entry["question"] for entry in val_entries}
+    train_entries = _draw(task, kwargs, seed, train_size, exclude=val_questions, distinct=False, split="training")
 
     example = None
     if one_shot_example:
-        val_questions = {entry["question"] for entry in val_entries}
-        example_seed = seed + train_size + _CANDIDATES_PER_VAL_ITEM * max(val_size, 1)
-        example = _distinct_entries(task, kwargs, example_seed, 1, exclude=val_questions)[0]
+        example_seed = val_seed + _CANDIDATES_PER_ITEM * max(val_size, 1)
+        example = _draw(task, kwargs, example_seed, 1, exclude=val_questions, distinct=True, split="example")[0]
     return LoadedDataset(
         name=NAME,
         train=[_row(task, entry, example) for entry in train_entries],
@@ -82,23 +86,28 @@ def _generate(task: str, kwargs: dict[str, Any], seed: int, size: int) -> Any:
         raise ValueError(f"{NAME}: cannot create task {task!r} with task_kwargs {kwargs}: {err}") from err
 
 
-def _distinct_entries(
-    task: str, kwargs: dict[str, Any], seed: int, count: int, exclude: set[str]
+def _draw(
+    task: str, kwargs: dict[str, Any], seed: int, count: int, exclude: set[str], distinct: bool, split: str
 ) -> list[dict[str, Any]]:
-    """``count`` entries with distinct questions not in ``exclude``, scanning a bounded candidate stream."""
-    candidates = _generate(task, kwargs, seed, _CANDIDATES_PER_VAL_ITEM * max(count, 1))
+    """The first ``count`` entries of the stream seeded ``seed`` whose question is not in ``exclude`` (and, with
+    ``distinct``, not drawn before), scanning a bounded number of candidates."""
+    if count == 0:
+        return []
+    candidates = _generate(task, kwargs, seed, _CANDIDATES_PER_ITEM * count)
     seen = set(exclude)
     picked: list[dict[str, Any]] = []
     for entry in candidates:
         if len(picked) == count:
             break
         if entry["question"] not in seen:
-            seen.add(entry["question"])
+            if distinct:
+                seen.add(entry["question"])
             picked.append(entry)
     if len(picked) < count:
         raise ValueError(
-            f"{NAME}: task {task!r} with task_kwargs {kwargs} yielded only {len(picked)} of {count} distinct questions "
-            f"outside the training set in {len(candidates)} draws; lower val_size or train_size, or widen the task"
+            f"{NAME}: task {task!r} with task_kwargs {kwargs} yielded only {len(picked)} of {count} usable {split} questions "
+            f"in {len(candidates)} draws (validation questions are distinct and kept out of training); lower val_size, "
+            "or widen the task"
         )
     return picked
 
