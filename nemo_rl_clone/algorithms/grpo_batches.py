@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.utils import groups_with_signal, overlong_penalty, scale_rewards
+from nemo_rl_clone.algorithms.utils import groups_with_signal, overlong_penalty, reduce_train_results, scale_rewards
 from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
@@ -86,14 +86,7 @@ def aggregate_train_metrics(
     rollout_metrics: dict[str, float],
 ) -> dict[str, float]:
     """NeMo-RL's ``train/*`` metrics of one step (loss-type metrics averaged over the step's global batches)."""
-    num_global_batches = max(1, int(train_results.get("num_global_batches", 1)))
-    mb = train_results["all_mb_metrics"]
-    metrics: dict[str, float] = {
-        name: float(sum(mb[name])) / num_global_batches for name in _SUMMED_LOSS_METRICS if name in mb
-    }
-    metrics["grad_norm"] = float(torch.as_tensor(train_results["grad_norm"], dtype=torch.float32).mean())
-    if "lr" in mb:
-        metrics["lr"] = float(mb["lr"][-1])
+    metrics = reduce_train_results(train_results, _SUMMED_LOSS_METRICS)
     mask = train_data["token_mask"]
     prompt_lengths = train_data["input_lengths"] - mask.sum(dim=1)
     metrics.update(

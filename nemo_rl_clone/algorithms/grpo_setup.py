@@ -3,19 +3,17 @@ checkpoint state (restored from the latest checkpoint when there is one)."""
 
 from __future__ import annotations
 
-import logging
 import os
-import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn
 from nemo_rl_clone.algorithms.refit import init_refit_collective, prepare_refit
+from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, save_run_checkpoint, set_seeds
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.data.datasets import load_dataset_from_config
@@ -31,27 +29,8 @@ from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.config import save_config
 from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
 
-logger = logging.getLogger(__name__)
-
-DATALOADER_FILE = "train_dataloader.pt"
-
-
-@dataclass
-class GRPOState:
-    """What a checkpoint restores besides weights: counters, the last metrics, RNG states."""
-
-    step: int = 0
-    total_valid_samples: int = 0
-    val_metrics: dict[str, float] = field(default_factory=dict)
-    train_metrics: dict[str, float] = field(default_factory=dict)
-
-    def training_info(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "total_valid_samples": self.total_valid_samples,
-            "val": dict(self.val_metrics),
-            "train": dict(self.train_metrics),
-        }
+# GRPO's checkpointed state is the run state every algorithm shares.
+GRPOState = RunState
 
 
 @dataclass
@@ -83,12 +62,6 @@ class GRPOComponents:
         self.logger.finish()
 
 
-def set_seeds(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def setup(config: GRPOMasterConfig) -> GRPOComponents:
     """Build a GRPO run from a validated config; resumes from ``checkpointing.checkpoint_dir`` if it holds one."""
     set_seeds(config.grpo.seed)
@@ -104,7 +77,7 @@ def setup(config: GRPOMasterConfig) -> GRPOComponents:
     task_to_env = {name: create_env(name, env_cfg) for name, env_cfg in vars(config.env).items() if env_cfg is not None}
 
     checkpointer = CheckpointManager(config.checkpointing)
-    state, weights_path, optimizer_path = _restore(checkpointer, dataloader, config)
+    state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader)
 
     policy, generation, clusters, colocated = _setup_workers(config, tokenizer, weights_path, optimizer_path)
     return GRPOComponents(
@@ -132,42 +105,13 @@ def _setup_data(config: GRPOMasterConfig, tokenizer: Any) -> tuple[StatefulPromp
     return loader, val
 
 
-def _restore(
-    checkpointer: CheckpointManager, dataloader: StatefulPromptLoader, config: GRPOMasterConfig
-) -> tuple[GRPOState, str | None, str | None]:
-    latest = checkpointer.get_latest_checkpoint_path() if config.checkpointing.enabled else None
-    if latest is None:
-        return GRPOState(), None, None
-    info = checkpointer.load_training_info(latest)
-    state = GRPOState(
-        step=int(info["step"]),
-        total_valid_samples=int(info.get("total_valid_samples", 0)),
-        val_metrics=dict(info.get("val", {})),
-        train_metrics=dict(info.get("train", {})),
-    )
-    extra = torch.load(latest / DATALOADER_FILE, weights_only=False)
-    dataloader.load_state_dict(extra["dataloader"])
-    random.setstate(extra["rng"]["python"])
-    np.random.set_state(extra["rng"]["numpy"])
-    torch.set_rng_state(extra["rng"]["torch"])
-    logger.info("Resuming from %s (step %d)", latest, state.step)
-    print(f"Resuming from checkpoint {latest} (step {state.step})")
-    return state, str(latest / "policy" / "weights"), str(latest / "policy" / "optimizer")
-
-
 def save_checkpoint(components: GRPOComponents) -> Path:
     """Write ``step_N`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards."""
     c = components
-    tmp = c.checkpointer.init_tmp_checkpoint(c.state.step, c.state.training_info(), config_to_dict(c.config))
-    c.policy.save_checkpoint(
-        weights_path=str(tmp / "policy" / "weights"),
-        optimizer_path=str(tmp / "policy" / "optimizer"),
-        tokenizer_path=str(tmp / "policy" / "tokenizer"),
-        save_hf_path=str(tmp / "policy" / "hf") if c.config.checkpointing.save_consolidated else None,
+    return save_run_checkpoint(
+        c.checkpointer, c.policy, c.dataloader, c.state, config_to_dict(c.config),
+        save_consolidated=c.config.checkpointing.save_consolidated,
     )
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    torch.save({"dataloader": c.dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)
-    return c.checkpointer.finalize_checkpoint(tmp)
 
 
 def _setup_workers(

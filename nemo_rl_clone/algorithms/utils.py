@@ -1,6 +1,9 @@
-"""Small tensor helpers shared by the RL algorithms: masked reductions and KL estimators."""
+"""Small helpers shared by the algorithms: masked reductions, KL estimators, reward processing, step metrics."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -53,6 +56,26 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float | Non
     if clamp is not None:
         log_ratio = log_ratio.clamp(min=-clamp, max=clamp)
     return log_ratio.exp() - log_ratio - 1
+
+
+def reduce_train_results(
+    train_results: Mapping[str, Any], share_metrics: Iterable[str], count_metrics: Iterable[str] = ()
+) -> dict[str, float]:
+    """One step's metrics from ``Policy.train``'s result (``all_mb_metrics``: metric → one value per microbatch).
+
+    A loss returns each microbatch's *share* of its global batch's mean (see `loss_functions`), so a share metric
+    is the sum over microbatches divided by ``num_global_batches`` (the mean over the step's optimizer steps); a
+    count metric (``num_valid_samples``, ...) is the plain sum. Adds ``grad_norm`` (mean over optimizer steps) and
+    ``lr`` (the last microbatch's) when present. Metrics missing from ``all_mb_metrics`` are left out.
+    """
+    num_global_batches = max(1, int(train_results.get("num_global_batches", 1)))
+    mb = train_results["all_mb_metrics"]
+    metrics = {name: float(sum(mb[name])) / num_global_batches for name in share_metrics if name in mb}
+    metrics.update({name: float(sum(mb[name])) for name in count_metrics if name in mb})
+    metrics["grad_norm"] = float(torch.as_tensor(train_results["grad_norm"], dtype=torch.float32).mean())
+    if "lr" in mb:
+        metrics["lr"] = float(mb["lr"][-1])
+    return metrics
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""Reward-model training: a scalar-head model (``policy.reward_model_cfg.enabled``) fitted Bradley-Terry
+(`PreferenceLoss`) on preference pairs, through the shared `supervised_loop`.
+
+    setup(config) -> SupervisedRun;  rm_train(run)
+
+Batch sizes count pairs, as in DPO (``policy.train_global_batch_size: 8`` = 16 rows). Metrics: ``train/{loss,
+accuracy, rewards_chosen_mean, rewards_rejected_mean, reward_margin, grad_norm, lr, num_valid_samples}`` (rewards are
+the head's scores), ``validation/{loss, accuracy, ...}`` (accuracy = fraction of validation pairs scored chosen >
+rejected), ``timing/train/*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nemo_rl_clone.algorithms.loss_functions import PreferenceLoss
+from nemo_rl_clone.algorithms.supervised_config import (
+    PreferenceAlgorithm,
+    SupervisedLoopConfig,
+    check_supervised_config,
+)
+from nemo_rl_clone.algorithms.supervised_loop import supervised_train
+from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun, build_preference_run
+from nemo_rl_clone.data.config import PreferenceDataConfig
+from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.logger import LoggerConfig
+
+
+@dataclass
+class RMConfig(SupervisedLoopConfig):
+    """The ``rm`` section: the shared loop keys (NeMo-RL's names and defaults)."""
+
+
+def _rm_checkpointing() -> CheckpointingConfig:
+    return CheckpointingConfig(checkpoint_dir="results/rm", metric_name="val:accuracy", higher_is_better=True)
+
+
+@dataclass
+class RMMasterConfig:
+    """Everything a reward-model run reads; ``policy.reward_model_cfg.enabled`` must be true."""
+
+    rm: RMConfig = field(default_factory=RMConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    data: PreferenceDataConfig = field(default_factory=PreferenceDataConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=_rm_checkpointing)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        return check_supervised_config(self, RMAlgorithm, reward_model=True)
+
+
+_RM_METRICS = ("loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean", "reward_margin", "num_valid_samples")
+
+
+class RMAlgorithm(PreferenceAlgorithm):
+    section = "rm"
+    train_metric_names = (*_RM_METRICS, "grad_norm", "lr")
+    validation_metric_names = _RM_METRICS
+
+
+def setup(config: RMMasterConfig) -> SupervisedRun:
+    """Tokenizer, preference data, logger, reward model; resumes from the latest checkpoint."""
+    return build_preference_run(config, RMAlgorithm(PreferenceLoss()))
+
+
+def rm_train(run: SupervisedRun) -> None:
+    supervised_train(run)

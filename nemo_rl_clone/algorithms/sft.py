@@ -1,0 +1,84 @@
+"""Supervised fine-tuning: NLL on the assistant tokens of chat rows, through the shared `supervised_loop`.
+
+    setup(config) -> SupervisedRun;  sft_train(run)
+
+Metrics: ``train/{loss, grad_norm, lr, num_valid_samples, num_unmasked_tokens}``, ``validation/val_loss``,
+``timing/train/*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+from nemo_rl_clone.algorithms.supervised_config import (
+    SupervisedAlgorithm,
+    SupervisedLoopConfig,
+    check_supervised_config,
+)
+from nemo_rl_clone.algorithms.supervised_loop import supervised_train
+from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun, build_supervised_run
+from nemo_rl_clone.data.config import SFTDataConfig
+from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.logger import LoggerConfig
+
+
+@dataclass
+class SFTConfig(SupervisedLoopConfig):
+    """The ``sft`` section: the shared loop keys (NeMo-RL's names and defaults)."""
+
+
+def _sft_checkpointing() -> CheckpointingConfig:
+    return CheckpointingConfig(checkpoint_dir="results/sft", metric_name="val:val_loss", higher_is_better=False)
+
+
+@dataclass
+class SFTMasterConfig:
+    """Everything an SFT run reads; ``policy.train_global_batch_size`` counts conversations."""
+
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=_sft_checkpointing)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        return check_supervised_config(self, SFTAlgorithm)
+
+
+class SFTAlgorithm(SupervisedAlgorithm):
+    section = "sft"
+    count_metrics = ("num_valid_samples", "num_unmasked_tokens")
+    train_metric_names = ("loss", "grad_norm", "lr", "num_valid_samples", "num_unmasked_tokens")
+    validation_metric_names = ("val_loss", "num_valid_samples", "num_unmasked_tokens")
+
+    def validation_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """NeMo-RL names the validation loss ``val_loss`` (``validation/val_loss``)."""
+        renamed = dict(metrics)
+        renamed["val_loss"] = renamed.pop("loss")
+        return renamed
+
+
+def setup(config: SFTMasterConfig) -> SupervisedRun:
+    """Tokenizer, datasets, logger, policy; resumes from ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
+    from nemo_rl_clone.data.supervised import SFTDataset, load_sft_dataset, sft_collate_fn
+    from nemo_rl_clone.models.huggingface import load_tokenizer
+
+    tokenizer = load_tokenizer(config.policy.tokenizer.name or config.policy.model_name)
+    loaded = load_sft_dataset(config.data, seed=config.sft.seed)
+    max_len = config.data.max_input_seq_length
+    train = SFTDataset(loaded.train, tokenizer, max_len)
+    val = SFTDataset(loaded.validation, tokenizer, max_len) if loaded.validation is not None else None
+    collate = partial(
+        sft_collate_fn, pad_token_id=tokenizer.pad_token_id,
+        make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
+    )
+    return build_supervised_run(config, SFTAlgorithm(NLLLoss()), tokenizer, train, val, collate)
+
+
+def sft_train(run: SupervisedRun) -> None:
+    supervised_train(run)

@@ -1,0 +1,150 @@
+"""The shared pieces SFT, DPO and reward-model training declare: the loop's config section, the algorithm interface
+(`SupervisedAlgorithm`, `PreferenceAlgorithm`) and the cross-section checks of their whole-run configs.
+
+Batch sizes in these configs count *examples*: conversations for SFT, preference pairs for DPO and RM (NeMo-RL's
+convention). A pair fills two batch rows (chosen, then rejected), so the policy is handed ``rows_per_example`` times
+as many rows as the config's batch sizes say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.model_utils import LossFunction
+from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.config_validation import check_at_least
+
+
+@dataclass
+class SupervisedLoopConfig:
+    """Keys shared by the ``sft``, ``dpo`` and ``rm`` sections (NeMo-RL's names and defaults).
+
+    ``val_period`` 0 disables periodic validation; ``val_batches`` <= 0 validates on every full batch of the
+    validation set; ``val_global_batch_size`` / ``val_micro_batch_size`` count examples like the training sizes.
+    """
+
+    max_num_epochs: int = 1
+    max_num_steps: int = 60
+    val_period: int = 10
+    val_batches: int = 8
+    val_global_batch_size: int = 32
+    val_micro_batch_size: int = 1
+    val_at_start: bool = True
+    seed: int = 42
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = check_at_least(
+            self, 1, "max_num_epochs", "max_num_steps", "val_global_batch_size", "val_micro_batch_size"
+        )
+        if self.val_period < 0:
+            problems.append(("val_period", f"must be >= 0 (0 disables validation), got {self.val_period}"))
+        return problems
+
+
+class SupervisedAlgorithm:
+    """What differs between SFT, DPO and RM. Subclasses set the class attributes and may override the hooks.
+
+    ``share_metrics`` are loss metrics returned as each microbatch's share of a global mean (summed over
+    microbatches); ``count_metrics`` are summed counts. ``train_metric_names`` / ``validation_metric_names`` list
+    what `train_metrics` / `validation_metrics` return (checked against ``checkpointing.metric_name``).
+    """
+
+    section: ClassVar[str]
+    rows_per_example: ClassVar[int] = 1
+    share_metrics: ClassVar[tuple[str, ...]] = ("loss",)
+    count_metrics: ClassVar[tuple[str, ...]] = ("num_valid_samples",)
+    train_metric_names: ClassVar[tuple[str, ...]]
+    validation_metric_names: ClassVar[tuple[str, ...]]
+    needs_reference_model: ClassVar[bool] = False
+
+    def __init__(self, loss_fn: LossFunction) -> None:
+        self.loss_fn = loss_fn
+
+    def prepare_batch(self, batch: BatchedDataDict, policy: Any, micro_batch_rows: int) -> BatchedDataDict:
+        """The batch ``policy.train`` receives (default: as collated)."""
+        return batch
+
+    def train_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``train/*`` metrics from the reduced step metrics (default: unchanged)."""
+        return metrics
+
+    def validation_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``validation/*`` metrics from the combined validation metrics (default: unchanged)."""
+        return metrics
+
+
+class PreferenceAlgorithm(SupervisedAlgorithm):
+    """DPO and reward models: an example is a pair, collated as rows 2i (chosen) and 2i+1 (rejected).
+
+    Adds ``reward_margin`` = ``rewards_chosen_mean − rewards_rejected_mean`` to the loss's metrics.
+    """
+
+    rows_per_example = 2
+    share_metrics = ("loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean")
+
+    def train_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return {**metrics, "reward_margin": metrics["rewards_chosen_mean"] - metrics["rewards_rejected_mean"]}
+
+    def validation_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return self.train_metrics(metrics)
+
+
+def check_supervised_config(
+    config: Any, algorithm: type[SupervisedAlgorithm], reward_model: bool = False
+) -> list[tuple[str, str]]:
+    """Cross-section problems of an SFT/DPO/RM config as ``(dotted key, message)``."""
+    section = algorithm.section
+    loop: SupervisedLoopConfig = getattr(config, section)
+    policy, checkpointing = config.policy, config.checkpointing
+    problems: list[tuple[str, str]] = []
+    if config.data.max_input_seq_length > policy.max_total_sequence_length:
+        problems.append((
+            "data.max_input_seq_length",
+            f"exceeds policy.max_total_sequence_length ({config.data.max_input_seq_length} > "
+            f"{policy.max_total_sequence_length})",
+        ))
+    if policy.reward_model_cfg.enabled != reward_model:
+        want = "true: reward-model training needs a scalar head" if reward_model else f"false for {section}"
+        problems.append(("policy.reward_model_cfg.enabled", f"must be {want}"))
+    workers = config.cluster.gpus_per_node * config.cluster.num_nodes
+    tp = policy.dtensor_cfg.tensor_parallel_size
+    dp = workers // tp if tp >= 1 and workers % tp == 0 else 1
+    for key, size in (("policy.train_global_batch_size", policy.train_global_batch_size),
+                      (f"{section}.val_global_batch_size", loop.val_global_batch_size)):
+        if size % dp:
+            problems.append((key, f"must be a multiple of the data-parallel size {dp} (got {size})"))
+    if algorithm.rows_per_example > 1:
+        for feature in ("dynamic_batching", "sequence_packing"):
+            if getattr(policy, feature).enabled:
+                problems.append((
+                    f"policy.{feature}.enabled",
+                    f"{section} needs the chosen and rejected rows of a pair side by side; reordering rows by "
+                    "length would split them",
+                ))
+    problems += _check_checkpoint_metric(checkpointing, loop, algorithm)
+    return problems
+
+
+def _check_checkpoint_metric(
+    checkpointing: CheckpointingConfig, loop: SupervisedLoopConfig, algorithm: type[SupervisedAlgorithm]
+) -> list[tuple[str, str]]:
+    """``checkpointing.metric_name`` must name a metric this algorithm records and, when it decides which
+    checkpoints ``keep_top_k`` keeps, validation must run at the steps that are saved."""
+    if checkpointing.metric_name is None or ":" not in checkpointing.metric_name:
+        return []  # absent, or malformed (CheckpointingConfig.check reports that)
+    prefix, _, name = checkpointing.metric_name.partition(":")
+    known = {"val": algorithm.validation_metric_names, "train": algorithm.train_metric_names}
+    if name not in known.get(prefix, ()):
+        options = [f"{p}:{n}" for p, names in known.items() for n in names]
+        return [("checkpointing.metric_name", f"{algorithm.section} records no {checkpointing.metric_name!r}; "
+                                              f"choose one of {options}")]
+    pruned_by_metric = checkpointing.enabled and checkpointing.keep_top_k is not None
+    if pruned_by_metric and prefix == "val" and (loop.val_period == 0 or checkpointing.save_period % loop.val_period):
+        return [(
+            "checkpointing.save_period",
+            f"must be a multiple of {algorithm.section}.val_period ({loop.val_period}) so that saved checkpoints "
+            f"carry {checkpointing.metric_name!r} for keep_top_k (or set metric_name to null)",
+        )]
+    return []

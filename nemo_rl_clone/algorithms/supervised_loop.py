@@ -1,0 +1,141 @@
+"""The one training loop of SFT, DPO and reward-model training: batch → prepare → train → validate → checkpoint → log.
+
+An algorithm (`sft.py`, `dpo.py`, `rm.py`) is a `SupervisedAlgorithm` (`supervised_config`): its loss function, the
+batch rows one example fills, a `prepare_batch` hook (DPO adds the reference policy's logprobs) and its metric names.
+`supervised_setup.build_supervised_run` builds the `SupervisedRun` that `supervised_train` runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+
+from nemo_rl_clone.algorithms.run_state import save_run_checkpoint
+from nemo_rl_clone.algorithms.supervised_config import SupervisedAlgorithm
+from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun
+from nemo_rl_clone.algorithms.utils import reduce_train_results
+from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
+from nemo_rl_clone.utils.config_validation import config_to_dict
+from nemo_rl_clone.utils.timer import Timer
+
+console = Console()
+
+
+def completed_epochs(loader: StatefulPromptLoader) -> int:
+    """Epochs fully consumed: the loader only moves to the next epoch when its next batch is drawn."""
+    return loader.epoch + (1 if loader.batch_in_epoch >= loader.batches_per_epoch else 0)
+
+
+def step_metrics(algorithm: SupervisedAlgorithm, train_results: Mapping[str, Any]) -> dict[str, float]:
+    """One ``policy.train`` call's metrics: shares summed over microbatches, counts summed, grad norm, lr."""
+    return reduce_train_results(train_results, algorithm.share_metrics, algorithm.count_metrics)
+
+
+def combine_batches(
+    per_batch: Sequence[Mapping[str, float]], share_metrics: Sequence[str], count_metrics: Sequence[str]
+) -> dict[str, float]:
+    """Validation batches combined: share metrics averaged weighted by ``num_valid_samples``, counts summed.
+
+    Batches without valid samples carry no weight (if none has any, share metrics are a plain mean).
+    """
+    weights = [float(m.get("num_valid_samples", 1.0)) for m in per_batch]
+    total = sum(weights)
+    if total <= 0:
+        weights, total = [1.0] * len(per_batch), float(len(per_batch))
+    combined = {
+        name: sum(w * m[name] for w, m in zip(weights, per_batch)) / total
+        for name in share_metrics if all(name in m for m in per_batch)
+    }
+    combined.update({name: float(sum(m[name] for m in per_batch)) for name in count_metrics
+                     if all(name in m for m in per_batch)})
+    return combined
+
+
+def validate(run: SupervisedRun) -> dict[str, float]:
+    """Eval-mode forward passes (no optimizer step) over the validation batches; {} without validation data."""
+    if not run.val_batches:
+        return {}
+    algorithm, loop, rows = run.algorithm, run.loop, run.algorithm.rows_per_example
+    if run.prepared_val_batches is None:  # fixed batches and a frozen reference: prepare them once
+        run.prepared_val_batches = [
+            algorithm.prepare_batch(batch, run.policy, rows * loop.val_micro_batch_size) for batch in run.val_batches
+        ]
+    per_batch = []
+    for batch in run.prepared_val_batches:
+        results = run.policy.train(
+            batch, algorithm.loss_fn, eval_mode=True,
+            gbs=rows * loop.val_global_batch_size, mbs=rows * loop.val_micro_batch_size,
+        )
+        per_batch.append(step_metrics(algorithm, results))
+    return algorithm.validation_metrics(combine_batches(per_batch, algorithm.share_metrics, algorithm.count_metrics))
+
+
+def log_validation(run: SupervisedRun, step: int) -> dict[str, float]:
+    start = time.perf_counter()
+    metrics = validate(run)
+    if metrics:
+        run.state.val_metrics = metrics
+        run.logger.log_metrics(metrics, step, prefix="validation")
+        run.logger.log_metrics({"total_validation_time": time.perf_counter() - start}, step, prefix="timing/validation")
+        console.print(f"[bold]step {step}: validation " + _summary(metrics))
+    return metrics
+
+
+def supervised_train(run: SupervisedRun) -> None:
+    """Train until ``max_num_steps``, ``max_num_epochs`` or ``checkpointing.checkpoint_must_save_by``."""
+    loop, state, algorithm, policy = run.loop, run.state, run.algorithm, run.policy
+    checkpointing = run.config.checkpointing
+    rows = algorithm.rows_per_example
+    train_gbs, train_mbs = run.config.policy.train_global_batch_size, run.config.policy.train_micro_batch_size
+    total_steps = min(loop.max_num_steps, loop.max_num_epochs * run.dataloader.batches_per_epoch)
+    timer, deadline = Timer(), SaveDeadline(checkpointing)
+    policy.prepare_for_training()  # nothing else shares the devices: the weights stay put from here on
+    if loop.val_at_start and state.step == 0:
+        log_validation(run, step=0)
+    batches = iter(run.dataloader)
+    while state.step < loop.max_num_steps and completed_epochs(run.dataloader) < loop.max_num_epochs:
+        timer.reset()
+        step = state.step + 1
+        state.val_metrics = {}  # a checkpoint carries the validation metrics of its own step only (keep_top_k)
+        with timer.time("total_step_time"):
+            with timer.time("data_processing"):
+                batch = algorithm.prepare_batch(next(batches), policy, rows * train_mbs)
+            with timer.time("policy_training"):
+                results = policy.train(batch, algorithm.loss_fn, gbs=rows * train_gbs, mbs=rows * train_mbs)
+            metrics = algorithm.train_metrics(step_metrics(algorithm, results))
+            state.step = step
+            state.total_valid_samples += int(metrics.get("num_valid_samples", 0))
+            state.train_metrics = metrics
+
+            if loop.val_period > 0 and step % loop.val_period == 0:
+                with timer.time("validation"):
+                    log_validation(run, step)
+
+            deadline.mark_step()
+            stop_for_deadline = deadline.reached()
+            is_last = (step >= loop.max_num_steps or completed_epochs(run.dataloader) >= loop.max_num_epochs
+                       or stop_for_deadline)
+            if should_save(step, checkpointing, is_last):
+                with timer.time("checkpointing"):
+                    path = save_run_checkpoint(
+                        run.checkpointer, policy, run.dataloader, state, config_to_dict(run.config),
+                        save_consolidated=checkpointing.save_consolidated,
+                    )
+                console.print(f"[green]step {step}: saved checkpoint {path}")
+
+        run.logger.log_metrics(metrics, step, prefix="train")
+        run.logger.log_metrics(timer.get_timing_metrics("sum"), step, prefix="timing/train")
+        console.print(f"step {step}/{total_steps}: " + _summary(metrics))
+        if stop_for_deadline:
+            console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
+            break
+    console.print(f"Done after step {state.step}. Logs: {run.log_dir}  Checkpoints: {checkpointing.checkpoint_dir}")
+
+
+def _summary(metrics: Mapping[str, float]) -> str:
+    shown = [k for k in ("loss", "val_loss", "accuracy", "reward_margin", "grad_norm") if k in metrics]
+    return ", ".join(f"{k} {metrics[k]:.4f}" for k in shown)

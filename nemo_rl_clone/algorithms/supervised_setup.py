@@ -1,0 +1,157 @@
+"""Everything an SFT, DPO or reward-model run needs before its first step: data loaders, logger, checkpoint state
+(restored from the latest checkpoint when there is one), cluster and policy; and the command line of the examples.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, set_seeds
+from nemo_rl_clone.algorithms.supervised_config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
+from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.utils.checkpoint import CheckpointManager
+from nemo_rl_clone.utils.config import save_config
+from nemo_rl_clone.utils.config_validation import config_to_dict
+from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
+
+
+@dataclass
+class SupervisedRun:
+    """Everything `supervised_train` uses. ``val_batches`` are collated once; their prepared form is cached."""
+
+    config: Any
+    loop: SupervisedLoopConfig
+    algorithm: SupervisedAlgorithm
+    tokenizer: Any
+    policy: Any
+    dataloader: StatefulPromptLoader
+    val_batches: list[BatchedDataDict]
+    logger: Logger
+    checkpointer: CheckpointManager
+    state: RunState
+    log_dir: Path
+    cluster: Any
+    prepared_val_batches: list[BatchedDataDict] | None = field(default=None, repr=False)
+
+    def shutdown(self) -> None:
+        self.policy.shutdown()
+        self.cluster.shutdown()
+        self.logger.finish()
+
+
+def build_supervised_run(
+    config: Any,
+    algorithm: SupervisedAlgorithm,
+    tokenizer: Any,
+    train_dataset: Sequence[Any],
+    val_dataset: Sequence[Any] | None,
+    collate_fn: Callable[[list[Any]], BatchedDataDict],
+) -> SupervisedRun:
+    """Logger, loaders, checkpoint state (resumed from ``checkpointing.checkpoint_dir`` if it holds one), policy."""
+    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
+    from nemo_rl_clone.models.policy.lm_policy import Policy
+
+    section = algorithm.section
+    loop: SupervisedLoopConfig = getattr(config, section)
+    gbs = config.policy.train_global_batch_size
+    if len(train_dataset) < gbs:
+        raise ValueError(
+            f"policy.train_global_batch_size: {gbs} examples per step, but the training set of "
+            f"data.dataset_name={config.data.dataset_name!r} has only {len(train_dataset)}"
+        )
+    val_batches = validation_batches(val_dataset, loop, collate_fn, section)
+    set_seeds(loop.seed)
+    log_dir = get_next_experiment_dir(config.logger.log_dir)
+    resolved = config_to_dict(config)
+    save_config(resolved, log_dir / "config.yaml")
+    run_logger = Logger(config.logger, log_dir)
+    run_logger.log_hyperparams(resolved)
+    dataloader = StatefulPromptLoader(train_dataset, gbs, collate_fn, shuffle=config.data.shuffle, seed=loop.seed)
+
+    init_ray(log_dir=str(log_dir))
+    checkpointer = CheckpointManager(config.checkpointing)
+    state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader)
+    use_gpus = torch.cuda.is_available()
+    workers = config.cluster.gpus_per_node * config.cluster.num_nodes
+    cluster = RayVirtualCluster(
+        [config.cluster.gpus_per_node] * config.cluster.num_nodes, use_gpus=use_gpus,
+        num_gpus_per_node=config.cluster.gpus_per_node, name=f"{section}_cluster",
+    )
+    # Ray gives CPU actors one thread by default; without a generation engine the workers own all the cores.
+    threads = {} if use_gpus else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+    policy = Policy(
+        cluster, config.policy, tokenizer, weights_path=weights_path, optimizer_path=optimizer_path,
+        init_reference_model=algorithm.needs_reference_model, env_vars=threads,
+    )
+    return SupervisedRun(
+        config=config, loop=loop, algorithm=algorithm, tokenizer=tokenizer, policy=policy, dataloader=dataloader,
+        val_batches=val_batches, logger=run_logger, checkpointer=checkpointer, state=state, log_dir=log_dir,
+        cluster=cluster,
+    )
+
+
+def build_preference_run(config: Any, algorithm: PreferenceAlgorithm) -> SupervisedRun:
+    """`build_supervised_run` on the preference dataset ``config.data`` names (DPO and RM share this)."""
+    from nemo_rl_clone.data.supervised import PreferenceDataset, load_preference_dataset, preference_collate_fn
+    from nemo_rl_clone.models.huggingface import load_tokenizer
+
+    tokenizer = load_tokenizer(config.policy.tokenizer.name or config.policy.model_name)
+    loaded = load_preference_dataset(config.data, seed=getattr(config, algorithm.section).seed)
+    max_len = config.data.max_input_seq_length
+    train = PreferenceDataset(loaded.train, tokenizer, max_len)
+    val = PreferenceDataset(loaded.validation, tokenizer, max_len) if loaded.validation is not None else None
+    collate = partial(
+        preference_collate_fn, pad_token_id=tokenizer.pad_token_id,
+        make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
+    )
+    return build_supervised_run(config, algorithm, tokenizer, train, val, collate)
+
+
+def validation_batches(
+    val_dataset: Sequence[Any] | None,
+    loop: SupervisedLoopConfig,
+    collate_fn: Callable[[list[Any]], BatchedDataDict],
+    section: str,
+) -> list[BatchedDataDict]:
+    """The first ``val_batches`` full batches of the validation set, in order (all of them when ``val_batches`` <= 0)."""
+    if loop.val_period == 0 and not loop.val_at_start:
+        return []
+    size = loop.val_global_batch_size
+    available = len(val_dataset) // size if val_dataset is not None else 0
+    if available == 0:
+        have = "no validation set" if val_dataset is None else f"{len(val_dataset)} validation examples"
+        raise ValueError(
+            f"{section}.val_global_batch_size: validation needs at least one batch of {size} examples, the data has "
+            f"{have}; lower it, or disable validation ({section}.val_period=0 {section}.val_at_start=false)"
+        )
+    count = available if loop.val_batches <= 0 else min(available, loop.val_batches)
+    return [collate_fn([val_dataset[i] for i in range(b * size, (b + 1) * size)]) for b in range(count)]
+
+
+def run_supervised_cli(
+    schema: type,
+    default_config: str | Path,
+    setup: Callable[[Any], SupervisedRun],
+    argv: list[str] | None = None,
+    description: str = "",
+) -> None:
+    """The examples' front door: parse ``[--config PATH] [overrides]``, validate (exit 2 with one line per problem),
+    print the config, build the run (resuming when a checkpoint exists), train, shut down."""
+    from nemo_rl_clone.algorithms.supervised_loop import supervised_train
+    from nemo_rl_clone.utils.config import load_config_from_cli, print_config
+
+    config = load_config_from_cli(schema, default_config, argv, description=description)
+    print_config(config_to_dict(config), title=f"{schema.__name__} (validated)")
+    run = setup(config)
+    try:
+        supervised_train(run)
+    finally:
+        run.shutdown()

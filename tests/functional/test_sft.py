@@ -1,0 +1,71 @@
+"""SFT end to end on CPU (real Ray, FSDP2, `datasets`): `configs/sft_smoke.yaml` through `examples/run_sft.py`.
+
+A tiny random model trains on 8 short conversations in the OpenAI-messages JSONL format, one global batch of all 8
+per step: the training loss must fall, and 2 steps + restart + 2 steps must equal 4 uninterrupted steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.functional.supervised_runs import assert_checkpoint, read_metrics, run_dirs, run_entry_point, write_jsonl
+
+CONVERSATIONS = [
+    ("What is 2 + 3?", "2 + 3 = 5."),
+    ("Name a primary colour.", "Red is a primary colour."),
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("How many legs does a spider have?", "A spider has eight legs."),
+    ("Spell the word cat backwards.", "Backwards, cat is tac."),
+    ("What is 10 minus 4?", "10 minus 4 is 6."),
+    ("Which planet is closest to the sun?", "Mercury is closest to the sun."),
+    ("What do bees make?", "Bees make honey."),
+]
+
+
+def fixed_set_overrides(tmp_path) -> list[str]:
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            for q, a in CONVERSATIONS]
+    path = write_jsonl(tmp_path / "chats.jsonl", rows)
+    return [
+        "data.dataset_name=openai_format", f"data.data_path={path}", f"data.val_data_path={path}",
+        "sft.max_num_epochs=100", "policy.train_global_batch_size=8", "policy.train_micro_batch_size=4",
+        "sft.val_period=5", "sft.val_global_batch_size=8", "sft.val_micro_batch_size=4",
+    ]
+
+
+@pytest.mark.slow
+def test_sft_learns_writes_metrics_and_resumes_exactly(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight.mkdir(), resumed.mkdir()
+    data = fixed_set_overrides(tmp_path)
+
+    run_entry_point("sft", straight, *data, "sft.max_num_steps=10", "sft.val_at_start=true",
+                    "checkpointing.enabled=false")
+    (straight_dir,) = run_dirs(straight)
+    expected = read_metrics(straight_dir)
+    for step in range(1, 11):
+        for key in ("train/loss", "train/grad_norm", "train/lr", "train/num_valid_samples",
+                    "timing/train/policy_training", "timing/train/total_step_time"):
+            assert key in expected[step], (step, key, sorted(expected[step]))
+        assert expected[step]["train/num_valid_samples"] == 8
+    losses = [expected[step]["train/loss"] for step in range(1, 11)]
+    # A random model starts near ln(vocab) = ln(49152) = 10.8 and memorises 8 short answers quickly.
+    assert losses[0] == pytest.approx(10.8, abs=0.3), losses
+    assert losses[-1] < losses[0] - 2.5, losses
+    val = {step: expected[step]["validation/val_loss"] for step in (0, 5, 10)}
+    assert val[10] < val[5] < val[0], val
+
+    run_entry_point("sft", resumed, *data, "sft.max_num_steps=2")
+    assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == ["step_1", "step_2"]
+    assert_checkpoint(resumed / "ckpt" / "step_2")
+    proc = run_entry_point("sft", resumed, *data, "sft.max_num_steps=4")
+    assert "Resuming from checkpoint" in proc.stdout and "step_2 (step 2)" in proc.stdout
+    first, second = (read_metrics(d) for d in run_dirs(resumed))
+    assert sorted(s for s in first if "train/loss" in first[s]) == [1, 2]
+    assert sorted(s for s in second if "train/loss" in second[s]) == [3, 4]  # the restart continued at step 3
+    got = {**first, **second}
+    for step in range(1, 5):
+        # Restored weights, optimizer, scheduler, loader position and RNG: the same losses to fp32 noise.
+        assert got[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], abs=1e-5), step
+        assert got[step]["train/grad_norm"] == pytest.approx(expected[step]["train/grad_norm"], rel=1e-4), step
+        assert got[step]["train/lr"] == pytest.approx(expected[step]["train/lr"], rel=1e-9), step
