@@ -59,7 +59,7 @@ class StepProgress:
 
 def phase(step: int, name: str) -> None:
     """Log that ``step`` entered phase ``name`` and show it on the active bar."""
-    console.log(f"step {step}: {name}")
+    console.log(f"step {step}: {name}", _stack_offset=2)  # name the caller, not this module
     if _active:
         _active[-1].set_phase(step, name)
 
