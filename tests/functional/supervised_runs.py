@@ -1,5 +1,5 @@
-"""Helpers of the SFT / DPO / RM functional tests: run an entry point as a real process, read its metrics, write
-small data files in the real formats."""
+"""Helpers of the functional tests: run an entry point as a real process, read its metrics, write small data files
+in the real formats."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_entry_point(
-    algorithm: str, workdir: Path, *overrides: str, timeout: int = 600
+    algorithm: str, workdir: Path, *overrides: str, timeout: int = 600, config: str | None = None
 ) -> subprocess.CompletedProcess:
-    """``examples/run_{algorithm}.py --config configs/{algorithm}_smoke.yaml`` with logs and checkpoints in
-    ``workdir``; asserts exit code 0."""
+    """``examples/run_{algorithm}.py --config configs/{config or algorithm_smoke.yaml}`` with logs and checkpoints
+    in ``workdir``; asserts exit code 0."""
     args = [sys.executable, str(REPO / "examples" / f"run_{algorithm}.py"),
-            "--config", str(REPO / "configs" / f"{algorithm}_smoke.yaml"),
+            "--config", str(REPO / "configs" / (config or f"{algorithm}_smoke.yaml")),
             f"logger.log_dir={workdir / 'logs'}", f"checkpointing.checkpoint_dir={workdir / 'ckpt'}", *overrides]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=workdir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

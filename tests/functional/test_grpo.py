@@ -16,25 +16,13 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.functional.supervised_runs import REPO, read_metrics, run_entry_point
+
 SCRIPT = REPO / "examples" / "run_grpo_math.py"
 
 
 def run_grpo(tmp_path: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    args = [sys.executable, str(SCRIPT), "--config", str(REPO / "configs" / "grpo_smoke.yaml"),
-            f"logger.log_dir={tmp_path / 'logs'}", f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}", *overrides]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return proc
-
-
-def read_metrics(log_dir: Path) -> dict[int, dict[str, float]]:
-    """``metrics.jsonl`` of a run directory, merged per step."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in (log_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        steps.setdefault(row.pop("step"), {}).update(row)
-    return steps
+    return run_entry_point("grpo_math", tmp_path, *overrides, timeout=timeout, config="grpo_smoke.yaml")
 
 
 def check_smoke_metrics(metrics: dict[int, dict[str, float]], steps: int) -> None:
