@@ -6,8 +6,6 @@ arithmetic in `algorithms.utils`, batch plumbing in `grpo_batches`.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from nemo_rl_clone.algorithms.grpo_batches import (
@@ -20,6 +18,7 @@ from nemo_rl_clone.algorithms.grpo_batches import (
 )
 from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, save_checkpoint
 from nemo_rl_clone.algorithms.refit import refit_policy_generation
+from nemo_rl_clone.algorithms.run_state import run_validation
 from nemo_rl_clone.algorithms.utils import compute_advantages, groups_with_signal
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
@@ -163,13 +162,7 @@ def validate(c: GRPOComponents) -> dict[str, float]:
 
 def log_validation(c: GRPOComponents, step: int) -> None:
     phase(step, "validation")
-    start = time.perf_counter()
-    metrics = validate(c)
-    if metrics:
-        c.state.val_metrics = metrics
-        c.logger.log_metrics(metrics, step, prefix="validation")
-        c.logger.log_metrics({"total_validation_time": time.perf_counter() - start}, step, prefix="timing/validation")
-        console.print(f"[bold]step {step}: validation accuracy {metrics['accuracy']:.3f}, avg length {metrics['avg_length']:.1f}")
+    run_validation(lambda: validate(c), c.state, c.logger, step, shown=("accuracy", "avg_length"))
 
 
 def _refit(c: GRPOComponents, timer: Timer) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from nemo_rl_clone.utils.progress import console
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nemo_rl_clone.data.dataloader import StatefulPromptLoader
     from nemo_rl_clone.models.policy.lm_policy import Policy
     from nemo_rl_clone.utils.checkpoint import CheckpointManager
+    from nemo_rl_clone.utils.logger import Logger
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,26 @@ class RunState:
             val_metrics=dict(info.get("val", {})),
             train_metrics=dict(info.get("train", {})),
         )
+
+
+def run_validation(
+    validate: Callable[[], dict[str, float]], state: RunState, logger: Logger, step: int, shown: tuple[str, ...]
+) -> dict[str, float]:
+    """Run ``validate``; log its metrics (``validation/*``) and time, keep them as ``state.val_metrics`` (what
+    checkpoints are ranked by) and print the ``shown`` ones. An empty result (no validation data) logs nothing."""
+    start = time.perf_counter()
+    metrics = validate()
+    if metrics:
+        state.val_metrics = metrics
+        logger.log_metrics(metrics, step, prefix="validation")
+        logger.log_metrics({"total_validation_time": time.perf_counter() - start}, step, prefix="timing/validation")
+        console.print(f"[bold]step {step}: validation " + format_metrics(metrics, shown))
+    return metrics
+
+
+def format_metrics(metrics: Mapping[str, float], shown: tuple[str, ...]) -> str:
+    """``"loss 0.6931, accuracy 0.5000"``: the ``shown`` keys that ``metrics`` has, in that order."""
+    return ", ".join(f"{key} {metrics[key]:.4f}" for key in shown if key in metrics)
 
 
 def set_seeds(seed: int) -> None:

@@ -7,22 +7,21 @@ batch rows one example fills, a `prepare_batch` hook (DPO adds the reference pol
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
-
-from nemo_rl_clone.algorithms.run_state import save_run_checkpoint
+from nemo_rl_clone.algorithms.run_state import format_metrics, run_validation, save_run_checkpoint
 from nemo_rl_clone.algorithms.supervised_config import SupervisedAlgorithm
 from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun
 from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
 from nemo_rl_clone.utils.config_validation import config_to_dict
+from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
 
-console = Console()
+# Printed after each step and validation.
+SHOWN_METRICS = ("loss", "val_loss", "accuracy", "reward_margin", "grad_norm")
 
 
 def completed_epochs(loader: StatefulPromptLoader) -> int:
@@ -75,23 +74,22 @@ def validate(run: SupervisedRun) -> dict[str, float]:
 
 
 def log_validation(run: SupervisedRun, step: int) -> dict[str, float]:
-    start = time.perf_counter()
-    metrics = validate(run)
-    if metrics:
-        run.state.val_metrics = metrics
-        run.logger.log_metrics(metrics, step, prefix="validation")
-        run.logger.log_metrics({"total_validation_time": time.perf_counter() - start}, step, prefix="timing/validation")
-        console.print(f"[bold]step {step}: validation " + _summary(metrics))
-    return metrics
+    phase(step, "validation")
+    return run_validation(lambda: validate(run), run.state, run.logger, step, SHOWN_METRICS)
 
 
 def supervised_train(run: SupervisedRun) -> None:
     """Train until ``max_num_steps``, ``max_num_epochs`` or ``checkpointing.checkpoint_must_save_by``."""
+    total_steps = min(run.loop.max_num_steps, run.loop.max_num_epochs * run.dataloader.batches_per_epoch)
+    with StepProgress(run.algorithm.section.upper(), total_steps, start_step=run.state.step):
+        _run_steps(run, total_steps)
+
+
+def _run_steps(run: SupervisedRun, total_steps: int) -> None:
     loop, state, algorithm, policy = run.loop, run.state, run.algorithm, run.policy
     checkpointing = run.config.checkpointing
     rows = algorithm.rows_per_example
     train_gbs, train_mbs = run.config.policy.train_global_batch_size, run.config.policy.train_micro_batch_size
-    total_steps = min(loop.max_num_steps, loop.max_num_epochs * run.dataloader.batches_per_epoch)
     timer, deadline = Timer(), SaveDeadline(checkpointing)
     policy.prepare_for_training()  # nothing else shares the devices: the weights stay put from here on
     if loop.val_at_start and state.step == 0:
@@ -102,6 +100,7 @@ def supervised_train(run: SupervisedRun) -> None:
         step = state.step + 1
         state.val_metrics = {}  # a checkpoint carries the validation metrics of its own step only (keep_top_k)
         with timer.time("total_step_time"):
+            phase(step, "training")
             with timer.time("data_processing"):
                 batch = algorithm.prepare_batch(next(batches), policy, rows * train_mbs)
             with timer.time("policy_training"):
@@ -120,6 +119,7 @@ def supervised_train(run: SupervisedRun) -> None:
             is_last = (step >= loop.max_num_steps or completed_epochs(run.dataloader) >= loop.max_num_epochs
                        or stop_for_deadline)
             if should_save(step, checkpointing, is_last):
+                phase(step, "checkpoint")
                 with timer.time("checkpointing"):
                     path = save_run_checkpoint(
                         run.checkpointer, policy, run.dataloader, state, config_to_dict(run.config),
@@ -129,13 +129,9 @@ def supervised_train(run: SupervisedRun) -> None:
 
         run.logger.log_metrics(metrics, step, prefix="train")
         run.logger.log_metrics(timer.get_timing_metrics("sum"), step, prefix="timing/train")
-        console.print(f"step {step}/{total_steps}: " + _summary(metrics))
+        console.print(f"step {step}/{total_steps}: " + format_metrics(metrics, SHOWN_METRICS))
+        advance(step)
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
             break
     console.print(f"Done after step {state.step}. Logs: {run.log_dir}  Checkpoints: {checkpointing.checkpoint_dir}")
-
-
-def _summary(metrics: Mapping[str, float]) -> str:
-    shown = [k for k in ("loss", "val_loss", "accuracy", "reward_margin", "grad_norm") if k in metrics]
-    return ", ".join(f"{k} {metrics[k]:.4f}" for k in shown)

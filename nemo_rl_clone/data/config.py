@@ -54,12 +54,9 @@ class DataConfig:
 
 
 @dataclass
-class SFTDataConfig:
-    """``data`` for SFT: chat rows ``{"messages": [...]}`` (see ``data/datasets/sft.py``).
-
-    ``prompt_file`` (a ``{}`` template for the first user message) and ``system_prompt_file`` apply to rows that
-    have no system message of their own.
-    """
+class SupervisedDataConfig:
+    """The ``data`` keys SFT, DPO and reward models share; ``prompt_file`` (a ``{}`` template for the first user
+    message) and ``system_prompt_file`` apply to rows that have no system message of their own."""
 
     dataset_name: str = "champ"
     data_path: Optional[str] = None
@@ -69,17 +66,48 @@ class SFTDataConfig:
     num_workers: int = 1
     # Fraction of the training rows (champ: of the problems) held out for validation; null = the dataset's default.
     split_validation_size: Optional[float] = None
+    prompt_file: Optional[str] = None
+    system_prompt_file: Optional[str] = None
+
+    def dataset_names(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = check_at_least(self, 1, "max_input_seq_length") + check_at_least(self, 0, "num_workers")
+        names = self.dataset_names()
+        if self.dataset_name not in names:
+            problems.append(("dataset_name", unknown_dataset_message(self.dataset_name, names)))
+        if self.split_validation_size is not None and not 0.0 <= self.split_validation_size < 1.0:
+            problems.append(("split_validation_size", f"must be in [0, 1), got {self.split_validation_size}"))
+        if self.val_data_path is not None and self.split_validation_size:
+            problems.append(
+                ("split_validation_size", "give either val_data_path or split_validation_size > 0, not both")
+            )
+        if self.dataset_name == "champ":
+            for key in ("data_path", "val_data_path"):
+                if getattr(self, key) is not None:
+                    problems.append(
+                        (key, "not used by 'champ' (built offline from the champ_dataset package); set null")
+                    )
+        return problems
+
+
+@dataclass
+class SFTDataConfig(SupervisedDataConfig):
+    """``data`` for SFT: chat rows ``{"messages": [...]}`` (see ``data/datasets/sft.py``)."""
+
     # Hub split (OpenMathInstruct-2 only: train, train_1M, train_2M, train_5M).
     split: Optional[str] = None
     # Key of the message list in each row (openai_format only).
     chat_key: str = "messages"
-    prompt_file: Optional[str] = None
-    system_prompt_file: Optional[str] = None
 
-    def check(self) -> list[tuple[str, str]]:
+    def dataset_names(self) -> tuple[str, ...]:
         from nemo_rl_clone.data.datasets.sft import SFT_DATASET_NAMES  # lazy: keeps importing configs cheap
 
-        problems = _check_supervised_data(self, SFT_DATASET_NAMES)
+        return SFT_DATASET_NAMES
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = super().check()
         if self.split is not None and self.dataset_name != "OpenMathInstruct-2":
             problems.append(("split", f"only used by 'OpenMathInstruct-2', not {self.dataset_name!r}; set it to null"))
         if not self.chat_key:
@@ -90,42 +118,16 @@ class SFTDataConfig:
 
 
 @dataclass
-class PreferenceDataConfig:
-    """``data`` for DPO / reward models: rows ``{"context", "chosen", "rejected"}`` (``data/datasets/preference.py``).
+class PreferenceDataConfig(SupervisedDataConfig):
+    """``data`` for DPO / reward models: rows ``{"context", "chosen", "rejected"}`` (``data/datasets/preference.py``)."""
 
-    ``prompt_file`` / ``system_prompt_file`` apply to the context as in :class:`SFTDataConfig`.
-    """
-
-    dataset_name: str = "champ"
-    data_path: Optional[str] = None
-    val_data_path: Optional[str] = None
-    max_input_seq_length: int = 1024
-    shuffle: bool = True
-    num_workers: int = 1
-    split_validation_size: Optional[float] = None
-    prompt_file: Optional[str] = None
-    system_prompt_file: Optional[str] = None
-
-    def check(self) -> list[tuple[str, str]]:
+    def dataset_names(self) -> tuple[str, ...]:
         from nemo_rl_clone.data.datasets.preference import PREFERENCE_DATASET_NAMES  # lazy, as above
 
-        problems = _check_supervised_data(self, PREFERENCE_DATASET_NAMES)
+        return PREFERENCE_DATASET_NAMES
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = super().check()
         if self.dataset_name == "binary_preference" and self.data_path is None:
             problems.append(("data_path", "required for 'binary_preference' (a local JSONL file)"))
         return problems
-
-
-def _check_supervised_data(cfg: SFTDataConfig | PreferenceDataConfig, names: tuple[str, ...]) -> list[tuple[str, str]]:
-    """Checks shared by the SFT and preference ``data`` sections."""
-    problems = check_at_least(cfg, 1, "max_input_seq_length") + check_at_least(cfg, 0, "num_workers")
-    if cfg.dataset_name not in names:
-        problems.append(("dataset_name", unknown_dataset_message(cfg.dataset_name, names)))
-    if cfg.split_validation_size is not None and not 0.0 <= cfg.split_validation_size < 1.0:
-        problems.append(("split_validation_size", f"must be in [0, 1), got {cfg.split_validation_size}"))
-    if cfg.val_data_path is not None and cfg.split_validation_size:
-        problems.append(("split_validation_size", "give either val_data_path or split_validation_size > 0, not both"))
-    if cfg.dataset_name == "champ":
-        for key in ("data_path", "val_data_path"):
-            if getattr(cfg, key) is not None:
-                problems.append((key, "not used by 'champ' (built offline from the champ_dataset package); set null"))
-    return problems

@@ -103,8 +103,10 @@ def _keep_prefix(message_log: LLMMessageLogType, max_seq_length: int, tokenizer:
         budget -= len(message["token_ids"])
 
 
-class SFTDataset(torch.utils.data.Dataset):
-    """SFT rows ``{"messages": [...]}`` processed lazily into datums (:func:`build_sft_datum`)."""
+class _RowDataset(torch.utils.data.Dataset):
+    """Rows checked for ``required_fields`` and turned into datums lazily, on first access."""
+
+    required_fields: tuple[str, ...] = ()
 
     def __init__(self, rows: Rows, tokenizer: PreTrainedTokenizerBase, max_seq_length: int):
         self.rows = rows
@@ -116,27 +118,30 @@ class SFTDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
         row = self.rows[idx]
-        if not row.get("messages"):
-            raise ValueError(f"row {idx}: field 'messages' is missing or empty (row keys: {sorted(row)})")
+        for key in self.required_fields:
+            if not row.get(key):
+                raise ValueError(f"row {idx}: field {key!r} is missing or empty (row keys: {sorted(row)})")
+        return self.build_datum(row, idx)
+
+    def build_datum(self, row: Mapping[str, Any], idx: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class SFTDataset(_RowDataset):
+    """SFT rows ``{"messages": [...]}`` → datums (:func:`build_sft_datum`)."""
+
+    required_fields = ("messages",)
+
+    def build_datum(self, row: Mapping[str, Any], idx: int) -> dict[str, Any]:
         return build_sft_datum(row["messages"], self.tokenizer, self.max_seq_length, idx)
 
 
-class PreferenceDataset(torch.utils.data.Dataset):
-    """Preference rows ``{"context", "chosen", "rejected"}`` processed lazily (:func:`build_preference_datum`)."""
+class PreferenceDataset(_RowDataset):
+    """Preference rows ``{"context", "chosen", "rejected"}`` → datums (:func:`build_preference_datum`)."""
 
-    def __init__(self, rows: Rows, tokenizer: PreTrainedTokenizerBase, max_seq_length: int):
-        self.rows = rows
-        self.tokenizer = tokenizer
-        self.max_seq_length = max_seq_length
+    required_fields = ("chosen", "rejected")
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, idx: int) -> dict[str, Any]:
-        row = self.rows[idx]
-        for key in ("chosen", "rejected"):
-            if not row.get(key):
-                raise ValueError(f"row {idx}: field {key!r} is missing or empty (row keys: {sorted(row)})")
+    def build_datum(self, row: Mapping[str, Any], idx: int) -> dict[str, Any]:
         return build_preference_datum(
             row.get("context") or [], row["chosen"], row["rejected"], self.tokenizer, self.max_seq_length, idx
         )

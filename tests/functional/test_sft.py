@@ -60,6 +60,9 @@ def test_sft_learns_writes_metrics_and_resumes_exactly(tmp_path):
     assert_checkpoint(resumed / "ckpt" / "step_2")
     proc = run_entry_point("sft", resumed, *data, "sft.max_num_steps=4")
     assert "Resuming from checkpoint" in proc.stdout and "step_2 (step 2)" in proc.stdout
+    # The progress bar's phase lines, and the bar itself (printed once at the end when not on a terminal).
+    assert "step 3: training" in proc.stdout and "step 4: checkpoint" in proc.stdout
+    assert "SFT step 4: done" in proc.stdout and "4/4" in proc.stdout
     first, second = (read_metrics(d) for d in run_dirs(resumed))
     assert sorted(s for s in first if "train/loss" in first[s]) == [1, 2]
     assert sorted(s for s in second if "train/loss" in second[s]) == [3, 4]  # the restart continued at step 3
