@@ -65,14 +65,12 @@ class SFTAlgorithm(SupervisedAlgorithm):
 
 def setup(config: SFTMasterConfig) -> SupervisedRun:
     """Tokenizer, datasets, logger, policy; resumes from ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
-    from nemo_rl_clone.data.supervised import SFTDataset, load_sft_dataset, sft_collate_fn
+    from nemo_rl_clone.data.supervised import SFTDataset, build_datasets, load_sft_dataset, sft_collate_fn
     from nemo_rl_clone.models.huggingface import load_tokenizer
 
     tokenizer = load_tokenizer(config.policy.tokenizer.name or config.policy.model_name)
     loaded = load_sft_dataset(config.data, seed=config.sft.seed)
-    max_len = config.data.max_input_seq_length
-    train = SFTDataset(loaded.train, tokenizer, max_len)
-    val = SFTDataset(loaded.validation, tokenizer, max_len) if loaded.validation is not None else None
+    train, val = build_datasets(SFTDataset, loaded, tokenizer, config.data)
     collate = partial(
         sft_collate_fn, pad_token_id=tokenizer.pad_token_id,
         make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,

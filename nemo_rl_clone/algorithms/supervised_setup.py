@@ -100,14 +100,17 @@ def build_supervised_run(
 
 def build_preference_run(config: Any, algorithm: PreferenceAlgorithm) -> SupervisedRun:
     """`build_supervised_run` on the preference dataset ``config.data`` names (DPO and RM share this)."""
-    from nemo_rl_clone.data.supervised import PreferenceDataset, load_preference_dataset, preference_collate_fn
+    from nemo_rl_clone.data.supervised import (
+        PreferenceDataset,
+        build_datasets,
+        load_preference_dataset,
+        preference_collate_fn,
+    )
     from nemo_rl_clone.models.huggingface import load_tokenizer
 
     tokenizer = load_tokenizer(config.policy.tokenizer.name or config.policy.model_name)
     loaded = load_preference_dataset(config.data, seed=getattr(config, algorithm.section).seed)
-    max_len = config.data.max_input_seq_length
-    train = PreferenceDataset(loaded.train, tokenizer, max_len)
-    val = PreferenceDataset(loaded.validation, tokenizer, max_len) if loaded.validation is not None else None
+    train, val = build_datasets(PreferenceDataset, loaded, tokenizer, config.data)
     collate = partial(
         preference_collate_fn, pad_token_id=tokenizer.pad_token_id,
         make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,

@@ -68,6 +68,9 @@ class SupervisedDataConfig:
     split_validation_size: Optional[float] = None
     prompt_file: Optional[str] = None
     system_prompt_file: Optional[str] = None
+    # Rows longer than max_input_seq_length are kept truncated with loss_multiplier 0 (NeMo-RL), so they take a
+    # batch slot and train nothing; true drops them when the run starts instead (a log line counts them).
+    drop_overlong: bool = False
 
     def dataset_names(self) -> tuple[str, ...]:
         raise NotImplementedError

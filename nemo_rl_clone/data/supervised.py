@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import datasets
 import torch
 import torch.utils.data
 from transformers import PreTrainedTokenizerBase
 
-from nemo_rl_clone.data.datasets.common import Rows
+from nemo_rl_clone.data.config import SupervisedDataConfig
+from nemo_rl_clone.data.datasets.common import LoadedDataset, Rows
 from nemo_rl_clone.data.datasets.preference import PREFERENCE_DATASET_NAMES, load_preference_dataset
 from nemo_rl_clone.data.datasets.sft import SFT_DATASET_NAMES, load_sft_dataset
 from nemo_rl_clone.data.interfaces import LLMMessageLogType
@@ -30,6 +32,7 @@ __all__ = [
     "SFT_DATASET_NAMES",
     "PreferenceDataset",
     "SFTDataset",
+    "build_datasets",
     "build_preference_datum",
     "build_sft_datum",
     "load_preference_dataset",
@@ -145,6 +148,32 @@ class PreferenceDataset(_RowDataset):
         return build_preference_datum(
             row.get("context") or [], row["chosen"], row["rejected"], self.tokenizer, self.max_seq_length, idx
         )
+
+
+def build_datasets(
+    dataset_cls: type[_RowDataset], loaded: LoadedDataset, tokenizer: PreTrainedTokenizerBase, cfg: SupervisedDataConfig
+) -> tuple[_RowDataset, _RowDataset | None]:
+    """(train, validation or None) of ``loaded`` as ``dataset_cls`` (:class:`SFTDataset`, :class:`PreferenceDataset`),
+    without the rows longer than ``cfg.max_input_seq_length`` when ``cfg.drop_overlong``."""
+    splits = []
+    for split, rows in (("training", loaded.train), ("validation", loaded.validation)):
+        dataset = None if rows is None else dataset_cls(rows, tokenizer, cfg.max_input_seq_length)
+        if dataset is not None and cfg.drop_overlong:
+            dataset = _without_overlong(dataset, split)
+        splits.append(dataset)
+    if splits[0] is None:
+        raise ValueError(f"data.dataset_name={cfg.dataset_name!r} has no training rows")
+    return splits[0], splits[1]
+
+
+def _without_overlong(dataset: _RowDataset, split: str) -> _RowDataset:
+    keep = [i for i in range(len(dataset)) if dataset[i]["loss_multiplier"] > 0]  # tokenizes every row once
+    limit = f"data.max_input_seq_length={dataset.max_seq_length}"
+    if not keep:
+        raise ValueError(f"data.drop_overlong: all {len(dataset)} {split} rows are longer than {limit}; raise it")
+    rows = dataset.rows.select(keep) if isinstance(dataset.rows, datasets.Dataset) else [dataset.rows[i] for i in keep]
+    print(f"data.drop_overlong: dropped {len(dataset) - len(keep)} of {len(dataset)} {split} rows longer than {limit}")
+    return type(dataset)(rows, dataset.tokenizer, dataset.max_seq_length)
 
 
 def sft_collate_fn(

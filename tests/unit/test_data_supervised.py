@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
+import datasets
 import pytest
 import torch
 
 from nemo_rl_clone.data.config import PreferenceDataConfig, SFTDataConfig
+from nemo_rl_clone.data.datasets.common import LoadedDataset
 from nemo_rl_clone.data.supervised import (
     PreferenceDataset,
     SFTDataset,
+    build_datasets,
     build_preference_datum,
     build_sft_datum,
     load_preference_dataset,
@@ -330,3 +334,30 @@ def test_helpsteer3_preference_direction_and_ties_skipped(tmp_path, capsys):
     bad_path = _write_jsonl(tmp_path / "bad.jsonl", bad)
     with pytest.raises(ValueError, match=r"row 4: field 'overall_preference' must be an integer in \[-3, 3\], got 5"):
         load_preference_dataset(PreferenceDataConfig(dataset_name="HelpSteer3", data_path=bad_path), seed=0)
+
+
+def test_drop_overlong_removes_exactly_the_rows_that_would_train_on_nothing(tokenizer, capsys):
+    def answer(text):
+        return [{"role": "assistant", "content": text}]
+
+    short = {"context": [{"role": "user", "content": "2 + 3?"}], "chosen": answer("5"), "rejected": answer("6")}
+    long = {**short, "chosen": answer("five " * 200)}
+    rows = [short, long, short, long, long]
+    loaded = LoadedDataset("binary_preference", train=rows, validation=datasets.Dataset.from_list([short, long]))
+    # A pair is kept when both rows fit: the short pair is ~20 tokens here, the long one several hundred.
+    cfg = PreferenceDataConfig(dataset_name="binary_preference", max_input_seq_length=64)
+
+    kept_train, kept_val = build_datasets(PreferenceDataset, loaded, tokenizer, replace(cfg, drop_overlong=True))
+    assert kept_train.rows == [short, short]
+    assert len(kept_val) == 1 and kept_val[0]["loss_multiplier"] == 1.0
+    out = capsys.readouterr().out
+    assert "dropped 3 of 5 training rows longer than data.max_input_seq_length=64" in out
+    assert "dropped 1 of 2 validation rows" in out
+
+    train, val = build_datasets(PreferenceDataset, loaded, tokenizer, cfg)  # default: kept, masked (NeMo-RL)
+    assert [train[i]["loss_multiplier"] for i in range(5)] == [1.0, 0.0, 1.0, 0.0, 0.0] and len(val) == 2
+
+    only_long = LoadedDataset("binary_preference", train=[long], validation=None)
+    with pytest.raises(ValueError, match=r"^data.drop_overlong: all 1 training rows are longer than "
+                                         r"data.max_input_seq_length=64; raise it$"):
+        build_datasets(PreferenceDataset, only_long, tokenizer, replace(cfg, drop_overlong=True))
