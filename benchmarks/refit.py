@@ -31,7 +31,7 @@ def make_policy(cluster: RayVirtualCluster, model_path: str, tokenizer) -> Polic
     config = PolicyConfig(
         model_name=model_path, precision="float32", train_global_batch_size=4, train_micro_batch_size=4
     )
-    kwargs = dict(name_prefix="bench-policy", init_optimizer=False, init_reference_model=False)
+    kwargs = {"name_prefix": "bench-policy", "init_optimizer": False, "init_reference_model": False}
     if hasattr(Policy, "broadcast_weights_for_collective") and hasattr(Policy, "get_packed_state_dict_ref_for_refit"):
         return Policy(cluster, config, tokenizer, **kwargs)
     # TEMPORARY until the policy gains the collective-refit wrappers (see tests/functional/refit_policy_shim.py).

@@ -29,9 +29,9 @@ def main(argv: list[str] | None = None) -> None:
     print_config(config_to_dict(config), title="Evaluation config (validated)")
 
     # Heavy imports only after the config is known to be valid: a typo fails in a second, not after torch loads.
+    from nemo_rl_clone.data.datasets.common import DatasetLoadError
     from nemo_rl_clone.evals.checkpoint import EvalModelError
     from nemo_rl_clone.evals.eval import run_evaluation
-    from nemo_rl_clone.data.datasets.common import DatasetLoadError
 
     try:
         run_evaluation(config)

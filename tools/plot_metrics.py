@@ -1,6 +1,6 @@
 """Plot a run's learning curve from its ``metrics.jsonl``: validation accuracy and training reward per step.
 
-    uv run tools/plot_metrics.py logs/grpo_smollm2_cpu/exp_1/metrics.jsonl docs/grpo_smollm2_cpu.png
+uv run tools/plot_metrics.py logs/grpo_smollm2_cpu/exp_1/metrics.jsonl docs/grpo_smollm2_cpu.png
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def read_series(path: Path, key: str) -> tuple[list[int], list[float]]:

@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from transformers import AutoConfig
 
@@ -28,8 +28,8 @@ def convert_dcp_to_hf(
     config_path: Path,
     dcp_ckpt_path: Path,
     hf_ckpt_path: Path,
-    tokenizer_path: Optional[Path] = None,
-    dtype: Optional[str] = None,
+    tokenizer_path: Path | None = None,
+    dtype: str | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Write ``hf_ckpt_path`` from the DCP weights at ``dcp_ckpt_path``; see the module docstring."""
@@ -46,7 +46,9 @@ def convert_dcp_to_hf(
     tokenizer = load_tokenizer(str(tokenizer_path))
 
     state_dict = load_dcp_model_state_dict(dcp_ckpt_path)
-    return save_consolidated_hf(state_dict, model_config, hf_ckpt_path, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite)
+    return save_consolidated_hf(
+        state_dict, model_config, hf_ckpt_path, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite
+    )
 
 
 def _policy_section(config_path: Path) -> dict[str, Any]:
@@ -57,7 +59,7 @@ def _policy_section(config_path: Path) -> dict[str, Any]:
     return policy
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True, help="the run's config.yaml (e.g. step_N/config.yaml)")
     parser.add_argument("--dcp-ckpt-path", type=Path, required=True, help="DCP weights folder (step_N/policy/weights)")
@@ -68,7 +70,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        out = convert_dcp_to_hf(args.config, args.dcp_ckpt_path, args.hf_ckpt_path, args.tokenizer_path, args.dtype, args.overwrite)
+        out = convert_dcp_to_hf(
+            args.config, args.dcp_ckpt_path, args.hf_ckpt_path, args.tokenizer_path, args.dtype, args.overwrite
+        )
     except ConfigError as err:
         print("\n".join(f"error: {p}" for p in err.problems), file=sys.stderr)
         raise SystemExit(2) from None

@@ -74,8 +74,16 @@ class DPOMasterConfig:
         return check_supervised_config(self, DPOAlgorithm)
 
 
-_PREFERENCE_METRICS = ("loss", "sft_loss", "preference_loss", "accuracy", "rewards_chosen_mean",
-                       "rewards_rejected_mean", "reward_margin", "num_valid_samples")
+_PREFERENCE_METRICS = (
+    "loss",
+    "sft_loss",
+    "preference_loss",
+    "accuracy",
+    "rewards_chosen_mean",
+    "rewards_rejected_mean",
+    "reward_margin",
+    "num_valid_samples",
+)
 
 
 class DPOAlgorithm(PreferenceAlgorithm):

@@ -60,8 +60,12 @@ def _run_steps(c: GRPOComponents) -> None:
                 with timer.time("generation"):
                     c.generation.prepare_for_generation()
                     batch, rollout_metrics = run_multi_turn_rollout(
-                        c.generation, prompts, c.tokenizer, c.task_to_env,
-                        max_seq_len=cfg.policy.max_total_sequence_length, max_rollout_turns=cfg.grpo.max_rollout_turns,
+                        c.generation,
+                        prompts,
+                        c.tokenizer,
+                        c.task_to_env,
+                        max_seq_len=cfg.policy.max_total_sequence_length,
+                        max_rollout_turns=cfg.grpo.max_rollout_turns,
                     )
                     c.generation.finish_generation()
                 # 4. reward shaping and scaling
@@ -150,8 +154,12 @@ def validate(c: GRPOComponents) -> dict[str, float]:
         prompts["seeds"] = [cfg.grpo.seed * 100_003 + start + i for i in range(prompts.size)]
         c.generation.prepare_for_generation()
         batch, metrics = run_multi_turn_rollout(
-            c.generation, prompts, c.tokenizer, c.task_to_env,
-            max_seq_len=cfg.policy.max_total_sequence_length, max_rollout_turns=cfg.grpo.max_rollout_turns,
+            c.generation,
+            prompts,
+            c.tokenizer,
+            c.task_to_env,
+            max_seq_len=cfg.policy.max_total_sequence_length,
+            max_rollout_turns=cfg.grpo.max_rollout_turns,
         )
         c.generation.finish_generation()
         rewards.append(batch["total_reward"])

@@ -13,7 +13,12 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
 # Loss metrics are each microbatch's share of the global mean (SPEC §5), so they add up over microbatches.
 _SUMMED_LOSS_METRICS = (
-    "loss", "probs_ratio", "probs_ratio_clamped", "kl_penalty", "token_mult_prob_error", "gen_kl_error",
+    "loss",
+    "probs_ratio",
+    "probs_ratio_clamped",
+    "kl_penalty",
+    "token_mult_prob_error",
+    "gen_kl_error",
     "approx_entropy",
 )
 
@@ -96,8 +101,11 @@ def aggregate_train_metrics(
         total_num_tokens=float(train_data["input_lengths"].sum()),
         generated_tokens=float(mask.sum()),
         num_valid_samples=float(train_data["sample_mask"].sum()),
-        **{"advantages/mean": advantages.mean().item(), "advantages/max": advantages.max().item(),
-           "advantages/min": advantages.min().item()},
+        **{
+            "advantages/mean": advantages.mean().item(),
+            "advantages/max": advantages.max().item(),
+            "advantages/min": advantages.min().item(),
+        },
         **{f"rollout/{k}": v for k, v in rollout_metrics.items()},
     )
     return metrics
@@ -109,8 +117,15 @@ def sample_rows(batch: BatchedDataDict, rewards: torch.Tensor, advantages: torch
     for i, log in enumerate(batch["message_log"]):
         prompt = "".join(m["content"] for m in log if m["role"] != "assistant")
         response = "".join(m["content"] for m in log if m["role"] == "assistant")
-        rows.append({"prompt": prompt, "response": response, "reward": float(rewards[i]),
-                     "advantage": float(advantages[i]), "idx": batch["idx"][i]})
+        rows.append(
+            {
+                "prompt": prompt,
+                "response": response,
+                "reward": float(rewards[i]),
+                "advantage": float(advantages[i]),
+                "idx": batch["idx"][i],
+            }
+        )
     return rows
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossConfig
 from nemo_rl_clone.data.config import DataConfig
@@ -22,7 +21,7 @@ class RewardShapingConfig:
     enabled: bool = False
     overlong_buffer_length: int = 128
     overlong_buffer_penalty: float = 1.0
-    max_response_length: Optional[int] = None
+    max_response_length: int | None = None
 
     def check(self) -> list[tuple[str, str]]:
         if self.enabled and self.max_response_length is None:
@@ -77,8 +76,16 @@ class GRPOConfig:
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(
-            self, 1, "num_prompts_per_step", "num_generations_per_prompt", "max_rollout_turns", "max_num_epochs",
-            "max_num_steps", "max_val_samples", "val_batch_size", "batch_multiplier",
+            self,
+            1,
+            "num_prompts_per_step",
+            "num_generations_per_prompt",
+            "max_rollout_turns",
+            "max_num_epochs",
+            "max_num_steps",
+            "max_val_samples",
+            "val_batch_size",
+            "batch_multiplier",
         )
         if self.use_leave_one_out_baseline and self.num_generations_per_prompt == 1:
             problems.append(("use_leave_one_out_baseline", "needs num_generations_per_prompt >= 2"))
@@ -105,25 +112,42 @@ class GRPOMasterConfig:
         rollout_batch = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
         gbs = self.policy.train_global_batch_size
         if gbs >= 1 and rollout_batch % gbs:
-            problems.append((
-                "policy.train_global_batch_size",
-                f"must divide grpo.num_prompts_per_step * grpo.num_generations_per_prompt = {rollout_batch} (got {gbs})",
-            ))
+            problems.append(
+                (
+                    "policy.train_global_batch_size",
+                    f"must divide grpo.num_prompts_per_step * grpo.num_generations_per_prompt = {rollout_batch} (got {gbs})",
+                )
+            )
         if self.loss_fn.force_on_policy_ratio and gbs != rollout_batch:
-            problems.append((
-                "loss_fn.force_on_policy_ratio",
-                f"needs one optimizer step per rollout batch: policy.train_global_batch_size ({gbs}) must equal "
-                f"grpo.num_prompts_per_step * grpo.num_generations_per_prompt ({rollout_batch})",
-            ))
+            problems.append(
+                (
+                    "loss_fn.force_on_policy_ratio",
+                    f"needs one optimizer step per rollout batch: policy.train_global_batch_size ({gbs}) must equal "
+                    f"grpo.num_prompts_per_step * grpo.num_generations_per_prompt ({rollout_batch})",
+                )
+            )
         if self.policy.generation is None:
             problems.append(("policy.generation", "GRPO needs a generation section"))
         if self.data.max_input_seq_length > self.policy.max_total_sequence_length:
-            problems.append((
-                "data.max_input_seq_length",
-                f"exceeds policy.max_total_sequence_length ({self.data.max_input_seq_length} > {self.policy.max_total_sequence_length})",
-            ))
+            problems.append(
+                (
+                    "data.max_input_seq_length",
+                    f"exceeds policy.max_total_sequence_length ({self.data.max_input_seq_length} > {self.policy.max_total_sequence_length})",
+                )
+            )
         if self.grpo.async_grpo.enabled and not self.loss_fn.use_importance_sampling_correction:
-            problems.append(("grpo.async_grpo.enabled", "async GRPO needs loss_fn.use_importance_sampling_correction=true"))
-        if self.grpo.async_grpo.enabled and self.policy.generation is not None and self.policy.generation.colocated.enabled:
-            problems.append(("grpo.async_grpo.enabled", "async GRPO needs non-colocated generation (policy.generation.colocated.enabled=false)"))
+            problems.append(
+                ("grpo.async_grpo.enabled", "async GRPO needs loss_fn.use_importance_sampling_correction=true")
+            )
+        if (
+            self.grpo.async_grpo.enabled
+            and self.policy.generation is not None
+            and self.policy.generation.colocated.enabled
+        ):
+            problems.append(
+                (
+                    "grpo.async_grpo.enabled",
+                    "async GRPO needs non-colocated generation (policy.generation.colocated.enabled=false)",
+                )
+            )
         return problems

@@ -25,8 +25,8 @@ from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
 from nemo_rl_clone.models.huggingface import load_tokenizer
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
-from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.config import save_config
+from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
 
 # GRPO's checkpointed state is the run state every algorithm shares.
@@ -81,14 +81,26 @@ def setup(config: GRPOMasterConfig) -> GRPOComponents:
 
     policy, generation, clusters, colocated = _setup_workers(config, tokenizer, weights_path, optimizer_path)
     return GRPOComponents(
-        config=config, tokenizer=tokenizer, policy=policy, generation=generation, dataloader=dataloader,
-        val_dataset=val_dataset, task_to_env=task_to_env, loss_fn=ClippedPGLossFn(config.loss_fn),
-        logger=run_logger, checkpointer=checkpointer, state=state, colocated=colocated, log_dir=log_dir,
+        config=config,
+        tokenizer=tokenizer,
+        policy=policy,
+        generation=generation,
+        dataloader=dataloader,
+        val_dataset=val_dataset,
+        task_to_env=task_to_env,
+        loss_fn=ClippedPGLossFn(config.loss_fn),
+        logger=run_logger,
+        checkpointer=checkpointer,
+        state=state,
+        colocated=colocated,
+        log_dir=log_dir,
         clusters=clusters,
     )
 
 
-def _setup_data(config: GRPOMasterConfig, tokenizer: Any) -> tuple[StatefulPromptLoader, AllTaskProcessedDataset | None]:
+def _setup_data(
+    config: GRPOMasterConfig, tokenizer: Any
+) -> tuple[StatefulPromptLoader, AllTaskProcessedDataset | None]:
     loaded = load_dataset_from_config(config.data, seed=config.grpo.seed)
     if loaded.train is None:
         raise ValueError(f"data.dataset_name: {loaded.name!r} has no training split (it is an evaluation set)")
@@ -109,7 +121,11 @@ def save_checkpoint(components: GRPOComponents) -> Path:
     """Write ``step_N`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards."""
     c = components
     return save_run_checkpoint(
-        c.checkpointer, c.policy, c.dataloader, c.state, config_to_dict(c.config),
+        c.checkpointer,
+        c.policy,
+        c.dataloader,
+        c.state,
+        config_to_dict(c.config),
         save_consolidated=c.config.checkpointing.save_consolidated,
     )
 
@@ -124,8 +140,11 @@ def _setup_workers(
     colocated = gen_cfg.colocated.enabled
     bundles = [config.cluster.gpus_per_node] * config.cluster.num_nodes
     train_cluster = RayVirtualCluster(
-        bundles, use_gpus=use_gpus, max_colocated_worker_groups=2 if colocated else 1,
-        num_gpus_per_node=config.cluster.gpus_per_node, name="grpo_train",
+        bundles,
+        use_gpus=use_gpus,
+        max_colocated_worker_groups=2 if colocated else 1,
+        num_gpus_per_node=config.cluster.gpus_per_node,
+        name="grpo_train",
     )
     clusters = [train_cluster]
     # On CPU, colocated groups take turns on the same cores: each may use all of them while it runs.
@@ -135,17 +154,22 @@ def _setup_workers(
     else:
         resources = gen_cfg.colocated.resources
         gen_cluster = RayVirtualCluster(
-            [resources.gpus_per_node] * resources.num_nodes, use_gpus=use_gpus,
-            num_gpus_per_node=resources.gpus_per_node, name="grpo_generation",
+            [resources.gpus_per_node] * resources.num_nodes,
+            use_gpus=use_gpus,
+            num_gpus_per_node=resources.gpus_per_node,
+            name="grpo_generation",
         )
         clusters.append(gen_cluster)
     policy = Policy(
-        train_cluster, config.policy, tokenizer, weights_path=weights_path, optimizer_path=optimizer_path,
-        init_reference_model=config.loss_fn.reference_policy_kl_penalty > 0, env_vars=threads,
+        train_cluster,
+        config.policy,
+        tokenizer,
+        weights_path=weights_path,
+        optimizer_path=optimizer_path,
+        init_reference_model=config.loss_fn.reference_policy_kl_penalty > 0,
+        env_vars=threads,
     )
-    generation = VllmGeneration(
-        gen_cluster, gen_cfg, config.policy.model_name, seed=config.grpo.seed, env_vars=threads
-    )
+    generation = VllmGeneration(gen_cluster, gen_cfg, config.policy.model_name, seed=config.grpo.seed, env_vars=threads)
     prepare_refit(policy, generation)
     if not colocated:
         init_refit_collective(policy, generation, train_cluster)

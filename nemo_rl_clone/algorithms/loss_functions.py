@@ -99,13 +99,9 @@ class ClippedPGLossConfig:
         if tis is not None and tis <= 0:
             problems.append(("truncated_importance_sampling_ratio", f"must be > 0 or null, got {tis}"))
         if tis is not None and not self.use_importance_sampling_correction:
-            problems.append(
-                ("truncated_importance_sampling_ratio", "needs use_importance_sampling_correction=true")
-            )
+            problems.append(("truncated_importance_sampling_ratio", "needs use_importance_sampling_correction=true"))
         if self.sequence_level_importance_ratios and self.token_level_loss:
-            problems.append(
-                ("sequence_level_importance_ratios", "GSPO (true) needs token_level_loss=false")
-            )
+            problems.append(("sequence_level_importance_ratios", "GSPO (true) needs token_level_loss=false"))
         return problems
 
 
@@ -258,6 +254,7 @@ class ClippedPGLossFn:
         loss = actor_loss + cfg.reference_policy_kl_penalty * kl
 
         with torch.no_grad():
+
             def token_metric(values: torch.Tensor) -> float:
                 return masked_mean(values, mask, global_normalization_factor=global_valid_toks).item()
 

@@ -72,7 +72,8 @@ def setup(config: SFTMasterConfig) -> SupervisedRun:
     loaded = load_sft_dataset(config.data, seed=config.sft.seed)
     train, val = build_datasets(SFTDataset, loaded, tokenizer, config.data)
     collate = partial(
-        sft_collate_fn, pad_token_id=tokenizer.pad_token_id,
+        sft_collate_fn,
+        pad_token_id=tokenizer.pad_token_id,
         make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
     )
     return build_supervised_run(config, SFTAlgorithm(NLLLoss()), tokenizer, train, val, collate)

@@ -100,29 +100,35 @@ def check_supervised_config(
     policy, checkpointing = config.policy, config.checkpointing
     problems: list[tuple[str, str]] = []
     if config.data.max_input_seq_length > policy.max_total_sequence_length:
-        problems.append((
-            "data.max_input_seq_length",
-            f"exceeds policy.max_total_sequence_length ({config.data.max_input_seq_length} > "
-            f"{policy.max_total_sequence_length})",
-        ))
+        problems.append(
+            (
+                "data.max_input_seq_length",
+                f"exceeds policy.max_total_sequence_length ({config.data.max_input_seq_length} > "
+                f"{policy.max_total_sequence_length})",
+            )
+        )
     if policy.reward_model_cfg.enabled != reward_model:
         want = "true: reward-model training needs a scalar head" if reward_model else f"false for {section}"
         problems.append(("policy.reward_model_cfg.enabled", f"must be {want}"))
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
     tp = policy.dtensor_cfg.tensor_parallel_size
     dp = workers // tp if tp >= 1 and workers % tp == 0 else 1
-    for key, size in (("policy.train_global_batch_size", policy.train_global_batch_size),
-                      (f"{section}.val_global_batch_size", loop.val_global_batch_size)):
+    for key, size in (
+        ("policy.train_global_batch_size", policy.train_global_batch_size),
+        (f"{section}.val_global_batch_size", loop.val_global_batch_size),
+    ):
         if size % dp:
             problems.append((key, f"must be a multiple of the data-parallel size {dp} (got {size})"))
     if algorithm.rows_per_example > 1:
         for feature in ("dynamic_batching", "sequence_packing"):
             if getattr(policy, feature).enabled:
-                problems.append((
-                    f"policy.{feature}.enabled",
-                    f"{section} needs the chosen and rejected rows of a pair side by side; reordering rows by "
-                    "length would split them",
-                ))
+                problems.append(
+                    (
+                        f"policy.{feature}.enabled",
+                        f"{section} needs the chosen and rejected rows of a pair side by side; reordering rows by "
+                        "length would split them",
+                    )
+                )
     problems += _check_checkpoint_metric(checkpointing, loop, algorithm)
     return problems
 
@@ -138,13 +144,19 @@ def _check_checkpoint_metric(
     known = {"val": algorithm.validation_metric_names, "train": algorithm.train_metric_names}
     if name not in known.get(prefix, ()):
         options = [f"{p}:{n}" for p, names in known.items() for n in names]
-        return [("checkpointing.metric_name", f"{algorithm.section} records no {checkpointing.metric_name!r}; "
-                                              f"choose one of {options}")]
+        return [
+            (
+                "checkpointing.metric_name",
+                f"{algorithm.section} records no {checkpointing.metric_name!r}; choose one of {options}",
+            )
+        ]
     pruned_by_metric = checkpointing.enabled and checkpointing.keep_top_k is not None
     if pruned_by_metric and prefix == "val" and (loop.val_period == 0 or checkpointing.save_period % loop.val_period):
-        return [(
-            "checkpointing.save_period",
-            f"must be a multiple of {algorithm.section}.val_period ({loop.val_period}) so that saved checkpoints "
-            f"carry {checkpointing.metric_name!r} for keep_top_k (or set metric_name to null)",
-        )]
+        return [
+            (
+                "checkpointing.save_period",
+                f"must be a multiple of {algorithm.section}.val_period ({loop.val_period}) so that saved checkpoints "
+                f"carry {checkpointing.metric_name!r} for keep_top_k (or set metric_name to null)",
+            )
+        ]
     return []

@@ -46,11 +46,13 @@ def combine_batches(
     if total <= 0:
         weights, total = [1.0] * len(per_batch), float(len(per_batch))
     combined = {
-        name: sum(w * m[name] for w, m in zip(weights, per_batch)) / total
-        for name in share_metrics if all(name in m for m in per_batch)
+        name: sum(w * m[name] for w, m in zip(weights, per_batch, strict=True)) / total
+        for name in share_metrics
+        if all(name in m for m in per_batch)
     }
-    combined.update({name: float(sum(m[name] for m in per_batch)) for name in count_metrics
-                     if all(name in m for m in per_batch)})
+    combined.update(
+        {name: float(sum(m[name] for m in per_batch)) for name in count_metrics if all(name in m for m in per_batch)}
+    )
     return combined
 
 
@@ -66,8 +68,11 @@ def validate(run: SupervisedRun) -> dict[str, float]:
     per_batch = []
     for batch in run.prepared_val_batches:
         results = run.policy.train(
-            batch, algorithm.loss_fn, eval_mode=True,
-            gbs=rows * loop.val_global_batch_size, mbs=rows * loop.val_micro_batch_size,
+            batch,
+            algorithm.loss_fn,
+            eval_mode=True,
+            gbs=rows * loop.val_global_batch_size,
+            mbs=rows * loop.val_micro_batch_size,
         )
         per_batch.append(step_metrics(algorithm, results))
     return algorithm.validation_metrics(combine_batches(per_batch, algorithm.share_metrics, algorithm.count_metrics))
@@ -116,13 +121,20 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
 
             deadline.mark_step()
             stop_for_deadline = deadline.reached()
-            is_last = (step >= loop.max_num_steps or completed_epochs(run.dataloader) >= loop.max_num_epochs
-                       or stop_for_deadline)
+            is_last = (
+                step >= loop.max_num_steps
+                or completed_epochs(run.dataloader) >= loop.max_num_epochs
+                or stop_for_deadline
+            )
             if should_save(step, checkpointing, is_last):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
                     path = save_run_checkpoint(
-                        run.checkpointer, policy, run.dataloader, state, config_to_dict(run.config),
+                        run.checkpointer,
+                        policy,
+                        run.dataloader,
+                        state,
+                        config_to_dict(run.config),
                         save_consolidated=checkpointing.save_consolidated,
                     )
                 console.print(f"[green]step {step}: saved checkpoint {path}")

@@ -82,18 +82,34 @@ def build_supervised_run(
     use_gpus = torch.cuda.is_available()
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
     cluster = RayVirtualCluster(
-        [config.cluster.gpus_per_node] * config.cluster.num_nodes, use_gpus=use_gpus,
-        num_gpus_per_node=config.cluster.gpus_per_node, name=f"{section}_cluster",
+        [config.cluster.gpus_per_node] * config.cluster.num_nodes,
+        use_gpus=use_gpus,
+        num_gpus_per_node=config.cluster.gpus_per_node,
+        name=f"{section}_cluster",
     )
     # Ray gives CPU actors one thread by default; without a generation engine the workers own all the cores.
     threads = {} if use_gpus else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
     policy = Policy(
-        cluster, config.policy, tokenizer, weights_path=weights_path, optimizer_path=optimizer_path,
-        init_reference_model=algorithm.needs_reference_model, env_vars=threads,
+        cluster,
+        config.policy,
+        tokenizer,
+        weights_path=weights_path,
+        optimizer_path=optimizer_path,
+        init_reference_model=algorithm.needs_reference_model,
+        env_vars=threads,
     )
     return SupervisedRun(
-        config=config, loop=loop, algorithm=algorithm, tokenizer=tokenizer, policy=policy, dataloader=dataloader,
-        val_batches=val_batches, logger=run_logger, checkpointer=checkpointer, state=state, log_dir=log_dir,
+        config=config,
+        loop=loop,
+        algorithm=algorithm,
+        tokenizer=tokenizer,
+        policy=policy,
+        dataloader=dataloader,
+        val_batches=val_batches,
+        logger=run_logger,
+        checkpointer=checkpointer,
+        state=state,
+        log_dir=log_dir,
         cluster=cluster,
     )
 
@@ -112,7 +128,8 @@ def build_preference_run(config: Any, algorithm: PreferenceAlgorithm) -> Supervi
     loaded = load_preference_dataset(config.data, seed=getattr(config, algorithm.section).seed)
     train, val = build_datasets(PreferenceDataset, loaded, tokenizer, config.data)
     collate = partial(
-        preference_collate_fn, pad_token_id=tokenizer.pad_token_id,
+        preference_collate_fn,
+        pad_token_id=tokenizer.pad_token_id,
         make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
     )
     return build_supervised_run(config, algorithm, tokenizer, train, val, collate)

@@ -100,7 +100,9 @@ def baseline_and_std_per_prompt(
         group of equal rewards).
     """
     if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"rewards must be [B] with B a multiple of group_size={group_size}, got {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be [B] with B a multiple of group_size={group_size}, got {tuple(rewards.shape)}"
+        )
     groups = rewards.double().view(-1, group_size)
     total = groups.sum(dim=1, keepdim=True)
     if leave_one_out and group_size > 1:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_clone.data.datasets import DATASET_NAMES, unknown_dataset_message
 from nemo_rl_clone.utils.config_validation import check_at_least
@@ -27,20 +27,20 @@ class ReasoningGymDataConfig:
 @dataclass
 class DataConfig:
     dataset_name: str = "OpenMathInstruct-2"
-    prompt_file: Optional[str] = "examples/prompts/cot.txt"
-    system_prompt_file: Optional[str] = None
+    prompt_file: str | None = "examples/prompts/cot.txt"
+    system_prompt_file: str | None = None
     max_input_seq_length: int = 512
     shuffle: bool = True
     num_workers: int = 1
     # A local file (json/jsonl/parquet/csv) in the dataset's hub format, used instead of the hub.
-    data_path: Optional[str] = None
+    data_path: str | None = None
     # A local validation file; replaces the dataset's default validation source.
-    val_data_path: Optional[str] = None
+    val_data_path: str | None = None
     # Hub split to load (OpenMathInstruct-2: train, train_1M, train_2M, train_5M).
-    split: Optional[str] = None
+    split: str | None = None
     # Fraction of the training rows held out for validation; null = the dataset's default.
-    split_validation_size: Optional[float] = None
-    reasoning_gym: Optional[ReasoningGymDataConfig] = None
+    split_validation_size: float | None = None
+    reasoning_gym: ReasoningGymDataConfig | None = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(self, 1, "max_input_seq_length") + check_at_least(self, 0, "num_workers")
@@ -59,15 +59,15 @@ class SupervisedDataConfig:
     message) and ``system_prompt_file`` apply to rows that have no system message of their own."""
 
     dataset_name: str = "champ"
-    data_path: Optional[str] = None
-    val_data_path: Optional[str] = None
+    data_path: str | None = None
+    val_data_path: str | None = None
     max_input_seq_length: int = 1024
     shuffle: bool = True
     num_workers: int = 1
     # Fraction of the training rows (champ: of the problems) held out for validation; null = the dataset's default.
-    split_validation_size: Optional[float] = None
-    prompt_file: Optional[str] = None
-    system_prompt_file: Optional[str] = None
+    split_validation_size: float | None = None
+    prompt_file: str | None = None
+    system_prompt_file: str | None = None
     # Rows longer than max_input_seq_length are kept truncated with loss_multiplier 0 (NeMo-RL), so they take a
     # batch slot and train nothing; true drops them when the run starts instead (a log line counts them).
     drop_overlong: bool = False
@@ -100,7 +100,7 @@ class SFTDataConfig(SupervisedDataConfig):
     """``data`` for SFT: chat rows ``{"messages": [...]}`` (see ``data/datasets/sft.py``)."""
 
     # Hub split (OpenMathInstruct-2 only: train, train_1M, train_2M, train_5M).
-    split: Optional[str] = None
+    split: str | None = None
     # Key of the message list in each row (openai_format only).
     chat_key: str = "messages"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, Optional, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -44,7 +44,7 @@ class DatumSpec(TypedDict):
     loss_multiplier: float
     idx: int
     task_name: str
-    stop_strings: NotRequired[Optional[list[str]]]
+    stop_strings: NotRequired[list[str] | None]
 
 
 @dataclass
@@ -57,10 +57,10 @@ class TaskDataSpec:
     """
 
     task_name: str
-    prompt_file: Optional[str] = None
-    system_prompt_file: Optional[str] = None
-    prompt: Optional[str] = field(default=None)
-    system_prompt: Optional[str] = field(default=None)
+    prompt_file: str | None = None
+    system_prompt_file: str | None = None
+    prompt: str | None = field(default=None)
+    system_prompt: str | None = field(default=None)
 
     def __post_init__(self) -> None:
         if self.prompt_file is not None:

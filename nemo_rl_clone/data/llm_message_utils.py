@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -26,7 +26,7 @@ def get_formatted_message_log(
     messages: Sequence[Mapping[str, str]],
     tokenizer: PreTrainedTokenizerBase,
     add_generation_prompt: bool,
-    chat_template_kwargs: Optional[Mapping[str, Any]] = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> LLMMessageLogType:
     """Chat-template ``messages`` once and split the result into per-message text and tokens.
 
@@ -168,7 +168,7 @@ def message_log_to_flat_messages(message_log: LLMMessageLogType) -> dict[str, An
 
 def batched_message_log_to_flat_message(
     message_log_batch: Sequence[LLMMessageLogType],
-    pad_value_dict: Optional[Mapping[str, Any]] = None,
+    pad_value_dict: Mapping[str, Any] | None = None,
     make_sequence_length_divisible_by: int = 1,
 ) -> tuple[BatchedDataDict, torch.Tensor]:
     """Flatten and right-pad a batch of message logs.

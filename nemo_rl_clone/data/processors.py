@@ -8,7 +8,7 @@ generates the answer right after the prompt tokens.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -77,7 +77,7 @@ def build_prompt_datum(
     idx: int,
     extra_env_info: dict[str, Any],
     task_name: str,
-    stop_strings: Optional[list[str]] = None,
+    stop_strings: list[str] | None = None,
 ) -> DatumSpec:
     """Template ``[system?, user]`` with a generation prompt; truncate to ``max_seq_length`` tokens if needed.
 

@@ -45,9 +45,7 @@ class LossFunction(Protocol):
     ) -> tuple[torch.Tensor, dict[str, float | int]]: ...
 
 
-def valid_counts(
-    data: Mapping[str, Any], group: dist.ProcessGroup | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def valid_counts(data: Mapping[str, Any], group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Return `(valid_seqs, valid_toks)` of a batch, summed over `group` when one is given.
 
     valid_seqs = Σ sample_mask; valid_toks = Σ token_mask[:, 1:] * sample_mask[:, None] (the tokens that
@@ -139,9 +137,7 @@ def token_logprobs_from_logits(
         return logits.log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if vocab_start is None:
         vocab_start = dist.get_rank(vocab_parallel_group) * logits.shape[-1]
-    return _VocabParallelTokenLogprob.apply(
-        logits.contiguous(), targets, vocab_start, vocab_parallel_group
-    )
+    return _VocabParallelTokenLogprob.apply(logits.contiguous(), targets, vocab_start, vocab_parallel_group)
 
 
 def _unwrap_dtensor(logits: DTensor) -> tuple[torch.Tensor, dist.ProcessGroup | None, int | None]:

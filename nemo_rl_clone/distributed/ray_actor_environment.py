@@ -50,7 +50,7 @@ class UvEnvironment:
 EnvironmentSpec = str | UvEnvironment
 
 
-class PY_EXECUTABLES:  # noqa: N801 - NeMo-RL's name, kept so its users find it
+class PY_EXECUTABLES:
     """Ready-made environment specs."""
 
     SYSTEM: str = sys.executable

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, get_args
 
 # Kept equal to answer_extraction.ANSWER_EXTRACTION_METHODS (a unit test checks); spelled out here so the config
 # validator can name the valid values.
@@ -57,8 +57,8 @@ class ReasoningGymEnvConfig:
 
 @dataclass
 class EnvConfig:
-    math: Optional[MathEnvConfig] = field(default_factory=MathEnvConfig)
-    reasoning_gym: Optional[ReasoningGymEnvConfig] = None
+    math: MathEnvConfig | None = field(default_factory=MathEnvConfig)
+    reasoning_gym: ReasoningGymEnvConfig | None = None
 
 
 def check_env_config(name: str, cfg: Any) -> None:

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -55,8 +55,8 @@ class EvalModel:
     model_path: str
     tokenizer_path: str
     description: str
-    step: Optional[int] = None
-    temporary_dir: Optional[Path] = None
+    step: int | None = None
+    temporary_dir: Path | None = None
 
     def cleanup(self) -> None:
         if self.temporary_dir is not None:
@@ -86,15 +86,18 @@ def resolve_eval_model(model_name: str) -> EvalModel:
     return EvalModel(model_path=model_name, tokenizer_path=model_name, description=model_name)
 
 
-def find_checkpoint_step(path: Path) -> Optional[Path]:
+def find_checkpoint_step(path: Path) -> Path | None:
     """The checkpoint step folder ``path`` names: itself (``step_N``), its parent (``step_N/policy``), or the latest
     complete ``step_N`` inside it (a ``checkpoint_dir``); None when ``path`` is no checkpoint."""
     if _is_step_dir(path):
         return path
     if path.name == "policy" and _is_step_dir(path.parent):
         return path.parent
-    steps = [(int(m.group(1)), child) for child in path.iterdir() if (m := _STEP_DIR.match(child.name))
-             and (child / TRAINING_INFO_FILE).is_file() and _is_step_dir(child)]
+    steps = [
+        (int(m.group(1)), child)
+        for child in path.iterdir()
+        if (m := _STEP_DIR.match(child.name)) and (child / TRAINING_INFO_FILE).is_file() and _is_step_dir(child)
+    ]
     return max(steps)[1] if steps else None
 
 
@@ -176,7 +179,7 @@ def _run_config(step_dir: Path) -> dict[str, Any]:
     return loaded
 
 
-def _step_number(step_dir: Path) -> Optional[int]:
+def _step_number(step_dir: Path) -> int | None:
     info = step_dir / TRAINING_INFO_FILE
     if info.is_file():
         step = json.loads(info.read_text()).get("step")

@@ -7,7 +7,7 @@ Sections: ``eval`` (metric and sampling plan), ``generation`` (the engine: `Gene
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 from nemo_rl_clone.data.config import ReasoningGymDataConfig
 from nemo_rl_clone.data.datasets import DATASET_NAMES, unknown_dataset_message
@@ -36,16 +36,18 @@ class EvalConfig:
     num_tests_per_prompt: int = 1
     seed: int = 42
     k_value: int = 1
-    save_path: Optional[str] = None
+    save_path: str | None = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(self, 1, "num_tests_per_prompt", "k_value")
         if self.k_value > self.num_tests_per_prompt >= 1:
-            problems.append((
-                "k_value",
-                f"must be <= num_tests_per_prompt ({self.k_value} > {self.num_tests_per_prompt}): "
-                f"{self.metric} needs at least k samples per problem",
-            ))
+            problems.append(
+                (
+                    "k_value",
+                    f"must be <= num_tests_per_prompt ({self.k_value} > {self.num_tests_per_prompt}): "
+                    f"{self.metric} needs at least k samples per problem",
+                )
+            )
         return problems
 
 
@@ -70,11 +72,13 @@ class EvalGenerationConfig(GenerationConfig):
                 ("num_prompts_per_step", f"must be >= 1, or -1 for all prompts, got {self.num_prompts_per_step}")
             )
         if not self.colocated.enabled:
-            problems.append((
-                "colocated.enabled",
-                "evaluation runs only generation engines, one per `cluster` bundle; there is nothing to colocate "
-                "with, so leave it true and size the engines with cluster.gpus_per_node / cluster.num_nodes",
-            ))
+            problems.append(
+                (
+                    "colocated.enabled",
+                    "evaluation runs only generation engines, one per `cluster` bundle; there is nothing to colocate "
+                    "with, so leave it true and size the engines with cluster.gpus_per_node / cluster.num_nodes",
+                )
+            )
         return problems
 
 
@@ -88,13 +92,13 @@ class EvalDataConfig:
     """
 
     dataset_name: str = "aime2024"
-    prompt_file: Optional[str] = "examples/prompts/cot.txt"
-    system_prompt_file: Optional[str] = None
+    prompt_file: str | None = "examples/prompts/cot.txt"
+    system_prompt_file: str | None = None
     max_input_seq_length: int = 512
-    data_path: Optional[str] = None
+    data_path: str | None = None
     problem_key: str = "problem"
     solution_key: str = "answer"
-    reasoning_gym: Optional[ReasoningGymDataConfig] = None
+    reasoning_gym: ReasoningGymDataConfig | None = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(self, 1, "max_input_seq_length")
@@ -129,24 +133,28 @@ class EvalMasterConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # Optional: with a logger section the summary also goes to metrics.jsonl (and TensorBoard/wandb/MLflow).
-    logger: Optional[LoggerConfig] = None
+    logger: LoggerConfig | None = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
         n = self.eval.num_tests_per_prompt
         if self.generation.temperature == 0 and n > 1:
             # Greedy decoding gives the same answer n times: pass@k would equal pass@1 at n times the cost.
-            problems.append((
-                "eval.num_tests_per_prompt",
-                f"{n} samples per problem with generation.temperature=0 (greedy) are {n} copies of one answer; "
-                "set generation.temperature > 0, or num_tests_per_prompt=1",
-            ))
+            problems.append(
+                (
+                    "eval.num_tests_per_prompt",
+                    f"{n} samples per problem with generation.temperature=0 (greedy) are {n} copies of one answer; "
+                    "set generation.temperature > 0, or num_tests_per_prompt=1",
+                )
+            )
         max_model_len = self.generation.vllm_cfg.max_model_len
         if self.data.max_input_seq_length > max_model_len:
-            problems.append((
-                "data.max_input_seq_length",
-                f"must be <= generation.vllm_cfg.max_model_len ({self.data.max_input_seq_length} > {max_model_len})",
-            ))
+            problems.append(
+                (
+                    "data.max_input_seq_length",
+                    f"must be <= generation.vllm_cfg.max_model_len ({self.data.max_input_seq_length} > {max_model_len})",
+                )
+            )
         task = self.data.task_name
         if getattr(self.env, task) is None:
             problems.append((f"env.{task}", f"required: it scores data.dataset_name {self.data.dataset_name!r}"))

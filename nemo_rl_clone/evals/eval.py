@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from math import comb
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_clone.evals.config import EvalMasterConfig
 
@@ -48,7 +48,7 @@ def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
     return float(1 - Fraction(comb(n - c, k), comb(n, k)))
 
 
-def majority_vote(answers: Sequence[Optional[str]]) -> Optional[int]:
+def majority_vote(answers: Sequence[str | None]) -> int | None:
     """Index of the sample whose answer wins the vote among ``answers`` (None entries abstain), or None if nobody
     voted. Ties go to the answer that appears first; the index returned is that answer's first occurrence."""
     votes = [(index, answer.strip()) for index, answer in enumerate(answers) if answer is not None and answer.strip()]
@@ -60,7 +60,7 @@ def majority_vote(answers: Sequence[Optional[str]]) -> Optional[int]:
     return next(index for index, answer in votes if counts[answer] == best)
 
 
-def cons_at_k(answers: Sequence[Optional[str]], correct: Sequence[bool], k: int) -> float:
+def cons_at_k(answers: Sequence[str | None], correct: Sequence[bool], k: int) -> float:
     """cons@k of one problem: 1.0 if the majority answer of the first ``k`` samples is correct, else 0.0."""
     if len(answers) != len(correct):
         raise ValueError(f"cons@k: {len(answers)} answers but {len(correct)} correctness flags")
@@ -71,7 +71,7 @@ def cons_at_k(answers: Sequence[Optional[str]], correct: Sequence[bool], k: int)
 
 
 def score_problems(
-    metric: str, correct: Sequence[bool], answers: Sequence[Optional[str]], num_tests_per_prompt: int, k: int
+    metric: str, correct: Sequence[bool], answers: Sequence[str | None], num_tests_per_prompt: int, k: int
 ) -> list[float]:
     """Per-problem scores; samples are grouped by problem, ``num_tests_per_prompt`` consecutive samples each."""
     n = num_tests_per_prompt
@@ -96,9 +96,9 @@ def sample_seeds(seed: int, prompt_indices: Sequence[int], num_tests_per_prompt:
 def run_evaluation(config: EvalMasterConfig) -> dict[str, Any]:
     """Evaluate ``config.generation.model_name`` on ``config.data``; returns the summary (also printed, and logged
     when a ``logger`` section exists). Per-sample rows go to ``config.eval.save_path`` when it is set."""
-    from nemo_rl_clone.evals.checkpoint import resolve_eval_model
     from nemo_rl_clone.algorithms.run_state import set_seeds
     from nemo_rl_clone.distributed.virtual_cluster import init_ray
+    from nemo_rl_clone.evals.checkpoint import resolve_eval_model
 
     set_seeds(config.eval.seed)
     model = resolve_eval_model(config.generation.model_name)
@@ -137,13 +137,19 @@ def _generate_with_engines(
     cluster, generation = None, None
     try:
         cluster = RayVirtualCluster(
-            [config.cluster.gpus_per_node] * config.cluster.num_nodes, use_gpus=use_gpus,
-            num_gpus_per_node=config.cluster.gpus_per_node, name="eval",
+            [config.cluster.gpus_per_node] * config.cluster.num_nodes,
+            use_gpus=use_gpus,
+            num_gpus_per_node=config.cluster.gpus_per_node,
+            name="eval",
         )
         # Ray gives each CPU actor 1 thread; the engines are all that runs here, so they share every core.
         cores = max(1, (os.cpu_count() or 1) // config.cluster.gpus_per_node)
         generation = VllmGeneration(
-            cluster, config.generation, model_path, name_prefix="vllm_eval", seed=config.eval.seed,
+            cluster,
+            config.generation,
+            model_path,
+            name_prefix="vllm_eval",
+            seed=config.eval.seed,
             env_vars={} if use_gpus else {"OMP_NUM_THREADS": str(cores)},
         )
         return generate_and_score(config, dataset, tokenizer, generation, {task: env})
@@ -210,15 +216,20 @@ def generate_and_score(
     for start in range(0, len(dataset), per_step):
         indices = list(range(start, min(len(dataset), start + per_step)))
         data = [dataset[i] for i in indices]
-        cut = [i for i, datum in zip(indices, data) if datum["loss_multiplier"] == 0.0]
+        cut = [i for i, datum in zip(indices, data, strict=True) if datum["loss_multiplier"] == 0.0]
         if cut:  # the processor shortened these prompts to data.max_input_seq_length: the model saw a cut problem
             console.log(f"[yellow]problems {cut} are longer than data.max_input_seq_length and were truncated")
         prompts = eval_collate_fn(data).repeat_interleave(n)
         prompts["seeds"] = sample_seeds(config.eval.seed, indices, n)
         generation.prepare_for_generation()
         batch, _ = run_multi_turn_rollout(
-            generation, prompts, tokenizer, task_to_env, max_seq_len=config.generation.vllm_cfg.max_model_len,
-            max_rollout_turns=1, greedy=config.generation.temperature == 0,
+            generation,
+            prompts,
+            tokenizer,
+            task_to_env,
+            max_seq_len=config.generation.vllm_cfg.max_model_len,
+            max_rollout_turns=1,
+            greedy=config.generation.temperature == 0,
         )
         generation.finish_generation()
         rows.extend(_sample_rows(batch, n, set(cut)))
@@ -231,23 +242,25 @@ def _sample_rows(batch: Any, num_tests_per_prompt: int, cut_prompts: set[int]) -
     for i, log in enumerate(batch["message_log"]):
         reward = float(batch["total_reward"][i])
         prompt_index = int(batch["idx"][i])
-        rows.append({
-            "prompt_index": prompt_index,
-            "sample_index": i % num_tests_per_prompt,
-            "prompt": "".join(m["content"] for m in log if m["role"] != "assistant"),
-            "response": "".join(m["content"] for m in log if m["role"] == "assistant"),
-            "reward": reward,
-            "correct": reward >= CORRECT_REWARD,
-            "extracted_answer": batch["extracted_answers"][i],
-            "ground_truth": _ground_truth(batch["extra_env_info"][i]),
-            "truncated": bool(batch["truncated"][i]),
-            "prompt_truncated": prompt_index in cut_prompts,
-            "response_tokens": sum(len(m["token_ids"]) for m in log if m["role"] == "assistant"),
-        })
+        rows.append(
+            {
+                "prompt_index": prompt_index,
+                "sample_index": i % num_tests_per_prompt,
+                "prompt": "".join(m["content"] for m in log if m["role"] != "assistant"),
+                "response": "".join(m["content"] for m in log if m["role"] == "assistant"),
+                "reward": reward,
+                "correct": reward >= CORRECT_REWARD,
+                "extracted_answer": batch["extracted_answers"][i],
+                "ground_truth": _ground_truth(batch["extra_env_info"][i]),
+                "truncated": bool(batch["truncated"][i]),
+                "prompt_truncated": prompt_index in cut_prompts,
+                "response_tokens": sum(len(m["token_ids"]) for m in log if m["role"] == "assistant"),
+            }
+        )
     return rows
 
 
-def _ground_truth(env_info: dict[str, Any]) -> Optional[str]:
+def _ground_truth(env_info: dict[str, Any]) -> str | None:
     if "ground_truth" in env_info:  # math
         return str(env_info["ground_truth"])
     entry = env_info.get("entry")  # reasoning-gym
@@ -296,10 +309,15 @@ def print_summary(summary: dict[str, Any], config: EvalMasterConfig) -> None:
     table = Table(title=f"Evaluation: {summary['metric']} = {summary['score']:.4f}", show_header=False)
     for name, value in (
         ("model", summary["model"]),
-        ("dataset", f"{summary['dataset']} ({summary['num_problems']} problems x {summary['num_tests_per_prompt']} "
-                    "samples)"),
-        ("sampling", f"temperature={gen.temperature} top_p={gen.top_p} top_k={gen.top_k} "
-                     f"max_new_tokens={gen.max_new_tokens} seed={config.eval.seed}"),
+        (
+            "dataset",
+            f"{summary['dataset']} ({summary['num_problems']} problems x {summary['num_tests_per_prompt']} samples)",
+        ),
+        (
+            "sampling",
+            f"temperature={gen.temperature} top_p={gen.top_p} top_k={gen.top_k} "
+            f"max_new_tokens={gen.max_new_tokens} seed={config.eval.seed}",
+        ),
         (summary["metric"], f"{summary['score']:.4f}"),
         ("sample accuracy", f"{summary['accuracy']:.4f} (mean reward {summary['mean_reward']:.4f})"),
         ("answer extracted", f"{summary['answer_extracted_rate']:.4f}"),
@@ -312,7 +330,7 @@ def print_summary(summary: dict[str, Any], config: EvalMasterConfig) -> None:
     Console().print(table)
 
 
-def _start_logger(config: EvalMasterConfig) -> tuple[Optional[Path], Any]:
+def _start_logger(config: EvalMasterConfig) -> tuple[Path | None, Any]:
     if config.logger is None:
         return None, None
     from nemo_rl_clone.utils.config import save_config

@@ -23,7 +23,6 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Optional, Union
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -35,16 +34,16 @@ from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfi
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
-DtypeLike = Union[torch.dtype, str]
+DtypeLike = torch.dtype | str
 
 
 def save_consolidated_hf(
     state_dict: dict[str, torch.Tensor],
     model_config: PretrainedConfig,
     out_dir: str | os.PathLike,
-    tokenizer: Optional[PreTrainedTokenizerBase] = None,
-    dtype: Optional[DtypeLike] = None,
-    generation_config: Optional[GenerationConfig] = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dtype: DtypeLike | None = None,
+    generation_config: GenerationConfig | None = None,
     max_shard_size: int | str = "5GB",
     overwrite: bool = False,
     model_class: type = AutoModelForCausalLM,
@@ -62,7 +61,9 @@ def save_consolidated_hf(
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out_dir} exists and is not empty; pass overwrite=True (CLI: --overwrite) to replace it")
+        raise FileExistsError(
+            f"{out_dir} exists and is not empty; pass overwrite=True (CLI: --overwrite) to replace it"
+        )
     target_dtype = _as_dtype(dtype) if dtype is not None else None
     with torch.device("meta"):  # the architecture's parameter names and shapes, without allocating weights
         reference = model_class.from_config(model_config)
@@ -144,7 +145,9 @@ def load_dcp_model_state_dict(dcp_dir: str | os.PathLike, key: str = "model") ->
     return state_dict
 
 
-def _checked_full_state_dict(state_dict: dict[str, torch.Tensor], reference: torch.nn.Module) -> dict[str, torch.Tensor]:
+def _checked_full_state_dict(
+    state_dict: dict[str, torch.Tensor], reference: torch.nn.Module
+) -> dict[str, torch.Tensor]:
     """Return CPU tensors with exactly ``reference``'s state-dict keys and shapes, ready for safetensors.
 
     A tied output head missing from ``state_dict`` is filled in from the embedding it is tied to.
@@ -176,7 +179,9 @@ def _checked_full_state_dict(state_dict: dict[str, torch.Tensor], reference: tor
         )
     for key, ref in expected.items():
         if tensors[key].shape != ref.shape:
-            raise ValueError(f"state_dict[{key!r}] has shape {tuple(tensors[key].shape)}, the config needs {tuple(ref.shape)}")
+            raise ValueError(
+                f"state_dict[{key!r}] has shape {tuple(tensors[key].shape)}, the config needs {tuple(ref.shape)}"
+            )
     # safetensors refuses non-contiguous tensors and tensors sharing storage (the tied head): copy those.
     seen_storages: set[int] = set()
     for key, value in tensors.items():
@@ -209,7 +214,7 @@ def _write_safetensors(tensors: dict[str, torch.Tensor], out_dir: Path, max_shar
 
 def _publish(tmp_dir: Path, out_dir: Path) -> None:
     """Rename the finished ``tmp_dir`` to ``out_dir``; an old ``out_dir`` is moved aside first and then deleted."""
-    old_dir: Optional[Path] = None
+    old_dir: Path | None = None
     if out_dir.exists():
         old_dir = out_dir.parent / f".old-{out_dir.name}-{uuid.uuid4().hex[:8]}"
         os.rename(out_dir, old_dir)
@@ -236,7 +241,9 @@ def _floating_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:
     """The dtype of the floating-point weights, which config.json records as the model's dtype."""
     dtypes = {v.dtype for v in tensors.values() if v.is_floating_point()}
     if len(dtypes) != 1:
-        raise ValueError(f"floating-point weights must share one dtype, found {sorted(map(str, dtypes))}; pass dtype=...")
+        raise ValueError(
+            f"floating-point weights must share one dtype, found {sorted(map(str, dtypes))}; pass dtype=..."
+        )
     return dtypes.pop()
 
 

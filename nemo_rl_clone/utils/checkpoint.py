@@ -27,9 +27,10 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -57,11 +58,11 @@ class CheckpointingConfig:
 
     enabled: bool = True
     checkpoint_dir: str = "results/grpo"
-    metric_name: Optional[str] = "val:accuracy"
+    metric_name: str | None = "val:accuracy"
     higher_is_better: bool = True
-    keep_top_k: Optional[int] = 3
+    keep_top_k: int | None = 3
     save_period: int = 10
-    checkpoint_must_save_by: Optional[str] = None
+    checkpoint_must_save_by: str | None = None
     model_save_format: str = "safetensors"
     save_consolidated: bool = False
 
@@ -115,7 +116,7 @@ def parse_deadline(s: str) -> float:
 
 
 def must_save_by_deadline(
-    cfg: CheckpointingConfig, start_time: float, now: Optional[float] = None, expected_step_s: float = 0.0
+    cfg: CheckpointingConfig, start_time: float, now: float | None = None, expected_step_s: float = 0.0
 ) -> bool:
     """True when the run must save and stop now to respect ``checkpoint_must_save_by``.
 
@@ -136,18 +137,18 @@ class SaveDeadline:
     ``if deadline.reached(): save and stop``. Uses the longest step seen as the estimate of the next one.
     """
 
-    def __init__(self, cfg: CheckpointingConfig, start_time: Optional[float] = None):
+    def __init__(self, cfg: CheckpointingConfig, start_time: float | None = None):
         self._cfg = cfg
         self.start_time = time.monotonic() if start_time is None else start_time
         self._last_mark = self.start_time
         self.longest_step_s = 0.0
 
-    def mark_step(self, now: Optional[float] = None) -> None:
+    def mark_step(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self.longest_step_s = max(self.longest_step_s, now - self._last_mark)
         self._last_mark = now
 
-    def reached(self, now: Optional[float] = None) -> bool:
+    def reached(self, now: float | None = None) -> bool:
         return must_save_by_deadline(self._cfg, self.start_time, now, expected_step_s=self.longest_step_s)
 
 
@@ -168,7 +169,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def get_metric(training_info: Mapping[str, Any], metric_name: str) -> Optional[float]:
+def get_metric(training_info: Mapping[str, Any], metric_name: str) -> float | None:
     """The value of ``metric_name`` in ``training_info``, or None if it is absent or not a finite number.
 
     ``"val:accuracy"`` reads the flat key ``training_info["val:accuracy"]`` when it exists, else the nested
@@ -259,9 +260,7 @@ class CheckpointManager:
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
-    def init_tmp_checkpoint(
-        self, step: int, training_info: Mapping[str, Any], run_config: Optional[Any] = None
-    ) -> Path:
+    def init_tmp_checkpoint(self, step: int, training_info: Mapping[str, Any], run_config: Any | None = None) -> Path:
         """Create a fresh ``tmp_step_{step}`` holding ``training_info.json`` and ``config.yaml``; return its path.
 
         ``run_config`` (dict, DictConfig or dataclass) is saved resolved; ``config.yaml`` is skipped when None.
@@ -320,12 +319,12 @@ class CheckpointManager:
                 found.append((int(match.group(1)), child))
         return sorted(found)
 
-    def get_latest_checkpoint_path(self) -> Optional[Path]:
+    def get_latest_checkpoint_path(self) -> Path | None:
         """The complete checkpoint with the highest step, or None when there is none."""
         checkpoints = self.list_checkpoints()
         return checkpoints[-1][1] if checkpoints else None
 
-    def get_best_checkpoint_path(self) -> Optional[Path]:
+    def get_best_checkpoint_path(self) -> Path | None:
         """The best checkpoint by ``metric_name``/``higher_is_better`` (latest on ties or without a metric)."""
         ranked = self._ranked_best_first()
         return ranked[0][1] if ranked else None
@@ -382,7 +381,9 @@ class CheckpointManager:
             self._warned_missing_metric = True
             logger.warning(
                 "Checkpoints %s have no finite %r in %s; they rank last for keep_top_k",
-                missing, metric_name, TRAINING_INFO_FILE,
+                missing,
+                metric_name,
+                TRAINING_INFO_FILE,
             )
         keyed.sort(key=lambda item: item[0], reverse=True)
         return [(step, path) for _, step, path in keyed]

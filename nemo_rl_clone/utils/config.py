@@ -159,13 +159,17 @@ def load_validated_config(config_path: str | Path, overrides: Sequence[str], sch
     return validate_config(resolve_to_container(cfg), schema)
 
 
-def parse_cli_args(argv: Sequence[str] | None, default_config: str | Path, description: str = "") -> tuple[Path, list[str]]:
+def parse_cli_args(
+    argv: Sequence[str] | None, default_config: str | Path, description: str = ""
+) -> tuple[Path, list[str]]:
     """``[--config PATH] [override ...]`` → (config path, overrides)."""
     parser = argparse.ArgumentParser(
         description=description,
         epilog="overrides: a.b=v (existing key), +a.b=v (new key), ++a.b=v (add or override), ~a.b (delete)",
     )
-    parser.add_argument("--config", type=Path, default=Path(default_config), help=f"YAML config (default: {default_config})")
+    parser.add_argument(
+        "--config", type=Path, default=Path(default_config), help=f"YAML config (default: {default_config})"
+    )
     args, overrides = parser.parse_known_args(argv)
     flags = [o for o in overrides if o.startswith("-")]
     if flags:

@@ -207,5 +207,8 @@ def _convert_dataclass(value: Any, tp: type, key: str, problems: list[str], ctx:
 
 def check_at_least(section: Any, minimum: float, *names: str) -> list[tuple[str, str]]:
     """``check()`` helper: a ``(key, "must be >= minimum, got v")`` problem for each named field below ``minimum``."""
-    return [(name, f"must be >= {minimum}, got {getattr(section, name)}") for name in names
-            if getattr(section, name) < minimum]
+    return [
+        (name, f"must be >= {minimum}, got {getattr(section, name)}")
+        for name in names
+        if getattr(section, name) < minimum
+    ]

@@ -22,7 +22,7 @@ import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,7 +60,7 @@ class TensorboardConfig:
 class MLflowConfig:
     experiment_name: str = "nemo-rl-clone"
     run_name: str = "run"
-    tracking_uri: Optional[str] = None  # None -> file store at <log_dir>/mlruns
+    tracking_uri: str | None = None  # None -> file store at <log_dir>/mlruns
 
 
 @dataclass

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from rich.console import Console
 from rich import box
+from rich.console import Console
 from rich.table import Table
 
 log = logging.getLogger(__name__)

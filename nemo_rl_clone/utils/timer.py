@@ -19,9 +19,8 @@ The algorithm (not the timer) adds the ``timing/train/`` prefix, giving ``timing
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Callable
 
 _REDUCTIONS: dict[str, Callable[[list[float]], float]] = {
     "sum": lambda xs: float(sum(xs)),

@@ -17,9 +17,15 @@ def run_entry_point(
 ) -> subprocess.CompletedProcess:
     """``examples/run_{algorithm}.py --config configs/{config or algorithm_smoke.yaml}`` with logs and checkpoints
     in ``workdir``; asserts exit code 0."""
-    args = [sys.executable, str(REPO / "examples" / f"run_{algorithm}.py"),
-            "--config", str(REPO / "configs" / (config or f"{algorithm}_smoke.yaml")),
-            f"logger.log_dir={workdir / 'logs'}", f"checkpointing.checkpoint_dir={workdir / 'ckpt'}", *overrides]
+    args = [
+        sys.executable,
+        str(REPO / "examples" / f"run_{algorithm}.py"),
+        "--config",
+        str(REPO / "configs" / (config or f"{algorithm}_smoke.yaml")),
+        f"logger.log_dir={workdir / 'logs'}",
+        f"checkpointing.checkpoint_dir={workdir / 'ckpt'}",
+        *overrides,
+    ]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=workdir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
@@ -46,8 +52,14 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
 
 def assert_checkpoint(step_dir: Path) -> None:
     """A complete ``step_N``: training info, weights, optimizer, tokenizer, dataloader + RNG state."""
-    for name in ("training_info.json", "config.yaml", "train_dataloader.pt", "policy/weights", "policy/optimizer",
-                 "policy/tokenizer"):
+    for name in (
+        "training_info.json",
+        "config.yaml",
+        "train_dataloader.pt",
+        "policy/weights",
+        "policy/optimizer",
+        "policy/tokenizer",
+    ):
         assert (step_dir / name).exists(), f"{step_dir / name} is missing"
 
 
@@ -66,9 +78,15 @@ def pair_overrides(workdir: Path, section: str) -> list[str]:
     rows = [{"prompt": prompt, "chosen": chosen, "rejected": rejected} for prompt, chosen, rejected in PAIRS]
     path = write_jsonl(workdir / "pairs.jsonl", rows)
     return [
-        "data.dataset_name=binary_preference", f"data.data_path={path}", f"data.val_data_path={path}",
-        f"{section}.max_num_epochs=100", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
-        f"{section}.val_at_start=true", f"{section}.val_period=2", f"{section}.val_global_batch_size=4",
+        "data.dataset_name=binary_preference",
+        f"data.data_path={path}",
+        f"data.val_data_path={path}",
+        f"{section}.max_num_epochs=100",
+        "policy.train_global_batch_size=4",
+        "policy.train_micro_batch_size=2",
+        f"{section}.val_at_start=true",
+        f"{section}.val_period=2",
+        f"{section}.val_global_batch_size=4",
         f"{section}.val_micro_batch_size=2",
     ]
 

@@ -18,8 +18,18 @@ from tests.functional.supervised_runs import pair_overrides, run_cut_and_resumed
 def test_dpo_starts_at_log2_grows_the_margin_and_resumes(tmp_path):
     metrics = run_cut_and_resumed("dpo", tmp_path, *pair_overrides(tmp_path, "dpo"))
     for step in range(1, 7):
-        for key in ("loss", "sft_loss", "preference_loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean",
-                    "reward_margin", "grad_norm", "lr", "num_valid_samples"):
+        for key in (
+            "loss",
+            "sft_loss",
+            "preference_loss",
+            "accuracy",
+            "rewards_chosen_mean",
+            "rewards_rejected_mean",
+            "reward_margin",
+            "grad_norm",
+            "lr",
+            "num_valid_samples",
+        ):
             assert f"train/{key}" in metrics[step], (step, key, sorted(metrics[step]))
         for key in ("data_processing", "policy_training", "total_step_time"):
             assert f"timing/train/{key}" in metrics[step], (step, key)

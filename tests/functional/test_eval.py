@@ -47,9 +47,15 @@ def local_file_overrides(path: Path, *extra: str, problems: list[dict] = PROBLEM
     """Smoke config switched from reasoning-gym to a local math file with custom column names."""
     path.write_text("".join(json.dumps(row) + "\n" for row in problems))
     return [
-        "data.dataset_name=local", f"data.data_path={path}", "data.problem_key=question", "data.solution_key=solution",
-        "data.reasoning_gym=null", "~env.reasoning_gym", "++env.math={num_workers: 1, answer_extraction: last_number}",
-        "~logger", *extra,
+        "data.dataset_name=local",
+        f"data.data_path={path}",
+        "data.problem_key=question",
+        "data.solution_key=solution",
+        "data.reasoning_gym=null",
+        "~env.reasoning_gym",
+        "++env.math={num_workers: 1, answer_extraction: last_number}",
+        "~logger",
+        *extra,
     ]
 
 
@@ -107,8 +113,13 @@ def test_bad_config_and_unusable_models_fail_fast(tmp_path: Path) -> None:
 def test_local_file_with_a_real_model(ray_local, tmp_path: Path) -> None:
     samples = tmp_path / "samples.jsonl"
     overrides = local_file_overrides(
-        tmp_path / "problems.jsonl", "generation.model_name=SmolLM2-135M-Instruct", "generation.temperature=0",
-        "generation.max_new_tokens=48", "eval.num_tests_per_prompt=1", "eval.k_value=1", f"eval.save_path={samples}",
+        tmp_path / "problems.jsonl",
+        "generation.model_name=SmolLM2-135M-Instruct",
+        "generation.temperature=0",
+        "generation.max_new_tokens=48",
+        "eval.num_tests_per_prompt=1",
+        "eval.k_value=1",
+        f"eval.save_path={samples}",
     )
     summary = run_evaluation(load_validated_config(SMOKE, overrides, EvalMasterConfig))
     rows = read_jsonl(samples)
@@ -128,9 +139,14 @@ def test_checkpoint_of_a_trained_policy(ray_local, tmp_path: Path) -> None:
     samples = tmp_path / "samples.jsonl"
     too_long = {"question": "Add these numbers: " + " + ".join(["1"] * 200), "solution": "200"}
     overrides = local_file_overrides(
-        tmp_path / "problems.jsonl", f"generation.model_name={checkpoint_dir}", "eval.metric=cons@k",
-        "eval.num_tests_per_prompt=3", "eval.k_value=3", "generation.num_prompts_per_step=3",
-        f"eval.save_path={samples}", problems=[*PROBLEMS, too_long],
+        tmp_path / "problems.jsonl",
+        f"generation.model_name={checkpoint_dir}",
+        "eval.metric=cons@k",
+        "eval.num_tests_per_prompt=3",
+        "eval.k_value=3",
+        "generation.num_prompts_per_step=3",
+        f"eval.save_path={samples}",
+        problems=[*PROBLEMS, too_long],
     )
     summary = run_evaluation(load_validated_config(SMOKE, overrides, EvalMasterConfig))
 
@@ -160,13 +176,19 @@ def _train_and_checkpoint(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
 
     tokenizer = load_tokenizer(TINY_LLAMA)
     config = PolicyConfig(
-        model_name=TINY_LLAMA, train_global_batch_size=2, train_micro_batch_size=2, logprob_batch_size=2,
-        precision="float32", optimizer=OptimizerConfig("torch.optim.AdamW", {"lr": 1e-2}),
+        model_name=TINY_LLAMA,
+        train_global_batch_size=2,
+        train_micro_batch_size=2,
+        logprob_batch_size=2,
+        precision="float32",
+        optimizer=OptimizerConfig("torch.optim.AdamW", {"lr": 1e-2}),
     )
     encoded = tokenizer(["What is 2 + 3? 5", "What is 9 - 5? 4"], padding=True, return_tensors="pt")
     batch = BatchedDataDict(
-        input_ids=encoded["input_ids"], input_lengths=encoded["attention_mask"].sum(dim=1),
-        token_mask=encoded["attention_mask"].float(), sample_mask=torch.ones(2),
+        input_ids=encoded["input_ids"],
+        input_lengths=encoded["attention_mask"].sum(dim=1),
+        token_mask=encoded["attention_mask"].float(),
+        sample_mask=torch.ones(2),
     )
     cluster = RayVirtualCluster([1], use_gpus=False, name="eval-test-policy")
     policy = Policy(cluster, config, tokenizer)
@@ -177,8 +199,11 @@ def _train_and_checkpoint(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
         assert not torch.equal(trained["model.norm.weight"], before["model.norm.weight"])
         manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(checkpoint_dir), metric_name=None))
         tmp = manager.init_tmp_checkpoint(1, {"step": 1}, {"policy": config_to_dict(config)})
-        policy.save_checkpoint(str(tmp / "policy" / "weights"), str(tmp / "policy" / "optimizer"),
-                               tokenizer_path=str(tmp / "policy" / "tokenizer"))
+        policy.save_checkpoint(
+            str(tmp / "policy" / "weights"),
+            str(tmp / "policy" / "optimizer"),
+            tokenizer_path=str(tmp / "policy" / "tokenizer"),
+        )
         manager.finalize_checkpoint(tmp)
     finally:
         policy.shutdown()

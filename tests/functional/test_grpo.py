@@ -28,9 +28,17 @@ def run_grpo(tmp_path: Path, *overrides: str, timeout: int = 600) -> subprocess.
 def check_smoke_metrics(metrics: dict[int, dict[str, float]], steps: int) -> None:
     for step in range(1, steps + 1):
         m = metrics[step]
-        for key in ("train/reward", "train/loss", "train/grad_norm", "train/token_mult_prob_error",
-                    "timing/train/generation", "timing/train/policy_training", "timing/train/total_step_time",
-                    "performance/tokens_per_sec", "performance/generation_tokens_per_sec"):
+        for key in (
+            "train/reward",
+            "train/loss",
+            "train/grad_norm",
+            "train/token_mult_prob_error",
+            "timing/train/generation",
+            "timing/train/policy_training",
+            "timing/train/total_step_time",
+            "performance/tokens_per_sec",
+            "performance/generation_tokens_per_sec",
+        ):
             assert key in m, (step, key, sorted(m))
         # The trainer's logprobs of the sampled tokens agree with the engine's (SPEC §6 correctness gate).
         assert 1.0 <= m["train/token_mult_prob_error"] <= 1.01, m["train/token_mult_prob_error"]
@@ -39,11 +47,15 @@ def check_smoke_metrics(metrics: dict[int, dict[str, float]], steps: int) -> Non
 
 @pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
 def test_smoke_run(tmp_path, colocated):
-    overrides = [] if colocated else [
-        "policy.generation.colocated.enabled=false",
-        "policy.generation.colocated.resources.gpus_per_node=1",
-        "policy.generation.colocated.resources.num_nodes=1",
-    ]
+    overrides = (
+        []
+        if colocated
+        else [
+            "policy.generation.colocated.enabled=false",
+            "policy.generation.colocated.resources.gpus_per_node=1",
+            "policy.generation.colocated.resources.num_nodes=1",
+        ]
+    )
     run_grpo(tmp_path, *overrides)
     (run_dir,) = (tmp_path / "logs").iterdir()
     check_smoke_metrics(read_metrics(run_dir), steps=2)
@@ -81,10 +93,18 @@ def test_resume_matches_an_uninterrupted_run(tmp_path):
 def test_sigkill_during_checkpoint_then_resume(tmp_path):
     """A run killed while writing step 2's checkpoint restarts from step 1, the last complete one."""
     ckpt = tmp_path / "ckpt"
-    args = [sys.executable, str(SCRIPT), "--config", str(REPO / "configs" / "grpo_smoke.yaml"),
-            f"logger.log_dir={tmp_path / 'logs'}", f"checkpointing.checkpoint_dir={ckpt}", "grpo.max_num_steps=3"]
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    args = [
+        sys.executable,
+        str(SCRIPT),
+        "--config",
+        str(REPO / "configs" / "grpo_smoke.yaml"),
+        f"logger.log_dir={tmp_path / 'logs'}",
+        f"checkpointing.checkpoint_dir={ckpt}",
+        "grpo.max_num_steps=3",
+    ]
+    proc = subprocess.Popen(
+        args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 480
         while not (ckpt / "tmp_step_2").exists():

@@ -11,8 +11,8 @@ import pytest
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
-from tests.functional.refit_check import GATE, STALE_MIN, generation_config, policy_config, run_refit_gate
 from nemo_rl_clone.models.policy.lm_policy import Policy
+from tests.functional.refit_check import GATE, STALE_MIN, generation_config, policy_config, run_refit_gate
 
 
 @pytest.mark.slow
@@ -25,9 +25,7 @@ def test_collective_refit_passes_the_logprob_gate(ray_local: None, policy_worker
     generation_cluster = RayVirtualCluster([engines], use_gpus=False, name=f"gen{engines}")
     policy = generation = None
     try:
-        policy = Policy(
-            train_cluster, policy_config(model_path), tokenizer, name_prefix=f"coll-policy{policy_workers}"
-        )
+        policy = Policy(train_cluster, policy_config(model_path), tokenizer, name_prefix=f"coll-policy{policy_workers}")
         generation = VllmGeneration(
             generation_cluster, generation_config(colocated=False), model_path, name_prefix=f"coll-vllm{engines}"
         )

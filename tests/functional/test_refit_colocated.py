@@ -11,8 +11,8 @@ import pytest
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
-from tests.functional.refit_check import GATE, STALE_MIN, generation_config, policy_config, run_refit_gate
 from nemo_rl_clone.models.policy.lm_policy import Policy
+from tests.functional.refit_check import GATE, STALE_MIN, generation_config, policy_config, run_refit_gate
 
 
 @pytest.mark.slow

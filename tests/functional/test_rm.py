@@ -17,8 +17,16 @@ from tests.functional.supervised_runs import pair_overrides, run_cut_and_resumed
 def test_reward_model_learns_the_pairs_and_resumes(tmp_path):
     metrics = run_cut_and_resumed("rm", tmp_path, *pair_overrides(tmp_path, "rm"))
     for step in range(1, 7):
-        for key in ("loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean", "reward_margin", "grad_norm",
-                    "lr", "num_valid_samples"):
+        for key in (
+            "loss",
+            "accuracy",
+            "rewards_chosen_mean",
+            "rewards_rejected_mean",
+            "reward_margin",
+            "grad_norm",
+            "lr",
+            "num_valid_samples",
+        ):
             assert f"train/{key}" in metrics[step], (step, key, sorted(metrics[step]))
         for key in ("data_processing", "policy_training", "total_step_time"):
             assert f"timing/train/{key}" in metrics[step], (step, key)

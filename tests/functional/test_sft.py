@@ -23,13 +23,20 @@ CONVERSATIONS = [
 
 
 def fixed_set_overrides(tmp_path) -> list[str]:
-    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-            for q, a in CONVERSATIONS]
+    rows = [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in CONVERSATIONS
+    ]
     path = write_jsonl(tmp_path / "chats.jsonl", rows)
     return [
-        "data.dataset_name=openai_format", f"data.data_path={path}", f"data.val_data_path={path}",
-        "sft.max_num_epochs=100", "policy.train_global_batch_size=8", "policy.train_micro_batch_size=4",
-        "sft.val_period=5", "sft.val_global_batch_size=8", "sft.val_micro_batch_size=4",
+        "data.dataset_name=openai_format",
+        f"data.data_path={path}",
+        f"data.val_data_path={path}",
+        "sft.max_num_epochs=100",
+        "policy.train_global_batch_size=8",
+        "policy.train_micro_batch_size=4",
+        "sft.val_period=5",
+        "sft.val_global_batch_size=8",
+        "sft.val_micro_batch_size=4",
     ]
 
 
@@ -39,13 +46,20 @@ def test_sft_learns_writes_metrics_and_resumes_exactly(tmp_path):
     straight.mkdir(), resumed.mkdir()
     data = fixed_set_overrides(tmp_path)
 
-    run_entry_point("sft", straight, *data, "sft.max_num_steps=10", "sft.val_at_start=true",
-                    "checkpointing.enabled=false")
+    run_entry_point(
+        "sft", straight, *data, "sft.max_num_steps=10", "sft.val_at_start=true", "checkpointing.enabled=false"
+    )
     (straight_dir,) = run_dirs(straight)
     expected = read_metrics(straight_dir)
     for step in range(1, 11):
-        for key in ("train/loss", "train/grad_norm", "train/lr", "train/num_valid_samples",
-                    "timing/train/policy_training", "timing/train/total_step_time"):
+        for key in (
+            "train/loss",
+            "train/grad_norm",
+            "train/lr",
+            "train/num_valid_samples",
+            "timing/train/policy_training",
+            "timing/train/total_step_time",
+        ):
             assert key in expected[step], (step, key, sorted(expected[step]))
         assert expected[step]["train/num_valid_samples"] == 8
     losses = [expected[step]["train/loss"] for step in range(1, 11)]

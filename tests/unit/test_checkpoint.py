@@ -194,7 +194,7 @@ def test_keep_all_and_keep_latest_k(tmp_path):
     assert _names(keep_all) == ["step_1", "step_2", "step_3", "step_4"]
 
     latest_k = _manager(tmp_path / "b", keep_top_k=2, metric_name=None)
-    for step, accuracy in zip((1, 2, 3, 4), (0.9, 0.8, 0.1, 0.0)):
+    for step, accuracy in zip((1, 2, 3, 4), (0.9, 0.8, 0.1, 0.0), strict=True):
         _save(latest_k, step, {"val:accuracy": accuracy})
     assert _names(latest_k) == ["step_3", "step_4"]
     assert latest_k.get_best_checkpoint_path() == latest_k.checkpoint_dir / "step_4"
@@ -229,7 +229,7 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
         manager.finalize_checkpoint(stray)
     unprepared = manager.checkpoint_dir / "tmp_step_2"
     unprepared.mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match="training_info.json is missing"):
+    with pytest.raises(FileNotFoundError, match=r"training_info\.json is missing"):
         manager.finalize_checkpoint(unprepared)
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         manager.load_training_info(tmp_path)
@@ -247,7 +247,12 @@ def test_config_check_reports_each_bad_key():
     )
     problems = dict(bad.check())
     assert set(problems) == {
-        "checkpoint_dir", "metric_name", "keep_top_k", "save_period", "checkpoint_must_save_by", "model_save_format"
+        "checkpoint_dir",
+        "metric_name",
+        "keep_top_k",
+        "save_period",
+        "checkpoint_must_save_by",
+        "model_save_format",
     }
     assert "'<prefix>:<name>'" in problems["metric_name"]
     assert "DD:HH:MM:SS" in problems["checkpoint_must_save_by"]
@@ -334,7 +339,9 @@ def _wait_for_line(proc: subprocess.Popen, expected: str, timeout_s: float) -> N
         try:
             line = lines.get(timeout=timeout_s)
         except queue.Empty:
-            raise AssertionError(f"no {expected!r} from the saver within {timeout_s} s; stdout so far: {seen}")
+            raise AssertionError(
+                f"no {expected!r} from the saver within {timeout_s} s; stdout so far: {seen}"
+            ) from None
         seen.append(line)
         if line.strip() == expected:
             return

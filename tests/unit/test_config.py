@@ -6,7 +6,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import pytest
 from omegaconf import OmegaConf
@@ -79,8 +79,17 @@ def test_mul_resolver_follows_overrides(tmp_path):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("4", 4), ("0.5", 0.5), ("1e-6", 1e-6), ("true", True), ("null", None), ("[1, 2]", [1, 2]),
-     ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B"), ("", ""), ("'7'", "7")],
+    [
+        ("4", 4),
+        ("0.5", 0.5),
+        ("1e-6", 1e-6),
+        ("true", True),
+        ("null", None),
+        ("[1, 2]", [1, 2]),
+        ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B"),
+        ("", ""),
+        ("'7'", "7"),
+    ],
 )
 def test_override_value_parsing(text, expected):
     assert parse_override_value(text) == expected
@@ -115,7 +124,7 @@ def test_override_errors_each_on_one_line(tmp_path):
 class Inner:
     lr: float = 1e-3
     mode: Literal["a", "b"] = "a"
-    names: Optional[list[str]] = None
+    names: list[str] | None = None
 
 
 @dataclass
@@ -185,7 +194,9 @@ def grpo_schema():
 
 
 def test_grpo_math_1b_yaml_is_valid_and_resolved():
-    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", ["policy.max_total_sequence_length=1024"], grpo_schema())
+    cfg = load_validated_config(
+        REPO / "configs" / "grpo_math_1B.yaml", ["policy.max_total_sequence_length=1024"], grpo_schema()
+    )
     assert cfg.grpo.num_prompts_per_step == 32
     assert cfg.policy.generation.max_new_tokens == 1024  # interpolation sees the override
     assert cfg.policy.dynamic_batching.train_mb_tokens == 1024 * 4  # ${mul:...}
@@ -196,11 +207,18 @@ def test_grpo_impossible_combinations():
     with pytest.raises(ConfigError) as err:
         load_validated_config(
             REPO / "configs" / "grpo_math_1B.yaml",
-            ["policy.megatron_cfg.enabled=true", "policy.train_global_batch_size=102", "grpo.num_generations_per_prompt=1"],
+            [
+                "policy.megatron_cfg.enabled=true",
+                "policy.train_global_batch_size=102",
+                "grpo.num_generations_per_prompt=1",
+            ],
             grpo_schema(),
         )
     text = "\n".join(err.value.problems)
-    assert "policy.dtensor_cfg.enabled: exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true (both is)" in text
+    assert (
+        "policy.dtensor_cfg.enabled: exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true (both is)"
+        in text
+    )
     assert "policy.train_global_batch_size: must be a multiple of train_micro_batch_size (102 % 4 != 0)" in text
     assert "grpo.use_leave_one_out_baseline: needs num_generations_per_prompt >= 2" in text
 
@@ -222,7 +240,9 @@ def test_cli_exits_2_with_one_line_per_problem(capsys):
 def test_run_grpo_math_typo_exits_2_and_names_the_key():
     proc = subprocess.run(
         [sys.executable, str(REPO / "examples" / "run_grpo_math.py"), "grpo.num_prompts_per_stpe=4"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2, proc.stderr
     assert "did you mean grpo.num_prompts_per_step?" in proc.stderr

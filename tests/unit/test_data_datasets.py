@@ -270,8 +270,12 @@ def test_reasoning_gym_validation_never_shares_a_question_with_training():
 
 def test_reasoning_gym_validation_is_a_plain_sample_independent_of_train_size():
     # Validation is drawn before training, so it does not depend on train_size and is not the leftovers of training.
-    small = load_dataset_by_name("reasoning_gym", task="products", task_kwargs=ONE_DIGIT_PRODUCTS, train_size=5, val_size=25)
-    large = load_dataset_by_name("reasoning_gym", task="products", task_kwargs=ONE_DIGIT_PRODUCTS, train_size=90, val_size=25)
+    small = load_dataset_by_name(
+        "reasoning_gym", task="products", task_kwargs=ONE_DIGIT_PRODUCTS, train_size=5, val_size=25
+    )
+    large = load_dataset_by_name(
+        "reasoning_gym", task="products", task_kwargs=ONE_DIGIT_PRODUCTS, train_size=90, val_size=25
+    )
     assert _problems(small.validation) == _problems(large.validation)
 
 

@@ -55,7 +55,7 @@ def test_message_tokens_concatenate_to_the_templated_conversation(tokenizer, nam
     assert concatenated == _reference_ids(tokenizer, messages, add_generation_prompt)
     full_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     assert "".join(m["content"] for m in log) == full_text
-    for message, original in zip(log, messages):
+    for message, original in zip(log, messages, strict=True):
         assert message["token_ids"].dtype == torch.long and message["token_ids"].ndim == 1
         assert original["content"] in message["content"]
         # Each message's tokens decode to its own slice of the templated text.

@@ -173,7 +173,7 @@ def test_collate_then_flatten_then_append_generation(tokenizer):
 
     # The rollout side: generated ids appended as they are, then a training mask on assistant tokens only.
     generations = [[28, 29, tokenizer.eos_token_id], [30, tokenizer.eos_token_id], [31, 32, 33, 34]]
-    for log, generated in zip(batch["message_log"], generations):
+    for log, generated in zip(batch["message_log"], generations, strict=True):
         log.append(message_from_token_ids("assistant", generated, tokenizer))
     add_loss_mask_to_message_log(batch["message_log"], roles_to_train_on=["assistant"])
     flat, lengths = batched_message_log_to_flat_message(batch["message_log"], {"token_ids": tokenizer.pad_token_id})

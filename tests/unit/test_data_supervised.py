@@ -43,6 +43,7 @@ def _template_ids(tokenizer, messages) -> list[int]:
 
 def _templated_turns(tokenizer, messages) -> list[str]:
     """Independent reference: message i's templated text = render(messages[:i+1]) minus render(messages[:i])."""
+
     def render(upto):
         return tokenizer.apply_chat_template(messages[:upto], tokenize=False) if upto else ""
 
@@ -71,10 +72,10 @@ def test_sft_datum_tokens_are_the_chat_template_and_mask_covers_exactly_the_assi
     assert ids == _template_ids(tokenizer, MULTI_TURN)
     assert datum["length"] == len(ids) and datum["loss_multiplier"] == 1.0 and datum["idx"] == 7
     turns = _templated_turns(tokenizer, MULTI_TURN)
-    masked_text = tokenizer.decode([t for t, m in zip(ids, mask) if m == 1])
+    masked_text = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 1])
     assert masked_text == turns[2] + turns[4]
     assert "5." in turns[2] and "It is 20.\nDone!" in turns[4]
-    unmasked_text = tokenizer.decode([t for t, m in zip(ids, mask) if m == 0])
+    unmasked_text = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
     assert unmasked_text == turns[0] + turns[1] + turns[3]
 
 
@@ -151,12 +152,19 @@ def test_squad_row_without_answer_names_row_and_field(tmp_path):
 
 def test_openmathinstruct2_sft_rows_and_seeded_holdout(tmp_path):
     rows = [
-        {"problem": f"{i} + {i}?", "generated_solution": f"It is \\boxed{{{2 * i}}}.", "expected_answer": str(2 * i),
-         "problem_source": "augmented_math"}
+        {
+            "problem": f"{i} + {i}?",
+            "generated_solution": f"It is \\boxed{{{2 * i}}}.",
+            "expected_answer": str(2 * i),
+            "problem_source": "augmented_math",
+        }
         for i in range(8)
     ]
-    cfg = SFTDataConfig(dataset_name="OpenMathInstruct-2", data_path=_write_jsonl(tmp_path / "omi.jsonl", rows),
-                        split_validation_size=0.25)
+    cfg = SFTDataConfig(
+        dataset_name="OpenMathInstruct-2",
+        data_path=_write_jsonl(tmp_path / "omi.jsonl", rows),
+        split_validation_size=0.25,
+    )
     first, again = load_sft_dataset(cfg, seed=3), load_sft_dataset(cfg, seed=3)
     assert (len(first.train), len(first.validation)) == (6, 2)
     assert list(first.validation["messages"]) == list(again.validation["messages"])
@@ -170,14 +178,22 @@ def test_openmathinstruct2_sft_rows_and_seeded_holdout(tmp_path):
 
 
 def test_openai_format_with_chat_key_prompt_files_and_errors(tmp_path):
-    rows = [{"conversation": [{"role": "user", "content": f"Say {i}"}, {"role": "assistant", "content": str(i)}]}
-            for i in range(4)]
+    rows = [
+        {"conversation": [{"role": "user", "content": f"Say {i}"}, {"role": "assistant", "content": str(i)}]}
+        for i in range(4)
+    ]
     rows.append({"conversation": [{"role": "system", "content": "Own system."}, *rows[0]["conversation"]]})
     train = _write_jsonl(tmp_path / "chat.jsonl", rows)
     (tmp_path / "prompt.txt").write_text("Task: {}")
     (tmp_path / "system.txt").write_text("Be brief.")
-    cfg = SFTDataConfig(dataset_name="openai_format", data_path=train, val_data_path=train, chat_key="conversation",
-                        prompt_file=str(tmp_path / "prompt.txt"), system_prompt_file=str(tmp_path / "system.txt"))
+    cfg = SFTDataConfig(
+        dataset_name="openai_format",
+        data_path=train,
+        val_data_path=train,
+        chat_key="conversation",
+        prompt_file=str(tmp_path / "prompt.txt"),
+        system_prompt_file=str(tmp_path / "system.txt"),
+    )
     loaded = load_sft_dataset(cfg, seed=0)
     assert loaded.train[1]["messages"] == [
         {"role": "system", "content": "Be brief."},
@@ -189,22 +205,29 @@ def test_openai_format_with_chat_key_prompt_files_and_errors(tmp_path):
         {"role": "user", "content": "Task: Say 0"},
     ]
 
-    with pytest.raises(ValueError, match="give data.val_data_path"):
+    with pytest.raises(ValueError, match=r"give data\.val_data_path"):
         load_sft_dataset(SFTDataConfig(dataset_name="openai_format", data_path=train, chat_key="conversation"), 0)
     only_user = {"conversation": [{"role": "user", "content": "x"}]}
     no_answer = _write_jsonl(tmp_path / "no_answer.jsonl", [rows[0], only_user])
     with pytest.raises(ValueError, match=r"no_answer\.jsonl\): row 1: field 'conversation' has no assistant message"):
-        load_sft_dataset(SFTDataConfig(dataset_name="openai_format", data_path=no_answer, val_data_path=train,
-                                       chat_key="conversation"), 0)
+        load_sft_dataset(
+            SFTDataConfig(
+                dataset_name="openai_format", data_path=no_answer, val_data_path=train, chat_key="conversation"
+            ),
+            0,
+        )
 
 
 def test_data_configs_check_names_and_keys():
     problems = SFTDataConfig(dataset_name="sqaud").check()
     assert problems == [
-        ("dataset_name", "unknown dataset 'sqaud' (did you mean 'squad'?); "
-                         "valid names: squad, OpenMathInstruct-2, openai_format, champ")
+        (
+            "dataset_name",
+            "unknown dataset 'sqaud' (did you mean 'squad'?); "
+            "valid names: squad, OpenMathInstruct-2, openai_format, champ",
+        )
     ]
-    (key, message), = PreferenceDataConfig(dataset_name="helpsteer3", data_path="x.jsonl").check()
+    ((key, message),) = PreferenceDataConfig(dataset_name="helpsteer3", data_path="x.jsonl").check()
     assert key == "dataset_name" and "did you mean 'HelpSteer3'?" in message
     assert [k for k, _ in SFTDataConfig(dataset_name="champ", data_path="a.jsonl").check()] == ["data_path"]
     assert [k for k, _ in SFTDataConfig(dataset_name="squad", split="train_1M").check()] == ["split"]
@@ -215,8 +238,11 @@ def test_data_configs_check_names_and_keys():
 
 
 # ---------------------------------------------------------------- preference datums and loaders
-CONTEXT = [{"role": "user", "content": "Is 7 prime?"}, {"role": "assistant", "content": "Let me check."},
-           {"role": "user", "content": "Well?"}]
+CONTEXT = [
+    {"role": "user", "content": "Is 7 prime?"},
+    {"role": "assistant", "content": "Let me check."},
+    {"role": "user", "content": "Well?"},
+]
 CHOSEN = [{"role": "assistant", "content": "Yes, 7 is prime."}]
 REJECTED = [{"role": "assistant", "content": "No, 7 = 2 * 3.5 so it is composite, as everyone knows."}]
 
@@ -227,10 +253,14 @@ def test_preference_datum_trains_only_on_the_answer(tokenizer):
         ids, mask = _flat(log, "token_ids"), _flat(log, "token_loss_mask")
         assert ids == _template_ids(tokenizer, CONTEXT + answer)
         turns = _templated_turns(tokenizer, CONTEXT + answer)
-        assert tokenizer.decode([t for t, m in zip(ids, mask) if m]) == turns[-1]  # not the context's assistant turn
+        assert (
+            tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m]) == turns[-1]
+        )  # not the context's assistant turn
     context_len = sum(len(m["token_ids"]) for m in datum["message_log_chosen"][:3])
-    assert _flat(datum["message_log_chosen"], "token_ids")[:context_len] == \
-        _flat(datum["message_log_rejected"], "token_ids")[:context_len]
+    assert (
+        _flat(datum["message_log_chosen"], "token_ids")[:context_len]
+        == _flat(datum["message_log_rejected"], "token_ids")[:context_len]
+    )
     assert datum["length_chosen"] < datum["length_rejected"] and datum["loss_multiplier"] == 1.0 and datum["idx"] == 4
 
 
@@ -244,8 +274,12 @@ def test_preference_collate_interleaves_pairs_and_a_truncated_answer_masks_both_
     batch = preference_collate_fn([first, cut], pad_token_id=tokenizer.pad_token_id)
     longest = first["length_rejected"]
     assert batch["input_ids"].shape == (4, longest) and batch["token_mask"].shape == (4, longest)
-    assert batch["input_lengths"].tolist() == [first["length_chosen"], longest, first["length_chosen"],
-                                               first["length_chosen"]]
+    assert batch["input_lengths"].tolist() == [
+        first["length_chosen"],
+        longest,
+        first["length_chosen"],
+        first["length_chosen"],
+    ]
     assert batch["sample_mask"].tolist() == [1.0, 1.0, 0.0, 0.0] and batch["idx"] == [0, 0, 1, 1]
     n = first["length_chosen"]
     assert batch["input_ids"][0, :n].tolist() == _flat(first["message_log_chosen"], "token_ids")
@@ -256,9 +290,13 @@ def test_preference_collate_interleaves_pairs_and_a_truncated_answer_masks_both_
 def _binary_rows(mixed: bool = True):
     """With ``mixed``, columns mix text and message lists (which `datasets` alone would mangle: "4" → 4)."""
     second = (
-        {"prompt": [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "3*3?"}],
-         "chosen": [{"role": "assistant", "content": "9"}], "rejected": "6"}
-        if mixed else {"prompt": "3*3?", "chosen": "9", "rejected": "6"}
+        {
+            "prompt": [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "3*3?"}],
+            "chosen": [{"role": "assistant", "content": "9"}],
+            "rejected": "6",
+        }
+        if mixed
+        else {"prompt": "3*3?", "chosen": "9", "rejected": "6"}
     )
     return [
         {"prompt": "What is 2+2?", "chosen": "4", "rejected": "5"},
@@ -273,14 +311,17 @@ def test_binary_preference_rows_accept_text_or_messages(tmp_path, tokenizer):
     cfg = PreferenceDataConfig(dataset_name="binary_preference", data_path=path, val_data_path=path)
     loaded = load_preference_dataset(cfg, seed=0)
     assert len(loaded.train) == 4 and len(loaded.validation) == 4
-    assert loaded.train[0] == {"context": [{"role": "user", "content": "What is 2+2?"}],
-                               "chosen": [{"role": "assistant", "content": "4"}],
-                               "rejected": [{"role": "assistant", "content": "5"}]}
+    assert loaded.train[0] == {
+        "context": [{"role": "user", "content": "What is 2+2?"}],
+        "chosen": [{"role": "assistant", "content": "4"}],
+        "rejected": [{"role": "assistant", "content": "5"}],
+    }
     assert loaded.train[1]["context"] == _binary_rows()[1]["prompt"]
     assert loaded.train[1]["rejected"] == [{"role": "assistant", "content": "6"}]
     datum = PreferenceDataset(loaded.train, tokenizer, max_seq_length=256)[1]
     assert _flat(datum["message_log_chosen"], "token_ids") == _template_ids(
-        tokenizer, _binary_rows()[1]["prompt"] + [{"role": "assistant", "content": "9"}])
+        tokenizer, _binary_rows()[1]["prompt"] + [{"role": "assistant", "content": "9"}]
+    )
 
 
 @pytest.mark.parametrize("mixed", [True, False])
@@ -301,31 +342,46 @@ def test_binary_preference_row_without_an_answer_names_file_row_and_field(tmp_pa
 def test_binary_preference_file_without_a_column_lists_the_columns(tmp_path):
     path = _write_jsonl(tmp_path / "data.jsonl", [{"prompt": "a", "chosen": "b"}])
     with pytest.raises(ValueError, match=r"missing column\(s\) \['rejected'\]; the file has \['prompt', 'chosen'\]"):
-        load_preference_dataset(PreferenceDataConfig(dataset_name="binary_preference", data_path=path,
-                                                     val_data_path=path), seed=0)
+        load_preference_dataset(
+            PreferenceDataConfig(dataset_name="binary_preference", data_path=path, val_data_path=path), seed=0
+        )
 
 
 def _helpsteer3_rows():
     def row(i, preference):
-        return {"domain": "general", "language": "english",
-                "context": [{"role": "user", "content": f"Question {i}"}],
-                "response1": f"first answer {i}", "response2": f"second answer {i}",
-                "overall_preference": preference, "individual_preference": []}
+        return {
+            "domain": "general",
+            "language": "english",
+            "context": [{"role": "user", "content": f"Question {i}"}],
+            "response1": f"first answer {i}",
+            "response2": f"second answer {i}",
+            "overall_preference": preference,
+            "individual_preference": [],
+        }
 
     return [row(0, -2), row(1, 0), row(2, 3), row(3, -1), row(4, 0), row(5, 1)]
 
 
 def test_helpsteer3_preference_direction_and_ties_skipped(tmp_path, capsys):
     path = _write_jsonl(tmp_path / "hs3.jsonl", _helpsteer3_rows())
-    loaded = load_preference_dataset(PreferenceDataConfig(dataset_name="HelpSteer3", data_path=path,
-                                                          val_data_path=path), seed=0)
+    loaded = load_preference_dataset(
+        PreferenceDataConfig(dataset_name="HelpSteer3", data_path=path, val_data_path=path), seed=0
+    )
     assert len(loaded.train) == 4 and len(loaded.validation) == 4
     chosen = {r["context"][0]["content"]: r["chosen"][0]["content"] for r in loaded.train}
     rejected = {r["context"][0]["content"]: r["rejected"][0]["content"] for r in loaded.train}
-    assert chosen == {"Question 0": "first answer 0", "Question 2": "second answer 2",
-                      "Question 3": "first answer 3", "Question 5": "second answer 5"}
-    assert rejected == {"Question 0": "second answer 0", "Question 2": "first answer 2",
-                        "Question 3": "second answer 3", "Question 5": "first answer 5"}
+    assert chosen == {
+        "Question 0": "first answer 0",
+        "Question 2": "second answer 2",
+        "Question 3": "first answer 3",
+        "Question 5": "second answer 5",
+    }
+    assert rejected == {
+        "Question 0": "second answer 0",
+        "Question 2": "first answer 2",
+        "Question 3": "second answer 3",
+        "Question 5": "first answer 5",
+    }
     assert loaded.train[0]["chosen"][0]["role"] == "assistant"
     assert "skipped 2 of 6 rows (ties, overall_preference == 0)" in capsys.readouterr().out
 
@@ -358,6 +414,9 @@ def test_drop_overlong_removes_exactly_the_rows_that_would_train_on_nothing(toke
     assert [train[i]["loss_multiplier"] for i in range(5)] == [1.0, 0.0, 1.0, 0.0, 0.0] and len(val) == 2
 
     only_long = LoadedDataset("binary_preference", train=[long], validation=None)
-    with pytest.raises(ValueError, match=r"^data.drop_overlong: all 1 training rows are longer than "
-                                         r"data.max_input_seq_length=64; raise it$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^data.drop_overlong: all 1 training rows are longer than "
+        r"data.max_input_seq_length=64; raise it$",
+    ):
         build_datasets(PreferenceDataset, only_long, tokenizer, replace(cfg, drop_overlong=True))

@@ -190,7 +190,7 @@ def test_create_env_rejects_bad_names_and_configs(ray_local: None) -> None:
         create_env("maths", TEST_CFG)
     with pytest.raises(
         ValueError,
-        match="invalid env.math config: answer_extraction: unknown method 'lastnum'; valid: "
+        match=r"invalid env\.math config: answer_extraction: unknown method 'lastnum'; valid: "
         "math_verify, boxed, answer_tag, last_number, auto; num_workers: must be >= 1, got 0",
     ):
         create_env("math", MathEnvConfig(num_workers=0, answer_extraction="lastnum"))  # type: ignore[arg-type]

@@ -102,7 +102,7 @@ def test_bad_pool_arguments(ray_local: None) -> None:
 def test_a_verifier_that_cannot_start_raises_a_clear_error(ray_local: None) -> None:
     with pytest.raises(
         RuntimeError,
-        match="(?s)verifier actor 0 failed to start 3 times in a row; last error: .*missing verifier dependency",
+        match=r"(?s)verifier actor 0 failed to start 3 times in a row; last error: .*missing verifier dependency",
     ):
         VerifierPool(_faulty_verifier_class(), (True,), num_workers=1, timeout_s=1.0)
 

@@ -158,7 +158,7 @@ def test_bad_metadata_raises_clear_errors(rg_env: Any, metadata: dict, error: ty
 def test_bad_config_is_rejected_before_starting_an_actor() -> None:
     with pytest.raises(
         ValueError,
-        match="invalid env.reasoning_gym config: answer_extraction: unknown method "
+        match=r"invalid env\.reasoning_gym config: answer_extraction: unknown method "
         "'math_verify'; valid: boxed, answer_tag, last_number, auto; verifier_timeout_s: must be > 0",
     ):
         bad = ReasoningGymEnvConfig(answer_extraction="math_verify", verifier_timeout_s=0)  # type: ignore[arg-type]

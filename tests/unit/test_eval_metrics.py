@@ -131,8 +131,13 @@ def test_summarize_reports_the_metric_over_problems():
 
 
 def _row(reward: float, answer: str | None, tokens: int, truncated: bool = False) -> dict:
-    return {"reward": reward, "correct": reward >= 1.0, "extracted_answer": answer, "response_tokens": tokens,
-            "truncated": truncated}
+    return {
+        "reward": reward,
+        "correct": reward >= 1.0,
+        "extracted_answer": answer,
+        "response_tokens": tokens,
+        "truncated": truncated,
+    }
 
 
 def test_sample_seeds_do_not_depend_on_batching():

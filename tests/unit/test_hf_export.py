@@ -71,7 +71,9 @@ def test_round_trip_writes_tied_head_and_reloads_identically(tiny_model, tiny_di
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
     out = save_consolidated_hf(state_dict, tiny_model.config, tmp_path / "hf", tokenizer=tokenizer)
 
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in out.iterdir()
+    }
     saved = load_hf_state_dict(out)
     assert torch.equal(saved["lm_head.weight"], tiny_model.model.embed_tokens.weight)
     reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
@@ -87,7 +89,9 @@ def test_bfloat16_export_and_sharding(tiny_model, tmp_path: Path) -> None:
 
     from nemo_rl_clone.models.hf_export import SAFETENSORS_INDEX, load_hf_state_dict, save_consolidated_hf
 
-    out = save_consolidated_hf(tiny_model.state_dict(), tiny_model.config, tmp_path / "hf", dtype="bfloat16", max_shard_size="4MB")
+    out = save_consolidated_hf(
+        tiny_model.state_dict(), tiny_model.config, tmp_path / "hf", dtype="bfloat16", max_shard_size="4MB"
+    )
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
     assert len(shards) > 1 and (out / SAFETENSORS_INDEX).is_file()
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
@@ -96,7 +100,9 @@ def test_bfloat16_export_and_sharding(tiny_model, tmp_path: Path) -> None:
         assert torch.equal(saved[key], value.to(torch.bfloat16)), key
     reloaded = AutoModelForCausalLM.from_pretrained(out)
     assert reloaded.dtype == torch.bfloat16
-    assert torch.equal(reloaded.model.layers[1].mlp.up_proj.weight, tiny_model.model.layers[1].mlp.up_proj.weight.bfloat16())
+    assert torch.equal(
+        reloaded.model.layers[1].mlp.up_proj.weight, tiny_model.model.layers[1].mlp.up_proj.weight.bfloat16()
+    )
 
 
 def test_existing_output_needs_overwrite(tiny_model, tmp_path: Path) -> None:
@@ -117,7 +123,9 @@ def test_tied_head_that_differs_is_refused(tiny_model, tmp_path: Path) -> None:
 
     state_dict = dict(tiny_model.state_dict())
     state_dict["lm_head.weight"] = state_dict["lm_head.weight"] + 1.0
-    with pytest.raises(ValueError, match=r"'lm_head.weight' differs from 'model.embed_tokens.weight'.*tie_word_embeddings"):
+    with pytest.raises(
+        ValueError, match=r"'lm_head.weight' differs from 'model.embed_tokens.weight'.*tie_word_embeddings"
+    ):
         save_consolidated_hf(state_dict, tiny_model.config, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 
@@ -136,9 +144,13 @@ def test_bad_keys_shapes_and_values_are_named(tiny_model, tmp_path: Path) -> Non
 
     good = dict(tiny_model.state_dict())
     renamed = {("_orig_mod." + k if k == "model.norm.weight" else k): v for k, v in good.items()}
-    with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\], unexpected \['_orig_mod.model.norm.weight'\]"):
+    with pytest.raises(
+        ValueError, match=r"missing \['model.norm.weight'\], unexpected \['_orig_mod.model.norm.weight'\]"
+    ):
         save_consolidated_hf(renamed, tiny_model.config, tmp_path / "a")
-    with pytest.raises(ValueError, match=r"state_dict\['model.norm.weight'\] has shape \(64,\), the config needs \(128,\)"):
+    with pytest.raises(
+        ValueError, match=r"state_dict\['model.norm.weight'\] has shape \(64,\), the config needs \(128,\)"
+    ):
         save_consolidated_hf({**good, "model.norm.weight": torch.ones(64)}, tiny_model.config, tmp_path / "b")
     with pytest.raises(TypeError, match=r"state_dict\['model.norm.weight'\] is a list"):
         save_consolidated_hf({**good, "model.norm.weight": [1.0]}, tiny_model.config, tmp_path / "c")
@@ -169,7 +181,9 @@ def test_single_process_dcp_converts_to_identical_model(tiny_model, tmp_path: Pa
     dcp.save({"model": get_model_state_dict(tiny_model)}, checkpoint_id=weights_dir, no_dist=True)
     config_path = _write_step_config(step_dir, "tiny-random-llama")
 
-    _load_converter().main(["--config", str(config_path), "--dcp-ckpt-path", str(weights_dir), "--hf-ckpt-path", str(tmp_path / "hf")])
+    _load_converter().main(
+        ["--config", str(config_path), "--dcp-ckpt-path", str(weights_dir), "--hf-ckpt-path", str(tmp_path / "hf")]
+    )
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert torch.equal(_logits(reloaded), _logits(tiny_model))  # DCP and safetensors both keep the bits
 
@@ -182,7 +196,10 @@ def test_converter_cli_on_fsdp2_sharded_checkpoint(tiny_model, tiny_dir: Path, t
     step_dir = tmp_path / "step_5"
     weights_dir = step_dir / "policy" / "weights"
     saved = subprocess.run(
-        [sys.executable, __file__, "fsdp-save", str(tiny_dir), str(weights_dir)], capture_output=True, text=True, timeout=300
+        [sys.executable, __file__, "fsdp-save", str(tiny_dir), str(weights_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert saved.returncode == 0, saved.stderr[-3000:]
     assert len(list(weights_dir.glob("*.distcp"))) == 2  # one file per rank: really sharded
@@ -190,7 +207,16 @@ def test_converter_cli_on_fsdp2_sharded_checkpoint(tiny_model, tiny_dir: Path, t
     out = tmp_path / "hf"
 
     converted = subprocess.run(
-        [sys.executable, str(CONVERTER), "--config", str(config_path), "--dcp-ckpt-path", str(weights_dir), "--hf-ckpt-path", str(out)],
+        [
+            sys.executable,
+            str(CONVERTER),
+            "--config",
+            str(config_path),
+            "--dcp-ckpt-path",
+            str(weights_dir),
+            "--hf-ckpt-path",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -210,14 +236,18 @@ def test_converter_errors_name_the_problem(tmp_path: Path, capsys: pytest.Captur
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SystemExit) as exit_info:
-        converter.main(["--config", str(config_path), "--dcp-ckpt-path", str(empty), "--hf-ckpt-path", str(tmp_path / "o")])
+        converter.main(
+            ["--config", str(config_path), "--dcp-ckpt-path", str(empty), "--hf-ckpt-path", str(tmp_path / "o")]
+        )
     assert exit_info.value.code == 1
     assert "is not a torch DCP checkpoint (no .metadata file)" in capsys.readouterr().err
 
     no_policy = tmp_path / "no_policy.yaml"
     no_policy.write_text("grpo: {max_num_steps: 3}\n")
     with pytest.raises(SystemExit) as exit_info:
-        converter.main(["--config", str(no_policy), "--dcp-ckpt-path", str(empty), "--hf-ckpt-path", str(tmp_path / "o")])
+        converter.main(
+            ["--config", str(no_policy), "--dcp-ckpt-path", str(empty), "--hf-ckpt-path", str(tmp_path / "o")]
+        )
     assert exit_info.value.code == 2
     assert "no 'policy' section" in capsys.readouterr().err
 
@@ -289,7 +319,11 @@ def test_vllm_loads_export_and_reloads_tied_head_in_place(tiny_model, tiny_dir: 
 
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TMPDIR": str(tmp_path)}
     result = subprocess.run(
-        [sys.executable, __file__, "vllm-check", str(first), str(second)], capture_output=True, text=True, env=env, timeout=400
+        [sys.executable, __file__, "vllm-check", str(first), str(second)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=400,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
@@ -311,7 +345,7 @@ def _vllm_check(first: str, second: str) -> None:
 
     def prompt_logprobs() -> list[float]:
         out = llm.generate([{"prompt_token_ids": PROMPT_IDS}], params, use_tqdm=False)[0]
-        return [entry[token].logprob for entry, token in zip(out.prompt_logprobs[1:], PROMPT_IDS[1:])]
+        return [entry[token].logprob for entry, token in zip(out.prompt_logprobs[1:], PROMPT_IDS[1:], strict=True)]
 
     try:
         result = {"first": prompt_logprobs()}

@@ -89,7 +89,7 @@ def test_unreachable_hub_model_gives_one_clear_error(fresh_cache: Path) -> None:
 def test_check_model_available_accepts_model_folders_only(tiny_llama_dir: Path, tmp_path: Path) -> None:
     assert check_model_available(str(tiny_llama_dir)) == str(tiny_llama_dir)
     assert check_model_available("tiny-random-llama") == str(tiny_llama_dir)
-    with pytest.raises(OSError, match="has no config.json"):
+    with pytest.raises(OSError, match=r"has no config\.json"):
         check_model_available(str(tmp_path))
 
 
@@ -104,7 +104,9 @@ def test_tiny_llama_config_matches_tokenizer(tiny_llama_dir: Path) -> None:
     assert config.hidden_size // config.num_attention_heads == 32
     assert (config.bos_token_id, config.eos_token_id) == (tokenizer.bos_token_id, tokenizer.eos_token_id)
     assert tokenizer.pad_token_id is not None
-    chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -148,7 +150,9 @@ def test_load_tokenizer_pads_with_eos_and_needs_no_model_build(
     other_cache = tmp_path / "cache"
     _seed_cache_with_tokenizer(fresh_cache, other_cache)
     monkeypatch.setenv("NRL_CACHE_DIR", str(other_cache))
-    assert load_tokenizer("HuggingFaceTB/SmolLM2-135M-Instruct").encode("Hello world") == tokenizer.encode("Hello world")
+    assert load_tokenizer("HuggingFaceTB/SmolLM2-135M-Instruct").encode("Hello world") == tokenizer.encode(
+        "Hello world"
+    )
     assert not (other_cache / hf._CACHE_LAYOUT / "models").exists()  # the 135M model was not built for it
 
 

@@ -227,10 +227,12 @@ def test_invalid_wandb_mode_is_rejected_before_anything_starts(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
 def test_monitor_gpus_without_cuda_notes_once_and_logs_only_given_metrics(tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="nemo_rl_clone.utils.logger_backends"):
-        with Logger(LoggerConfig(monitor_gpus=True), tmp_path, quiet=True) as logger:
-            logger.log_metrics({"loss": 1.0}, 0, "train")
-            logger.log_metrics({"loss": 1.0}, 1, "train")
+    with (
+        caplog.at_level(logging.INFO, logger="nemo_rl_clone.utils.logger_backends"),
+        Logger(LoggerConfig(monitor_gpus=True), tmp_path, quiet=True) as logger,
+    ):
+        logger.log_metrics({"loss": 1.0}, 0, "train")
+        logger.log_metrics({"loss": 1.0}, 1, "train")
     notes = [r for r in caplog.records if "GPU monitoring is off" in r.getMessage()]
     assert len(notes) == 1 and notes[0].levelno == logging.INFO
     assert [set(row) for row in read_jsonl(tmp_path / METRICS_FILENAME)] == [{"step", "train/loss"}] * 2
@@ -281,9 +283,8 @@ def test_mlflow_file_store_read_back_and_run_status(tmp_path):
         logger.log_hyperparams({"policy": {"optimizer": {"kwargs": {"lr": 5e-6, "betas": [0.9, 0.999]}}}})
         for step, loss in [(1, 0.5), (2, 0.25)]:
             logger.log_metrics({"loss": loss, "advantages": {"mean": step}}, step, prefix="train")
-    with pytest.raises(ZeroDivisionError):
-        with quiet_logger(tmp_path / "second", mlflow_enabled=True, mlflow=cfg):
-            1 / 0
+    with pytest.raises(ZeroDivisionError), quiet_logger(tmp_path / "second", mlflow_enabled=True, mlflow=cfg):
+        _ = 1 / 0
 
     client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
     experiment = client.get_experiment_by_name("grpo-test")

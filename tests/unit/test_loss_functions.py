@@ -140,9 +140,7 @@ def test_k3_kl_penalty():
 
 def test_k3_kl_with_on_policy_approximation():
     weights = [2.0, 0.5, 1.0, 4.0]  # exp(lp − lp_gen)
-    logits, data = uniform_batch(
-        [[0.0] * 4], gen_shift=[[-math.log(w) for w in weights]], ref_shift=KL_SHIFTS
-    )
+    logits, data = uniform_batch([[0.0] * 4], gen_shift=[[-math.log(w) for w in weights]], ref_shift=KL_SHIFTS)
     loss_fn = pg_loss(reference_policy_kl_penalty=0.1, use_on_policy_kl_approximation=True)
     loss, _ = call(loss_fn, logits, data)
     assert loss.item() == pytest.approx(0.1 * sum(w * k for w, k in zip(weights, K3, strict=True)) / 4, abs=1e-6)
@@ -202,7 +200,7 @@ def test_gspo_importance_weight_is_per_sequence_product():
 
 def test_token_versus_sequence_normalisation():
     # Row 0: one token with L = −2; row 1: three tokens with L = −1 (r = 1, L = −A).
-    kwargs = dict(token_mask=[[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    kwargs = {"token_mask": [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]}
     logits, data = uniform_batch([[2.0, 7.0, 7.0], [1.0, 1.0, 1.0]], **kwargs)
     token_level, _ = call(pg_loss(), logits, data)
     sequence_level, _ = call(pg_loss(token_level_loss=False), logits, data)
@@ -221,22 +219,34 @@ def test_metrics_hand_values():
     assert metrics["approx_entropy"] == pytest.approx(sum(math.exp(-g) * LOG4 for g in gen_gap) / 4, abs=1e-6)
     assert metrics["num_valid_samples"] == 1
     assert set(metrics) == {
-        "loss", "probs_ratio", "probs_ratio_clamped", "kl_penalty", "token_mult_prob_error",
-        "gen_kl_error", "approx_entropy", "num_valid_samples",
+        "loss",
+        "probs_ratio",
+        "probs_ratio_clamped",
+        "kl_penalty",
+        "token_mult_prob_error",
+        "gen_kl_error",
+        "approx_entropy",
+        "num_valid_samples",
     }
 
 
-ALL_BRANCHES = dict(
-    reference_policy_kl_penalty=0.1, ratio_clip_c=3.0, use_on_policy_kl_approximation=True,
-    use_importance_sampling_correction=True, truncated_importance_sampling_ratio=2.0,
-)
+ALL_BRANCHES = {
+    "reference_policy_kl_penalty": 0.1,
+    "ratio_clip_c": 3.0,
+    "use_on_policy_kl_approximation": True,
+    "use_importance_sampling_correction": True,
+    "truncated_importance_sampling_ratio": 2.0,
+}
 
 
 def test_masked_and_empty_samples_give_finite_loss_and_gradients():
     logits, data = uniform_batch(
         [[1.0, -1.0, 2.0], [1.0, 1.0, 1.0], [3.0, 3.0, 3.0]],
-        prev_shift=[[0.1, -0.2, 0.0]] * 3, gen_shift=[[0.3, 0.1, 0.0]] * 3, ref_shift=[[0.2, 0.4, 0.0]] * 3,
-        token_mask=[[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]], sample_mask=[1.0, 1.0, 0.0],
+        prev_shift=[[0.1, -0.2, 0.0]] * 3,
+        gen_shift=[[0.3, 0.1, 0.0]] * 3,
+        ref_shift=[[0.2, 0.4, 0.0]] * 3,
+        token_mask=[[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]],
+        sample_mask=[1.0, 1.0, 0.0],
     )
     padding = (data["token_mask"] == 0) | (data["sample_mask"][:, None] == 0)
     padding[:, 0] = False
@@ -244,7 +254,7 @@ def test_masked_and_empty_samples_give_finite_loss_and_gradients():
         data[key] = data[key].masked_fill(padding, float("-inf"))
     data["advantages"] = data["advantages"].masked_fill(padding, float("nan"))
     only_row0 = {k: v[:1] for k, v in data.items()}
-    for overrides in (ALL_BRANCHES, dict(token_level_loss=False, **ALL_BRANCHES), dict(disable_ppo_ratio=True)):
+    for overrides in (ALL_BRANCHES, dict(token_level_loss=False, **ALL_BRANCHES), {"disable_ppo_ratio": True}):
         loss_fn = pg_loss(**overrides)
         logits.grad = None
         loss, metrics = call(loss_fn, logits, data)
@@ -308,8 +318,10 @@ def reference_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.T
 def reference_clipped_pg(cfg: dict, logits, data) -> float:
     """SPEC §5's ClippedPGLossFn written as plain loops over valid samples and tokens."""
     lp = reference_logprobs(logits.detach(), data["input_ids"]).tolist()
-    prev, gen, ref, adv = (data[k][:, 1:].double().tolist() for k in (
-        "prev_logprobs", "generation_logprobs", "reference_policy_logprobs", "advantages"))
+    prev, gen, ref, adv = (
+        data[k][:, 1:].double().tolist()
+        for k in ("prev_logprobs", "generation_logprobs", "reference_policy_logprobs", "advantages")
+    )
     token_mask, sample_mask = data["token_mask"][:, 1:].tolist(), data["sample_mask"].tolist()
     gspo, tis = cfg["sequence_level_importance_ratios"], cfg["truncated_importance_sampling_ratio"]
     actor_total = kl_total = num_seqs = num_toks = 0.0
@@ -353,10 +365,12 @@ PG_CASES = {
     "grpo_default": {},
     "all_token_level": ALL_BRANCHES,
     "sequence_level": dict(token_level_loss=False, **ALL_BRANCHES),
-    "gspo": dict(
-        sequence_level_importance_ratios=True, token_level_loss=False, use_importance_sampling_correction=True
-    ),
-    "reinforce": dict(disable_ppo_ratio=True, reference_policy_kl_penalty=0.05),
+    "gspo": {
+        "sequence_level_importance_ratios": True,
+        "token_level_loss": False,
+        "use_importance_sampling_correction": True,
+    },
+    "reinforce": {"disable_ppo_ratio": True, "reference_policy_kl_penalty": 0.05},
 }
 
 
@@ -380,8 +394,7 @@ def test_loss_and_metrics_of_halves_with_global_counts_sum_to_the_whole(case):
     whole.backward()
     whole_grad, logits.grad = logits.grad.clone(), None
     halves = [
-        loss_fn(logits[rows], {k: v[rows] for k, v in data.items()}, seqs, toks)
-        for rows in (slice(0, 3), slice(3, 6))
+        loss_fn(logits[rows], {k: v[rows] for k, v in data.items()}, seqs, toks) for rows in (slice(0, 3), slice(3, 6))
     ]
     (halves[0][0] + halves[1][0]).backward()
     assert (halves[0][0] + halves[1][0]).item() == pytest.approx(whole.item(), abs=1e-6)
@@ -404,7 +417,9 @@ def test_nll_matches_cross_entropy_reference():
     expected = (per_token * mask.reshape(-1).double()).sum() / mask.sum()
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
     assert metrics == {
-        "loss": pytest.approx(loss.item()), "num_unmasked_tokens": mask.sum().item(), "num_valid_samples": 5.0
+        "loss": pytest.approx(loss.item()),
+        "num_unmasked_tokens": mask.sum().item(),
+        "num_valid_samples": 5.0,
     }
     assert NLLLoss.loss_type == LossType.TOKEN_LEVEL
 
@@ -452,8 +467,14 @@ def reference_dpo(cfg: dict, logits, data) -> dict[str, float]:
 
 @pytest.mark.parametrize("average", [(False, False), (True, True), (True, False)])
 def test_dpo_matches_loop_reference(average):
-    cfg = {**NEMO_RL_DPO_CFG, "preference_average_log_probs": average[0], "sft_average_log_probs": average[1],
-           "sft_loss_weight": 0.3, "preference_loss_weight": 0.7, "reference_policy_kl_penalty": 0.5}
+    cfg = {
+        **NEMO_RL_DPO_CFG,
+        "preference_average_log_probs": average[0],
+        "sft_average_log_probs": average[1],
+        "sft_loss_weight": 0.3,
+        "preference_loss_weight": 0.7,
+        "reference_policy_kl_penalty": 0.5,
+    }
     logits, data = dpo_batch(seed=11)
     loss, metrics = call(DPOLossFn(cfg), logits, data)
     expected = reference_dpo(cfg, logits, data)
@@ -473,8 +494,15 @@ def test_dpo_at_policy_equal_reference_is_log2():
     assert loss.item() == pytest.approx(0.693147, abs=1e-6)
     assert metrics["accuracy"] == 0.0 and metrics["rewards_chosen_mean"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["rewards_rejected_mean"] == pytest.approx(0.0, abs=1e-6)
-    assert set(metrics) == {"loss", "sft_loss", "preference_loss", "accuracy", "rewards_chosen_mean",
-                            "rewards_rejected_mean", "num_valid_samples"}
+    assert set(metrics) == {
+        "loss",
+        "sft_loss",
+        "preference_loss",
+        "accuracy",
+        "rewards_chosen_mean",
+        "rewards_rejected_mean",
+        "num_valid_samples",
+    }
 
 
 def test_dpo_rejects_odd_batches_and_split_pairs():
@@ -492,8 +520,13 @@ def test_preference_loss_hand_values():
     loss, metrics = PreferenceLoss()(scores, data, torch.tensor(4.0), None)
     expected = (math.log1p(math.exp(-1.0)) + math.log1p(math.exp(3.0))) / 2
     assert loss.item() == pytest.approx(expected, abs=1e-6)
-    assert metrics == {"loss": pytest.approx(expected, abs=1e-6), "accuracy": 0.5, "rewards_chosen_mean": 1.0,
-                       "rewards_rejected_mean": 2.0, "num_valid_samples": 2.0}
+    assert metrics == {
+        "loss": pytest.approx(expected, abs=1e-6),
+        "accuracy": 0.5,
+        "rewards_chosen_mean": 1.0,
+        "rewards_rejected_mean": 2.0,
+        "num_valid_samples": 2.0,
+    }
     loss.backward()
     assert scores.grad[4:].abs().max() == 0
     with pytest.raises(ValueError, match=r"scores must be \[B, 1\] or \[B\]"):
@@ -520,14 +553,16 @@ def test_unknown_key_names_the_nearest_valid_one():
     ("overrides", "message"),
     [
         (
-            dict(sequence_level_importance_ratios=True),
+            {"sequence_level_importance_ratios": True},
             "sequence_level_importance_ratios: GSPO (true) needs token_level_loss=false",
         ),
-        (dict(ratio_clip_c=1.0), "ratio_clip_c: must be > 1"),
-        (dict(use_importance_sampling_correction=True, truncated_importance_sampling_ratio=0.0),
-         "truncated_importance_sampling_ratio: must be > 0"),
-        (dict(truncated_importance_sampling_ratio=2.0), "needs use_importance_sampling_correction=true"),
-        (dict(ratio_clip_min=-0.1), "ratio_clip_min: must be >= 0"),
+        ({"ratio_clip_c": 1.0}, "ratio_clip_c: must be > 1"),
+        (
+            {"use_importance_sampling_correction": True, "truncated_importance_sampling_ratio": 0.0},
+            "truncated_importance_sampling_ratio: must be > 0",
+        ),
+        ({"truncated_importance_sampling_ratio": 2.0}, "needs use_importance_sampling_correction=true"),
+        ({"ratio_clip_min": -0.1}, "ratio_clip_min: must be >= 0"),
     ],
 )
 def test_impossible_loss_configs_are_rejected_with_the_key(overrides, message):

@@ -23,7 +23,7 @@ def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir:
         logits, data = random_batch(seed=21, vocab=12)
         full = logits.detach()
         shard_size = full.shape[-1] // world_size
-        local = full[..., rank * shard_size:(rank + 1) * shard_size].clone().requires_grad_()
+        local = full[..., rank * shard_size : (rank + 1) * shard_size].clone().requires_grad_()
         diffs = {}
 
         expected_lp = reference_logprobs(full, data["input_ids"])
@@ -38,7 +38,7 @@ def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir:
             local.grad = None
             loss, _ = loss_fn(local, data, seqs, toks, vocab_parallel_rank=rank, vocab_parallel_group=dist.group.WORLD)
             loss.backward()
-            expected_grad = unsharded.grad[..., rank * shard_size:(rank + 1) * shard_size]
+            expected_grad = unsharded.grad[..., rank * shard_size : (rank + 1) * shard_size]
             diffs[f"{name}_loss"] = abs(loss.item() - expected.item())
             diffs[f"{name}_grad"] = (local.grad - expected_grad).abs().max().item()
 
@@ -47,7 +47,7 @@ def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir:
         dtensor_lp = token_logprobs_from_logits(dtensor, data["input_ids"])
         diffs["dtensor_logprobs"] = (dtensor_lp.double() - expected_lp).abs().max().item()
 
-        halves = {k: v[rank * 3:(rank + 1) * 3] for k, v in data.items()}
+        halves = {k: v[rank * 3 : (rank + 1) * 3] for k, v in data.items()}
         seqs, toks = valid_counts(halves, group=dist.group.WORLD)
         all_seqs, all_toks = valid_counts(data)
         diffs["global_counts"] = abs(seqs.item() - all_seqs.item()) + abs(toks.item() - all_toks.item())
@@ -62,14 +62,22 @@ def test_vocab_parallel_logprobs_and_losses_match_unsharded(tmp_path):
     mp.spawn(_vocab_parallel_worker, args=(2, str(tmp_path / "rdzv"), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         diffs = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert set(diffs) == {"logprobs", "clipped_pg_loss", "clipped_pg_grad", "nll_loss", "nll_grad",
-                              "dtensor_logprobs", "global_counts"}
+        assert set(diffs) == {
+            "logprobs",
+            "clipped_pg_loss",
+            "clipped_pg_grad",
+            "nll_loss",
+            "nll_grad",
+            "dtensor_logprobs",
+            "global_counts",
+        }
         assert all(value <= 1e-6 for value in diffs.values()), diffs
 
 
 def test_valid_counts_and_logprob_shape_errors():
-    _, data = uniform_batch([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], token_mask=[[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]],
-                            sample_mask=[1.0, 0.0])
+    _, data = uniform_batch(
+        [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], token_mask=[[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]], sample_mask=[1.0, 0.0]
+    )
     seqs, toks = valid_counts(data)
     assert (seqs.item(), toks.item()) == (1.0, 2.0)
     with pytest.raises(ValueError, match=r"logits must be \[B, S, V\] and input_ids \[B, S\]"):

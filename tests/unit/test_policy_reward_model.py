@@ -61,7 +61,7 @@ def preference_batch(tokenizer: Any, questions: range) -> BatchedDataDict:
 
     rows = []
     for q in questions:
-        prompt = encode(f"Question {q}: is {q} a nice number?") + [eos]
+        prompt = [*encode(f"Question {q}: is {q} a nice number?"), eos]
         rows.append(prompt + encode(CHOSEN_ANSWERS[q % 2]) + [eos])
         rows.append(prompt + encode(REJECTED_ANSWERS[q % 2]) + [eos])
     width = max(map(len, rows))

@@ -26,8 +26,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def train_results(mb: dict[str, list[float]], grad_norm: list[float], num_global_batches: int = 1) -> dict:
-    return {"all_mb_metrics": mb, "grad_norm": torch.tensor(grad_norm), "num_global_batches": num_global_batches,
-            "loss": torch.zeros(num_global_batches)}
+    return {
+        "all_mb_metrics": mb,
+        "grad_norm": torch.tensor(grad_norm),
+        "num_global_batches": num_global_batches,
+        "loss": torch.zeros(num_global_batches),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ metric reduction
@@ -36,7 +40,8 @@ def train_results(mb: dict[str, list[float]], grad_norm: list[float], num_global
 def test_reduce_train_results_sums_shares_and_counts():
     results = train_results(
         {"loss": [0.25, 0.5, 0.75, 1.0], "num_valid_samples": [2, 2, 1, 3], "lr": [1e-3, 1e-3, 2e-3, 2e-3]},
-        grad_norm=[1.0, 3.0], num_global_batches=2,
+        grad_norm=[1.0, 3.0],
+        num_global_batches=2,
     )
     metrics = reduce_train_results(results, ("loss",), ("num_valid_samples",))
     # 4 microbatch shares of 2 global means: (0.25 + 0.5 + 0.75 + 1.0) / 2 optimizer steps.
@@ -44,15 +49,24 @@ def test_reduce_train_results_sums_shares_and_counts():
 
 
 def test_reduce_train_results_leaves_out_missing_metrics():
-    metrics = reduce_train_results(train_results({"loss": [1.0]}, [0.5]), ("loss", "kl_penalty"), ("num_valid_samples",))
+    metrics = reduce_train_results(
+        train_results({"loss": [1.0]}, [0.5]), ("loss", "kl_penalty"), ("num_valid_samples",)
+    )
     assert metrics == {"loss": 1.0, "grad_norm": 0.5}
 
 
 def test_preference_metrics_add_the_reward_margin():
     results = train_results(
-        {"loss": [0.3, 0.4], "sft_loss": [1.0, 1.0], "preference_loss": [0.3, 0.4], "accuracy": [0.5, 0.25],
-         "rewards_chosen_mean": [0.2, 0.1], "rewards_rejected_mean": [-0.1, 0.05], "num_valid_samples": [2, 2],
-         "lr": [1e-5, 1e-5]},
+        {
+            "loss": [0.3, 0.4],
+            "sft_loss": [1.0, 1.0],
+            "preference_loss": [0.3, 0.4],
+            "accuracy": [0.5, 0.25],
+            "rewards_chosen_mean": [0.2, 0.1],
+            "rewards_rejected_mean": [-0.1, 0.05],
+            "num_valid_samples": [2, 2],
+            "lr": [1e-5, 1e-5],
+        },
         grad_norm=[0.7],
     )
     algorithm = DPOAlgorithm(loss_fn=None)
@@ -64,13 +78,17 @@ def test_preference_metrics_add_the_reward_margin():
 
 def test_sft_validation_metric_is_named_val_loss():
     assert SFTAlgorithm(None).validation_metrics({"loss": 2.5, "num_valid_samples": 4.0}) == {
-        "val_loss": 2.5, "num_valid_samples": 4.0}
+        "val_loss": 2.5,
+        "num_valid_samples": 4.0,
+    }
 
 
 def test_combine_batches_weights_by_valid_samples():
-    per_batch = [{"loss": 1.0, "accuracy": 1.0, "num_valid_samples": 3.0},
-                 {"loss": 4.0, "accuracy": 0.0, "num_valid_samples": 1.0},
-                 {"loss": 99.0, "accuracy": 0.5, "num_valid_samples": 0.0}]  # no valid sample: no weight
+    per_batch = [
+        {"loss": 1.0, "accuracy": 1.0, "num_valid_samples": 3.0},
+        {"loss": 4.0, "accuracy": 0.0, "num_valid_samples": 1.0},
+        {"loss": 99.0, "accuracy": 0.5, "num_valid_samples": 0.0},
+    ]  # no valid sample: no weight
     combined = combine_batches(per_batch, ("loss", "accuracy"), ("num_valid_samples",))
     assert combined == {"loss": pytest.approx(7.0 / 4.0), "accuracy": pytest.approx(0.75), "num_valid_samples": 4.0}
 
@@ -123,8 +141,9 @@ def test_run_state_round_trips_through_training_info():
 
 
 def test_top_k_keeps_the_checkpoints_with_the_lowest_validation_loss(tmp_path):
-    cfg = CheckpointingConfig(checkpoint_dir=str(tmp_path), metric_name="val:val_loss", higher_is_better=False,
-                              keep_top_k=2)
+    cfg = CheckpointingConfig(
+        checkpoint_dir=str(tmp_path), metric_name="val:val_loss", higher_is_better=False, keep_top_k=2
+    )
     manager = CheckpointManager(cfg)
     for step, val_loss in ((2, 3.0), (4, 1.0), (6, 2.0), (8, 5.0)):
         state = RunState(step=step, val_metrics={"val_loss": val_loss})
@@ -139,8 +158,14 @@ def test_top_k_keeps_the_checkpoints_with_the_lowest_validation_loss(tmp_path):
 
 @pytest.mark.parametrize(
     ("schema", "path"),
-    [(SFTMasterConfig, "sft.yaml"), (SFTMasterConfig, "sft_smoke.yaml"), (DPOMasterConfig, "dpo.yaml"),
-     (DPOMasterConfig, "dpo_smoke.yaml"), (RMMasterConfig, "rm.yaml"), (RMMasterConfig, "rm_smoke.yaml")],
+    [
+        (SFTMasterConfig, "sft.yaml"),
+        (SFTMasterConfig, "sft_smoke.yaml"),
+        (DPOMasterConfig, "dpo.yaml"),
+        (DPOMasterConfig, "dpo_smoke.yaml"),
+        (RMMasterConfig, "rm.yaml"),
+        (RMMasterConfig, "rm_smoke.yaml"),
+    ],
 )
 def test_shipped_configs_validate(schema, path):
     config = load_validated_config(REPO / "configs" / path, [], schema)
@@ -148,8 +173,9 @@ def test_shipped_configs_validate(schema, path):
 
 
 def test_dpo_config_feeds_the_loss():
-    config = load_validated_config(REPO / "configs" / "dpo.yaml", ["dpo.preference_average_log_probs=true"],
-                                   DPOMasterConfig)
+    config = load_validated_config(
+        REPO / "configs" / "dpo.yaml", ["dpo.preference_average_log_probs=true"], DPOMasterConfig
+    )
     loss = config.dpo.loss_config()
     assert (loss.reference_policy_kl_penalty, loss.preference_loss_weight, loss.sft_loss_weight) == (0.05, 1.0, 0.0)
     assert loss.sft_average_log_probs is True  # dpo.yaml interpolates it from preference_average_log_probs
@@ -179,57 +205,82 @@ def test_default_sections_with_a_long_enough_policy_are_valid():
 
 def test_dpo_rejects_a_non_positive_beta():
     assert problems(DPOMasterConfig, {"dpo": {"reference_policy_kl_penalty": 0.0}}) == [
-        "dpo.reference_policy_kl_penalty: must be > 0 (the DPO β), got 0.0"]
+        "dpo.reference_policy_kl_penalty: must be > 0 (the DPO β), got 0.0"
+    ]
     assert DPOConfig().loss_config().reference_policy_kl_penalty == 0.05
 
 
 def test_preference_algorithms_refuse_row_reordering():
-    found = problems(DPOMasterConfig, {"policy": {"dynamic_batching": {
-        "enabled": True, "train_mb_tokens": 256, "logprob_mb_tokens": 256}}})
+    found = problems(
+        DPOMasterConfig,
+        {"policy": {"dynamic_batching": {"enabled": True, "train_mb_tokens": 256, "logprob_mb_tokens": 256}}},
+    )
     assert len(found) == 1 and found[0].startswith("policy.dynamic_batching.enabled: dpo needs the chosen and rejected")
 
 
 def test_reward_model_mode_must_match_the_algorithm():
     assert problems(RMMasterConfig, {}) == [
-        "policy.reward_model_cfg.enabled: must be true: reward-model training needs a scalar head"]
+        "policy.reward_model_cfg.enabled: must be true: reward-model training needs a scalar head"
+    ]
     assert problems(SFTMasterConfig, {"policy": {"reward_model_cfg": {"enabled": True}}}) == [
-        "policy.reward_model_cfg.enabled: must be false for sft"]
+        "policy.reward_model_cfg.enabled: must be false for sft"
+    ]
 
 
 def test_batch_sizes_must_split_over_data_parallel_ranks():
-    found = problems(DPOMasterConfig, {"cluster": {"gpus_per_node": 4}, "policy": {
-        "train_global_batch_size": 6, "train_micro_batch_size": 1}})
+    found = problems(
+        DPOMasterConfig,
+        {"cluster": {"gpus_per_node": 4}, "policy": {"train_global_batch_size": 6, "train_micro_batch_size": 1}},
+    )
     assert found == ["policy.train_global_batch_size: must be a multiple of the data-parallel size 4 (got 6)"]
 
 
 def test_checkpoint_metric_must_be_one_the_algorithm_records():
     found = problems(SFTMasterConfig, {"checkpointing": {"metric_name": "val:accuracy"}})
     assert len(found) == 1 and "sft records no 'val:accuracy'; choose one of ['val:val_loss'," in found[0]
-    rm_metric = {"checkpointing": {"metric_name": "train:reward_margin"}, "policy": {"reward_model_cfg": {"enabled": True}}}
+    rm_metric = {
+        "checkpointing": {"metric_name": "train:reward_margin"},
+        "policy": {"reward_model_cfg": {"enabled": True}},
+    }
     validate_config(with_base(rm_metric), RMMasterConfig)  # a train metric is fine at any save period
 
 
 def test_top_k_by_a_validation_metric_needs_validation_at_saved_steps():
     sft_metric = {"metric_name": "val:val_loss", "higher_is_better": False}
     found = problems(SFTMasterConfig, {"sft": {"val_period": 3}, "checkpointing": {**sft_metric, "save_period": 4}})
-    assert found == ["checkpointing.save_period: must be a multiple of sft.val_period (3) so that saved checkpoints "
-                     "carry 'val:val_loss' for keep_top_k (or set metric_name to null)"]
-    validate_config(with_base({"sft": {"val_period": 3}, "checkpointing": {**sft_metric, "save_period": 4, "keep_top_k": None}}),
-                    SFTMasterConfig)
+    assert found == [
+        "checkpointing.save_period: must be a multiple of sft.val_period (3) so that saved checkpoints "
+        "carry 'val:val_loss' for keep_top_k (or set metric_name to null)"
+    ]
+    validate_config(
+        with_base({"sft": {"val_period": 3}, "checkpointing": {**sft_metric, "save_period": 4, "keep_top_k": None}}),
+        SFTMasterConfig,
+    )
 
 
 def test_cli_exits_2_on_a_bad_key_before_building_anything(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        run_supervised_cli(SFTMasterConfig, REPO / "configs" / "sft_smoke.yaml", setup=None,
-                           argv=["sft.max_num_step=3"])
+        run_supervised_cli(
+            SFTMasterConfig, REPO / "configs" / "sft_smoke.yaml", setup=None, argv=["sft.max_num_step=3"]
+        )
     assert exit_info.value.code == 2
     assert "sft.max_num_step does not exist (did you mean sft.max_num_steps?)" in capsys.readouterr().err
 
 
 def test_algorithm_metric_names_cover_the_nemo_rl_names():
     assert {"loss", "grad_norm", "lr", "num_valid_samples"} <= set(SFTAlgorithm.train_metric_names)
-    assert {"loss", "sft_loss", "preference_loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean",
-            "reward_margin", "grad_norm", "lr"} <= set(DPOAlgorithm.train_metric_names)
+    assert {
+        "loss",
+        "sft_loss",
+        "preference_loss",
+        "accuracy",
+        "rewards_chosen_mean",
+        "rewards_rejected_mean",
+        "reward_margin",
+        "grad_norm",
+        "lr",
+    } <= set(DPOAlgorithm.train_metric_names)
     assert {"loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean", "grad_norm", "lr"} <= set(
-        RMAlgorithm.train_metric_names)
+        RMAlgorithm.train_metric_names
+    )
     assert {"loss", "accuracy"} <= set(RMAlgorithm.validation_metric_names)

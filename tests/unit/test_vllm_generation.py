@@ -99,7 +99,7 @@ def test_logprobs_are_the_engines_logprobs_of_sampled_tokens(
 
 
 def test_ragged_batch_layout(generation: VllmGeneration, tokenizer: Any) -> None:
-    data = prompt_batch(tokenizer, PROMPTS[::-1] + ["Hi"])  # 5 rows: engines get 3 and 2, of different widths
+    data = prompt_batch(tokenizer, [*PROMPTS[::-1], "Hi"])  # 5 rows: engines get 3 and 2, of different widths
     out = generation.generate(data, greedy=True)
     lengths = data["input_lengths"]
     assert out.size == 5 and set(out) == {

@@ -292,7 +292,7 @@ def test_registered_python_executable_runs_the_actor(ray_local, tmp_path):
 
 def test_actor_environment_registry_lookup():
     fqn = f"{MODULE}.NotRegistered"
-    assert PY_EXECUTABLES.SYSTEM == sys.executable
+    assert sys.executable == PY_EXECUTABLES.SYSTEM
     assert get_actor_python_executable(fqn) == sys.executable
     register_actor_environment(fqn, "/nonexistent/bin/python")
     try:

@@ -9,8 +9,8 @@ import dataclasses
 import difflib
 import importlib
 import inspect
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nemo_rl_clone.data.config import DataConfig

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import datasets
 
 from nemo_rl_clone.data.datasets.common import (
@@ -21,12 +19,12 @@ HUB_ID = "HuggingFaceH4/aime_2024"
 HUB_SPLIT = "train"
 
 
-def load_aime2024(data_path: Optional[str] = None) -> LoadedDataset:
+def load_aime2024(data_path: str | None = None) -> LoadedDataset:
     """Load AIME 2024 in the common form (from the hub, or ``data_path``: a local file in the hub format)."""
     return LoadedDataset(name=NAME, train=None, validation=aime2024_rows(data_path))
 
 
-def aime2024_rows(data_path: Optional[str] = None) -> datasets.Dataset:
+def aime2024_rows(data_path: str | None = None) -> datasets.Dataset:
     """AIME 2024 rows; also the default validation set of DeepScaleR and DAPO-Math-17k."""
     raw = load_raw_rows(NAME, HUB_ID, HUB_SPLIT, data_path)
     return to_common_math_form(
@@ -37,8 +35,8 @@ def aime2024_rows(data_path: Optional[str] = None) -> datasets.Dataset:
 def with_aime2024_validation(
     name: str,
     train_rows: datasets.Dataset,
-    val_data_path: Optional[str],
-    split_validation_size: Optional[float],
+    val_data_path: str | None,
+    split_validation_size: float | None,
     seed: int,
 ) -> LoadedDataset:
     """Training rows plus validation as NeMo-RL does for DeepScaleR / DAPO-Math-17k: AIME 2024 (from the hub, or

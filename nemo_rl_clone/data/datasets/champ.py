@@ -15,7 +15,7 @@ import functools
 import json
 import random
 from importlib import resources
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_clone.data.datasets.common import LoadedDataset
 
@@ -36,7 +36,7 @@ def load_champ_problems() -> dict[str, dict[str, Any]]:
 def reference_solution(problem: dict[str, Any]) -> str:
     """The reference steps, one per line, then the final answer."""
     steps = [step["_text"].strip() for step in problem["solution"]["steps"]]
-    return "\n".join(steps + [f"The answer is {problem['_answer'].strip()}."])
+    return "\n".join([*steps, f"The answer is {problem['_answer'].strip()}."])
 
 
 def champ_sft_row(problem_id: str, problem: dict[str, Any]) -> dict[str, Any]:
@@ -68,21 +68,21 @@ def champ_preference_rows(problem_id: str, problem: dict[str, Any]) -> list[dict
 
 
 def split_problem_ids(
-    problem_ids: list[str], split_validation_size: Optional[float], seed: int
+    problem_ids: list[str], split_validation_size: float | None, seed: int
 ) -> tuple[list[str], list[str]]:
     """``(train ids, validation ids)``: a seeded hold-out of ``split_validation_size`` (null: 10%) of the problems."""
     size = DEFAULT_SPLIT_VALIDATION_SIZE if split_validation_size is None else split_validation_size
     if not 0.0 <= size < 1.0:
         raise ValueError(f"champ: split_validation_size must be in [0, 1), got {size}")
     ids = sorted(problem_ids)
-    num_val = int(round(size * len(ids)))
+    num_val = round(size * len(ids))
     if size > 0 and num_val < 1:
         raise ValueError(f"champ: split_validation_size={size} of {len(ids)} problems leaves no validation problem")
     held_out = set(random.Random(seed).sample(ids, num_val))
     return [i for i in ids if i not in held_out], [i for i in ids if i in held_out]
 
 
-def load_champ_sft(split_validation_size: Optional[float] = None, seed: int = 42) -> LoadedDataset:
+def load_champ_sft(split_validation_size: float | None = None, seed: int = 42) -> LoadedDataset:
     """SFT rows, one per problem."""
     problems = load_champ_problems()
     train_ids, val_ids = split_problem_ids(list(problems), split_validation_size, seed)
@@ -91,7 +91,7 @@ def load_champ_sft(split_validation_size: Optional[float] = None, seed: int = 42
     return LoadedDataset(name="champ", train=train, validation=validation)
 
 
-def load_champ_preference(split_validation_size: Optional[float] = None, seed: int = 42) -> LoadedDataset:
+def load_champ_preference(split_validation_size: float | None = None, seed: int = 42) -> LoadedDataset:
     """Preference rows, one per wrong annotated solution; problems without one contribute no pair."""
     problems = load_champ_problems()
     train_ids, val_ids = split_problem_ids(list(problems), split_validation_size, seed)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 import datasets
 import torch.utils.data
@@ -25,7 +25,7 @@ LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv
 
 # A split's rows: a Hugging Face ``datasets.Dataset`` or, for generated data, a list of dicts. Both support
 # ``len(rows)`` and ``rows[i] -> dict``.
-Rows = Union[datasets.Dataset, list[dict[str, Any]]]
+Rows = datasets.Dataset | list[dict[str, Any]]
 
 
 class DatasetLoadError(RuntimeError):
@@ -38,8 +38,8 @@ class LoadedDataset:
     ``validation``."""
 
     name: str
-    train: Optional[Rows]
-    validation: Optional[Rows]
+    train: Rows | None
+    validation: Rows | None
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def column(name: str) -> Field:
 
 
 def load_raw_rows(
-    dataset_name: str, hub_id: str, hub_split: str, data_path: Optional[str], hub_subset: Optional[str] = None
+    dataset_name: str, hub_id: str, hub_split: str, data_path: str | None, hub_subset: str | None = None
 ) -> datasets.Dataset:
     """Rows of ``hub_id`` (subset ``hub_subset``, split ``hub_split``) from the Hugging Face hub, or of a local
     file in the same format.
@@ -131,13 +131,13 @@ def _read(row: Mapping[str, Any], field: Field, index: int, source: str) -> str:
 
 def split_train_validation(
     rows: datasets.Dataset, split_validation_size: float, seed: int, source: str
-) -> tuple[datasets.Dataset, Optional[datasets.Dataset]]:
+) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """Hold out a seeded random fraction ``split_validation_size`` of ``rows`` (0 → no validation split)."""
     if not 0.0 <= split_validation_size < 1.0:
         raise ValueError(f"{source}: split_validation_size must be in [0, 1), got {split_validation_size}")
     if split_validation_size == 0.0:
         return rows, None
-    num_val = int(round(split_validation_size * len(rows)))
+    num_val = round(split_validation_size * len(rows))
     if num_val < 1 or num_val >= len(rows):
         raise ValueError(
             f"{source}: split_validation_size={split_validation_size} of {len(rows)} rows leaves "
@@ -148,8 +148,8 @@ def split_train_validation(
 
 
 def validation_source(
-    val_data_path: Optional[str], split_validation_size: Optional[float], default_split_size: float, source: str
-) -> tuple[Optional[str], float]:
+    val_data_path: str | None, split_validation_size: float | None, default_split_size: float, source: str
+) -> tuple[str | None, float]:
     """Resolve where validation rows come from: ``(val_data_path or None, fraction to split off the training
     rows)``. Giving both a validation file and a positive split is ambiguous and rejected."""
     if val_data_path is not None and split_validation_size:
@@ -177,9 +177,9 @@ class AllTaskProcessedDataset(torch.utils.data.Dataset):
         self,
         rows: Rows,
         tokenizer: PreTrainedTokenizerBase,
-        task_data_specs: Union[TaskDataSpec, Mapping[str, TaskDataSpec]],
+        task_data_specs: TaskDataSpec | Mapping[str, TaskDataSpec],
         max_seq_length: int,
-        processors: Optional[Mapping[str, TaskDataProcessFn]] = None,
+        processors: Mapping[str, TaskDataProcessFn] | None = None,
     ):
         self.rows = rows
         self.tokenizer = tokenizer

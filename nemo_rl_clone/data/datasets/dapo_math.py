@@ -8,7 +8,7 @@ The hub file repeats each of its ~17.9k problems many times; rows are kept as th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 from nemo_rl_clone.data.datasets.aime2024 import with_aime2024_validation
 from nemo_rl_clone.data.datasets.common import Field, LoadedDataset, load_raw_rows, to_common_math_form
@@ -29,9 +29,9 @@ ANSWER = Field(
 
 
 def load_dapo_math(
-    data_path: Optional[str] = None,
-    val_data_path: Optional[str] = None,
-    split_validation_size: Optional[float] = None,
+    data_path: str | None = None,
+    val_data_path: str | None = None,
+    split_validation_size: float | None = None,
     seed: int = 42,
 ) -> LoadedDataset:
     """Load DAPO-Math-17k in the common form (arguments as in :func:`load_deepscaler`)."""

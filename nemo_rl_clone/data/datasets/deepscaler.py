@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from nemo_rl_clone.data.datasets.aime2024 import with_aime2024_validation
 from nemo_rl_clone.data.datasets.common import LoadedDataset, column, load_raw_rows, to_common_math_form
 
@@ -14,9 +12,9 @@ HUB_SPLIT = "train"
 
 
 def load_deepscaler(
-    data_path: Optional[str] = None,
-    val_data_path: Optional[str] = None,
-    split_validation_size: Optional[float] = None,
+    data_path: str | None = None,
+    val_data_path: str | None = None,
+    split_validation_size: float | None = None,
     seed: int = 42,
 ) -> LoadedDataset:
     """Load DeepScaleR in the common form.

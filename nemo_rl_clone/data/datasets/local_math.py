@@ -8,15 +8,13 @@ Any ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file works; the two columns
 
 from __future__ import annotations
 
-from typing import Optional
-
 from nemo_rl_clone.data.datasets.common import LoadedDataset, column, load_raw_rows, to_common_math_form
 
 NAME = "local"
 
 
 def load_local_math(
-    data_path: Optional[str] = None, problem_key: str = "problem", solution_key: str = "answer"
+    data_path: str | None = None, problem_key: str = "problem", solution_key: str = "answer"
 ) -> LoadedDataset:
     """Rows of ``data_path`` in the common math form (a missing column or empty field names the row and field)."""
     if data_path is None:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from nemo_rl_clone.data.datasets.common import LoadedDataset, column, load_raw_rows, to_common_math_form
 
 NAME = "math500"
@@ -12,7 +10,7 @@ HUB_ID = "HuggingFaceH4/MATH-500"
 HUB_SPLIT = "test"
 
 
-def load_math500(data_path: Optional[str] = None) -> LoadedDataset:
+def load_math500(data_path: str | None = None) -> LoadedDataset:
     """Load MATH-500 in the common form (from the hub, or ``data_path``: a local file in the hub format)."""
     raw = load_raw_rows(NAME, HUB_ID, HUB_SPLIT, data_path)
     rows = to_common_math_form(

@@ -4,8 +4,6 @@ hold-out of the training split unless a separate validation file is given."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 from nemo_rl_clone.data.datasets.common import (
     LoadedDataset,
     column,
@@ -22,10 +20,10 @@ DEFAULT_SPLIT_VALIDATION_SIZE = 0.05
 
 
 def load_openmathinstruct2(
-    data_path: Optional[str] = None,
-    val_data_path: Optional[str] = None,
+    data_path: str | None = None,
+    val_data_path: str | None = None,
     split: str = "train_1M",
-    split_validation_size: Optional[float] = None,
+    split_validation_size: float | None = None,
     seed: int = 42,
 ) -> LoadedDataset:
     """Load OpenMathInstruct-2 in the common form.
@@ -47,7 +45,7 @@ def load_openmathinstruct2(
     return LoadedDataset(name=NAME, train=train, validation=validation)
 
 
-def _load(data_path: Optional[str], split: str):
+def _load(data_path: str | None, split: str):
     source = f"{NAME} ({data_path or HUB_ID})"
     raw = load_raw_rows(NAME, HUB_ID, split, data_path)
     return to_common_math_form(raw, source, problem=column("problem"), answer=column("expected_answer"))

@@ -13,7 +13,7 @@ Formats (``data.dataset_name``):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_clone.data.datasets import unknown_dataset_message
 from nemo_rl_clone.data.datasets.common import LoadedDataset
@@ -61,7 +61,7 @@ def load_preference_dataset(cfg: PreferenceDataConfig, seed: int) -> LoadedDatas
     return load_chat_format(fmt, convert, cfg.data_path, cfg.val_data_path, cfg.split_validation_size, seed, spec)
 
 
-def helpsteer3_row(row: Mapping[str, Any], index: int, source: str) -> Optional[dict[str, Any]]:
+def helpsteer3_row(row: Mapping[str, Any], index: int, source: str) -> dict[str, Any] | None:
     """A HelpSteer3 row → a preference row (None for a tie)."""
     preference = row.get("overall_preference")
     if isinstance(preference, bool) or not isinstance(preference, int) or not -3 <= preference <= 3:

@@ -14,7 +14,7 @@ spaces (2-term 1-digit arithmetic has ~2,000 questions) over-represents the rare
 from __future__ import annotations
 
 import difflib
-from typing import Any, Optional
+from typing import Any
 
 import reasoning_gym
 from reasoning_gym.factory import DATASETS as TASKS
@@ -38,7 +38,7 @@ ONE_SHOT_TEMPLATE = (
 
 def load_reasoning_gym(
     task: str,
-    task_kwargs: Optional[dict[str, Any]] = None,
+    task_kwargs: dict[str, Any] | None = None,
     train_size: int = 1000,
     val_size: int = 100,
     seed: int = 42,
@@ -112,7 +112,7 @@ def _draw(
     return picked
 
 
-def _row(task: str, entry: dict[str, Any], example: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _row(task: str, entry: dict[str, Any], example: dict[str, Any] | None) -> dict[str, Any]:
     problem = entry["question"]
     if example is not None:
         problem = ONE_SHOT_TEMPLATE.format(

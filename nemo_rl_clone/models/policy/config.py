@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
@@ -11,9 +11,9 @@ from nemo_rl_clone.utils.config_validation import check_at_least
 
 @dataclass
 class TokenizerConfig:
-    name: Optional[str] = None  # null → policy.model_name
-    chat_template: Optional[str] = None
-    chat_template_kwargs: Optional[dict[str, Any]] = None
+    name: str | None = None  # null → policy.model_name
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass
@@ -28,7 +28,10 @@ class OptimizerConfig:
 
 def _default_scheduler() -> list[dict[str, Any]]:
     return [
-        {"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 50}},
+        {
+            "name": "torch.optim.lr_scheduler.LinearLR",
+            "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 50},
+        },
         {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0, "total_iters": 10000000000}},
         {"milestones": [50]},
     ]
@@ -44,10 +47,15 @@ def check_scheduler_entries(entries: list[dict[str, Any]]) -> list[tuple[str, st
                 problems.append((f"scheduler[{i}]", "a milestones entry must be exactly {milestones: [int, ...]}"))
             elif len(entry["milestones"]) != len(schedulers) - 1:
                 problems.append(
-                    (f"scheduler[{i}].milestones", f"needs {len(schedulers) - 1} values for {len(schedulers)} schedulers")
+                    (
+                        f"scheduler[{i}].milestones",
+                        f"needs {len(schedulers) - 1} values for {len(schedulers)} schedulers",
+                    )
                 )
         elif "name" not in entry or not set(entry) <= {"name", "kwargs"}:
-            problems.append((f"scheduler[{i}]", f"expected {{name, kwargs}} or {{milestones}}, got keys {sorted(entry)}"))
+            problems.append(
+                (f"scheduler[{i}]", f"expected {{name, kwargs}} or {{milestones}}, got keys {sorted(entry)}")
+            )
     if len(schedulers) > 1 and not any("milestones" in e for e in entries):
         problems.append(("scheduler", "several schedulers need a {milestones: [...]} entry to chain them"))
     return problems
@@ -61,7 +69,7 @@ class DTensorConfig:
     activation_checkpointing: bool = False
     tensor_parallel_size: int = 1
     context_parallel_size: int = 1
-    custom_parallel_plan: Optional[str] = None
+    custom_parallel_plan: str | None = None
 
 
 @dataclass
@@ -88,7 +96,7 @@ class MegatronSchedulerConfig:
     end_weight_decay: float = 0.01
     weight_decay_incr_style: str = "constant"
     lr_decay_style: str = "constant"
-    lr_decay_iters: Optional[int] = None
+    lr_decay_iters: int | None = None
     lr_warmup_iters: int = 50
     lr_warmup_init: float = 5e-7
 
@@ -113,13 +121,13 @@ class MegatronConfig:
     expert_tensor_parallel_size: int = 1
     expert_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
-    num_layers_in_first_pipeline_stage: Optional[int] = None
-    num_layers_in_last_pipeline_stage: Optional[int] = None
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
     context_parallel_size: int = 1
     pipeline_dtype: str = "bfloat16"
     sequence_parallel: bool = False
     freeze_moe_router: bool = True
-    moe_router_dtype: Optional[str] = None
+    moe_router_dtype: str | None = None
     moe_router_load_balancing_type: str = "none"
     moe_router_bias_update_rate: float = 0.0
     apply_rope_fusion: bool = True
@@ -139,8 +147,8 @@ class DynamicBatchingConfig:
     """Token-budgeted microbatches of length-sorted samples (less padding)."""
 
     enabled: bool = False
-    train_mb_tokens: Optional[int] = None
-    logprob_mb_tokens: Optional[int] = None
+    train_mb_tokens: int | None = None
+    logprob_mb_tokens: int | None = None
     sequence_length_round: int = 64
 
     def check(self) -> list[tuple[str, str]]:
@@ -150,8 +158,8 @@ class DynamicBatchingConfig:
 @dataclass
 class SequencePackingConfig:
     enabled: bool = False
-    train_mb_tokens: Optional[int] = None
-    logprob_mb_tokens: Optional[int] = None
+    train_mb_tokens: int | None = None
+    logprob_mb_tokens: int | None = None
     algorithm: Literal["modified_first_fit_decreasing", "first_fit_decreasing"] = "modified_first_fit_decreasing"
 
     def check(self) -> list[tuple[str, str]]:
@@ -183,33 +191,48 @@ class PolicyConfig:
     logprob_batch_size: int = 4
     max_total_sequence_length: int = 512
     precision: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    max_grad_norm: Optional[float] = 1.0
-    logprob_chunk_size: Optional[int] = None
+    max_grad_norm: float | None = 1.0
+    logprob_chunk_size: int | None = None
     make_sequence_length_divisible_by: int = 1
-    refit_buffer_size_gb: Optional[float] = None
+    refit_buffer_size_gb: float | None = None
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    scheduler: Optional[list[dict[str, Any]]] = field(default_factory=_default_scheduler)
+    scheduler: list[dict[str, Any]] | None = field(default_factory=_default_scheduler)
     dtensor_cfg: DTensorConfig = field(default_factory=DTensorConfig)
     megatron_cfg: MegatronConfig = field(default_factory=MegatronConfig)
     dynamic_batching: DynamicBatchingConfig = field(default_factory=DynamicBatchingConfig)
     sequence_packing: SequencePackingConfig = field(default_factory=SequencePackingConfig)
-    generation: Optional[GenerationConfig] = field(default_factory=GenerationConfig)
+    generation: GenerationConfig | None = field(default_factory=GenerationConfig)
     reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
         if self.dtensor_cfg.enabled == self.megatron_cfg.enabled:
             state = "both" if self.dtensor_cfg.enabled else "neither"
-            problems.append(("dtensor_cfg.enabled", f"exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true ({state} is)"))
+            problems.append(
+                (
+                    "dtensor_cfg.enabled",
+                    f"exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true ({state} is)",
+                )
+            )
         problems += check_at_least(
-            self, 1, "train_global_batch_size", "train_micro_batch_size", "logprob_batch_size", "max_total_sequence_length"
+            self,
+            1,
+            "train_global_batch_size",
+            "train_micro_batch_size",
+            "logprob_batch_size",
+            "max_total_sequence_length",
         )
         if self.train_micro_batch_size >= 1 and self.train_global_batch_size % self.train_micro_batch_size:
             problems.append(
-                ("train_global_batch_size", f"must be a multiple of train_micro_batch_size ({self.train_global_batch_size} % {self.train_micro_batch_size} != 0)")
+                (
+                    "train_global_batch_size",
+                    f"must be a multiple of train_micro_batch_size ({self.train_global_batch_size} % {self.train_micro_batch_size} != 0)",
+                )
             )
         if self.dynamic_batching.enabled and self.sequence_packing.enabled:
-            problems.append(("dynamic_batching.enabled", "dynamic_batching and sequence_packing cannot both be enabled"))
+            problems.append(
+                ("dynamic_batching.enabled", "dynamic_batching and sequence_packing cannot both be enabled")
+            )
         if self.scheduler:
             problems.extend(check_scheduler_entries(self.scheduler))
         return problems

@@ -338,7 +338,9 @@ class DTensorPolicyWorker:
     ) -> None:
         """Rank 0 joins the weight-transfer group with the engines (member 0); other ranks only gather for it."""
         if self.rank == 0:
-            self.transfer_group = WeightTransferGroup(master_address, master_port, 0, world_size, self.device, timeout_s)
+            self.transfer_group = WeightTransferGroup(
+                master_address, master_port, 0, world_size, self.device, timeout_s
+            )
 
     def broadcast_weights_for_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         """Gather the full weights (a collective over all ranks) and broadcast them from rank 0 in buckets."""

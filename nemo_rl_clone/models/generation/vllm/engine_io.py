@@ -44,17 +44,17 @@ _SAFETENSORS_DTYPES = {
 def engine_kwargs(config: GenerationConfig, model_path: str, seed: int, on_gpu: bool) -> dict[str, Any]:
     """``vllm.LLM(**kwargs)`` for ``policy.generation``. Prefix caching is on (GRPO repeats each prompt)."""
     vllm_cfg = config.vllm_cfg
-    kwargs: dict[str, Any] = dict(
-        model=model_path,
-        dtype=engine_dtype(vllm_cfg.precision),
-        seed=seed,
-        max_model_len=vllm_cfg.max_model_len,
-        enforce_eager=vllm_cfg.enforce_eager,
-        tensor_parallel_size=vllm_cfg.tensor_parallel_size,
-        pipeline_parallel_size=vllm_cfg.pipeline_parallel_size,
-        enable_prefix_caching=True,
-        disable_log_stats=True,
-    )
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "dtype": engine_dtype(vllm_cfg.precision),
+        "seed": seed,
+        "max_model_len": vllm_cfg.max_model_len,
+        "enforce_eager": vllm_cfg.enforce_eager,
+        "tensor_parallel_size": vllm_cfg.tensor_parallel_size,
+        "pipeline_parallel_size": vllm_cfg.pipeline_parallel_size,
+        "enable_prefix_caching": True,
+        "disable_log_stats": True,
+    }
     if on_gpu:
         kwargs.update(gpu_memory_utilization=vllm_cfg.gpu_memory_utilization, enable_sleep_mode=True)
         if vllm_cfg.kv_cache_memory_bytes is not None:
@@ -82,7 +82,7 @@ def checkpoint_specs(model_path: str) -> list[TensorSpec] | None:
     specs = []
     for file in files:
         with safe_open(file, framework="pt") as handle:
-            for name in handle.keys():
+            for name in handle:
                 piece = handle.get_slice(name)
                 specs.append(
                     TensorSpec(
@@ -170,17 +170,17 @@ def assemble_outputs(data: BatchedDataDict, outputs: Sequence[Any], pad_token_id
     input_ids: torch.Tensor = data["input_ids"]
     lengths = data["input_lengths"].tolist()
     generated = [list(out.outputs[0].token_ids) for out in outputs]
-    width = max([input_ids.shape[1]] + [length + len(gen) for length, gen in zip(lengths, generated, strict=False)])
+    width = max([input_ids.shape[1]] + [length + len(gen) for length, gen in zip(lengths, generated, strict=True)])
     output_ids = torch.full((len(outputs), width), pad_token_id, dtype=input_ids.dtype)
     logprobs = torch.zeros((len(outputs), width), dtype=torch.float32)
-    for row, (out, length, gen) in enumerate(zip(outputs, lengths, generated, strict=False)):
+    for row, (out, length, gen) in enumerate(zip(outputs, lengths, generated, strict=True)):
         output_ids[row, :length] = input_ids[row, :length]
         output_ids[row, length : length + len(gen)] = torch.tensor(gen, dtype=input_ids.dtype)
         token_logprobs = out.outputs[0].logprobs
         if gen and (token_logprobs is None or len(token_logprobs) != len(gen)):
             raise RuntimeError(f"row {row}: the engine returned no logprob for some generated tokens")
         logprobs[row, length : length + len(gen)] = torch.tensor(
-            [step[token].logprob for step, token in zip(token_logprobs or [], gen, strict=False)], dtype=torch.float32
+            [step[token].logprob for step, token in zip(token_logprobs or [], gen, strict=True)], dtype=torch.float32
         )
     generation_lengths = torch.tensor([len(gen) for gen in generated], dtype=torch.int64)
     return BatchedDataDict(
