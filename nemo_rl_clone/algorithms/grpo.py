@@ -53,7 +53,8 @@ def _run_steps(c: GRPOComponents) -> None:
                 _refit(c, timer)
                 weights_stale = False
             phase(step, "generation")
-            rollouts, rewards, rollout_metrics = [], [], {}
+            rollouts, rewards = [], []
+            rollout_metrics: dict[str, float] = {}
             for gen_batch in range(cfg.grpo.dynamic_sampling_max_gen_batches if cfg.grpo.use_dynamic_sampling else 1):
                 prompts = next(batches).repeat_interleave(group_size)
                 prompts["seeds"] = generation_seeds(cfg.grpo.seed, step, gen_batch, prompts.size)

@@ -34,6 +34,7 @@ def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> torch.Tensor:
     rewards = batch["total_reward"].clone()
     if cfg.reward_shaping.enabled:
         shaping = cfg.reward_shaping
+        assert shaping.max_response_length is not None  # RewardShapingConfig.check requires it when enabled
         lengths = torch.tensor([_response_length(log) for log in batch["message_log"]])
         rewards += overlong_penalty(
             lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_buffer_penalty

@@ -153,6 +153,7 @@ def _setup_workers(
         gen_cluster = train_cluster
     else:
         resources = gen_cfg.colocated.resources
+        assert resources.gpus_per_node is not None and resources.num_nodes is not None  # ColocatedConfig.check
         gen_cluster = RayVirtualCluster(
             [resources.gpus_per_node] * resources.num_nodes,
             use_gpus=use_gpus,

@@ -58,7 +58,7 @@ def _validated(schema: type[_Config], cfg: Mapping[str, Any] | _Config | None, o
     if cfg is None:
         cfg = schema()
     if isinstance(cfg, schema):
-        cfg = dataclasses.asdict(cfg)
+        cfg = dataclasses.asdict(cfg)  # type: ignore[call-overload]  # every schema here is a dataclass
     if not isinstance(cfg, Mapping):
         raise TypeError(f"{owner} config must be a mapping or {schema.__name__}, got {type(cfg).__name__}")
     try:
@@ -210,7 +210,7 @@ class ClippedPGLossFn:
         context_parallel_group: dist.ProcessGroup | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         cfg = self.cfg
-        keys = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
+        keys: tuple[str, ...] = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
         keys += () if cfg.force_on_policy_ratio else ("prev_logprobs",)
         keys += ("reference_policy_logprobs",) if cfg.reference_policy_kl_penalty != 0 else ()
         _require(data, keys, type(self).__name__)

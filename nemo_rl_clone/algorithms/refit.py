@@ -66,7 +66,7 @@ def init_refit_collective(
 ) -> None:
     """Build the transfer group: train rank 0 (member 0, hosting the store on its node) + every engine."""
     address, port = train_cluster.get_master_address_and_port()
-    world_size = 1 + generation.dp_size  # type: ignore[attr-defined]
+    world_size = 1 + generation.dp_size
     futures = policy.init_collective(address, port, world_size, timeout_s=timeout_s)
     futures += generation.init_collective(address, port, world_size, timeout_s=timeout_s)
     _wait_all(futures, "init_refit_collective")

@@ -82,7 +82,7 @@ class PreferenceAlgorithm(SupervisedAlgorithm):
     """
 
     rows_per_example = 2
-    share_metrics = ("loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean")
+    share_metrics: ClassVar[tuple[str, ...]] = ("loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean")
 
     def train_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         return {**metrics, "reward_margin": metrics["rewards_chosen_mean"] - metrics["rewards_rejected_mean"]}

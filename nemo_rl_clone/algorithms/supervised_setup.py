@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -15,7 +15,7 @@ import torch
 
 from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, set_seeds
 from nemo_rl_clone.algorithms.supervised_config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
-from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.data.dataloader import IndexedDataset, StatefulPromptLoader
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
 from nemo_rl_clone.utils.config import save_config
@@ -51,8 +51,8 @@ def build_supervised_run(
     config: Any,
     algorithm: SupervisedAlgorithm,
     tokenizer: Any,
-    train_dataset: Sequence[Any],
-    val_dataset: Sequence[Any] | None,
+    train_dataset: IndexedDataset,
+    val_dataset: IndexedDataset | None,
     collate_fn: Callable[[list[Any]], BatchedDataDict],
 ) -> SupervisedRun:
     """Logger, loaders, checkpoint state (resumed from ``checkpointing.checkpoint_dir`` if it holds one), policy."""
@@ -136,7 +136,7 @@ def build_preference_run(config: Any, algorithm: PreferenceAlgorithm) -> Supervi
 
 
 def validation_batches(
-    val_dataset: Sequence[Any] | None,
+    val_dataset: IndexedDataset | None,
     loop: SupervisedLoopConfig,
     collate_fn: Callable[[list[Any]], BatchedDataDict],
     section: str,
@@ -146,7 +146,7 @@ def validation_batches(
         return []
     size = loop.val_global_batch_size
     available = len(val_dataset) // size if val_dataset is not None else 0
-    if available == 0:
+    if val_dataset is None or available == 0:
         have = "no validation set" if val_dataset is None else f"{len(val_dataset)} validation examples"
         raise ValueError(
             f"{section}.val_global_batch_size: validation needs at least one batch of {size} examples, the data has "
@@ -168,7 +168,7 @@ def run_supervised_cli(
     from nemo_rl_clone.algorithms.supervised_loop import supervised_train
     from nemo_rl_clone.utils.config import load_config_from_cli, print_config
 
-    config = load_config_from_cli(schema, default_config, argv, description=description)
+    config: Any = load_config_from_cli(schema, default_config, argv, description=description)
     print_config(config_to_dict(config), title=f"{schema.__name__} (validated)")
     run = setup(config)
     try:

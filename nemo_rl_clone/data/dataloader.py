@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
-from torch.utils.data import Dataset
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+
+class IndexedDataset(Protocol):
+    """What the loader needs of a dataset: a length and rows by index (torch map-style datasets, lists, ...)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
 
 
 class StatefulPromptLoader:
@@ -22,7 +29,7 @@ class StatefulPromptLoader:
 
     def __init__(
         self,
-        dataset: Dataset | Sequence[Any],
+        dataset: IndexedDataset,
         batch_size: int,
         collate_fn: Callable[[list[Any]], BatchedDataDict],
         shuffle: bool = True,

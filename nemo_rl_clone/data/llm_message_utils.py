@@ -61,9 +61,11 @@ def get_formatted_message_log(
     kwargs = dict(chat_template_kwargs or {})
 
     def render(upto: int, generation_prompt: bool) -> str:
-        return tokenizer.apply_chat_template(
+        text = tokenizer.apply_chat_template(
             template_messages[:upto], tokenize=False, add_generation_prompt=generation_prompt, **kwargs
         )
+        assert isinstance(text, str)  # tokenize=False renders text
+        return text
 
     full_text = render(len(messages), add_generation_prompt)
     ends: list[int] = []

@@ -155,7 +155,7 @@ def build_datasets(
 ) -> tuple[_RowDataset, _RowDataset | None]:
     """(train, validation or None) of ``loaded`` as ``dataset_cls`` (:class:`SFTDataset`, :class:`PreferenceDataset`),
     without the rows longer than ``cfg.max_input_seq_length`` when ``cfg.drop_overlong``."""
-    splits = []
+    splits: list[_RowDataset | None] = []
     for split, rows in (("training", loaded.train), ("validation", loaded.validation)):
         dataset = None if rows is None else dataset_cls(rows, tokenizer, cfg.max_input_seq_length)
         if dataset is not None and cfg.drop_overlong:

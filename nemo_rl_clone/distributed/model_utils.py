@@ -39,6 +39,7 @@ class LossFunction(Protocol):
         data: Mapping[str, Any],
         global_valid_seqs: torch.Tensor,
         global_valid_toks: torch.Tensor,
+        /,  # positional: a reward-model loss reads scores, not next-token logits, and names them so
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
@@ -70,7 +71,7 @@ class _VocabParallelTokenLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         targets: torch.Tensor,
@@ -94,7 +95,7 @@ class _VocabParallelTokenLogprob(torch.autograd.Function):
         return target_logit - sum_exp.log()
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         softmax, local_index, in_shard = ctx.saved_tensors
         grad = softmax.mul(-grad_output.unsqueeze(-1))
         grad.scatter_add_(-1, local_index, (grad_output * in_shard).unsqueeze(-1))

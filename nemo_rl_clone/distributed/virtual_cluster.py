@@ -74,7 +74,7 @@ def init_ray(log_dir: str | os.PathLike | None = None, num_cpus: int | None = No
     _disable_ray_uv_run_hook()
     # RAY_ADDRESS, else the cluster of the last `ray start` on this machine, else None. (Ray's address="auto" would
     # also grab any other Ray instance running here, e.g. another user's test session.)
-    address = services.canonicalize_bootstrap_address(None)
+    address = services.canonicalize_bootstrap_address(None)  # type: ignore[arg-type]  # None means "look it up"
     if address is not None:
         if num_cpus is not None:
             logger.warning("init_ray: attaching to the Ray cluster at %s; num_cpus=%s is ignored", address, num_cpus)

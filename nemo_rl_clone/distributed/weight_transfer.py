@@ -31,6 +31,7 @@ import math
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -192,8 +193,11 @@ class WeightTransferGroup:
                 f"{master_address}:{master_port} within {timeout_s} s: {error}"
             ) from error
         prefixed = dist.PrefixStore(name, store)
+        # A bare backend (no default group needed). Torch's stubs give backends no collectives and miss the default
+        # of NCCL's `options`, so the handle is untyped.
+        self._pg: Any
         if self.device.type == "cuda":
-            self._pg: dist.ProcessGroup = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+            self._pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)  # type: ignore[call-arg]
         else:
             self._pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
         self._store = store  # the master's store must outlive the group
@@ -207,12 +211,12 @@ class WeightTransferGroup:
         """True on every member iff every member passed ``ok=True``."""
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
         options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.MIN
+        options.reduceOp = dist.ReduceOp(dist.ReduceOp.MIN)
         self._pg.allreduce([flag], options).wait()
         return bool(flag.item())
 
     def destroy(self) -> None:
-        self._pg = None  # type: ignore[assignment]
+        self._pg = None
         self._store = None  # type: ignore[assignment]
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
@@ -102,7 +102,7 @@ class RayWorkerBuilder:
         }
         if name:
             options["name"] = name
-        return self.actor_class.options(**options).remote(*self.args, **self.kwargs)
+        return cast(ActorHandle, self.actor_class.options(**options).remote(*self.args, **self.kwargs))
 
 
 @dataclass(frozen=True)
@@ -457,7 +457,7 @@ class RayWorkerGroup:
             ) from None
 
     def _wait_until_constructed(self) -> None:
-        refs = [worker.__ray_ready__.remote() for worker in self._workers]
+        refs: list[ray.ObjectRef] = [worker.__ray_ready__.remote() for worker in self._workers]
         label = f"worker group {self.name!r} constructing {self.builder.ray_actor_class_fqn}"
         try:
             _get_fail_fast(refs, list(range(len(refs))), label, log_pending_every_s=_READY_LOG_INTERVAL_S)

@@ -80,7 +80,7 @@ class VerifierPool:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         # Verifiers are light and mostly idle: they take no logical CPU, so they never compete with the CPU bundles
         # that the cluster reserves for training and generation workers.
-        self._actor_cls = ray.remote(num_cpus=0, max_concurrency=1)(worker_cls)
+        self._actor_cls = ray.remote(num_cpus=0, max_concurrency=1)(worker_cls)  # type: ignore[call-overload]  # Ray's stubs omit actor options
         self._worker_args = worker_args
         self._timeout_s = timeout_s
         self._startup_timeout_s = startup_timeout_s
@@ -109,7 +109,7 @@ class VerifierPool:
             while queue and self._idle:
                 worker = self._idle.popleft()
                 job, attempt = queue.popleft()
-                ref = self._workers[worker].score.remote(*jobs[job])
+                ref: ray.ObjectRef = self._workers[worker].score.remote(*jobs[job])
                 running[ref] = _Running(worker, job, attempt, time.monotonic() + self._timeout_s)
             if not running:  # every verifier is restarting
                 self._collect_warm(timeout_s=self._startup_timeout_s)

@@ -108,7 +108,8 @@ def _is_step_dir(path: Path) -> bool:
 
 def _from_checkpoint(step_dir: Path) -> EvalModel:
     run_config = _run_config(step_dir)
-    policy_cfg = run_config.get("policy") if isinstance(run_config.get("policy"), dict) else {}
+    policy = run_config.get("policy")
+    policy_cfg: dict[str, Any] = policy if isinstance(policy, dict) else {}
     if (policy_cfg.get("reward_model_cfg") or {}).get("enabled"):
         raise EvalModelError(
             f"{step_dir} is a reward-model checkpoint (policy.reward_model_cfg.enabled: true in its {CONFIG_FILE}): "

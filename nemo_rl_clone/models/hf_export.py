@@ -23,6 +23,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -46,7 +47,7 @@ def save_consolidated_hf(
     generation_config: GenerationConfig | None = None,
     max_shard_size: int | str = "5GB",
     overwrite: bool = False,
-    model_class: type = AutoModelForCausalLM,
+    model_class: Any = AutoModelForCausalLM,  # an Auto* class or a concrete model class: both have from_config
 ) -> Path:
     """Write ``state_dict`` (HF parameter names → full CPU tensors) as a loadable HF folder at ``out_dir``.
 

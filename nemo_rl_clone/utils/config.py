@@ -14,7 +14,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -59,8 +59,8 @@ def _load(path: Path, chain: tuple[Path, ...]) -> DictConfig:
         raise ConfigError([f"{path}: defaults must be a path or a list of paths"])
     merged = OmegaConf.create()
     for default in defaults:
-        merged = OmegaConf.merge(merged, _load((path.parent / default).resolve(), (*chain, path)))
-    return OmegaConf.merge(merged, cfg)
+        merged = cast(DictConfig, OmegaConf.merge(merged, _load((path.parent / default).resolve(), (*chain, path))))
+    return cast(DictConfig, OmegaConf.merge(merged, cfg))  # merging mappings gives a mapping
 
 
 def parse_override_value(text: str) -> Any:

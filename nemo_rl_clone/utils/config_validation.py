@@ -80,12 +80,9 @@ def _dotted_keys(schema: type, prefix: str) -> set[str]:
 
 def _dataclass_in(tp: Any) -> type | None:
     """The dataclass inside ``tp`` (itself, or X of Optional[X]), if any."""
-    if dataclasses.is_dataclass(tp):
-        return tp
-    if _is_union(tp):
-        for arg in typing.get_args(tp):
-            if dataclasses.is_dataclass(arg):
-                return arg
+    for candidate in (tp, *typing.get_args(tp)) if _is_union(tp) else (tp,):
+        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
+            return candidate
     return None
 
 
@@ -116,7 +113,7 @@ def _convert(value: Any, tp: Any, key: str, problems: list[str], ctx: _Context) 
     """Check ``value`` against type ``tp``; return the converted value (or None after recording a problem)."""
     if tp is Any:
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _convert_dataclass(value, tp, key, problems, ctx)
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if _is_union(tp):

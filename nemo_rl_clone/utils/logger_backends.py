@@ -134,7 +134,7 @@ class WandbBackend:
     def __init__(self, run_dir: Path, project: str, name: str, mode: str) -> None:
         import wandb
 
-        self._run = wandb.init(dir=str(run_dir), project=project, name=name, mode=mode)
+        self._run = wandb.init(dir=str(run_dir), project=project, name=name, mode=mode)  # type: ignore[arg-type]  # one of MODES, checked by Logger
 
     def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
         self._run.log(dict(metrics), step=step)
@@ -161,7 +161,10 @@ class MlflowBackend:
             try:
                 experiment_id = self._client.create_experiment(experiment_name)
             except MlflowException:  # created concurrently by another run
-                experiment_id = self._client.get_experiment_by_name(experiment_name).experiment_id
+                concurrent = self._client.get_experiment_by_name(experiment_name)
+                if concurrent is None:
+                    raise
+                experiment_id = concurrent.experiment_id
         self.run_id: str = self._client.create_run(experiment_id, run_name=run_name).info.run_id
 
     def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import datasets
 import torch.utils.data
@@ -25,7 +25,7 @@ LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv
 
 # A split's rows: a Hugging Face ``datasets.Dataset`` or, for generated data, a list of dicts. Both support
 # ``len(rows)`` and ``rows[i] -> dict``.
-Rows = datasets.Dataset | list[dict[str, Any]]
+Rows: TypeAlias = datasets.Dataset | list[dict[str, Any]]
 
 
 class DatasetLoadError(RuntimeError):

@@ -80,6 +80,7 @@ def load_sft_dataset(cfg: SFTDataConfig, seed: int) -> LoadedDataset:
         reject_file_keys(name, data_path=cfg.data_path, val_data_path=cfg.val_data_path, split=cfg.split)
         loaded = load_champ_sft(cfg.split_validation_size, seed)
         return apply_prompt_spec_to_list_rows(loaded, spec, "messages")
+    convert: RowConverter
     if name == "squad":
         fmt, convert = SQUAD, _squad_row
     elif name == "OpenMathInstruct-2":

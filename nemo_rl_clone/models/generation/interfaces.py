@@ -25,7 +25,7 @@ import ray
 import torch
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.weight_transfer import PackedTensors
+from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, PackedTensors
 
 GENERATION_INPUT_KEYS = ("input_ids", "input_lengths")
 GENERATION_OUTPUT_KEYS = ("output_ids", "logprobs", "generation_lengths", "unpadded_sequence_lengths", "truncated")
@@ -68,12 +68,14 @@ class GenerationInterface(ABC):
         (colocated refit); raises `RefitError`, old weights kept, when it does not fit."""
 
     @abstractmethod
-    def init_collective(self, master_address: str, master_port: int, world_size: int) -> list[ray.ObjectRef]:
+    def init_collective(
+        self, master_address: str, master_port: int, world_size: int, timeout_s: float = 300.0
+    ) -> list[ray.ObjectRef]:
         """Join the weight-transfer group whose rank 0 is train rank 0 (non-colocated refit); returns the engines'
         futures, to be awaited together with the trainer's."""
 
     @abstractmethod
-    def update_weights_from_collective(self) -> list[ray.ObjectRef]:
+    def update_weights_from_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[ray.ObjectRef]:
         """Receive and load the weights broadcast by train rank 0; futures as in `init_collective`."""
 
     @abstractmethod

@@ -13,7 +13,7 @@ import fnmatch
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     parallelize_module,
 )
+from transformers import PreTrainedModel
 
 from nemo_rl_clone.models.policy.optim import import_by_path
 
@@ -144,7 +145,9 @@ def parallelize(
         parallelize_module(model, mesh["tp"], _matching_modules(model, tensor_parallel_plan))
     if activation_checkpointing:
         # Hugging Face's own checkpointing keeps parameter names unchanged (a checkpoint wrapper would prefix them).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        cast(PreTrainedModel, model).gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
     offload_needs_fsdp = cpu_offload and mesh.device_type != "cpu"
     if mesh["dp"].size() == 1 and param_dtype == torch.float32 and not offload_needs_fsdp:
         # FSDP over a single data-parallel rank shards nothing and only adds copies: on CPU it made a 135M-param

@@ -15,7 +15,7 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+)
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
@@ -228,6 +233,7 @@ class DTensorPolicyWorker:
                 batch = data.get_batch(index, local_gbs)
                 valid_seqs, valid_toks = train_step.global_valid_counts(batch, self.dp_group)
                 if not eval_mode:
+                    assert self.optimizer is not None, "train() needs a policy built with init_optimizer=True"
                     self.optimizer.zero_grad(set_to_none=True)
                 step_loss = torch.zeros((), dtype=torch.float64)
                 for microbatch in train_step.microbatches(batch, mbs):
@@ -259,6 +265,7 @@ class DTensorPolicyWorker:
     def _optimizer_step(self) -> torch.Tensor:
         grad_norm = dtensor_parallel.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         if torch.isfinite(grad_norm):
+            assert self.optimizer is not None
             self.optimizer.step()
         else:
             logger.warning("rank %d: non-finite grad norm %s; skipping this optimizer step", self.rank, grad_norm)
@@ -351,7 +358,7 @@ class DTensorPolicyWorker:
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         with dtensor_parallel.quiet_redistribute_warnings():
-            return get_model_state_dict(self.model, options=options)
+            return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(
@@ -376,7 +383,11 @@ class DTensorPolicyWorker:
             if self.rank == 0:
                 model_class = AutoModelForSequenceClassification if self.is_reward_model else AutoModelForCausalLM
                 save_consolidated_hf(
-                    full_state, self.model.config, save_hf_path, tokenizer=self.tokenizer, model_class=model_class
+                    full_state,
+                    cast(PretrainedConfig, self.model.config),
+                    save_hf_path,
+                    tokenizer=self.tokenizer,
+                    model_class=model_class,
                 )
         dist.barrier()
 
@@ -390,7 +401,8 @@ class DTensorPolicyWorker:
             state = self._optimizer_checkpoint_state()
             dcp.load(state, checkpoint_id=optimizer_path)
             set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
-            self.scheduler.load_state_dict(state["scheduler"])
+            if self.scheduler is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
 
     def _optimizer_checkpoint_state(self) -> dict[str, Any]:
         assert self.optimizer is not None and self.scheduler is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import ray
@@ -31,7 +31,6 @@ from nemo_rl_clone.models.policy.reward_model import check_input_lengths, reward
 from nemo_rl_clone.utils.config_validation import validate_config
 
 DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
-_SHARDED = {"in_sharded_axes": ["data_parallel"], "replicate_on_axes": ["tensor_parallel"]}
 
 
 class Policy(ColocatablePolicyInterface):
@@ -125,15 +124,7 @@ class Policy(ColocatablePolicyInterface):
         self._check_batch(data, ("input_ids", "input_lengths"), method)
         if self.is_reward_model:
             check_input_lengths(data, method)
-        order = None
-        if self.cfg.dynamic_batching.enabled:
-            shards, order = data.shard_by_batch_size(
-                self.dp_size,
-                allow_uneven_shards=True,
-                dynamic_batching_args=self._dynamic_batching_args(self.cfg.dynamic_batching.logprob_mb_tokens),
-            )
-        else:
-            shards = data.shard_by_batch_size(self.dp_size, allow_uneven_shards=True)
+        shards, order = self._shard(data, self.cfg.dynamic_batching.logprob_mb_tokens, allow_uneven_shards=True)
         results = self._run_sharded(method, shards, {"micro_batch_size": micro_batch_size})
         merged = BatchedDataDict.from_batches(results)
         if order is not None:
@@ -171,14 +162,7 @@ class Policy(ColocatablePolicyInterface):
             raise ValueError(f"train: batch of {data.size} samples is not a multiple of the global batch size {gbs}")
         if self.is_reward_model:
             _check_pairs_stay_together(self.cfg, gbs // self.dp_size, mbs)
-        if self.cfg.dynamic_batching.enabled:
-            shards, _ = data.shard_by_batch_size(
-                self.dp_size,
-                batch_size=gbs,
-                dynamic_batching_args=self._dynamic_batching_args(self.cfg.dynamic_batching.train_mb_tokens),
-            )
-        else:
-            shards = data.shard_by_batch_size(self.dp_size, batch_size=gbs)
+        shards, _ = self._shard(data, self.cfg.dynamic_batching.train_mb_tokens, batch_size=gbs)
         kwargs = {"loss_fn": loss_fn, "eval_mode": eval_mode, "gbs": gbs, "mbs": mbs}
         results = self._run_sharded("train", shards, kwargs)
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
@@ -271,7 +255,12 @@ class Policy(ColocatablePolicyInterface):
 
     def _run_sharded(self, method: str, shards: list[BatchedDataDict], kwargs: dict[str, Any]) -> list[Any]:
         future = self.worker_group.run_all_workers_sharded_data(
-            method, shards, output_is_replicated=["tensor_parallel"], common_kwargs=kwargs, **_SHARDED
+            method,
+            shards,
+            in_sharded_axes=["data_parallel"],
+            replicate_on_axes=["tensor_parallel"],
+            output_is_replicated=["tensor_parallel"],
+            common_kwargs=kwargs,
         )
         return self.worker_group.get_all_worker_results(future)
 
@@ -287,13 +276,20 @@ class Policy(ColocatablePolicyInterface):
                 "every data-parallel worker needs at least one sample"
             )
 
-    def _dynamic_batching_args(self, max_tokens: int | None) -> dict[str, Any]:
-        return {
+    def _shard(
+        self, data: BatchedDataDict, dynamic_mb_tokens: int | None, **kwargs: Any
+    ) -> tuple[list[BatchedDataDict], list[int] | None]:
+        """DP shards of ``data``, and with dynamic batching the order that undoes its length sorting."""
+        if not self.cfg.dynamic_batching.enabled:
+            return cast(list[BatchedDataDict], data.shard_by_batch_size(self.dp_size, **kwargs)), None
+        dynamic_args = {
             "input_key": "input_ids",
             "input_lengths_key": "input_lengths",
-            "max_tokens_per_microbatch": max_tokens,
+            "max_tokens_per_microbatch": dynamic_mb_tokens,
             "sequence_length_round": self.cfg.dynamic_batching.sequence_length_round,
         }
+        sharded = data.shard_by_batch_size(self.dp_size, dynamic_batching_args=dynamic_args, **kwargs)
+        return cast(tuple[list[BatchedDataDict], list[int]], sharded)
 
 
 def _check_pairs_stay_together(config: PolicyConfig, rank_batch_size: int, mbs: int) -> None:

@@ -67,7 +67,7 @@ class LastTokenScorer:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._token_scores: torch.Tensor | None = None
-        model.score.register_forward_hook(self._keep_output)
+        model.get_submodule("score").register_forward_hook(self._keep_output)
 
     def _keep_output(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         self._token_scores = output
