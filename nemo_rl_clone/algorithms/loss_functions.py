@@ -3,7 +3,8 @@
 Call contract (NeMo-RL's), shared by all four:
 
     loss, metrics = loss_fn(next_token_logits, data, global_valid_seqs, global_valid_toks,
-                            vocab_parallel_rank=None, vocab_parallel_group=None, context_parallel_group=None)
+                            vocab_parallel_rank=None, vocab_parallel_group=None, context_parallel_group=None,
+                            logprob_chunk_size=None)
 
 - `next_token_logits`: [B, S, V] (position t predicts token t+1), or this rank's vocab shard when
   `vocab_parallel_group` is given. `PreferenceLoss` takes the [B, 1] scores of a classification head instead.
@@ -139,14 +140,15 @@ def _policy_logprobs(
     vocab_parallel_rank: int | None,
     vocab_parallel_group: dist.ProcessGroup | None,
     context_parallel_group: dist.ProcessGroup | None,
+    chunk_size: int | None,
 ) -> torch.Tensor:
-    """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits`."""
+    """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits` (``chunk_size`` positions at a time)."""
     if context_parallel_group is not None and dist.get_world_size(context_parallel_group) > 1:
         raise NotImplementedError("context parallelism is not supported by the losses; use context_parallel_size=1")
     vocab_start = None
     if vocab_parallel_group is not None and vocab_parallel_rank is not None:
         vocab_start = vocab_parallel_rank * logits.shape[-1]
-    return token_logprobs_from_logits(logits, data["input_ids"], vocab_parallel_group, vocab_start)
+    return token_logprobs_from_logits(logits, data["input_ids"], vocab_parallel_group, vocab_start, chunk_size)
 
 
 def _shifted(data: Mapping[str, Any], key: str, like: torch.Tensor) -> torch.Tensor:
@@ -208,6 +210,7 @@ class ClippedPGLossFn:
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         cfg = self.cfg
         keys = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
@@ -215,7 +218,12 @@ class ClippedPGLossFn:
         keys += ("reference_policy_logprobs",) if cfg.reference_policy_kl_penalty != 0 else ()
         _require(data, keys, type(self).__name__)
         lp = _policy_logprobs(
-            next_token_logits, data, vocab_parallel_rank, vocab_parallel_group, context_parallel_group
+            next_token_logits,
+            data,
+            vocab_parallel_rank,
+            vocab_parallel_group,
+            context_parallel_group,
+            logprob_chunk_size,
         )
         token_mask, sample_mask, mask = _masks(data, lp)
         valid = mask > 0
@@ -315,10 +323,16 @@ class NLLLoss:
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         _require(data, ("input_ids", "token_mask", "sample_mask"), type(self).__name__)
         lp = _policy_logprobs(
-            next_token_logits, data, vocab_parallel_rank, vocab_parallel_group, context_parallel_group
+            next_token_logits,
+            data,
+            vocab_parallel_rank,
+            vocab_parallel_group,
+            context_parallel_group,
+            logprob_chunk_size,
         )
         _, sample_mask, mask = _masks(data, lp)
         loss = -masked_mean(lp, mask, global_normalization_factor=global_valid_toks)
@@ -389,6 +403,7 @@ class PreferenceLoss:
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         _require(data, ("sample_mask",), type(self).__name__)
         scores = logits.float()
@@ -430,11 +445,17 @@ class DPOLossFn:
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         owner = type(self).__name__
         _require(data, ("input_ids", "token_mask", "sample_mask", "reference_policy_logprobs"), owner)
         lp = _policy_logprobs(
-            next_token_logits, data, vocab_parallel_rank, vocab_parallel_group, context_parallel_group
+            next_token_logits,
+            data,
+            vocab_parallel_rank,
+            vocab_parallel_group,
+            context_parallel_group,
+            logprob_chunk_size,
         )
         token_mask, sample_mask, _ = _masks(data, lp)
         valid = token_mask > 0
