@@ -216,7 +216,7 @@ def test_grpo_impossible_combinations():
         )
     text = "\n".join(err.value.problems)
     assert (
-        "policy.dtensor_cfg.enabled: exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true (both is)"
+        "policy.megatron_cfg.enabled: the Megatron Core backend is not supported yet; use dtensor_cfg.enabled=true"
         in text
     )
     assert "policy.train_global_batch_size: must be a multiple of train_micro_batch_size (102 % 4 != 0)" in text

@@ -433,7 +433,7 @@ def test_bad_batches_raise_one_clear_error(two_workers: dict) -> None:
             ValueError,
             "tensor_parallel_size=3 must divide the number of workers (2)",
         ),
-        ({"sequence_packing": None}, NotImplementedError, "policy.sequence_packing.enabled"),
+        ({"sequence_packing": None}, ValueError, "policy.sequence_packing.enabled: sequence packing is not supported"),
         ({"train_global_batch_size": 7}, ValueError, "policy.train_global_batch_size: must be a multiple of"),
     ],
 )

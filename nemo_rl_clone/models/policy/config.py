@@ -113,6 +113,9 @@ class MegatronDDPConfig:
 
 @dataclass
 class MegatronConfig:
+    """NeMo-RL's Megatron Core keys. ``enabled: true`` is refused (the backend is not supported yet), so the other
+    keys of this section do nothing; they are accepted so that NeMo-RL recipes validate unchanged."""
+
     enabled: bool = False
     empty_unused_memory_level: int = 0
     activation_checkpointing: bool = False
@@ -136,12 +139,6 @@ class MegatronConfig:
     distributed_data_parallel_config: MegatronDDPConfig = field(default_factory=MegatronDDPConfig)
 
 
-def _check_mb_tokens(section: Any, feature: str) -> list[tuple[str, str]]:
-    if section.enabled and (section.train_mb_tokens is None or section.logprob_mb_tokens is None):
-        return [("enabled", f"{feature} needs train_mb_tokens and logprob_mb_tokens")]
-    return []
-
-
 @dataclass
 class DynamicBatchingConfig:
     """Token-budgeted microbatches of length-sorted samples (less padding)."""
@@ -152,18 +149,20 @@ class DynamicBatchingConfig:
     sequence_length_round: int = 64
 
     def check(self) -> list[tuple[str, str]]:
-        return _check_mb_tokens(self, "dynamic batching")
+        if self.enabled and (self.train_mb_tokens is None or self.logprob_mb_tokens is None):
+            return [("enabled", "dynamic batching needs train_mb_tokens and logprob_mb_tokens")]
+        return []
 
 
 @dataclass
 class SequencePackingConfig:
+    """NeMo-RL's sequence-packing keys. ``enabled: true`` is refused: the DTensor worker does not train on packed
+    sequences yet (`policy.dynamic_batching` is the supported way to cut padding), so the other keys do nothing."""
+
     enabled: bool = False
     train_mb_tokens: int | None = None
     logprob_mb_tokens: int | None = None
     algorithm: Literal["modified_first_fit_decreasing", "first_fit_decreasing"] = "modified_first_fit_decreasing"
-
-    def check(self) -> list[tuple[str, str]]:
-        return _check_mb_tokens(self, "sequence packing")
 
 
 REWARD_MODEL_TYPES = ("bradley_terry",)
@@ -205,15 +204,9 @@ class PolicyConfig:
     reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
 
     def check(self) -> list[tuple[str, str]]:
-        problems = []
-        if self.dtensor_cfg.enabled == self.megatron_cfg.enabled:
-            state = "both" if self.dtensor_cfg.enabled else "neither"
-            problems.append(
-                (
-                    "dtensor_cfg.enabled",
-                    f"exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true ({state} is)",
-                )
-            )
+        problems = _check_unsupported_features(self)
+        if not self.dtensor_cfg.enabled and not self.megatron_cfg.enabled:
+            problems.append(("dtensor_cfg.enabled", "must be true: DTensor (FSDP2) is the policy backend"))
         problems += check_at_least(
             self,
             1,
@@ -236,3 +229,31 @@ class PolicyConfig:
         if self.scheduler:
             problems.extend(check_scheduler_entries(self.scheduler))
         return problems
+
+
+def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
+    """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored."""
+    problems = []
+    if config.megatron_cfg.enabled:
+        problems.append(
+            ("megatron_cfg.enabled", "the Megatron Core backend is not supported yet; use dtensor_cfg.enabled=true")
+        )
+    if config.sequence_packing.enabled:
+        problems.append(
+            (
+                "sequence_packing.enabled",
+                "sequence packing is not supported yet by the DTensor worker; use policy.dynamic_batching instead",
+            )
+        )
+    if config.dtensor_cfg.sequence_parallel:
+        problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))
+    for section in ("dtensor_cfg", "megatron_cfg"):
+        size = getattr(config, section).context_parallel_size
+        if size != 1:
+            problems.append(
+                (
+                    f"{section}.context_parallel_size",
+                    f"context parallelism is not supported yet; set it to 1 (got {size})",
+                )
+            )
+    return problems

@@ -50,9 +50,9 @@ class Policy(ColocatablePolicyInterface):
 
     Raises:
         ValueError: an invalid config (optimizer or scheduler class path that does not exist, tensor-parallel
-            size that does not divide the workers, ...), naming the ``policy.*`` key.
+            size that does not divide the workers, a feature not supported yet such as ``megatron_cfg.enabled``,
+            ...), naming the ``policy.*`` key.
         OSError: ``model_name`` cannot be resolved to a loadable model.
-        NotImplementedError: ``megatron_cfg.enabled`` or ``sequence_packing.enabled`` (other backends).
     """
 
     def __init__(
@@ -318,16 +318,5 @@ def _check_config(config: PolicyConfig, init_optimizer: bool) -> None:
         raise ValueError(
             "invalid policy config:\n" + "\n".join(f"  policy.{key}: {message}" for key, message in problems)
         )
-    if config.megatron_cfg.enabled:
-        raise NotImplementedError("policy.megatron_cfg.enabled: the Megatron backend is not part of this Policy")
-    if config.sequence_packing.enabled:
-        raise NotImplementedError(
-            "policy.sequence_packing.enabled: the DTensor worker does not pack sequences; use "
-            "policy.dynamic_batching instead"
-        )
-    if config.dtensor_cfg.context_parallel_size != 1:
-        raise NotImplementedError("policy.dtensor_cfg.context_parallel_size: only 1 is supported")
-    if config.dtensor_cfg.sequence_parallel:
-        raise NotImplementedError("policy.dtensor_cfg.sequence_parallel: not supported; set it to false")
     if init_optimizer:
         check_import_paths(config.optimizer, config.scheduler)
