@@ -53,7 +53,9 @@ class CheckpointingConfig:
 
     ``metric_name`` is ``"<prefix>:<name>"``, e.g. ``"val:accuracy"`` or ``"train:loss"``; see `get_metric` for
     how it is looked up in ``training_info``. ``checkpoint_must_save_by`` is a ``"DD:HH:MM:SS"`` budget measured
-    from the start of the run: the train loop saves and stops before it runs out.
+    from the start of the run: the train loop saves and stops before it runs out. ``save_consolidated`` adds a
+    Hugging Face folder ``policy/hf`` to each checkpoint, its weights written as ``model_save_format``:
+    ``safetensors`` (``model.safetensors``) or ``torch_save`` (``pytorch_model.bin``).
     """
 
     enabled: bool = True

@@ -105,6 +105,42 @@ def test_bfloat16_export_and_sharding(tiny_model, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("max_shard_size", ["5GB", "4MB"])
+def test_torch_save_format_writes_pytorch_model_bin(tiny_model, tmp_path: Path, max_shard_size: str) -> None:
+    """checkpointing.model_save_format=torch_save: pytorch_model.bin (or its shards and index), no safetensors;
+    from_pretrained gives the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    from nemo_rl_clone.models.hf_export import TORCH_INDEX, load_hf_state_dict, save_consolidated_hf
+
+    _perturbed(tiny_model)
+    out = save_consolidated_hf(
+        tiny_model.state_dict(),
+        tiny_model.config,
+        tmp_path / "hf",
+        max_shard_size=max_shard_size,
+        save_format="torch_save",
+    )
+    assert not list(out.glob("*.safetensors"))
+    if max_shard_size == "5GB":
+        assert (out / "pytorch_model.bin").is_file() and not (out / TORCH_INDEX).exists()
+    else:
+        assert len(list(out.glob("pytorch_model-*.bin"))) > 1 and (out / TORCH_INDEX).is_file()
+    saved = load_hf_state_dict(out)
+    assert saved.keys() == tiny_model.state_dict().keys()
+    assert all(torch.equal(saved[k], v) for k, v in tiny_model.state_dict().items())
+    reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert torch.equal(_logits(reloaded), _logits(tiny_model))
+
+
+def test_unknown_save_format_is_refused_by_name(tiny_model, tmp_path: Path) -> None:
+    from nemo_rl_clone.models.hf_export import save_consolidated_hf
+
+    with pytest.raises(ValueError, match=r"save_format must be one of \['safetensors', 'torch_save'\], got 'pickle'"):
+        save_consolidated_hf(tiny_model.state_dict(), tiny_model.config, tmp_path / "hf", save_format="pickle")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_existing_output_needs_overwrite(tiny_model, tmp_path: Path) -> None:
     from nemo_rl_clone.models.hf_export import load_hf_state_dict, save_consolidated_hf
 

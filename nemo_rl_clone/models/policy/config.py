@@ -8,12 +8,39 @@ from typing import Any, Literal
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 
+# apply_chat_template's own arguments: the code sets them per call, a config must not pin them.
+_RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
+
 
 @dataclass
 class TokenizerConfig:
+    """``name`` null: the model's tokenizer. ``chat_template`` null or ``"default"``: the tokenizer's own template;
+    another string replaces it (Jinja). ``chat_template_kwargs``: variables every chat-template rendering sees (e.g.
+    ``{enable_thinking: false}``), see `nemo_rl_clone.models.huggingface.configure_chat_template`."""
+
     name: str | None = None  # null → policy.model_name
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        for key in self.chat_template_kwargs or {}:
+            if not key.isidentifier() or key in _RESERVED_TEMPLATE_KWARGS:
+                problems.append(
+                    (
+                        f"chat_template_kwargs.{key}",
+                        "must be a template variable name (an identifier), not one of apply_chat_template's own "
+                        f"arguments {list(_RESERVED_TEMPLATE_KWARGS)}",
+                    )
+                )
+        return problems
+
+    def load(self, model_name: str) -> Any:
+        """The tokenizer of ``name`` (null: ``model_name``) with this section's chat template settings applied."""
+        from nemo_rl_clone.models.huggingface import configure_chat_template, load_tokenizer
+
+        tokenizer = load_tokenizer(self.name or model_name)
+        return configure_chat_template(tokenizer, self.chat_template, self.chat_template_kwargs)
 
 
 @dataclass

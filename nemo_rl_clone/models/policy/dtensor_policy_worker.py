@@ -368,10 +368,12 @@ class DTensorPolicyWorker:
         optimizer_path: str | None = None,
         tokenizer_path: str | None = None,
         save_hf_path: str | None = None,
+        save_hf_format: str = "safetensors",
     ) -> None:
         """Sharded DCP of the model (``{"model": ...}``, Hugging Face names) and, with ``optimizer_path``, of the
         optimizer and scheduler; ``tokenizer.save_pretrained(tokenizer_path)``; a consolidated Hugging Face folder
-        at ``save_hf_path`` (fp32 master weights). A collective."""
+        at ``save_hf_path`` (fp32 master weights, ``save_hf_format`` as `save_consolidated_hf`'s ``save_format``).
+        A collective."""
         dcp.save({"model": get_model_state_dict(self.model)}, checkpoint_id=weights_path)
         if optimizer_path is not None:
             if self.optimizer is None:
@@ -384,7 +386,12 @@ class DTensorPolicyWorker:
             if self.rank == 0:
                 model_class = AutoModelForSequenceClassification if self.is_reward_model else AutoModelForCausalLM
                 save_consolidated_hf(
-                    full_state, self.model.config, save_hf_path, tokenizer=self.tokenizer, model_class=model_class
+                    full_state,
+                    self.model.config,
+                    save_hf_path,
+                    tokenizer=self.tokenizer,
+                    model_class=model_class,
+                    save_format=save_hf_format,
                 )
         dist.barrier()
 

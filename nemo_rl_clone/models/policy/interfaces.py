@@ -66,6 +66,7 @@ class PolicyInterface(ABC):
         optimizer_path: str | None = None,
         tokenizer_path: str | None = None,
         save_hf_path: str | None = None,
+        save_hf_format: str = "safetensors",
     ) -> None: ...
 
     @abstractmethod

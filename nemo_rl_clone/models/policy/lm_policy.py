@@ -246,14 +246,17 @@ class Policy(ColocatablePolicyInterface):
         optimizer_path: str | None = None,
         tokenizer_path: str | None = None,
         save_hf_path: str | None = None,
+        save_hf_format: str = "safetensors",
     ) -> None:
-        """Sharded DCP weights (and optimizer + scheduler), tokenizer files, optional consolidated HF folder."""
+        """Sharded DCP weights (and optimizer + scheduler), tokenizer files, optional consolidated HF folder
+        (``save_hf_format``: ``checkpointing.model_save_format``)."""
         self._run_all(
             "save_checkpoint",
             weights_path,
             optimizer_path=optimizer_path,
             tokenizer_path=tokenizer_path,
             save_hf_path=save_hf_path,
+            save_hf_format=save_hf_format,
         )
 
     def shutdown(self) -> bool:
