@@ -12,7 +12,8 @@ from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, b
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.progress import console
 
-# Loss metrics are each microbatch's share of the global mean (SPEC §5), so they add up over microbatches.
+# Loss metrics are each microbatch's share of the global mean (the call contract in `loss_functions`), so they add
+# up over microbatches.
 _SUMMED_LOSS_METRICS = (
     "loss",
     "probs_ratio",

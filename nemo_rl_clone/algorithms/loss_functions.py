@@ -8,7 +8,7 @@ Call contract (NeMo-RL's), shared by all four:
 
 - `next_token_logits`: [B, S, V] (position t predicts token t+1), or this rank's vocab shard when
   `vocab_parallel_group` is given. `PreferenceLoss` takes the [B, 1] scores of a classification head instead.
-- `data`: a dict or `BatchedDataDict` of [B, S] / [B] tensors. [B, S] logprob tensors follow SPEC §4 (position i
+- `data`: a dict or `BatchedDataDict` of [B, S] / [B] tensors. [B, S] logprob tensors follow the policy's layout (position i
   holds log p(token_i | tokens_<i), position 0 is 0), so the losses use their `[:, 1:]`, aligned with the
   [B, S-1] logprobs computed here. The trainable-token mask is m = token_mask[:, 1:] * sample_mask[:, None].
 - `global_valid_toks` / `global_valid_seqs`: Σ m and Σ sample_mask over the *whole global batch* — all microbatches
@@ -70,7 +70,7 @@ def _validated(schema: type[_Config], cfg: Mapping[str, Any] | _Config | None, o
 
 @dataclass(frozen=True)
 class ClippedPGLossConfig:
-    """`loss_fn` section of a GRPO config (SPEC §13 keys and defaults)."""
+    """`loss_fn` section of a GRPO config (NeMo-RL's keys and defaults)."""
 
     reference_policy_kl_penalty: float = 0.01
     ratio_clip_min: float = 0.2
@@ -152,7 +152,7 @@ def _policy_logprobs(
 
 
 def _shifted(data: Mapping[str, Any], key: str, like: torch.Tensor) -> torch.Tensor:
-    """data[key][:, 1:] in fp32 on `like`'s device (SPEC §4 [B, S] tensors → [B, S-1])."""
+    """data[key][:, 1:] in fp32 on `like`'s device ([B, S] policy-layout tensors → [B, S-1])."""
     return data[key][:, 1:].to(device=like.device, dtype=torch.float32)
 
 
@@ -425,7 +425,7 @@ class DPOLossFn:
     loss = preference_loss_weight·preference + sft_loss_weight·sft; β = `reference_policy_kl_penalty`.
 
     Rows interleave chosen/rejected (`[::2]`, `[1::2]`); a pair's rows must share sample_mask. Data keys:
-    input_ids, token_mask, sample_mask, reference_policy_logprobs ([B, S], SPEC §4 convention). Metrics: `loss`,
+    input_ids, token_mask, sample_mask, reference_policy_logprobs ([B, S], the policy's layout). Metrics: `loss`,
     `sft_loss` and `preference_loss` (unweighted; sft_loss is reported even with weight 0), `accuracy`
     (R_c > R_r), `rewards_chosen_mean` / `rewards_rejected_mean` (mean R, without β), `num_valid_samples`
     (local number of valid pairs).

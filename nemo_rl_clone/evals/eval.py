@@ -1,5 +1,5 @@
 """Evaluation: sample ``num_tests_per_prompt`` answers per problem with vLLM, score each with the task's environment,
-and report pass@k or cons@k (SPEC §10; NeMo-RL's ``run_eval.py``).
+and report pass@k or cons@k (docs/evaluation.md; NeMo-RL's ``run_eval.py``).
 
 A sample is *correct* when its reward is 1 (math-verify says equal; reasoning-gym's scorer gives full credit).
 Partial credit (reasoning-gym scorers can give e.g. 0.5) counts as not correct, as in GRPO's validation accuracy.

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoint directories with top-k retention (SPEC §9).
+"""Crash-safe checkpoint directories with top-k retention (docs/logging_and_checkpoints.md).
 
 Layout: ``checkpoint_dir/step_N/{training_info.json, config.yaml, ...}``; callers add ``policy/...``,
 ``train_dataloader.pt`` and so on. A checkpoint is written into ``tmp_step_N`` and only becomes ``step_N`` by an

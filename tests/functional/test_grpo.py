@@ -40,7 +40,7 @@ def check_smoke_metrics(metrics: dict[int, dict[str, float]], steps: int) -> Non
             "performance/generation_tokens_per_sec",
         ):
             assert key in m, (step, key, sorted(m))
-        # The trainer's logprobs of the sampled tokens agree with the engine's (SPEC §6 correctness gate).
+        # The trainer's logprobs of the sampled tokens agree with the engine's (the refit correctness gate of docs/generation_and_refit.md).
         assert 1.0 <= m["train/token_mult_prob_error"] <= 1.01, m["train/token_mult_prob_error"]
     assert "validation/accuracy" in metrics[steps]
 

@@ -88,7 +88,7 @@ def policy_config(model_path: str, **overrides: Any) -> PolicyConfig:
 
 
 def hf_logprobs(model: torch.nn.Module, data: BatchedDataDict) -> torch.Tensor:
-    """SPEC §4 logprobs from one full-batch forward of a plain HF model."""
+    """[B, S] policy-layout logprobs from one full-batch forward of a plain HF model."""
     input_ids = data["input_ids"]
     with torch.no_grad():
         logits = model(input_ids=input_ids).logits.float()
