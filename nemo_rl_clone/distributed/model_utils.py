@@ -99,7 +99,7 @@ class _VocabParallelTokenLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         targets: torch.Tensor,
@@ -111,7 +111,7 @@ class _VocabParallelTokenLogprob(torch.autograd.Function):
         return logprobs
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         softmax, local_index, in_shard = ctx.saved_tensors
         return _logprob_grad(softmax, local_index, in_shard, grad_output), None, None, None
 
@@ -125,7 +125,7 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         targets: torch.Tensor,
@@ -146,7 +146,7 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
         return torch.cat(chunks, dim=1) if chunks else logits.new_zeros(targets.shape, dtype=torch.float32)
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         logits, targets = ctx.saved_tensors
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[1], ctx.chunk_size):
