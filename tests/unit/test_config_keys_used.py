@@ -14,6 +14,7 @@ sets it: the one-line error naming the key must come out.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import typing
 from collections.abc import Iterator
@@ -205,8 +206,6 @@ def test_refused_key_fails_validation_with_one_line(master: str, key: str, refus
 
 def _with(base: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
     """A deep copy of ``base`` with ``dotted`` set to ``value``."""
-    import copy
-
     config = copy.deepcopy(base)
     node = config
     *parents, leaf = dotted.split(".")
