@@ -233,14 +233,16 @@ TP_DYNAMIC_BATCHING = DynamicBatchingConfig(True, train_mb_tokens=32, logprob_mb
 def tensor_parallel(
     two_workers: dict[str, Any], model_path: str, tokenizer: Any, batch: BatchedDataDict
 ) -> dict[str, Any]:
-    """4 workers as dp=2 x tp=2 (FSDP over TP-sharded layers) with activation checkpointing and dynamic batching
-    (length-sorted microbatches of at most 32/40 padded tokens, truncated to their longest row): logprobs, one
-    step, reference logprobs, refit info."""
+    """4 workers as dp=2 x tp=2 (FSDP over TP-sharded layers) with activation checkpointing, dynamic batching
+    (length-sorted microbatches of at most 32/40 padded tokens, truncated to their longest row) and logprobs in
+    chunks of 3 positions (``policy.logprob_chunk_size``, in get_logprobs and the loss): logprobs, one step,
+    reference logprobs, refit info. Compared with the unchunked data-parallel run and plain HF below."""
     config = policy_config(
         model_path,
         dtensor_tensor_parallel_size=2,
         dtensor_activation_checkpointing=True,
         dynamic_batching=TP_DYNAMIC_BATCHING,
+        logprob_chunk_size=3,
     )
     cluster = RayVirtualCluster([4], use_gpus=False, name="test-policy-tp")
     policy = Policy(cluster, config, tokenizer, name_prefix="policy-tp")
