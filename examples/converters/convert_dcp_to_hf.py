@@ -5,7 +5,8 @@
 
 The run's ``config.yaml`` names the model (``policy.model_name``), which gives the architecture config. The
 tokenizer is the one saved with the checkpoint (``policy/tokenizer`` next to the weights) when present, else
-``policy.tokenizer.name`` (or the model's). Runs on one CPU process; no GPU or process group needed.
+``policy.tokenizer.name`` (or the model's). The weights are written as the run's ``checkpointing.model_save_format``
+(``safetensors``, the default, or ``torch_save``). Runs on one CPU process; no GPU or process group needed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def convert_dcp_to_hf(
     overwrite: bool = False,
 ) -> Path:
     """Write ``hf_ckpt_path`` from the DCP weights at ``dcp_ckpt_path``; see the module docstring."""
-    policy = _policy_section(config_path)
+    config = resolve_to_container(load_config(config_path))
+    policy = _policy_section(config, config_path)
+    save_format = (config.get("checkpointing") or {}).get("model_save_format") or "safetensors"
     model_name = policy.get("model_name")
     if not isinstance(model_name, str):
         raise ConfigError([f"{config_path}: policy.model_name is missing or not a string"])
@@ -47,12 +50,17 @@ def convert_dcp_to_hf(
 
     state_dict = load_dcp_model_state_dict(dcp_ckpt_path)
     return save_consolidated_hf(
-        state_dict, model_config, hf_ckpt_path, tokenizer=tokenizer, dtype=dtype, overwrite=overwrite
+        state_dict,
+        model_config,
+        hf_ckpt_path,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        overwrite=overwrite,
+        save_format=save_format,
     )
 
 
-def _policy_section(config_path: Path) -> dict[str, Any]:
-    config = resolve_to_container(load_config(config_path))
+def _policy_section(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
     policy = config.get("policy")
     if not isinstance(policy, dict):
         raise ConfigError([f"{config_path}: no 'policy' section (expected the config.yaml saved with the checkpoint)"])

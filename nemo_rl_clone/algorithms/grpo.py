@@ -1,4 +1,4 @@
-"""GRPO: generate → reward → advantages → logprobs → train → sync → validate → checkpoint → log (SPEC §8).
+"""GRPO: generate → reward → advantages → logprobs → train → sync → validate → checkpoint → log (see docs/grpo.md).
 
 `grpo_train` is the whole step loop and reads top to bottom; building the run lives in `grpo_setup`, the reward
 arithmetic in `algorithms.utils`, batch plumbing in `grpo_batches`.
@@ -6,12 +6,15 @@ arithmetic in `algorithms.utils`, batch plumbing in `grpo_batches`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from nemo_rl_clone.algorithms.grpo_batches import (
     aggregate_train_metrics,
     build_train_batch,
     generation_seeds,
+    print_samples,
     process_rewards,
     sample_rows,
     select_groups,
@@ -140,10 +143,11 @@ def _run_steps(c: GRPOComponents) -> None:
     console.print(f"Done after step {state.step}. Logs: {c.log_dir}  Checkpoints: {cfg.checkpointing.checkpoint_dir}")
 
 
-def validate(c: GRPOComponents) -> dict[str, float]:
+def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """Roll out the validation prompts once (sampled with fixed per-prompt seeds, so runs compare fairly).
 
-    Returns ``accuracy`` (fraction of responses with reward 1) and ``avg_length`` (generated tokens).
+    Returns ``accuracy`` (fraction of responses with reward 1) and ``avg_length`` (generated tokens). ``samples``
+    receives the first ``logger.num_val_samples_to_print`` samples as `sample_rows` rows.
     """
     cfg = c.config
     if c.val_dataset is None:
@@ -163,6 +167,9 @@ def validate(c: GRPOComponents) -> dict[str, float]:
             max_rollout_turns=cfg.grpo.max_rollout_turns,
         )
         c.generation.finish_generation()
+        if samples is not None and len(samples) < cfg.logger.num_val_samples_to_print:
+            rows = sample_rows(batch, batch["total_reward"])
+            samples.extend(rows[: cfg.logger.num_val_samples_to_print - len(samples)])
         rewards.append(batch["total_reward"])
         lengths.append(metrics["mean_generation_length"] * batch.size)
     all_rewards = torch.cat(rewards)
@@ -171,7 +178,9 @@ def validate(c: GRPOComponents) -> dict[str, float]:
 
 def log_validation(c: GRPOComponents, step: int) -> None:
     phase(step, "validation")
-    run_validation(lambda: validate(c), c.state, c.logger, step, shown=("accuracy", "avg_length"))
+    samples: list[dict[str, Any]] = []
+    run_validation(lambda: validate(c, samples), c.state, c.logger, step, shown=("accuracy", "avg_length"))
+    print_samples(samples, f"step {step}: validation sample")
 
 
 def _refit(c: GRPOComponents, timer: Timer) -> None:

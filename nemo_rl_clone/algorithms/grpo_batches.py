@@ -10,8 +10,10 @@ from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.utils import groups_with_signal, overlong_penalty, reduce_train_results, scale_rewards
 from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.utils.progress import console
 
-# Loss metrics are each microbatch's share of the global mean (SPEC §5), so they add up over microbatches.
+# Loss metrics are each microbatch's share of the global mean (the call contract in `loss_functions`), so they add
+# up over microbatches.
 _SUMMED_LOSS_METRICS = (
     "loss",
     "probs_ratio",
@@ -112,22 +114,30 @@ def aggregate_train_metrics(
     return metrics
 
 
-def sample_rows(batch: BatchedDataDict, rewards: torch.Tensor, advantages: torch.Tensor) -> list[dict[str, Any]]:
-    """One JSON row per sample: prompt text, response text, reward, advantage."""
+def sample_rows(
+    batch: BatchedDataDict, rewards: torch.Tensor, advantages: torch.Tensor | None = None
+) -> list[dict[str, Any]]:
+    """One JSON row per sample: prompt text (every non-assistant message, template markup included), response
+    text, reward, advantage (when given) and the prompt's dataset index."""
     rows = []
     for i, log in enumerate(batch["message_log"]):
         prompt = "".join(m["content"] for m in log if m["role"] != "assistant")
         response = "".join(m["content"] for m in log if m["role"] == "assistant")
-        rows.append(
-            {
-                "prompt": prompt,
-                "response": response,
-                "reward": float(rewards[i]),
-                "advantage": float(advantages[i]),
-                "idx": batch["idx"][i],
-            }
-        )
+        row = {"prompt": prompt, "response": response, "reward": float(rewards[i])}
+        if advantages is not None:
+            row["advantage"] = float(advantages[i])
+        rows.append({**row, "idx": batch["idx"][i]})
     return rows
+
+
+def print_samples(rows: list[dict[str, Any]], title: str) -> None:
+    """Print prompt, response and reward of each row to the console (``logger.num_val_samples_to_print``).
+
+    Model text is printed verbatim: rich markup and highlighting are off, so brackets in a response stay as is.
+    """
+    for i, row in enumerate(rows, start=1):
+        console.print(f"{title} {i}/{len(rows)} (reward {row['reward']:g})", style="bold")
+        console.print(f"  prompt: {row['prompt']}\n  response: {row['response']}", markup=False, highlight=False)
 
 
 def _response_length(message_log: list[dict[str, Any]]) -> int:

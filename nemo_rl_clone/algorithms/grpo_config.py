@@ -47,6 +47,9 @@ class RewardScalingConfig:
 
 @dataclass
 class AsyncGRPOConfig:
+    """NeMo-RL's async GRPO keys. ``enabled: true`` is refused (not supported yet: every step generates with the
+    current weights), so the other keys do nothing."""
+
     enabled: bool = False
     max_trajectory_age_steps: int = 1
     in_flight_weight_updates: bool = False
@@ -85,8 +88,11 @@ class GRPOConfig:
             "max_num_steps",
             "max_val_samples",
             "val_batch_size",
-            "batch_multiplier",
         )
+        if self.async_grpo.enabled:
+            problems.append(("async_grpo.enabled", "async GRPO is not supported yet; set it to false"))
+        if self.batch_multiplier != 1:
+            problems.append(("batch_multiplier", f"only 1 is supported yet (got {self.batch_multiplier})"))
         if self.use_leave_one_out_baseline and self.num_generations_per_prompt == 1:
             problems.append(("use_leave_one_out_baseline", "needs num_generations_per_prompt >= 2"))
         if self.val_period < 0:
@@ -135,19 +141,6 @@ class GRPOMasterConfig:
                     f"exceeds policy.max_total_sequence_length ({self.data.max_input_seq_length} > {self.policy.max_total_sequence_length})",
                 )
             )
-        if self.grpo.async_grpo.enabled and not self.loss_fn.use_importance_sampling_correction:
-            problems.append(
-                ("grpo.async_grpo.enabled", "async GRPO needs loss_fn.use_importance_sampling_correction=true")
-            )
-        if (
-            self.grpo.async_grpo.enabled
-            and self.policy.generation is not None
-            and self.policy.generation.colocated.enabled
-        ):
-            problems.append(
-                (
-                    "grpo.async_grpo.enabled",
-                    "async GRPO needs non-colocated generation (policy.generation.colocated.enabled=false)",
-                )
-            )
+        if self.policy.reward_model_cfg.enabled:
+            problems.append(("policy.reward_model_cfg.enabled", "must be false: GRPO trains a language model"))
         return problems

@@ -22,7 +22,6 @@ from nemo_rl_clone.data.interfaces import TaskDataSpec
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
 from nemo_rl_clone.environments import create_env
 from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
-from nemo_rl_clone.models.huggingface import load_tokenizer
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
 from nemo_rl_clone.utils.config import save_config
@@ -71,7 +70,7 @@ def setup(config: GRPOMasterConfig) -> GRPOComponents:
     run_logger = Logger(config.logger, log_dir)
     run_logger.log_hyperparams(resolved)
 
-    tokenizer = load_tokenizer(config.policy.tokenizer.name or config.policy.model_name)
+    tokenizer = config.policy.tokenizer.load(config.policy.model_name)
     dataloader, val_dataset = _setup_data(config, tokenizer)
     init_ray(log_dir=str(log_dir))
     task_to_env = {name: create_env(name, env_cfg) for name, env_cfg in vars(config.env).items() if env_cfg is not None}
@@ -127,6 +126,7 @@ def save_checkpoint(components: GRPOComponents) -> Path:
         c.state,
         config_to_dict(c.config),
         save_consolidated=c.config.checkpointing.save_consolidated,
+        model_save_format=c.config.checkpointing.model_save_format,
     )
 
 

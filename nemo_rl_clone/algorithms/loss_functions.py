@@ -3,11 +3,12 @@
 Call contract (NeMo-RL's), shared by all four:
 
     loss, metrics = loss_fn(next_token_logits, data, global_valid_seqs, global_valid_toks,
-                            vocab_parallel_rank=None, vocab_parallel_group=None, context_parallel_group=None)
+                            vocab_parallel_rank=None, vocab_parallel_group=None, context_parallel_group=None,
+                            logprob_chunk_size=None)
 
 - `next_token_logits`: [B, S, V] (position t predicts token t+1), or this rank's vocab shard when
   `vocab_parallel_group` is given. `PreferenceLoss` takes the [B, 1] scores of a classification head instead.
-- `data`: a dict or `BatchedDataDict` of [B, S] / [B] tensors. [B, S] logprob tensors follow SPEC §4 (position i
+- `data`: a dict or `BatchedDataDict` of [B, S] / [B] tensors. [B, S] logprob tensors follow the policy's layout (position i
   holds log p(token_i | tokens_<i), position 0 is 0), so the losses use their `[:, 1:]`, aligned with the
   [B, S-1] logprobs computed here. The trainable-token mask is m = token_mask[:, 1:] * sample_mask[:, None].
 - `global_valid_toks` / `global_valid_seqs`: Σ m and Σ sample_mask over the *whole global batch* — all microbatches
@@ -69,7 +70,7 @@ def _validated(schema: type[_Config], cfg: Mapping[str, Any] | _Config | None, o
 
 @dataclass(frozen=True)
 class ClippedPGLossConfig:
-    """`loss_fn` section of a GRPO config (SPEC §13 keys and defaults)."""
+    """`loss_fn` section of a GRPO config (NeMo-RL's keys and defaults)."""
 
     reference_policy_kl_penalty: float = 0.01
     ratio_clip_min: float = 0.2
@@ -139,18 +140,19 @@ def _policy_logprobs(
     vocab_parallel_rank: int | None,
     vocab_parallel_group: dist.ProcessGroup | None,
     context_parallel_group: dist.ProcessGroup | None,
+    chunk_size: int | None,
 ) -> torch.Tensor:
-    """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits`."""
+    """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits` (``chunk_size`` positions at a time)."""
     if context_parallel_group is not None and dist.get_world_size(context_parallel_group) > 1:
         raise NotImplementedError("context parallelism is not supported by the losses; use context_parallel_size=1")
     vocab_start = None
     if vocab_parallel_group is not None and vocab_parallel_rank is not None:
         vocab_start = vocab_parallel_rank * logits.shape[-1]
-    return token_logprobs_from_logits(logits, data["input_ids"], vocab_parallel_group, vocab_start)
+    return token_logprobs_from_logits(logits, data["input_ids"], vocab_parallel_group, vocab_start, chunk_size)
 
 
 def _shifted(data: Mapping[str, Any], key: str, like: torch.Tensor) -> torch.Tensor:
-    """data[key][:, 1:] in fp32 on `like`'s device (SPEC §4 [B, S] tensors → [B, S-1])."""
+    """data[key][:, 1:] in fp32 on `like`'s device ([B, S] policy-layout tensors → [B, S-1])."""
     return data[key][:, 1:].to(device=like.device, dtype=torch.float32)
 
 
@@ -208,6 +210,7 @@ class ClippedPGLossFn:
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         cfg = self.cfg
         keys: tuple[str, ...] = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
@@ -215,7 +218,12 @@ class ClippedPGLossFn:
         keys += ("reference_policy_logprobs",) if cfg.reference_policy_kl_penalty != 0 else ()
         _require(data, keys, type(self).__name__)
         lp = _policy_logprobs(
-            next_token_logits, data, vocab_parallel_rank, vocab_parallel_group, context_parallel_group
+            next_token_logits,
+            data,
+            vocab_parallel_rank,
+            vocab_parallel_group,
+            context_parallel_group,
+            logprob_chunk_size,
         )
         token_mask, sample_mask, mask = _masks(data, lp)
         valid = mask > 0
@@ -315,10 +323,16 @@ class NLLLoss:
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         _require(data, ("input_ids", "token_mask", "sample_mask"), type(self).__name__)
         lp = _policy_logprobs(
-            next_token_logits, data, vocab_parallel_rank, vocab_parallel_group, context_parallel_group
+            next_token_logits,
+            data,
+            vocab_parallel_rank,
+            vocab_parallel_group,
+            context_parallel_group,
+            logprob_chunk_size,
         )
         _, sample_mask, mask = _masks(data, lp)
         loss = -masked_mean(lp, mask, global_normalization_factor=global_valid_toks)
@@ -389,6 +403,7 @@ class PreferenceLoss:
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         _require(data, ("sample_mask",), type(self).__name__)
         scores = logits.float()
@@ -410,7 +425,7 @@ class DPOLossFn:
     loss = preference_loss_weight·preference + sft_loss_weight·sft; β = `reference_policy_kl_penalty`.
 
     Rows interleave chosen/rejected (`[::2]`, `[1::2]`); a pair's rows must share sample_mask. Data keys:
-    input_ids, token_mask, sample_mask, reference_policy_logprobs ([B, S], SPEC §4 convention). Metrics: `loss`,
+    input_ids, token_mask, sample_mask, reference_policy_logprobs ([B, S], the policy's layout). Metrics: `loss`,
     `sft_loss` and `preference_loss` (unweighted; sft_loss is reported even with weight 0), `accuracy`
     (R_c > R_r), `rewards_chosen_mean` / `rewards_rejected_mean` (mean R, without β), `num_valid_samples`
     (local number of valid pairs).
@@ -430,11 +445,17 @@ class DPOLossFn:
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         owner = type(self).__name__
         _require(data, ("input_ids", "token_mask", "sample_mask", "reference_policy_logprobs"), owner)
         lp = _policy_logprobs(
-            next_token_logits, data, vocab_parallel_rank, vocab_parallel_group, context_parallel_group
+            next_token_logits,
+            data,
+            vocab_parallel_rank,
+            vocab_parallel_group,
+            context_parallel_group,
+            logprob_chunk_size,
         )
         token_mask, sample_mask, _ = _masks(data, lp)
         valid = token_mask > 0

@@ -119,11 +119,12 @@ def save_run_checkpoint(
     state: RunState,
     run_config: Mapping[str, Any],
     save_consolidated: bool = False,
+    model_save_format: str = "safetensors",
 ) -> Path:
     """Write ``step_{state.step}`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards.
 
     ``run_config`` (the resolved config as plain dicts) is saved as the checkpoint's ``config.yaml``;
-    ``save_consolidated`` adds a Hugging Face folder at ``policy/hf``.
+    ``save_consolidated`` adds a Hugging Face folder at ``policy/hf`` with ``model_save_format`` weights.
     """
     tmp = checkpointer.init_tmp_checkpoint(state.step, state.training_info(), run_config)
     policy.save_checkpoint(
@@ -131,6 +132,7 @@ def save_run_checkpoint(
         optimizer_path=str(tmp / "policy" / "optimizer"),
         tokenizer_path=str(tmp / "policy" / "tokenizer"),
         save_hf_path=str(tmp / "policy" / "hf") if save_consolidated else None,
+        save_hf_format=model_save_format,
     )
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save({"dataloader": dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)

@@ -66,9 +66,8 @@ class SFTAlgorithm(SupervisedAlgorithm):
 def setup(config: SFTMasterConfig) -> SupervisedRun:
     """Tokenizer, datasets, logger, policy; resumes from ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
     from nemo_rl_clone.data.supervised import SFTDataset, build_datasets, load_sft_dataset, sft_collate_fn
-    from nemo_rl_clone.models.huggingface import load_tokenizer
 
-    tokenizer = load_tokenizer(config.policy.tokenizer.name or config.policy.model_name)
+    tokenizer = config.policy.tokenizer.load(config.policy.model_name)
     loaded = load_sft_dataset(config.data, seed=config.sft.seed)
     train, val = build_datasets(SFTDataset, loaded, tokenizer, config.data)
     collate = partial(

@@ -13,8 +13,10 @@ from typing import Any, ClassVar
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
+from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.logger import check_no_samples_to_print
 
 
 @dataclass
@@ -129,6 +131,9 @@ def check_supervised_config(
                         "length would split them",
                     )
                 )
+    if policy.generation not in (None, GenerationConfig()):
+        problems.append(("policy.generation", f"{section} generates nothing; set it to null"))
+    problems += check_no_samples_to_print(config.logger, section)
     problems += _check_checkpoint_metric(checkpointing, loop, algorithm)
     return problems
 

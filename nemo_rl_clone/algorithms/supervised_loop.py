@@ -136,6 +136,7 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
                         state,
                         config_to_dict(run.config),
                         save_consolidated=checkpointing.save_consolidated,
+                        model_save_format=checkpointing.model_save_format,
                     )
                 console.print(f"[green]step {step}: saved checkpoint {path}")
 

@@ -122,9 +122,8 @@ def build_preference_run(config: Any, algorithm: PreferenceAlgorithm) -> Supervi
         load_preference_dataset,
         preference_collate_fn,
     )
-    from nemo_rl_clone.models.huggingface import load_tokenizer
 
-    tokenizer = load_tokenizer(config.policy.tokenizer.name or config.policy.model_name)
+    tokenizer = config.policy.tokenizer.load(config.policy.model_name)
     loaded = load_preference_dataset(config.data, seed=getattr(config, algorithm.section).seed)
     train, val = build_datasets(PreferenceDataset, loaded, tokenizer, config.data)
     collate = partial(

@@ -29,6 +29,7 @@ class LossFunction(Protocol):
     `loss_fn(next_token_logits, data, global_valid_seqs, global_valid_toks, ...) -> (loss, metrics)`,
     where `loss` is this microbatch's share of the global mean (see `valid_counts`) and every metric,
     summed over the microbatches of one global batch and over data-parallel ranks, gives its global value.
+    `logprob_chunk_size` is `token_logprobs_from_logits`'s `chunk_size` (``policy.logprob_chunk_size``).
     """
 
     loss_type: LossType
@@ -43,6 +44,7 @@ class LossFunction(Protocol):
         vocab_parallel_rank: int | None = None,
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float | int]]: ...
 
 
@@ -62,12 +64,39 @@ def valid_counts(data: Mapping[str, Any], group: dist.ProcessGroup | None = None
     return counts[0], counts[1]
 
 
+def _logprob_parts(
+    logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, group: dist.ProcessGroup
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logprobs, softmax, local target index, target-in-shard mask) of fp32 ``logits`` whose vocab dimension is
+    split over ``group``; this rank holds ids ``[vocab_start, vocab_start + V_local)``."""
+    shard_size = logits.shape[-1]
+    global_max = logits.max(dim=-1).values
+    dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - global_max.unsqueeze(-1)
+    exp_shifted = shifted.exp()
+    sum_exp = exp_shifted.sum(dim=-1)
+    dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+
+    in_shard = (targets >= vocab_start) & (targets < vocab_start + shard_size)
+    local_index = torch.where(in_shard, targets - vocab_start, 0).unsqueeze(-1)
+    target_logit = shifted.gather(-1, local_index).squeeze(-1) * in_shard
+    dist.all_reduce(target_logit, op=dist.ReduceOp.SUM, group=group)
+    return target_logit - sum_exp.log(), exp_shifted.div_(sum_exp.unsqueeze(-1)), local_index, in_shard
+
+
+def _logprob_grad(
+    softmax: torch.Tensor, local_index: torch.Tensor, in_shard: torch.Tensor, grad_output: torch.Tensor
+) -> torch.Tensor:
+    """d lp / d x_j = 1[j = target] − softmax_j, times ``grad_output`` (computed locally on each rank: the loss
+    built on the logprobs is replicated, so summing the gradients over the ranks would over-count them)."""
+    grad = softmax.mul_(-grad_output.unsqueeze(-1))
+    return grad.scatter_add_(-1, local_index, (grad_output * in_shard).unsqueeze(-1))
+
+
 class _VocabParallelTokenLogprob(torch.autograd.Function):
     """log softmax(logits)[target] where the vocab dimension is split over the ranks of `group`.
 
-    Every rank ends with the same [B, T] logprobs. The gradient is computed locally
-    (d lp / d x_j = 1[j = target] − softmax_j): the loss built on these logprobs is replicated on the
-    ranks, so an autograd-aware all_reduce (which sums the gradients again) would over-count them.
+    Every rank ends with the same [B, T] logprobs; the softmax is kept for the backward pass.
     """
 
     @staticmethod
@@ -78,28 +107,62 @@ class _VocabParallelTokenLogprob(torch.autograd.Function):
         vocab_start: int,
         group: dist.ProcessGroup,
     ) -> torch.Tensor:
-        shard_size = logits.shape[-1]
-        global_max = logits.max(dim=-1).values
-        dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
-        shifted = logits - global_max.unsqueeze(-1)
-        exp_shifted = shifted.exp()
-        sum_exp = exp_shifted.sum(dim=-1)
-        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
-
-        in_shard = (targets >= vocab_start) & (targets < vocab_start + shard_size)
-        local_index = torch.where(in_shard, targets - vocab_start, 0).unsqueeze(-1)
-        target_logit = shifted.gather(-1, local_index).squeeze(-1) * in_shard
-        dist.all_reduce(target_logit, op=dist.ReduceOp.SUM, group=group)
-
-        ctx.save_for_backward(exp_shifted.div_(sum_exp.unsqueeze(-1)), local_index, in_shard)
-        return target_logit - sum_exp.log()
+        logprobs, softmax, local_index, in_shard = _logprob_parts(logits, targets, vocab_start, group)
+        ctx.save_for_backward(softmax, local_index, in_shard)
+        return logprobs
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         softmax, local_index, in_shard = ctx.saved_tensors
-        grad = softmax.mul(-grad_output.unsqueeze(-1))
-        grad.scatter_add_(-1, local_index, (grad_output * in_shard).unsqueeze(-1))
-        return grad, None, None, None
+        return _logprob_grad(softmax, local_index, in_shard, grad_output), None, None, None
+
+
+class _ChunkedTokenLogprob(torch.autograd.Function):
+    """Token logprobs computed ``chunk_size`` sequence positions at a time, in both passes.
+
+    Only one chunk's fp32 softmax ``[B, chunk_size, V]`` exists at a time: the forward pass keeps the logits (in
+    their own dtype) and the backward pass recomputes each chunk's softmax. ``group`` None: the whole vocabulary
+    is local; otherwise it is split over ``group`` as in `_VocabParallelTokenLogprob`.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        vocab_start: int,
+        group: dist.ProcessGroup | None,
+        chunk_size: int,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(logits, targets)
+        ctx.vocab_start, ctx.group, ctx.chunk_size = vocab_start, group, chunk_size
+        chunks = []
+        for start in range(0, logits.shape[1], chunk_size):
+            chunk = logits[:, start : start + chunk_size].float()
+            chunk_targets = targets[:, start : start + chunk_size]
+            if group is None:
+                chunks.append(chunk.log_softmax(dim=-1).gather(-1, chunk_targets.unsqueeze(-1)).squeeze(-1))
+            else:
+                chunks.append(_logprob_parts(chunk, chunk_targets, vocab_start, group)[0])
+        return torch.cat(chunks, dim=1) if chunks else logits.new_zeros(targets.shape, dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        logits, targets = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[1], ctx.chunk_size):
+            window = slice(start, start + ctx.chunk_size)
+            chunk = logits[:, window].float()
+            if ctx.group is None:
+                parts = (
+                    chunk.softmax(dim=-1),
+                    targets[:, window].unsqueeze(-1),
+                    torch.ones_like(targets[:, window], dtype=torch.bool),
+                )
+            else:
+                parts = _logprob_parts(chunk, targets[:, window], ctx.vocab_start, ctx.group)[1:]
+            grad[:, window] = _logprob_grad(*parts, grad_output[:, window])
+        return grad, None, None, None, None
 
 
 def token_logprobs_from_logits(
@@ -107,6 +170,7 @@ def token_logprobs_from_logits(
     input_ids: torch.Tensor,
     vocab_parallel_group: dist.ProcessGroup | None = None,
     vocab_start: int | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Logprob of each next token, in fp32: out[:, t] = log softmax(logits[:, t])[input_ids[:, t + 1]].
 
@@ -117,10 +181,13 @@ def token_logprobs_from_logits(
         input_ids: [B, S] token ids.
         vocab_parallel_group: the group the vocab dimension is split over (contiguous, equal shards).
         vocab_start: first vocab id of this rank's shard; default `group_rank * shard_size`.
+        chunk_size: compute over this many sequence positions at a time (``policy.logprob_chunk_size``), so that
+            the fp32 log-softmax of the whole ``[B, S, V]`` never exists (the backward pass recomputes it chunk by
+            chunk); None: all positions at once.
 
     Returns:
         [B, S - 1] fp32 logprobs, aligned with `token_mask[:, 1:]`; differentiable w.r.t. `logits`.
-        (SPEC §4's [B, S] convention is this tensor with a 0 prepended at position 0.)
+        (The policy's [B, S] logprob layout is this tensor with a 0 prepended at position 0.)
     """
     if isinstance(logits, DTensor):
         logits, vocab_parallel_group, vocab_start = _unwrap_dtensor(logits)
@@ -129,16 +196,21 @@ def token_logprobs_from_logits(
             f"logits must be [B, S, V] and input_ids [B, S] with the same B and S; got logits "
             f"{tuple(logits.shape)} and input_ids {tuple(input_ids.shape)}"
         )
-    logits = logits[:, :-1].float()
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1 or None, got {chunk_size}")
+    logits = logits[:, :-1]
     targets = input_ids[:, 1:].to(device=logits.device, dtype=torch.long)
     if vocab_parallel_group is None:
         vocab_size = logits.shape[-1]
         if targets.numel() and (targets.min() < 0 or targets.max() >= vocab_size):
             raise ValueError(f"input_ids must lie in [0, {vocab_size}) (the logits' vocab size)")
-        return logits.log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if vocab_start is None:
+    elif vocab_start is None:
         vocab_start = dist.get_rank(vocab_parallel_group) * logits.shape[-1]
-    return _VocabParallelTokenLogprob.apply(logits.contiguous(), targets, vocab_start, vocab_parallel_group)
+    if chunk_size is not None:
+        return _ChunkedTokenLogprob.apply(logits, targets, vocab_start or 0, vocab_parallel_group, chunk_size)
+    if vocab_parallel_group is None:
+        return logits.float().log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return _VocabParallelTokenLogprob.apply(logits.float().contiguous(), targets, vocab_start, vocab_parallel_group)
 
 
 def _unwrap_dtensor(logits: DTensor) -> tuple[torch.Tensor, dist.ProcessGroup | None, int | None]:

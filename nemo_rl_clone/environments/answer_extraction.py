@@ -2,7 +2,7 @@
 
 Which extractor is used decides whether GRPO groups have any reward variance: SmolLM2-135M-Instruct never writes
 ``<answer>`` tags unless the prompt shows a one-shot example, but a last-number scorer finds its answers on easy
-arithmetic (FINDINGS "SmolLM2-135M-Instruct as the policy"). ``auto`` therefore tries the explicit formats first and
+arithmetic (docs/grpo.md, "The main job on a 2-core CPU machine"). ``auto`` therefore tries the explicit formats first and
 falls back to the last number.
 
 Every extractor returns the answer as a stripped string, or ``None`` when the response holds no answer in that

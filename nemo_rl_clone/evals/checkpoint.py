@@ -110,6 +110,8 @@ def _from_checkpoint(step_dir: Path) -> EvalModel:
     run_config = _run_config(step_dir)
     policy = run_config.get("policy")
     policy_cfg: dict[str, Any] = policy if isinstance(policy, dict) else {}
+    # The export written here is the folder `save_consolidated` would have written: same weight format.
+    save_format = (run_config.get("checkpointing") or {}).get("model_save_format") or "safetensors"
     if (policy_cfg.get("reward_model_cfg") or {}).get("enabled"):
         raise EvalModelError(
             f"{step_dir} is a reward-model checkpoint (policy.reward_model_cfg.enabled: true in its {CONFIG_FILE}): "
@@ -135,13 +137,13 @@ def _from_checkpoint(step_dir: Path) -> EvalModel:
             fcntl.flock(folder, fcntl.LOCK_EX)
             exported_meanwhile = (hf_dir / "config.json").is_file()
             if not exported_meanwhile:
-                convert_checkpoint_to_hf(step_dir, policy_cfg, hf_dir)
+                convert_checkpoint_to_hf(step_dir, policy_cfg, hf_dir, save_format)
         finally:
             os.close(folder)  # releases the lock
         where = "its Hugging Face export" if exported_meanwhile else f"DCP weights converted to {hf_dir}"
     else:
         temporary_dir = Path(tempfile.mkdtemp(prefix="nrl-eval-hf-"))
-        hf_dir = convert_checkpoint_to_hf(step_dir, policy_cfg, temporary_dir / "hf")
+        hf_dir = convert_checkpoint_to_hf(step_dir, policy_cfg, temporary_dir / "hf", save_format)
         where = f"read-only: DCP weights converted to the temporary {hf_dir}"
     tokenizer = tokenizer_dir if tokenizer_dir.is_dir() else hf_dir
     return EvalModel(str(hf_dir), str(tokenizer), f"checkpoint {step_dir} ({where})", step, temporary_dir)
@@ -152,8 +154,11 @@ def is_writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK)
 
 
-def convert_checkpoint_to_hf(step_dir: Path, policy_cfg: dict[str, Any], out_dir: Path) -> Path:
-    """Write ``out_dir`` (an HF folder) from ``step_dir/policy/weights``: the converter's steps, as a function."""
+def convert_checkpoint_to_hf(
+    step_dir: Path, policy_cfg: dict[str, Any], out_dir: Path, save_format: str = "safetensors"
+) -> Path:
+    """Write ``out_dir`` (an HF folder, ``save_format`` weights) from ``step_dir/policy/weights``: the converter's
+    steps, as a function."""
     from transformers import AutoConfig
 
     from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict, save_consolidated_hf
@@ -167,7 +172,7 @@ def convert_checkpoint_to_hf(step_dir: Path, policy_cfg: dict[str, Any], out_dir
     tokenizer_name = (policy_cfg.get("tokenizer") or {}).get("name") or model_name
     tokenizer = load_tokenizer(str(saved_tokenizer) if saved_tokenizer.is_dir() else tokenizer_name)
     state_dict = load_dcp_model_state_dict(step_dir / "policy" / "weights")
-    return save_consolidated_hf(state_dict, model_config, out_dir, tokenizer=tokenizer)
+    return save_consolidated_hf(state_dict, model_config, out_dir, tokenizer=tokenizer, save_format=save_format)
 
 
 def _run_config(step_dir: Path) -> dict[str, Any]:

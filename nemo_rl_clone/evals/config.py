@@ -16,7 +16,7 @@ from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.config import TokenizerConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
-from nemo_rl_clone.utils.logger import LoggerConfig
+from nemo_rl_clone.utils.logger import LoggerConfig, check_no_samples_to_print
 
 METRICS = ("pass@k", "cons@k")
 LOCAL_DATASET = "local"
@@ -158,6 +158,5 @@ class EvalMasterConfig:
         task = self.data.task_name
         if getattr(self.env, task) is None:
             problems.append((f"env.{task}", f"required: it scores data.dataset_name {self.data.dataset_name!r}"))
-        if self.tokenizer.chat_template_kwargs is not None:
-            problems.append(("tokenizer.chat_template_kwargs", "not supported by evaluation; set it to null"))
+        problems += check_no_samples_to_print(self.logger, "evaluation")
         return problems

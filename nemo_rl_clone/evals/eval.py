@@ -1,5 +1,5 @@
 """Evaluation: sample ``num_tests_per_prompt`` answers per problem with vLLM, score each with the task's environment,
-and report pass@k or cons@k (SPEC §10; NeMo-RL's ``run_eval.py``).
+and report pass@k or cons@k (docs/evaluation.md; NeMo-RL's ``run_eval.py``).
 
 A sample is *correct* when its reward is 1 (math-verify says equal; reasoning-gym's scorer gives full credit).
 Partial credit (reasoning-gym scorers can give e.g. 0.5) counts as not correct, as in GRPO's validation accuracy.
@@ -21,6 +21,7 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from fractions import Fraction
 from math import comb
 from pathlib import Path
@@ -163,15 +164,10 @@ def _generate_with_engines(
 
 def load_eval_tokenizer(config: EvalMasterConfig, default_path: str) -> Any:
     """``tokenizer.name`` (null or equal to ``generation.model_name``: the model's own tokenizer, which for a checkpoint
-    is its ``policy/tokenizer``); ``tokenizer.chat_template`` null or ``"default"`` keeps the tokenizer's template,
-    any other string replaces it (a Jinja template)."""
-    from nemo_rl_clone.models.huggingface import load_tokenizer
-
+    is its ``policy/tokenizer``) with ``tokenizer.chat_template`` / ``chat_template_kwargs`` applied (see
+    `TokenizerConfig`)."""
     name = config.tokenizer.name
-    tokenizer = load_tokenizer(default_path if name in (None, config.generation.model_name) else name)
-    if config.tokenizer.chat_template not in (None, "default"):
-        tokenizer.chat_template = config.tokenizer.chat_template
-    return tokenizer
+    return replace(config.tokenizer, name=None if name == config.generation.model_name else name).load(default_path)
 
 
 def load_eval_problems(config: EvalMasterConfig, tokenizer: Any) -> Any:

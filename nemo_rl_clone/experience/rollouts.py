@@ -1,4 +1,4 @@
-"""Rollouts: generate, hand finished turns to their environments, append observations, repeat (SPEC §7).
+"""Rollouts: generate, hand finished turns to their environments, append observations, repeat (docs/grpo.md).
 
 Single-turn generation is the one-turn case of `run_multi_turn_rollout`. Generated token ids are appended to the
 conversation exactly as the engine produced them (never decoded and re-encoded), together with the engine's

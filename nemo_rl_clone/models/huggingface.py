@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,38 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def configure_chat_template(
+    tokenizer: PreTrainedTokenizerBase,
+    chat_template: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> PreTrainedTokenizerBase:
+    """Apply ``tokenizer.chat_template`` / ``tokenizer.chat_template_kwargs`` of a config to ``tokenizer``, in place.
+
+    ``chat_template`` null or ``"default"`` keeps the tokenizer's template; any other string replaces it (Jinja).
+    ``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``) become ``{% set name = value %}`` statements at
+    the top of the template, so every ``apply_chat_template`` call renders with them — data processing of every
+    algorithm and evaluation alike — and the tokenizer saved with a checkpoint keeps rendering the same way. Kwargs
+    set here replace kwargs set earlier (e.g. by the run that saved the tokenizer).
+    """
+    if chat_template not in (None, "default"):
+        tokenizer.chat_template = chat_template
+    if chat_template_kwargs:
+        if not isinstance(tokenizer.chat_template, str):
+            raise ValueError(
+                f"tokenizer.chat_template_kwargs needs a chat template; {tokenizer.name_or_path!r} has none "
+                "(set tokenizer.chat_template)"
+            )
+        sets = "".join(f"{{%- set {name} = {value!r} %}}" for name, value in chat_template_kwargs.items())
+        body = _KWARGS_PREAMBLE.sub("", tokenizer.chat_template, count=1)
+        tokenizer.chat_template = f"{_KWARGS_START}{sets}{_KWARGS_END}{body}"
+    return tokenizer
+
+
+# Marks the statements `configure_chat_template` adds, so that a later call replaces them instead of stacking.
+_KWARGS_START, _KWARGS_END = "{#- chat_template_kwargs -#}", "{#- end chat_template_kwargs -#}"
+_KWARGS_PREAMBLE = re.compile(re.escape(_KWARGS_START) + ".*?" + re.escape(_KWARGS_END), re.DOTALL)
 
 
 def _try_hub_config(hub_id: str, timeout_s: float) -> str | None:

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoint directories with top-k retention (SPEC §9).
+"""Crash-safe checkpoint directories with top-k retention (docs/logging_and_checkpoints.md).
 
 Layout: ``checkpoint_dir/step_N/{training_info.json, config.yaml, ...}``; callers add ``policy/...``,
 ``train_dataloader.pt`` and so on. A checkpoint is written into ``tmp_step_N`` and only becomes ``step_N`` by an
@@ -53,7 +53,9 @@ class CheckpointingConfig:
 
     ``metric_name`` is ``"<prefix>:<name>"``, e.g. ``"val:accuracy"`` or ``"train:loss"``; see `get_metric` for
     how it is looked up in ``training_info``. ``checkpoint_must_save_by`` is a ``"DD:HH:MM:SS"`` budget measured
-    from the start of the run: the train loop saves and stops before it runs out.
+    from the start of the run: the train loop saves and stops before it runs out. ``save_consolidated`` adds a
+    Hugging Face folder ``policy/hf`` to each checkpoint, its weights written as ``model_save_format``:
+    ``safetensors`` (``model.safetensors``) or ``torch_save`` (``pytorch_model.bin``).
     """
 
     enabled: bool = True

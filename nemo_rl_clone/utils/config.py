@@ -4,11 +4,17 @@
 
 Override forms: ``a.b=v`` (the key must exist), ``+a.b=v`` (add a new key), ``++a.b=v`` (add or override),
 ``~a.b`` (delete). Values are parsed as YAML scalars or lists (``[1, 2]``, ``null``, ``true``, ``1e-6``).
+
+A deleted key is absent, and an absent key takes its schema default. So that ``~`` never silently means "back to
+the default", deleting a key whose schema default is not null is refused, with what to write instead (e.g.
+``policy.scheduler=null``); ``~`` removes keys inside free-form mappings (``~policy.optimizer.kwargs.weight_decay``)
+and keys whose default is null.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import re
 import sys
@@ -20,7 +26,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
+from nemo_rl_clone.utils.config_validation import ConfigError, field_default, validate_config
 
 T = TypeVar("T")
 
@@ -78,12 +84,15 @@ def parse_override_value(text: str) -> Any:
 _YAML11_MISSED_FLOAT = re.compile(r"[-+]?\d+[eE][-+]?\d+")
 
 
-def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
-    """Apply hydra-style overrides in order; every bad override is reported, one line each."""
+def apply_overrides(cfg: DictConfig, overrides: Sequence[str], schema: type | None = None) -> DictConfig:
+    """Apply hydra-style overrides in order; every bad override is reported, one line each.
+
+    With ``schema``, deleting a key whose default there is not null is refused (the default would come back).
+    """
     cfg = cfg.copy()
     problems: list[str] = []
     for override in overrides:
-        problem = _apply_one(cfg, override)
+        problem = _apply_one(cfg, override, schema)
         if problem:
             problems.append(f"override '{override}': {problem}")
     if problems:
@@ -91,12 +100,15 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     return cfg
 
 
-def _apply_one(cfg: DictConfig, override: str) -> str | None:
+def _apply_one(cfg: DictConfig, override: str, schema: type | None) -> str | None:
     if override.startswith("~"):
         key = override[1:].split("=", 1)[0]
         parent, leaf = _parent_of(cfg, key)
         if parent is None or leaf not in parent:
             return f"cannot delete {key}: no such key{_did_you_mean(cfg, key)}"
+        problem = _deletion_restores_default(schema, key)
+        if problem:
+            return problem
         parent.pop(leaf)
         return None
     if "=" not in override:
@@ -119,6 +131,22 @@ def _apply_one(cfg: DictConfig, override: str) -> str | None:
 
 
 _MISSING = object()
+
+
+def _deletion_restores_default(schema: type | None, key: str) -> str | None:
+    """Why ``~key`` is refused: an absent key takes its schema default, so deleting would restore it."""
+    found = field_default(schema, key) if schema is not None else None
+    if found is None or found[0] is None:
+        return None
+    default, nullable = found
+    shown = "a section" if dataclasses.is_dataclass(default) else _short(default)
+    instead = f"write {key}=null to unset it" if nullable else f"set {key}=<value> instead"
+    return f"cannot delete {key}: a missing key takes its default ({shown}), so ~ would restore it; {instead}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _parent_of(cfg: DictConfig, key: str) -> tuple[Any, str]:
@@ -155,7 +183,7 @@ def resolve_to_container(cfg: DictConfig) -> dict[str, Any]:
 
 def load_validated_config(config_path: str | Path, overrides: Sequence[str], schema: type[T]) -> T:
     """File + overrides → resolved → validated typed config. Raises :class:`ConfigError`."""
-    cfg = apply_overrides(load_config(config_path), overrides)
+    cfg = apply_overrides(load_config(config_path), overrides, schema)
     return validate_config(resolve_to_container(cfg), schema)
 
 
@@ -165,7 +193,8 @@ def parse_cli_args(
     """``[--config PATH] [override ...]`` → (config path, overrides)."""
     parser = argparse.ArgumentParser(
         description=description,
-        epilog="overrides: a.b=v (existing key), +a.b=v (new key), ++a.b=v (add or override), ~a.b (delete)",
+        epilog="overrides: a.b=v (existing key), +a.b=v (new key), ++a.b=v (add or override), ~a.b (delete; a key "
+        "with a non-null default is refused: set it, or =null)",
     )
     parser.add_argument(
         "--config", type=Path, default=Path(default_config), help=f"YAML config (default: {default_config})"

@@ -78,6 +78,29 @@ def _dotted_keys(schema: type, prefix: str) -> set[str]:
     return keys
 
 
+def field_default(schema: type, dotted: str) -> tuple[Any, bool] | None:
+    """``(default, accepts null)`` of the schema field at ``dotted`` (``a.b.c``); None when no field is there (an
+    unknown key, or a key inside a ``dict``-typed field) or the field is required."""
+    current: type | None = schema
+    tp: Any = None
+    field: dataclasses.Field | None = None
+    for part in dotted.split("."):
+        if current is None:
+            return None
+        fields = {f.name: f for f in dataclasses.fields(current)}
+        if part not in fields:
+            return None
+        field, tp = fields[part], typing.get_type_hints(current)[part]
+        current = _dataclass_in(tp)
+    assert field is not None
+    nullable = _is_union(tp) and type(None) in typing.get_args(tp)
+    if field.default is not dataclasses.MISSING:
+        return field.default, nullable
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory(), nullable
+    return None
+
+
 def _dataclass_in(tp: Any) -> type | None:
     """The dataclass inside ``tp`` (itself, or X of Optional[X]), if any."""
     for candidate in (tp, *typing.get_args(tp)) if _is_union(tp) else (tp,):

@@ -76,6 +76,18 @@ class LoggerConfig:
     mlflow: MLflowConfig = field(default_factory=MLflowConfig)
 
 
+def check_no_samples_to_print(logger: LoggerConfig | None, run: str) -> list[tuple[str, str]]:
+    """``logger.num_val_samples_to_print`` prints GRPO's validation generations; other runs have none to print."""
+    if logger is not None and logger.num_val_samples_to_print:
+        return [
+            (
+                "logger.num_val_samples_to_print",
+                f"only GRPO prints validation samples; {run} has none, set it to 0",
+            )
+        ]
+    return []
+
+
 def get_next_experiment_dir(base_dir: str | Path) -> Path:
     """Creates and returns `base_dir/exp_N`, N = 1 + the largest existing `exp_N` (`exp_1` in an empty dir).
 

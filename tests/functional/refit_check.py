@@ -1,4 +1,4 @@
-"""The refit correctness gate (SPEC §6) as one scenario, shared by test_refit_colocated.py and
+"""The refit correctness gate (docs/generation_and_refit.md) as one scenario, shared by test_refit_colocated.py and
 test_refit_collective.py.
 
 Generate (sampled) → train one NLL step on the generations → refit → generate again → the policy's logprobs of the

@@ -40,7 +40,7 @@ def check_smoke_metrics(metrics: dict[int, dict[str, float]], steps: int) -> Non
             "performance/generation_tokens_per_sec",
         ):
             assert key in m, (step, key, sorted(m))
-        # The trainer's logprobs of the sampled tokens agree with the engine's (SPEC §6 correctness gate).
+        # The trainer's logprobs of the sampled tokens agree with the engine's (the refit correctness gate of docs/generation_and_refit.md).
         assert 1.0 <= m["train/token_mult_prob_error"] <= 1.01, m["train/token_mult_prob_error"]
     assert "validation/accuracy" in metrics[steps]
 
@@ -56,9 +56,16 @@ def test_smoke_run(tmp_path, colocated):
             "policy.generation.colocated.resources.num_nodes=1",
         ]
     )
-    run_grpo(tmp_path, *overrides)
+    proc = run_grpo(tmp_path, *overrides, "logger.num_val_samples_to_print=2")
     (run_dir,) = (tmp_path / "logs").iterdir()
     check_smoke_metrics(read_metrics(run_dir), steps=2)
+    # Validation (step 2) prints 2 samples: a header with the reward, then the prompt and the response.
+    lines = proc.stdout.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("step 2: validation sample ")]
+    assert [lines[i].split(" (")[0] for i in headers] == [f"step 2: validation sample {k}/2" for k in (1, 2)], lines
+    for start, end in zip(headers, [*headers[1:], len(lines)], strict=True):
+        assert lines[start + 1].startswith("  prompt: <|im_start|>")  # SmolLM2's chat template, verbatim
+        assert any(line.startswith("  response: ") for line in lines[start + 2 : end])
     assert (run_dir / "config.yaml").is_file() and (run_dir / "train_data_step2.jsonl").is_file()
     sample = json.loads((run_dir / "train_data_step1.jsonl").read_text().splitlines()[0])
     assert {"prompt", "response", "reward", "advantage"} <= set(sample)

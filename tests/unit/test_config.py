@@ -1,4 +1,4 @@
-"""Config loading, overrides, CLI and typed validation (SPEC §2)."""
+"""Config loading, overrides, CLI and typed validation (docs/configs.md)."""
 
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def test_grpo_impossible_combinations():
         )
     text = "\n".join(err.value.problems)
     assert (
-        "policy.dtensor_cfg.enabled: exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true (both is)"
+        "policy.megatron_cfg.enabled: the Megatron Core backend is not supported yet; use dtensor_cfg.enabled=true"
         in text
     )
     assert "policy.train_global_batch_size: must be a multiple of train_micro_batch_size (102 % 4 != 0)" in text
@@ -261,3 +261,33 @@ def test_bound_checks_name_each_field_below_its_minimum():
         "data.reasoning_gym.val_size: must be >= 0, got -1",
         "cluster.num_nodes: must be >= 1, got 0",
     ]
+
+
+# ---------------------------------------------------------------- ~key: delete, never "back to the default"
+def test_delete_is_refused_where_the_default_would_come_back(tmp_path):
+    path = write(tmp_path / "c.yaml", "steps: 3\ninner: {lr: 0.5, names: [x]}\nextra: {k: 1, j: 2}\nbatch: 8\n")
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(path, ["~inner.lr", "~inner", "~batch"], Outer)
+    assert err.value.problems == [
+        "override '~inner.lr': cannot delete inner.lr: a missing key takes its default (0.001), so ~ would restore "
+        "it; set inner.lr=<value> instead",
+        "override '~inner': cannot delete inner: a missing key takes its default (a section), so ~ would restore "
+        "it; set inner=<value> instead",
+        "override '~batch': cannot delete batch: a missing key takes its default (8), so ~ would restore it; set "
+        "batch=<value> instead",
+    ]
+    # A null default, and keys inside a free-form mapping, are really removed.
+    cfg = load_validated_config(path, ["~inner.names", "~extra.k"], Outer)
+    assert cfg.inner.names is None and cfg.extra == {"j": 2}
+
+
+def test_readme_scheduler_example_is_written_as_null():
+    """`~policy.scheduler` would restore the default warm-up schedule; `policy.scheduler=null` is a constant LR."""
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", ["~policy.scheduler"], grpo_schema())
+    (problem,) = err.value.problems
+    assert problem.endswith("so ~ would restore it; write policy.scheduler=null to unset it")
+    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", ["policy.scheduler=null"], grpo_schema())
+    assert cfg.policy.scheduler is None
+    readme = (REPO / "README.md").read_text()
+    assert "policy.scheduler=null" in readme and "~policy.scheduler" not in readme

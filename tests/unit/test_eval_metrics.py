@@ -182,7 +182,11 @@ def test_shipped_eval_configs_validate():
         (["data.dataset_name=DeepScaler"], "data.dataset_name: unknown dataset 'DeepScaler'"),
         (["data.problem_key=question"], "data.problem_key: only used by dataset_name 'local'"),
         (["data.dataset_name=local", "data.reasoning_gym=null"], "data.data_path: required for dataset_name 'local'"),
-        (["++tokenizer.chat_template_kwargs={enable_thinking: true}"], "tokenizer.chat_template_kwargs: not supported"),
+        (
+            ["++tokenizer.chat_template_kwargs={add_generation_prompt: true}"],
+            "tokenizer.chat_template_kwargs.add_generation_prompt: must be a template variable name",
+        ),
+        (["++logger={num_val_samples_to_print: 2}"], "logger.num_val_samples_to_print: only GRPO prints validation"),
     ],
 )
 def test_bad_eval_config_names_the_key(overrides, expected):

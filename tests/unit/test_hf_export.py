@@ -105,6 +105,42 @@ def test_bfloat16_export_and_sharding(tiny_model, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("max_shard_size", ["5GB", "4MB"])
+def test_torch_save_format_writes_pytorch_model_bin(tiny_model, tmp_path: Path, max_shard_size: str) -> None:
+    """checkpointing.model_save_format=torch_save: pytorch_model.bin (or its shards and index), no safetensors;
+    from_pretrained gives the same logits."""
+    from transformers import AutoModelForCausalLM
+
+    from nemo_rl_clone.models.hf_export import TORCH_INDEX, load_hf_state_dict, save_consolidated_hf
+
+    _perturbed(tiny_model)
+    out = save_consolidated_hf(
+        tiny_model.state_dict(),
+        tiny_model.config,
+        tmp_path / "hf",
+        max_shard_size=max_shard_size,
+        save_format="torch_save",
+    )
+    assert not list(out.glob("*.safetensors"))
+    if max_shard_size == "5GB":
+        assert (out / "pytorch_model.bin").is_file() and not (out / TORCH_INDEX).exists()
+    else:
+        assert len(list(out.glob("pytorch_model-*.bin"))) > 1 and (out / TORCH_INDEX).is_file()
+    saved = load_hf_state_dict(out)
+    assert saved.keys() == tiny_model.state_dict().keys()
+    assert all(torch.equal(saved[k], v) for k, v in tiny_model.state_dict().items())
+    reloaded = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert torch.equal(_logits(reloaded), _logits(tiny_model))
+
+
+def test_unknown_save_format_is_refused_by_name(tiny_model, tmp_path: Path) -> None:
+    from nemo_rl_clone.models.hf_export import save_consolidated_hf
+
+    with pytest.raises(ValueError, match=r"save_format must be one of \['safetensors', 'torch_save'\], got 'pickle'"):
+        save_consolidated_hf(tiny_model.state_dict(), tiny_model.config, tmp_path / "hf", save_format="pickle")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_existing_output_needs_overwrite(tiny_model, tmp_path: Path) -> None:
     from nemo_rl_clone.models.hf_export import load_hf_state_dict, save_consolidated_hf
 
@@ -161,16 +197,25 @@ def test_bad_keys_shapes_and_values_are_named(tiny_model, tmp_path: Path) -> Non
 # --- DCP → HF ---------------------------------------------------------------------------------------------------
 
 
-def _write_step_config(step_dir: Path, model_name: str) -> Path:
+def _write_step_config(step_dir: Path, model_name: str, model_save_format: str | None = None) -> Path:
     step_dir.mkdir(parents=True, exist_ok=True)
     config_path = step_dir / "config.yaml"
-    config_path.write_text(yaml.safe_dump({"policy": {"model_name": model_name, "tokenizer": {"name": None}}}))
+    config: dict = {"policy": {"model_name": model_name, "tokenizer": {"name": None}}}
+    if model_save_format is not None:
+        config["checkpointing"] = {"model_save_format": model_save_format}
+    config_path.write_text(yaml.safe_dump(config))
     return config_path
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-def test_single_process_dcp_converts_to_identical_model(tiny_model, tmp_path: Path) -> None:
-    """The contract on one process: ``dcp.save({"model": get_model_state_dict(model)})``, then the converter."""
+@pytest.mark.parametrize(
+    ("model_save_format", "weights_file"), [(None, "model.safetensors"), ("torch_save", "pytorch_model.bin")]
+)
+def test_single_process_dcp_converts_to_identical_model(
+    tiny_model, tmp_path: Path, model_save_format: str | None, weights_file: str
+) -> None:
+    """The contract on one process: ``dcp.save({"model": get_model_state_dict(model)})``, then the converter, which
+    writes the run's ``checkpointing.model_save_format`` (safetensors when the config has none)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from transformers import AutoModelForCausalLM
@@ -179,11 +224,14 @@ def test_single_process_dcp_converts_to_identical_model(tiny_model, tmp_path: Pa
     step_dir = tmp_path / "step_3"
     weights_dir = step_dir / "policy" / "weights"
     dcp.save({"model": get_model_state_dict(tiny_model)}, checkpoint_id=weights_dir, no_dist=True)
-    config_path = _write_step_config(step_dir, "tiny-random-llama")
+    config_path = _write_step_config(step_dir, "tiny-random-llama", model_save_format)
 
     _load_converter().main(
         ["--config", str(config_path), "--dcp-ckpt-path", str(weights_dir), "--hf-ckpt-path", str(tmp_path / "hf")]
     )
+    assert [p.name for p in (tmp_path / "hf").glob("*.safetensors")] + [
+        p.name for p in (tmp_path / "hf").glob("*.bin")
+    ] == [weights_file]
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert torch.equal(_logits(reloaded), _logits(tiny_model))  # DCP and safetensors both keep the bits
 

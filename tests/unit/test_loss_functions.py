@@ -1,4 +1,4 @@
-"""Losses of SPEC §5 against hand-computed numbers and independent loop-based references.
+"""Losses of `algorithms/loss_functions.py` against hand-computed numbers and independent loop-based references.
 
 Hand-computed tests use uniform logits over a vocab of 4, so every token's current logprob is exactly −log 4
 and the other logprobs are set relative to it (e.g. prev_logprobs = lp − log r gives the ratio r).
@@ -49,7 +49,7 @@ def pg_loss(**overrides) -> ClippedPGLossFn:
 
 
 def spec_layout(per_token: torch.Tensor) -> torch.Tensor:
-    """[B, S-1] per-predicted-token values → SPEC §4 [B, S] layout (position 0 holds 0)."""
+    """[B, S-1] per-predicted-token values → the policy's [B, S] layout (position 0 holds 0)."""
     return torch.cat([torch.zeros(per_token.shape[0], 1, dtype=per_token.dtype), per_token], dim=1)
 
 
@@ -316,7 +316,7 @@ def reference_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.T
 
 
 def reference_clipped_pg(cfg: dict, logits, data) -> float:
-    """SPEC §5's ClippedPGLossFn written as plain loops over valid samples and tokens."""
+    """ClippedPGLossFn's docstring written as plain loops over valid samples and tokens."""
     lp = reference_logprobs(logits.detach(), data["input_ids"]).tolist()
     prev, gen, ref, adv = (
         data[k][:, 1:].double().tolist()

@@ -29,6 +29,10 @@ def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir:
         expected_lp = reference_logprobs(full, data["input_ids"])
         sharded_lp = token_logprobs_from_logits(local, data["input_ids"], vocab_parallel_group=dist.group.WORLD)
         diffs["logprobs"] = (sharded_lp.double() - expected_lp).abs().max().item()
+        chunked_lp = token_logprobs_from_logits(
+            local, data["input_ids"], vocab_parallel_group=dist.group.WORLD, chunk_size=4
+        )
+        diffs["chunked_logprobs"] = (chunked_lp.double() - expected_lp).abs().max().item()
 
         for name, loss_fn in (("clipped_pg", pg_loss(**ALL_BRANCHES)), ("nll", NLLLoss())):
             unsharded = full.clone().requires_grad_()
@@ -41,11 +45,26 @@ def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir:
             expected_grad = unsharded.grad[..., rank * shard_size : (rank + 1) * shard_size]
             diffs[f"{name}_loss"] = abs(loss.item() - expected.item())
             diffs[f"{name}_grad"] = (local.grad - expected_grad).abs().max().item()
+            local.grad = None
+            chunked, _ = loss_fn(
+                local,
+                data,
+                seqs,
+                toks,
+                vocab_parallel_rank=rank,
+                vocab_parallel_group=dist.group.WORLD,
+                logprob_chunk_size=4,
+            )
+            chunked.backward()
+            diffs[f"{name}_chunked_loss"] = abs(chunked.item() - expected.item())
+            diffs[f"{name}_chunked_grad"] = (local.grad - expected_grad).abs().max().item()
 
         mesh = init_device_mesh("cpu", (world_size,))
         dtensor = distribute_tensor(full.clone(), mesh, [Shard(2)]).requires_grad_()
         dtensor_lp = token_logprobs_from_logits(dtensor, data["input_ids"])
         diffs["dtensor_logprobs"] = (dtensor_lp.double() - expected_lp).abs().max().item()
+        dtensor_lp = token_logprobs_from_logits(dtensor, data["input_ids"], chunk_size=2)
+        diffs["dtensor_chunked_logprobs"] = (dtensor_lp.double() - expected_lp).abs().max().item()
 
         halves = {k: v[rank * 3 : (rank + 1) * 3] for k, v in data.items()}
         seqs, toks = valid_counts(halves, group=dist.group.WORLD)
@@ -64,14 +83,48 @@ def test_vocab_parallel_logprobs_and_losses_match_unsharded(tmp_path):
         diffs = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert set(diffs) == {
             "logprobs",
-            "clipped_pg_loss",
-            "clipped_pg_grad",
-            "nll_loss",
-            "nll_grad",
+            "chunked_logprobs",
+            *(
+                f"{loss}_{chunked}{what}"
+                for loss in ("clipped_pg", "nll")
+                for chunked in ("", "chunked_")
+                for what in ("loss", "grad")
+            ),
             "dtensor_logprobs",
+            "dtensor_chunked_logprobs",
             "global_counts",
         }
         assert all(value <= 1e-6 for value in diffs.values()), diffs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [1, 4, 6, 50])
+def test_chunked_logprobs_and_losses_match_unchunked(chunk_size: int, dtype: torch.dtype) -> None:
+    """policy.logprob_chunk_size: the same logprobs, losses and logit gradients as one pass over all positions,
+    to 1e-6 (fp32 arithmetic in both; 6 predicted positions, so 4 leaves an uneven last chunk and 50 is one chunk)."""
+    logits, data = random_batch(seed=5, vocab=12)
+    logits = logits.detach().to(dtype)
+    whole = token_logprobs_from_logits(logits, data["input_ids"])
+    chunked = token_logprobs_from_logits(logits, data["input_ids"], chunk_size=chunk_size)
+    assert chunked.dtype == torch.float32 and chunked.shape == whole.shape
+    assert (chunked - whole).abs().max().item() <= 1e-6
+    for loss_fn in (pg_loss(**ALL_BRANCHES), NLLLoss()):
+        seqs, toks = valid_counts(data)
+        grads, losses = [], []
+        for size in (None, chunk_size):
+            leaf = logits.clone().requires_grad_()
+            loss, _ = loss_fn(leaf, data, seqs, toks, logprob_chunk_size=size)
+            loss.backward()
+            losses.append(loss.item())
+            grads.append(leaf.grad.float())
+        assert grads[1].dtype == torch.float32 and abs(losses[0] - losses[1]) <= 1e-6
+        tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # bf16 gradients round to ~3 significant digits
+        assert (grads[0] - grads[1]).abs().max().item() <= tolerance
+
+
+def test_chunk_size_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="chunk_size must be >= 1 or None, got 0"):
+        token_logprobs_from_logits(torch.zeros(1, 3, 4), torch.zeros(1, 3, dtype=torch.long), chunk_size=0)
 
 
 def test_valid_counts_and_logprob_shape_errors():

@@ -88,7 +88,7 @@ def policy_config(model_path: str, **overrides: Any) -> PolicyConfig:
 
 
 def hf_logprobs(model: torch.nn.Module, data: BatchedDataDict) -> torch.Tensor:
-    """SPEC §4 logprobs from one full-batch forward of a plain HF model."""
+    """[B, S] policy-layout logprobs from one full-batch forward of a plain HF model."""
     input_ids = data["input_ids"]
     with torch.no_grad():
         logits = model(input_ids=input_ids).logits.float()
@@ -233,14 +233,16 @@ TP_DYNAMIC_BATCHING = DynamicBatchingConfig(True, train_mb_tokens=32, logprob_mb
 def tensor_parallel(
     two_workers: dict[str, Any], model_path: str, tokenizer: Any, batch: BatchedDataDict
 ) -> dict[str, Any]:
-    """4 workers as dp=2 x tp=2 (FSDP over TP-sharded layers) with activation checkpointing and dynamic batching
-    (length-sorted microbatches of at most 32/40 padded tokens, truncated to their longest row): logprobs, one
-    step, reference logprobs, refit info."""
+    """4 workers as dp=2 x tp=2 (FSDP over TP-sharded layers) with activation checkpointing, dynamic batching
+    (length-sorted microbatches of at most 32/40 padded tokens, truncated to their longest row) and logprobs in
+    chunks of 3 positions (``policy.logprob_chunk_size``, in get_logprobs and the loss): logprobs, one step,
+    reference logprobs, refit info. Compared with the unchunked data-parallel run and plain HF below."""
     config = policy_config(
         model_path,
         dtensor_tensor_parallel_size=2,
         dtensor_activation_checkpointing=True,
         dynamic_batching=TP_DYNAMIC_BATCHING,
+        logprob_chunk_size=3,
     )
     cluster = RayVirtualCluster([4], use_gpus=False, name="test-policy-tp")
     policy = Policy(cluster, config, tokenizer, name_prefix="policy-tp")
@@ -433,7 +435,7 @@ def test_bad_batches_raise_one_clear_error(two_workers: dict) -> None:
             ValueError,
             "tensor_parallel_size=3 must divide the number of workers (2)",
         ),
-        ({"sequence_packing": None}, NotImplementedError, "policy.sequence_packing.enabled"),
+        ({"sequence_packing": None}, ValueError, "policy.sequence_packing.enabled: sequence packing is not supported"),
         ({"train_global_batch_size": 7}, ValueError, "policy.train_global_batch_size: must be a multiple of"),
     ],
 )

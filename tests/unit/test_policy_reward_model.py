@@ -136,6 +136,7 @@ def two_workers(
             str(checkpoint / "optimizer"),
             tokenizer_path=str(checkpoint / "tokenizer"),
             save_hf_path=str(checkpoint / "hf"),
+            save_hf_format="torch_save",  # the LM policy test covers safetensors
         )
         record["next_step"] = policy.train(train_batch, PreferenceLoss())
         record["errors"] = _errors(policy, held_out_batch)
@@ -281,6 +282,7 @@ def test_hf_export_reloads_as_a_sequence_classifier_with_identical_scores(
     two_workers: dict, held_out_batch: BatchedDataDict
 ) -> None:
     exported: Path = two_workers["checkpoint"] / "hf"
+    assert (exported / "pytorch_model.bin").is_file() and not list(exported.glob("*.safetensors"))
     model = AutoModelForSequenceClassification.from_pretrained(exported, dtype=torch.float32)
     assert type(model).__name__ == "LlamaForSequenceClassification" and model.config.num_labels == 1
     assert model.config.architectures == ["LlamaForSequenceClassification"]

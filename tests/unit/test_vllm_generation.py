@@ -203,15 +203,19 @@ def test_prompt_without_room_to_generate_is_refused(generation: VllmGeneration) 
 @pytest.mark.parametrize(
     ("overrides", "error", "match"),
     [
-        ({"backend": "hf"}, ValueError, "backend is 'hf'; VllmGeneration serves backend 'vllm'"),
+        ({"backend": "hf"}, ValueError, "policy.generation.backend: the 'hf' generation backend is not supported yet"),
         ({"temperature": -1.0}, ValueError, "policy.generation.temperature: must be >= 0"),
         (
             {"vllm_cfg": VllmConfig(tensor_parallel_size=2)},
-            NotImplementedError,
-            "vllm_cfg.tensor_parallel_size: only 1",
+            ValueError,
+            "vllm_cfg.tensor_parallel_size: engine parallelism is not supported yet",
         ),
         ({"vllm_cfg": VllmConfig(precision="int4")}, ValueError, "vllm_cfg.precision 'int4' is not one of"),
-        ({"vllm_cfg": VllmConfig(async_engine=True)}, NotImplementedError, "vllm_cfg.async_engine"),
+        (
+            {"vllm_cfg": VllmConfig(async_engine=True)},
+            ValueError,
+            "vllm_cfg.async_engine: the async vLLM engine is not",
+        ),
     ],
 )
 def test_invalid_configs_fail_before_any_engine_starts(

@@ -28,7 +28,7 @@ _CANDIDATES_PER_ITEM = 20
 # Validation seeds sit far from training seeds, so the validation set does not depend on train_size.
 VAL_SEED_OFFSET = 1_000_003
 
-# FINDINGS: SmolLM2-135M-Instruct only uses the <answer> tag when shown an example of it in the prompt.
+# SmolLM2-135M-Instruct only uses the <answer> tag when shown an example of it in the prompt.
 ONE_SHOT_TEMPLATE = (
     "Answer the question. Put only the final answer inside <answer></answer> tags.\n\n"
     "Example:\nQuestion: {example_question}\nAnswer: <answer>{example_answer}</answer>\n\n"

@@ -24,7 +24,14 @@ class VllmConfig:
         problems = []
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             problems.append(("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}"))
-        problems += check_at_least(self, 1, "tensor_parallel_size", "pipeline_parallel_size", "max_model_len")
+        problems += check_at_least(self, 1, "max_model_len")
+        if self.async_engine:
+            problems.append(("async_engine", "the async vLLM engine is not supported yet; set it to false"))
+        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, key) != 1:
+                problems.append(
+                    (key, "engine parallelism is not supported yet; set it to 1 (one engine per bundle, data parallel)")
+                )
         return problems
 
 
@@ -65,4 +72,6 @@ class GenerationConfig:
             problems.append(("top_p", f"must be in (0, 1], got {self.top_p}"))
         if self.top_k is not None and self.top_k < 1 and self.top_k != -1:
             problems.append(("top_k", f"must be >= 1 (or -1/null for no limit), got {self.top_k}"))
+        if self.backend != "vllm":
+            problems.append(("backend", f"the {self.backend!r} generation backend is not supported yet; use 'vllm'"))
         return problems

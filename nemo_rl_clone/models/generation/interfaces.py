@@ -1,4 +1,4 @@
-"""What algorithms may ask of a generation backend (SPEC §6), independent of the engine behind it.
+"""What algorithms may ask of a generation backend (docs/generation_and_refit.md), independent of the engine behind it.
 
 Batch formats (`BatchedDataDict`):
 

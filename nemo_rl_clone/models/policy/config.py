@@ -8,12 +8,39 @@ from typing import Any, Literal
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 
+# apply_chat_template's own arguments: the code sets them per call, a config must not pin them.
+_RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
+
 
 @dataclass
 class TokenizerConfig:
+    """``name`` null: the model's tokenizer. ``chat_template`` null or ``"default"``: the tokenizer's own template;
+    another string replaces it (Jinja). ``chat_template_kwargs``: variables every chat-template rendering sees (e.g.
+    ``{enable_thinking: false}``), see `nemo_rl_clone.models.huggingface.configure_chat_template`."""
+
     name: str | None = None  # null → policy.model_name
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        for key in self.chat_template_kwargs or {}:
+            if not key.isidentifier() or key in _RESERVED_TEMPLATE_KWARGS:
+                problems.append(
+                    (
+                        f"chat_template_kwargs.{key}",
+                        "must be a template variable name (an identifier), not one of apply_chat_template's own "
+                        f"arguments {list(_RESERVED_TEMPLATE_KWARGS)}",
+                    )
+                )
+        return problems
+
+    def load(self, model_name: str) -> Any:
+        """The tokenizer of ``name`` (null: ``model_name``) with this section's chat template settings applied."""
+        from nemo_rl_clone.models.huggingface import configure_chat_template, load_tokenizer
+
+        tokenizer = load_tokenizer(self.name or model_name)
+        return configure_chat_template(tokenizer, self.chat_template, self.chat_template_kwargs)
 
 
 @dataclass
@@ -113,6 +140,9 @@ class MegatronDDPConfig:
 
 @dataclass
 class MegatronConfig:
+    """NeMo-RL's Megatron Core keys. ``enabled: true`` is refused (the backend is not supported yet), so the other
+    keys of this section do nothing; they are accepted so that NeMo-RL recipes validate unchanged."""
+
     enabled: bool = False
     empty_unused_memory_level: int = 0
     activation_checkpointing: bool = False
@@ -136,12 +166,6 @@ class MegatronConfig:
     distributed_data_parallel_config: MegatronDDPConfig = field(default_factory=MegatronDDPConfig)
 
 
-def _check_mb_tokens(section: Any, feature: str) -> list[tuple[str, str]]:
-    if section.enabled and (section.train_mb_tokens is None or section.logprob_mb_tokens is None):
-        return [("enabled", f"{feature} needs train_mb_tokens and logprob_mb_tokens")]
-    return []
-
-
 @dataclass
 class DynamicBatchingConfig:
     """Token-budgeted microbatches of length-sorted samples (less padding)."""
@@ -152,18 +176,20 @@ class DynamicBatchingConfig:
     sequence_length_round: int = 64
 
     def check(self) -> list[tuple[str, str]]:
-        return _check_mb_tokens(self, "dynamic batching")
+        if self.enabled and (self.train_mb_tokens is None or self.logprob_mb_tokens is None):
+            return [("enabled", "dynamic batching needs train_mb_tokens and logprob_mb_tokens")]
+        return []
 
 
 @dataclass
 class SequencePackingConfig:
+    """NeMo-RL's sequence-packing keys. ``enabled: true`` is refused: the DTensor worker does not train on packed
+    sequences yet (`policy.dynamic_batching` is the supported way to cut padding), so the other keys do nothing."""
+
     enabled: bool = False
     train_mb_tokens: int | None = None
     logprob_mb_tokens: int | None = None
     algorithm: Literal["modified_first_fit_decreasing", "first_fit_decreasing"] = "modified_first_fit_decreasing"
-
-    def check(self) -> list[tuple[str, str]]:
-        return _check_mb_tokens(self, "sequence packing")
 
 
 REWARD_MODEL_TYPES = ("bradley_terry",)
@@ -205,15 +231,9 @@ class PolicyConfig:
     reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
 
     def check(self) -> list[tuple[str, str]]:
-        problems = []
-        if self.dtensor_cfg.enabled == self.megatron_cfg.enabled:
-            state = "both" if self.dtensor_cfg.enabled else "neither"
-            problems.append(
-                (
-                    "dtensor_cfg.enabled",
-                    f"exactly one of dtensor_cfg.enabled / megatron_cfg.enabled must be true ({state} is)",
-                )
-            )
+        problems = _check_unsupported_features(self)
+        if not self.dtensor_cfg.enabled and not self.megatron_cfg.enabled:
+            problems.append(("dtensor_cfg.enabled", "must be true: DTensor (FSDP2) is the policy backend"))
         problems += check_at_least(
             self,
             1,
@@ -236,3 +256,31 @@ class PolicyConfig:
         if self.scheduler:
             problems.extend(check_scheduler_entries(self.scheduler))
         return problems
+
+
+def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
+    """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored."""
+    problems = []
+    if config.megatron_cfg.enabled:
+        problems.append(
+            ("megatron_cfg.enabled", "the Megatron Core backend is not supported yet; use dtensor_cfg.enabled=true")
+        )
+    if config.sequence_packing.enabled:
+        problems.append(
+            (
+                "sequence_packing.enabled",
+                "sequence packing is not supported yet by the DTensor worker; use policy.dynamic_batching instead",
+            )
+        )
+    if config.dtensor_cfg.sequence_parallel:
+        problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))
+    for section in ("dtensor_cfg", "megatron_cfg"):
+        size = getattr(config, section).context_parallel_size
+        if size != 1:
+            problems.append(
+                (
+                    f"{section}.context_parallel_size",
+                    f"context parallelism is not supported yet; set it to 1 (got {size})",
+                )
+            )
+    return problems

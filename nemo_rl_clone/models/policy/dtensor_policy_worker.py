@@ -156,11 +156,13 @@ class DTensorPolicyWorker:
         return torch.cat(outputs)
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """``{"logprobs": [B, S] fp32}`` of this rank's shard (SPEC §4 convention, see `train_step.spec_logprobs`)."""
+        """``{"logprobs": [B, S] fp32}`` of this rank's shard (layout: `train_step.spec_logprobs`)."""
         self._require_language_model("get_logprobs")
 
         def logprobs(batch: BatchedDataDict) -> torch.Tensor:
-            lp = train_step.spec_logprobs(self._forward(batch), batch["input_ids"], batch["input_lengths"])
+            lp = train_step.spec_logprobs(
+                self._forward(batch), batch["input_ids"], batch["input_lengths"], self.cfg.logprob_chunk_size
+            )
             return train_step.pad_to_width(lp, data["input_ids"].shape[1]).cpu()
 
         return BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
@@ -238,7 +240,13 @@ class DTensorPolicyWorker:
                 step_loss = torch.zeros((), dtype=torch.float64)
                 for microbatch in train_step.microbatches(batch, mbs):
                     microbatch = microbatch.to(self.device)
-                    loss, metrics = loss_fn(self._forward(microbatch), microbatch, valid_seqs, valid_toks)
+                    loss, metrics = loss_fn(
+                        self._forward(microbatch),
+                        microbatch,
+                        valid_seqs,
+                        valid_toks,
+                        logprob_chunk_size=self.cfg.logprob_chunk_size,
+                    )
                     if not eval_mode:
                         (loss * self.dp_size).backward()
                     step_loss += loss.detach().double().cpu()
@@ -367,10 +375,12 @@ class DTensorPolicyWorker:
         optimizer_path: str | None = None,
         tokenizer_path: str | None = None,
         save_hf_path: str | None = None,
+        save_hf_format: str = "safetensors",
     ) -> None:
         """Sharded DCP of the model (``{"model": ...}``, Hugging Face names) and, with ``optimizer_path``, of the
         optimizer and scheduler; ``tokenizer.save_pretrained(tokenizer_path)``; a consolidated Hugging Face folder
-        at ``save_hf_path`` (fp32 master weights). A collective."""
+        at ``save_hf_path`` (fp32 master weights, ``save_hf_format`` as `save_consolidated_hf`'s ``save_format``).
+        A collective."""
         dcp.save({"model": get_model_state_dict(self.model)}, checkpoint_id=weights_path)
         if optimizer_path is not None:
             if self.optimizer is None:
@@ -388,6 +398,7 @@ class DTensorPolicyWorker:
                     save_hf_path,
                     tokenizer=self.tokenizer,
                     model_class=model_class,
+                    save_format=save_hf_format,
                 )
         dist.barrier()
 

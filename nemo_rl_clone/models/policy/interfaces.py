@@ -1,4 +1,4 @@
-"""What algorithms may ask of a training policy (SPEC §4), independent of the backend that implements it.
+"""What algorithms may ask of a training policy (docs/policy.md), independent of the backend that implements it.
 
 Tensor conventions: ``input_ids`` ``[B, S]`` right-padded, ``input_lengths`` ``[B]``; logprobs are ``[B, S]`` fp32
 with position ``i`` holding ``log p(token_i | tokens_<i)``, 0 at position 0 and on padding.
@@ -66,6 +66,7 @@ class PolicyInterface(ABC):
         optimizer_path: str | None = None,
         tokenizer_path: str | None = None,
         save_hf_path: str | None = None,
+        save_hf_format: str = "safetensors",
     ) -> None: ...
 
     @abstractmethod

