@@ -107,8 +107,12 @@ def _prompt_file_problems(cfg: Any) -> list[str]:
     problems = []
     for key in ("prompt_file", "system_prompt_file"):
         path = getattr(cfg, key, None)
-        if path is not None and not resolve_prompt_path(path).is_file():
-            problems.append(f"data.{key}: prompt file {path!r} does not exist")
+        if path is None:
+            continue
+        try:
+            resolve_prompt_path(path)
+        except FileNotFoundError as error:
+            problems.append(f"data.{key}: {error}")
     return problems
 
 

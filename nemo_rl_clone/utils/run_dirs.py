@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -20,9 +21,11 @@ def check_writable_dir(path: str | os.PathLike, key: str) -> str | None:
         existing = existing.parent
     if not existing.is_dir():
         return f"{key}: cannot create {str(path)!r}: {str(existing)!r} is not a directory"
-    if not os.access(existing, os.W_OK | os.X_OK):
+    try:  # a real probe: permission bits say nothing for root, nor for read-only or virtual filesystems
+        tempfile.TemporaryDirectory(dir=existing, prefix=".nrl-write-probe-").cleanup()
+    except OSError as error:
         what = "is not writable" if existing == target else f"cannot be created ({str(existing)!r} is not writable)"
-        return f"{key}: {str(path)!r} {what}"
+        return f"{key}: {str(path)!r} {what}: {error.strerror}"
     return None
 
 
