@@ -34,7 +34,8 @@ def find_user_input_error(error: BaseException) -> UserInputError | None:
 
     Ray re-raises an actor's exception as ``RayTaskError`` (the original is its ``cause``); an exception in an
     actor's constructor reaches the driver only as text (``ActorDiedError``), whose last traceback line
-    (``ClassName: message``) is matched against the known user-input error classes.
+    (``ClassName: message``) is matched against the user-input error classes this process has imported (the
+    driver imports every component whose checks it runs, so their error classes are known).
     """
     seen: set[int] = set()
     current: BaseException | None = error
