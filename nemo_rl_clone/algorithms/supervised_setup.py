@@ -16,11 +16,11 @@ import torch
 from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, set_seeds
 from nemo_rl_clone.algorithms.supervised_config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
 from nemo_rl_clone.utils.config import save_config
 from nemo_rl_clone.utils.config_validation import config_to_dict
-from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
 
 
@@ -64,7 +64,7 @@ def build_supervised_run(
     loop: SupervisedLoopConfig = getattr(config, section)
     gbs = config.policy.train_global_batch_size
     if len(train_dataset) < gbs:
-        raise UserInputError(
+        raise DataError(
             f"policy.train_global_batch_size: {gbs} examples per step, but the training set of "
             f"data.dataset_name={config.data.dataset_name!r} has only {len(train_dataset)}"
         )
@@ -149,7 +149,7 @@ def validation_batches(
     available = len(val_dataset) // size if val_dataset is not None else 0
     if available == 0:
         have = "no validation set" if val_dataset is None else f"{len(val_dataset)} validation examples"
-        raise UserInputError(
+        raise DataError(
             f"{section}.val_global_batch_size: validation needs at least one batch of {size} examples, the data has "
             f"{have}; lower it, or disable validation ({section}.val_period=0 {section}.val_at_start=false)"
         )
