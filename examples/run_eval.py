@@ -7,17 +7,17 @@
 (``<checkpoint_dir>/step_N``; DCP weights are converted to a Hugging Face folder once). Offline smoke run:
 ``--config configs/evals/eval_smoke.yaml``. The config is validated first (exit code 2 with one line per problem)
 and printed; the summary is printed as a table, and per-sample rows go to ``eval.save_path``. A model or data
-source that cannot be used (a reward-model checkpoint, an unreachable hub dataset) exits 1 with one line.
+source that cannot be used (a reward-model checkpoint, an unreachable hub dataset) exits 2 with one line.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from nemo_rl_clone.evals.config import EvalMasterConfig
 from nemo_rl_clone.utils.config import load_config_from_cli, print_config
 from nemo_rl_clone.utils.config_validation import config_to_dict
+from nemo_rl_clone.utils.errors import reporting_user_errors
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "evals" / "eval.yaml"
 
@@ -29,15 +29,13 @@ def main(argv: list[str] | None = None) -> None:
     print_config(config_to_dict(config), title="Evaluation config (validated)")
 
     # Heavy imports only after the config is known to be valid: a typo fails in a second, not after torch loads.
-    from nemo_rl_clone.data.datasets.common import DatasetLoadError
-    from nemo_rl_clone.evals.checkpoint import EvalModelError
+    from nemo_rl_clone.algorithms.preflight import preflight, removed_if_run_start_fails
     from nemo_rl_clone.evals.eval import run_evaluation
 
-    try:
-        run_evaluation(config)
-    except (EvalModelError, DatasetLoadError) as error:  # a wrong model or data source: one line, no traceback
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(1) from None
+    with reporting_user_errors():  # a wrong model or data source: one `error:` line and exit 2, no traceback
+        preflight(config)
+        with removed_if_run_start_fails(config):
+            run_evaluation(config)
 
 
 if __name__ == "__main__":  # vLLM spawns engine processes: the entry point must be import-safe

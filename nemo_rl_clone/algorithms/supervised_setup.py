@@ -16,6 +16,7 @@ import torch
 from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, set_seeds
 from nemo_rl_clone.algorithms.supervised_config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
 from nemo_rl_clone.data.dataloader import IndexedDataset, StatefulPromptLoader
+from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
 from nemo_rl_clone.utils.config import save_config
@@ -63,7 +64,7 @@ def build_supervised_run(
     loop: SupervisedLoopConfig = getattr(config, section)
     gbs = config.policy.train_global_batch_size
     if len(train_dataset) < gbs:
-        raise ValueError(
+        raise DataError(
             f"policy.train_global_batch_size: {gbs} examples per step, but the training set of "
             f"data.dataset_name={config.data.dataset_name!r} has only {len(train_dataset)}"
         )
@@ -147,7 +148,7 @@ def validation_batches(
     available = len(val_dataset) // size if val_dataset is not None else 0
     if val_dataset is None or available == 0:
         have = "no validation set" if val_dataset is None else f"{len(val_dataset)} validation examples"
-        raise ValueError(
+        raise DataError(
             f"{section}.val_global_batch_size: validation needs at least one batch of {size} examples, the data has "
             f"{have}; lower it, or disable validation ({section}.val_period=0 {section}.val_at_start=false)"
         )
@@ -164,13 +165,18 @@ def run_supervised_cli(
 ) -> None:
     """The examples' front door: parse ``[--config PATH] [overrides]``, validate (exit 2 with one line per problem),
     print the config, build the run (resuming when a checkpoint exists), train, shut down."""
+    from nemo_rl_clone.algorithms.preflight import preflight, removed_if_run_start_fails
     from nemo_rl_clone.algorithms.supervised_loop import supervised_train
     from nemo_rl_clone.utils.config import load_config_from_cli, print_config
+    from nemo_rl_clone.utils.errors import reporting_user_errors
 
     config: Any = load_config_from_cli(schema, default_config, argv, description=description)
     print_config(config_to_dict(config), title=f"{schema.__name__} (validated)")
-    run = setup(config)
-    try:
-        supervised_train(run)
-    finally:
-        run.shutdown()
+    with reporting_user_errors():
+        preflight(config)
+        with removed_if_run_start_fails(config):
+            run = setup(config)
+        try:
+            supervised_train(run)
+        finally:
+            run.shutdown()

@@ -12,6 +12,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.interfaces import DatumSpec, LLMMessageLogType, TaskDataProcessFn, TaskDataSpec
 from nemo_rl_clone.data.llm_message_utils import get_formatted_message_log
 
@@ -48,7 +49,7 @@ def reasoning_gym_data_processor(
     problem = _required_str(datum, "problem", idx)
     info = datum.get("extra_env_info")
     if not isinstance(info, dict) or not isinstance(info.get("task"), str) or not isinstance(info.get("entry"), dict):
-        raise ValueError(
+        raise DataError(
             f"row {idx}: reasoning_gym rows need extra_env_info = {{'task': str, 'entry': dict}}, got {info!r:.200}"
         )
     return build_prompt_datum(
@@ -124,5 +125,5 @@ def _truncate_in_place(message_log: LLMMessageLogType, max_seq_length: int, toke
 def _required_str(datum: dict[str, Any], key: str, idx: int) -> str:
     value = datum.get(key)
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise ValueError(f"row {idx}: field {key!r} is missing or empty (row keys: {sorted(datum)})")
+        raise DataError(f"row {idx}: field {key!r} is missing or empty (row keys: {sorted(datum)})")
     return str(value)

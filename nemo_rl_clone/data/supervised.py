@@ -20,6 +20,7 @@ import torch.utils.data
 from transformers import PreTrainedTokenizerBase
 
 from nemo_rl_clone.data.config import SupervisedDataConfig
+from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.datasets.common import LoadedDataset, Rows
 from nemo_rl_clone.data.datasets.preference import PREFERENCE_DATASET_NAMES, load_preference_dataset
 from nemo_rl_clone.data.datasets.sft import SFT_DATASET_NAMES, load_sft_dataset
@@ -123,7 +124,7 @@ class _RowDataset(torch.utils.data.Dataset):
         row = self.rows[idx]
         for key in self.required_fields:
             if not row.get(key):
-                raise ValueError(f"row {idx}: field {key!r} is missing or empty (row keys: {sorted(row)})")
+                raise DataError(f"row {idx}: field {key!r} is missing or empty (row keys: {sorted(row)})")
         return self.build_datum(row, idx)
 
     def build_datum(self, row: Mapping[str, Any], idx: int) -> dict[str, Any]:
@@ -162,7 +163,7 @@ def build_datasets(
             dataset = _without_overlong(dataset, split)
         splits.append(dataset)
     if splits[0] is None:
-        raise ValueError(f"data.dataset_name={cfg.dataset_name!r} has no training rows")
+        raise DataError(f"data.dataset_name={cfg.dataset_name!r} has no training rows")
     return splits[0], splits[1]
 
 
@@ -170,7 +171,7 @@ def _without_overlong(dataset: _RowDataset, split: str) -> _RowDataset:
     keep = [i for i in range(len(dataset)) if dataset[i]["loss_multiplier"] > 0]  # tokenizes every row once
     limit = f"data.max_input_seq_length={dataset.max_seq_length}"
     if not keep:
-        raise ValueError(f"data.drop_overlong: all {len(dataset)} {split} rows are longer than {limit}; raise it")
+        raise DataError(f"data.drop_overlong: all {len(dataset)} {split} rows are longer than {limit}; raise it")
     rows = dataset.rows.select(keep) if isinstance(dataset.rows, datasets.Dataset) else [dataset.rows[i] for i in keep]
     print(f"data.drop_overlong: dropped {len(dataset) - len(keep)} of {len(dataset)} {split} rows longer than {limit}")
     return type(dataset)(rows, dataset.tokenizer, dataset.max_seq_length)

@@ -47,6 +47,52 @@ class ClusterConfig:
         return check_at_least(self, 1, "gpus_per_node", "num_nodes")
 
 
+def starts_local_ray() -> bool:
+    """Whether `init_ray` would start a local cluster (no ``RAY_ADDRESS``, no ``ray start`` cluster to attach to)."""
+    return not ray.is_initialized() and _existing_cluster_address() is None
+
+
+def _existing_cluster_address() -> str | None:
+    """``RAY_ADDRESS``, else the cluster of the last ``ray start`` on this machine, else None. (Ray's
+    ``address="auto"`` would also grab any other Ray instance running here, e.g. another user's test session.)"""
+    return services.canonicalize_bootstrap_address(None)  # type: ignore[arg-type]  # None means "look it up"
+
+
+def check_local_cluster_fits(worker_slots: dict[str, int], use_gpus: bool) -> list[str]:
+    """Problems (one line each) if a local cluster on this machine cannot hold ``worker_slots`` (config key → slots,
+    e.g. ``{"cluster.gpus_per_node * cluster.num_nodes": 2}``): one CPU per slot, and one GPU with ``use_gpus``.
+    Without this, the placement groups would wait `ready_timeout_s` before failing."""
+    from ray._private.utils import get_num_cpus
+
+    total = sum(worker_slots.values())
+    keys = " + ".join(f"{key} ({slots})" for key, slots in worker_slots.items())
+    available = {"CPU": int(get_num_cpus())}
+    if use_gpus:
+        import torch
+
+        available["GPU"] = torch.cuda.device_count()
+    return [
+        f"{keys}: {total} worker slots, each needs one {kind}, and this machine has {count} {kind}s"
+        for kind, count in available.items()
+        if total > count
+    ]
+
+
+def check_ray_port_free() -> str | None:
+    """One line if ``RAY_GCS_SERVER_PORT`` (the port Ray's head binds when it starts here) is taken or invalid."""
+    value = os.environ.get("RAY_GCS_SERVER_PORT")
+    if not value:
+        return None
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        return f"RAY_GCS_SERVER_PORT={value!r}: not a port number"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", int(value)))
+        except OSError as error:
+            return f"RAY_GCS_SERVER_PORT={value}: the port is already in use on this machine ({error.strerror})"
+    return None
+
+
 class ResourceInsufficientError(RuntimeError):
     """The placement groups asked for could not be reserved within the readiness timeout."""
 
@@ -72,9 +118,7 @@ def init_ray(log_dir: str | os.PathLike | None = None, num_cpus: int | None = No
         return
     check_torch_build()  # fail before any worker trains on the CPU torch build of a GPU machine
     _disable_ray_uv_run_hook()
-    # RAY_ADDRESS, else the cluster of the last `ray start` on this machine, else None. (Ray's address="auto" would
-    # also grab any other Ray instance running here, e.g. another user's test session.)
-    address = services.canonicalize_bootstrap_address(None)  # type: ignore[arg-type]  # None means "look it up"
+    address = _existing_cluster_address()
     if address is not None:
         if num_cpus is not None:
             logger.warning("init_ray: attaching to the Ray cluster at %s; num_cpus=%s is ignored", address, num_cpus)
@@ -379,5 +423,8 @@ __all__ = [
     "ClusterConfig",
     "RayVirtualCluster",
     "ResourceInsufficientError",
+    "check_local_cluster_fits",
+    "check_ray_port_free",
     "init_ray",
+    "starts_local_ray",
 ]

@@ -32,11 +32,12 @@ from typing import Any
 import yaml
 
 from nemo_rl_clone.utils.checkpoint import CONFIG_FILE, TRAINING_INFO_FILE
+from nemo_rl_clone.utils.errors import UserInputError
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-class EvalModelError(ValueError):
+class EvalModelError(UserInputError, ValueError):
     """``generation.model_name`` cannot be evaluated (a reward model, an incomplete checkpoint, an unknown name)."""
 
 

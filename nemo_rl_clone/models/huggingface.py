@@ -23,13 +23,14 @@ test workers, Ray actors — either build once or wait for the first builder.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import re
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from filelock import FileLock
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
+from nemo_rl_clone.utils.errors import UserInputError
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
 TINY_LLAMA = "tiny-random-llama"
@@ -47,6 +49,11 @@ _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when a builder changes what it writes, so caches built by older code are not reused.
 _CACHE_LAYOUT = "v1"
 _TINY_SEED = 1234
+
+
+class ModelSourceError(UserInputError, FileNotFoundError):
+    """A model name that names no loadable model: a missing folder, a folder without a usable config, an unreachable
+    hub id, weights that do not load. (A ``FileNotFoundError``, hence an ``OSError``, for callers that catch those.)"""
 
 
 def cache_dir() -> Path:
@@ -72,7 +79,7 @@ def resolve_model_path(model_name: str) -> str:
     if canonical in _BUILDERS:
         return str(_cached_build(cache_dir() / _CACHE_LAYOUT / "models" / canonical, _BUILDERS[canonical]))
     if model_name.startswith(("/", "./", "../", "~")):
-        raise FileNotFoundError(f"model folder {model_name!r} does not exist ({_CHOICES_HINT})")
+        raise ModelSourceError(f"model folder {model_name!r} does not exist ({_CHOICES_HINT})")
     return model_name
 
 
@@ -86,7 +93,15 @@ def check_model_available(model_name: str, timeout_s: float = 10.0) -> str:
     resolved = resolve_model_path(model_name)
     if os.path.isdir(resolved):
         if not os.path.isfile(os.path.join(resolved, "config.json")):
-            raise OSError(f"model folder {resolved!r} has no config.json (expected a Hugging Face model folder)")
+            raise ModelSourceError(
+                f"model folder {resolved!r} has no config.json (expected a Hugging Face model folder)"
+            )
+        try:
+            AutoConfig.from_pretrained(resolved, local_files_only=True)
+        except (OSError, ValueError) as load_error:  # unparsable JSON, unknown model_type, ...
+            text = str(load_error).strip()
+            first_line = text.splitlines()[0] if text else type(load_error).__name__
+            raise ModelSourceError(f"model folder {resolved!r}: config.json does not load: {first_line}") from None
         return resolved
     try:
         AutoConfig.from_pretrained(resolved, local_files_only=True)
@@ -95,8 +110,37 @@ def check_model_available(model_name: str, timeout_s: float = 10.0) -> str:
         pass
     error = _try_hub_config(resolved, timeout_s)
     if error is not None:
-        raise OSError(f"model {model_name!r} cannot be loaded: {error}. Offline, use {_CHOICES_HINT}") from None
+        raise ModelSourceError(
+            f"model {model_name!r} cannot be loaded: {error}. Offline, use {_CHOICES_HINT}"
+        ) from None
     return resolved
+
+
+def check_model_source(model_name: str, key: str) -> str | None:
+    """None if ``model_name`` resolves to a loadable model config (see `check_model_available`); else one line
+    naming the config ``key``. Built-in names are not built here: their builders need no user input."""
+    if _ALIASES.get(model_name, model_name) in _BUILDERS and not os.path.isdir(os.path.expanduser(model_name)):
+        return None
+    try:
+        check_model_available(model_name)
+    except OSError as error:
+        return f"{key}: {error}"
+    return None
+
+
+@contextlib.contextmanager
+def reporting_model_load_errors(model_path: str, key: str = "policy.model_name") -> Iterator[None]:
+    """Turn a failure to load ``model_path``'s weights (missing or corrupt files) into one `ModelSourceError` line
+    naming ``key``; workers load inside this, so the driver reports the file instead of the worker's traceback."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, ValueError, SafetensorError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ModelSourceError(
+            f"{key}: cannot load the weights of {model_path!r}: {type(error).__name__}: {first_line}"
+        ) from None
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:

@@ -105,7 +105,7 @@ def test_bad_config_and_unusable_models_fail_fast(tmp_path: Path) -> None:
     (reward_model / "config.yaml").write_text(yaml.safe_dump({"policy": policy}))
     (reward_model / "training_info.json").write_text(json.dumps({"step": 5}))
     proc = run_cli(tmp_path, f"generation.model_name={reward_model.parent}", "~logger")
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {reward_model} is a reward-model checkpoint") and "cannot generate" in last
 

@@ -12,6 +12,8 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_clone.utils.errors import UserInputError
+
 if TYPE_CHECKING:
     from nemo_rl_clone.data.config import DataConfig
     from nemo_rl_clone.data.datasets.common import LoadedDataset
@@ -27,6 +29,13 @@ _LOADERS: dict[str, str] = {
     "local": "nemo_rl_clone.data.datasets.local_math:load_local_math",
 }
 DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
+
+
+class DataError(UserInputError, ValueError):
+    """The data the config names is unusable: an unknown dataset, a missing field in a row, an impossible split.
+    The message names the key, file and row."""
+
+
 # DataConfig keys passed to loaders when set.
 _FILE_KEYS = ("data_path", "val_data_path", "split", "split_validation_size")
 
@@ -42,7 +51,7 @@ def unknown_dataset_message(name: str, names: Sequence[str] = DATASET_NAMES) -> 
 def get_dataset_loader(name: str) -> Callable[..., LoadedDataset]:
     """The loader function registered under ``name``; raises ``ValueError`` listing the valid names."""
     if name not in _LOADERS:
-        raise ValueError(unknown_dataset_message(name))
+        raise DataError(unknown_dataset_message(name))
     module_name, function_name = _LOADERS[name].split(":")
     return getattr(importlib.import_module(module_name), function_name)
 
@@ -69,13 +78,13 @@ def load_dataset_from_config(data_config: DataConfig, seed: int) -> LoadedDatase
     }
     if name == "reasoning_gym":
         if data_config.reasoning_gym is None:
-            raise ValueError("data.reasoning_gym: required when data.dataset_name is 'reasoning_gym'")
+            raise DataError("data.reasoning_gym: required when data.dataset_name is 'reasoning_gym'")
         # The section's fields are the loader's arguments (and carry their own seed).
         options.update(dataclasses.asdict(data_config.reasoning_gym))
     accepted = set(inspect.signature(loader).parameters)
     unused = sorted(set(options) - accepted)
     if unused:
-        raise ValueError(f"data.{unused[0]}: not used by dataset {name!r}; set it to null")
+        raise DataError(f"data.{unused[0]}: not used by dataset {name!r}; set it to null")
     if "seed" in accepted:
         options.setdefault("seed", seed)
     return loader(**options)

@@ -17,6 +17,7 @@ import random
 from importlib import resources
 from typing import Any
 
+from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.datasets.common import LoadedDataset
 
 DATA_FILE = ("dataset_files", "v0.json")
@@ -29,7 +30,7 @@ def load_champ_problems() -> dict[str, dict[str, Any]]:
     path = resources.files("champ_dataset").joinpath(*DATA_FILE)
     problems = json.loads(path.read_text(encoding="utf-8"))["problems"]
     if not problems:
-        raise ValueError(f"champ_dataset: {path} has no problems")
+        raise DataError(f"champ_dataset: {path} has no problems")
     return problems
 
 
@@ -73,11 +74,11 @@ def split_problem_ids(
     """``(train ids, validation ids)``: a seeded hold-out of ``split_validation_size`` (null: 10%) of the problems."""
     size = DEFAULT_SPLIT_VALIDATION_SIZE if split_validation_size is None else split_validation_size
     if not 0.0 <= size < 1.0:
-        raise ValueError(f"champ: split_validation_size must be in [0, 1), got {size}")
+        raise DataError(f"champ: split_validation_size must be in [0, 1), got {size}")
     ids = sorted(problem_ids)
     num_val = round(size * len(ids))
     if size > 0 and num_val < 1:
-        raise ValueError(f"champ: split_validation_size={size} of {len(ids)} problems leaves no validation problem")
+        raise DataError(f"champ: split_validation_size={size} of {len(ids)} problems leaves no validation problem")
     held_out = set(random.Random(seed).sample(ids, num_val))
     return [i for i in ids if i not in held_out], [i for i in ids if i in held_out]
 

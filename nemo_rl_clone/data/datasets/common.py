@@ -17,6 +17,7 @@ import datasets
 import torch.utils.data
 from transformers import PreTrainedTokenizerBase
 
+from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.interfaces import DatumSpec, TaskDataProcessFn, TaskDataSpec
 from nemo_rl_clone.data.processors import DATA_PROCESSORS
 
@@ -28,7 +29,7 @@ LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv
 Rows: TypeAlias = datasets.Dataset | list[dict[str, Any]]
 
 
-class DatasetLoadError(RuntimeError):
+class DatasetLoadError(DataError):
     """A dataset could not be loaded (unreachable hub, missing file, unsupported format)."""
 
 
@@ -102,7 +103,7 @@ def to_common_math_form(
     """
     missing = [f.column for f in (problem, answer) if f.column not in raw.column_names]
     if missing:
-        raise ValueError(
+        raise DataError(
             f"{source}: missing column(s) {missing}; the file has {raw.column_names}. "
             f"Expected the source's format: {problem.source!r} for the problem, {answer.source!r} for the answer"
         )
@@ -125,7 +126,7 @@ def _read(row: Mapping[str, Any], field: Field, index: int, source: str) -> str:
     except (KeyError, IndexError, TypeError):
         value = None
     if value is None or not str(value).strip():
-        raise ValueError(f"{source}: row {index}: field {field.source!r} is missing or empty")
+        raise DataError(f"{source}: row {index}: field {field.source!r} is missing or empty")
     return str(value)
 
 
@@ -134,12 +135,12 @@ def split_train_validation(
 ) -> tuple[datasets.Dataset, datasets.Dataset | None]:
     """Hold out a seeded random fraction ``split_validation_size`` of ``rows`` (0 → no validation split)."""
     if not 0.0 <= split_validation_size < 1.0:
-        raise ValueError(f"{source}: split_validation_size must be in [0, 1), got {split_validation_size}")
+        raise DataError(f"{source}: split_validation_size must be in [0, 1), got {split_validation_size}")
     if split_validation_size == 0.0:
         return rows, None
     num_val = round(split_validation_size * len(rows))
     if num_val < 1 or num_val >= len(rows):
-        raise ValueError(
+        raise DataError(
             f"{source}: split_validation_size={split_validation_size} of {len(rows)} rows leaves "
             f"{num_val} validation rows; both splits need at least one"
         )
@@ -153,7 +154,7 @@ def validation_source(
     """Resolve where validation rows come from: ``(val_data_path or None, fraction to split off the training
     rows)``. Giving both a validation file and a positive split is ambiguous and rejected."""
     if val_data_path is not None and split_validation_size:
-        raise ValueError(
+        raise DataError(
             f"{source}: give either val_data_path or split_validation_size > 0, not both "
             f"(got {val_data_path!r} and {split_validation_size})"
         )

@@ -8,6 +8,7 @@ Any ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` file works; the two columns
 
 from __future__ import annotations
 
+from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.datasets.common import LoadedDataset, column, load_raw_rows, to_common_math_form
 
 NAME = "local"
@@ -18,7 +19,7 @@ def load_local_math(
 ) -> LoadedDataset:
     """Rows of ``data_path`` in the common math form (a missing column or empty field names the row and field)."""
     if data_path is None:
-        raise ValueError(f"{NAME}: data_path is required (a local .jsonl/.json/.parquet/.csv file)")
+        raise DataError(f"{NAME}: data_path is required (a local .jsonl/.json/.parquet/.csv file)")
     raw = load_raw_rows(NAME, hub_id="", hub_split="", data_path=data_path)
     rows = to_common_math_form(raw, f"{NAME} ({data_path})", problem=column(problem_key), answer=column(solution_key))
     return LoadedDataset(name=NAME, train=None, validation=rows)

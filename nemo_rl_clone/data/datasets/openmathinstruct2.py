@@ -4,6 +4,7 @@ hold-out of the training split unless a separate validation file is given."""
 
 from __future__ import annotations
 
+from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.datasets.common import (
     LoadedDataset,
     column,
@@ -36,7 +37,7 @@ def load_openmathinstruct2(
         seed: seed of the hold-out split.
     """
     if data_path is None and split not in HUB_SPLITS:
-        raise ValueError(f"{NAME}: unknown split {split!r}; the hub dataset has {list(HUB_SPLITS)}")
+        raise DataError(f"{NAME}: unknown split {split!r}; the hub dataset has {list(HUB_SPLITS)}")
     val_path, split_size = validation_source(val_data_path, split_validation_size, DEFAULT_SPLIT_VALIDATION_SIZE, NAME)
     rows = _load(data_path, split)
     train, validation = split_train_validation(rows, split_size, seed, NAME)

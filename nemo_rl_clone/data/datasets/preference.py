@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_clone.data.datasets import unknown_dataset_message
+from nemo_rl_clone.data.datasets import DataError, unknown_dataset_message
 from nemo_rl_clone.data.datasets.common import LoadedDataset
 from nemo_rl_clone.data.datasets.sft import (
     ChatFormat,
     Messages,
+    RowConverter,
     apply_prompt_spec_to_list_rows,
     load_chat_format,
     prompt_spec,
@@ -50,22 +51,27 @@ def load_preference_dataset(cfg: PreferenceDataConfig, seed: int) -> LoadedDatas
     """Load the preference dataset ``cfg`` (the ``data`` section) names; ``seed`` seeds hold-outs."""
     name = cfg.dataset_name
     if name not in PREFERENCE_DATASET_NAMES:
-        raise ValueError(unknown_dataset_message(name, PREFERENCE_DATASET_NAMES))
+        raise DataError(unknown_dataset_message(name, PREFERENCE_DATASET_NAMES))
     spec = prompt_spec(name, cfg.prompt_file, cfg.system_prompt_file)
     if name == "champ":
         from nemo_rl_clone.data.datasets.champ import load_champ_preference
 
         reject_file_keys(name, data_path=cfg.data_path, val_data_path=cfg.val_data_path)
         return apply_prompt_spec_to_list_rows(load_champ_preference(cfg.split_validation_size, seed), spec, "context")
-    fmt, convert = (HELPSTEER3, helpsteer3_row) if name == "HelpSteer3" else (BINARY_PREFERENCE, binary_preference_row)
+    fmt, convert = preference_chat_format(name)
     return load_chat_format(fmt, convert, cfg.data_path, cfg.val_data_path, cfg.split_validation_size, seed, spec)
+
+
+def preference_chat_format(name: str) -> tuple[ChatFormat, RowConverter]:
+    """The format and row converter of a file-or-hub preference dataset (any but ``champ``)."""
+    return (HELPSTEER3, helpsteer3_row) if name == "HelpSteer3" else (BINARY_PREFERENCE, binary_preference_row)
 
 
 def helpsteer3_row(row: Mapping[str, Any], index: int, source: str) -> dict[str, Any] | None:
     """A HelpSteer3 row → a preference row (None for a tie)."""
     preference = row.get("overall_preference")
     if isinstance(preference, bool) or not isinstance(preference, int) or not -3 <= preference <= 3:
-        raise ValueError(
+        raise DataError(
             f"{source}: row {index}: field 'overall_preference' must be an integer in [-3, 3], got {preference!r}"
         )
     context = to_messages(row.get("context"), "user", index, source, "context")
@@ -93,5 +99,5 @@ def binary_preference_row(row: Mapping[str, Any], index: int, source: str) -> di
 def _answer(value: Any, index: int, source: str, field: str) -> Messages:
     messages = to_messages(value, "assistant", index, source, field)
     if messages[-1]["role"] != "assistant":
-        raise ValueError(f"{source}: row {index}: field {field!r} must end with an assistant message")
+        raise DataError(f"{source}: row {index}: field {field!r} must end with an assistant message")
     return messages

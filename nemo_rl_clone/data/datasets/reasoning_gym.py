@@ -19,6 +19,7 @@ from typing import Any
 import reasoning_gym
 from reasoning_gym.factory import DATASETS as TASKS
 
+from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.datasets.common import LoadedDataset
 
 NAME = "reasoning_gym"
@@ -58,9 +59,9 @@ def load_reasoning_gym(
     if task not in TASKS:
         near = difflib.get_close_matches(task, list(TASKS), n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ValueError(f"{NAME}: unknown task {task!r}{hint}; valid tasks: {', '.join(sorted(TASKS))}")
+        raise DataError(f"{NAME}: unknown task {task!r}{hint}; valid tasks: {', '.join(sorted(TASKS))}")
     if train_size < 1 or val_size < 0:
-        raise ValueError(f"{NAME}: need train_size >= 1 and val_size >= 0, got {train_size} and {val_size}")
+        raise DataError(f"{NAME}: need train_size >= 1 and val_size >= 0, got {train_size} and {val_size}")
     kwargs = dict(task_kwargs or {})
 
     val_seed = seed + VAL_SEED_OFFSET
@@ -83,7 +84,7 @@ def _generate(task: str, kwargs: dict[str, Any], seed: int, size: int) -> Any:
     try:
         return reasoning_gym.create_dataset(task, size=size, seed=seed, **kwargs)
     except (TypeError, ValueError, AssertionError) as err:
-        raise ValueError(f"{NAME}: cannot create task {task!r} with task_kwargs {kwargs}: {err}") from err
+        raise DataError(f"{NAME}: cannot create task {task!r} with task_kwargs {kwargs}: {err}") from err
 
 
 def _draw(
@@ -104,7 +105,7 @@ def _draw(
                 seen.add(entry["question"])
             picked.append(entry)
     if len(picked) < count:
-        raise ValueError(
+        raise DataError(
             f"{NAME}: task {task!r} with task_kwargs {kwargs} yielded only {len(picked)} of {count} usable {split} questions "
             f"in {len(candidates)} draws (validation questions are distinct and kept out of training); lower val_size, "
             "or widen the task"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import datasets
 
-from nemo_rl_clone.data.datasets import unknown_dataset_message
+from nemo_rl_clone.data.datasets import DataError, unknown_dataset_message
 from nemo_rl_clone.data.datasets.common import (
     DatasetLoadError,
     LoadedDataset,
@@ -72,7 +72,7 @@ def load_sft_dataset(cfg: SFTDataConfig, seed: int) -> LoadedDataset:
     """Load the SFT dataset ``cfg`` (the ``data`` section) names; ``seed`` (e.g. ``sft.seed``) seeds hold-outs."""
     name = cfg.dataset_name
     if name not in SFT_DATASET_NAMES:
-        raise ValueError(unknown_dataset_message(name, SFT_DATASET_NAMES))
+        raise DataError(unknown_dataset_message(name, SFT_DATASET_NAMES))
     spec = prompt_spec(name, cfg.prompt_file, cfg.system_prompt_file)
     if name == "champ":
         from nemo_rl_clone.data.datasets.champ import load_champ_sft
@@ -80,20 +80,27 @@ def load_sft_dataset(cfg: SFTDataConfig, seed: int) -> LoadedDataset:
         reject_file_keys(name, data_path=cfg.data_path, val_data_path=cfg.val_data_path, split=cfg.split)
         loaded = load_champ_sft(cfg.split_validation_size, seed)
         return apply_prompt_spec_to_list_rows(loaded, spec, "messages")
-    convert: RowConverter
-    if name == "squad":
-        fmt, convert = SQUAD, _squad_row
-    elif name == "OpenMathInstruct-2":
-        fmt = ChatFormat(
-            name, "nvidia/OpenMathInstruct-2", cfg.split or "train_1M", None, 0.05, ("problem", "generated_solution")
-        )
-        convert = _omi2_row
-    else:
-        fmt = ChatFormat(name, None, "train", None, 0.0, (cfg.chat_key,))
-        convert = _openai_row_converter(cfg.chat_key)
+    fmt, convert = sft_chat_format(cfg)
     if cfg.split is not None and name != "OpenMathInstruct-2":
-        raise ValueError(f"data.split: not used by dataset {name!r}; set it to null")
+        raise DataError(f"data.split: not used by dataset {name!r}; set it to null")
     return load_chat_format(fmt, convert, cfg.data_path, cfg.val_data_path, cfg.split_validation_size, seed, spec)
+
+
+def sft_chat_format(cfg: SFTDataConfig) -> tuple[ChatFormat, RowConverter]:
+    """The format and row converter of a file-or-hub SFT dataset (any but ``champ``)."""
+    if cfg.dataset_name == "squad":
+        return SQUAD, _squad_row
+    if cfg.dataset_name == "OpenMathInstruct-2":
+        fmt = ChatFormat(
+            cfg.dataset_name,
+            "nvidia/OpenMathInstruct-2",
+            cfg.split or "train_1M",
+            None,
+            0.05,
+            ("problem", "generated_solution"),
+        )
+        return fmt, _omi2_row
+    return ChatFormat(cfg.dataset_name, None, "train", None, 0.0, (cfg.chat_key,)), _openai_row_converter(cfg.chat_key)
 
 
 SQUAD = ChatFormat("squad", "rajpurkar/squad", "train", "validation", 0.0, ("context", "question", "answers"))
@@ -126,7 +133,7 @@ def _openai_row_converter(chat_key: str) -> RowConverter:
     def convert(row: Mapping[str, Any], index: int, source: str) -> dict[str, Any]:
         messages = to_messages(row.get(chat_key), "user", index, source, chat_key)
         if not any(m["role"] == "assistant" for m in messages):
-            raise ValueError(f"{source}: row {index}: field {chat_key!r} has no assistant message to train on")
+            raise DataError(f"{source}: row {index}: field {chat_key!r} has no assistant message to train on")
         return {"messages": messages}
 
     return convert
@@ -144,13 +151,7 @@ def load_chat_format(
 ) -> LoadedDataset:
     """Train and validation rows of ``fmt``: from the hub or ``data_path``; validation from ``val_data_path``, a
     seeded hold-out of the training rows, or (hub only) the hub's validation split."""
-    if fmt.hub_id is None and data_path is None:
-        raise DatasetLoadError(f"{fmt.name}: data.data_path is required (a local JSONL file; there is no hub copy)")
-    val_path, split_size = validation_source(
-        val_data_path, split_validation_size, fmt.default_split_validation_size, fmt.name
-    )
-    if fmt.hub_id is None and val_path is None and split_size == 0.0:
-        raise ValueError(f"{fmt.name}: give data.val_data_path (a local JSONL file) or data.split_validation_size > 0")
+    val_path, split_size = chat_data_sources(fmt, data_path, val_data_path, split_validation_size)
     train = _load_rows(fmt, convert, data_path, fmt.train_split, spec)
     train, validation = split_train_validation(train, split_size, seed, fmt.name)
     if val_path is not None:
@@ -160,6 +161,24 @@ def load_chat_format(
     return LoadedDataset(name=fmt.name, train=train, validation=validation)
 
 
+def chat_data_sources(
+    fmt: ChatFormat, data_path: str | None, val_data_path: str | None, split_validation_size: float | None
+) -> tuple[str | None, float]:
+    """Where validation rows come from (see `validation_source`); raises `DataError` when a file-only format lacks
+    its training file or any validation source."""
+    if fmt.hub_id is None and data_path is None:
+        raise DatasetLoadError(f"{fmt.name}: data.data_path is required (a local JSONL file; there is no hub copy)")
+    val_path, split_size = validation_source(
+        val_data_path, split_validation_size, fmt.default_split_validation_size, fmt.name
+    )
+    if fmt.hub_id is None and val_path is None and split_size == 0.0:
+        raise DataError(
+            f"data.val_data_path: {fmt.name} needs a validation source: give data.val_data_path (a local JSONL file) "
+            "or data.split_validation_size > 0"
+        )
+    return val_path, split_size
+
+
 def _load_rows(
     fmt: ChatFormat, convert: RowConverter, path: str | None, hub_split: str, spec: TaskDataSpec | None
 ) -> datasets.Dataset:
@@ -167,7 +186,7 @@ def _load_rows(
     source = f"{fmt.name} ({path or f'{fmt.hub_id}:{hub_split}'})"
     missing = [c for c in fmt.required_columns if c not in raw.column_names]
     if missing:
-        raise ValueError(f"{source}: missing column(s) {missing}; the file has {raw.column_names}")
+        raise DataError(f"{source}: missing column(s) {missing}; the file has {raw.column_names}")
 
     def rekey(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {}
@@ -209,10 +228,10 @@ def _read_json_rows(path: str, source: str) -> list[dict[str, Any]]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{source}: line {line_number} is not valid JSON: {err}") from None
+                    raise DataError(f"{source}: line {line_number} is not valid JSON: {err}") from None
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise ValueError(f"{source}: row {index} must be a JSON object, got {type(row).__name__}")
+            raise DataError(f"{source}: row {index} must be a JSON object, got {type(row).__name__}")
     return rows
 
 
@@ -220,7 +239,7 @@ def required_text(row: Mapping[str, Any], field: str, index: int, source: str) -
     """``row[field]`` as a non-empty string; otherwise an error naming the source, row index and field."""
     value = row.get(field)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{source}: row {index}: field {field!r} is missing or empty")
+        raise DataError(f"{source}: row {index}: field {field!r} is missing or empty")
     return value
 
 
@@ -229,9 +248,9 @@ def to_messages(value: Any, default_role: str, index: int, source: str, field: s
     if isinstance(value, str) and value.strip():
         return [{"role": default_role, "content": value}]
     if isinstance(value, str) or value is None or (isinstance(value, Sequence) and len(value) == 0):
-        raise ValueError(f"{source}: row {index}: field {field!r} is missing or empty")
+        raise DataError(f"{source}: row {index}: field {field!r} is missing or empty")
     if not isinstance(value, Sequence):
-        raise ValueError(
+        raise DataError(
             f"{source}: row {index}: field {field!r} must be a string or a list of messages, got {type(value).__name__}"
         )
     messages: Messages = []
@@ -241,7 +260,7 @@ def to_messages(value: Any, default_role: str, index: int, source: str, field: s
             or message.get("role") not in CHAT_ROLES
             or not isinstance(message.get("content"), str)
         ):
-            raise ValueError(
+            raise DataError(
                 f"{source}: row {index}: field {field!r}[{j}] must be {{'role': one of {CHAT_ROLES}, "
                 f"'content': str}}, got {message!r:.200}"
             )
@@ -292,4 +311,4 @@ def reject_file_keys(name: str, **keys: Any) -> None:
     """Offline datasets take no files: a set key is an error naming it."""
     for key, value in keys.items():
         if value is not None:
-            raise ValueError(f"data.{key}: not used by dataset {name!r} (built offline); set it to null")
+            raise DataError(f"data.{key}: not used by dataset {name!r} (built offline); set it to null")

@@ -46,6 +46,7 @@ from nemo_rl_clone.distributed.weight_transfer import (
     pack_tensors,
 )
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
+from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy import dtensor_parallel, reward_model, train_step
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler
@@ -94,10 +95,11 @@ class DTensorPolicyWorker:
 
         # fp32 master weights on every rank; FSDP casts to `self.dtype` for compute.
         self.is_reward_model = config.reward_model_cfg.enabled
-        if self.is_reward_model:
-            model = reward_model.load_reward_model(model_path, tokenizer.pad_token_id)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        with reporting_model_load_errors(model_path):
+            if self.is_reward_model:
+                model = reward_model.load_reward_model(model_path, tokenizer.pad_token_id)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         model.config.use_cache = False
         plan = None
         if self.mesh["tp"].size() > 1:

@@ -2,7 +2,8 @@
 
 The scheduler config is NeMo-RL's list format: ``{name, kwargs}`` entries, chained by one optional
 ``{milestones: [...]}`` entry through ``torch.optim.lr_scheduler.SequentialLR``; no list means a constant LR.
-Class paths are resolved on the driver first (``check_import_paths``) so a typo fails before any worker starts.
+Both are built once on the driver against a dummy parameter (``check_optimizer_and_scheduler``) so that a typo in a
+class path or a bad kwarg (``lr: abc``) fails before any worker starts, as one line naming the key.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from typing import Any
 import torch
 
 from nemo_rl_clone.models.policy.config import OptimizerConfig
+from nemo_rl_clone.utils.errors import UserInputError
+
+
+class OptimizerConfigError(UserInputError, ValueError):
+    """``policy.optimizer`` / ``policy.scheduler`` name a class that does not exist or kwargs it rejects."""
 
 
 def import_by_path(path: str, key: str) -> Any:
@@ -26,17 +32,17 @@ def import_by_path(path: str, key: str) -> Any:
     """
     module_path, _, attr = path.rpartition(".")
     if not module_path:
-        raise ValueError(f"{key}: {path!r} is not a dotted class path like 'torch.optim.AdamW'")
+        raise OptimizerConfigError(f"{key}: {path!r} is not a dotted class path like 'torch.optim.AdamW'")
     try:
         module = importlib.import_module(module_path)
     except ImportError as error:
-        raise ValueError(f"{key}: cannot import {path!r} (module {module_path!r}: {error})") from None
+        raise OptimizerConfigError(f"{key}: cannot import {path!r} (module {module_path!r}: {error})") from None
     if hasattr(module, attr):
         return getattr(module, attr)
     public = [name for name in dir(module) if not name.startswith("_")]
     close = difflib.get_close_matches(attr, public, n=1)
     hint = f" (did you mean {module_path}.{close[0]}?)" if close else ""
-    raise ValueError(f"{key}: cannot import {path!r}{hint}")
+    raise OptimizerConfigError(f"{key}: cannot import {path!r}{hint}")
 
 
 def check_import_paths(optimizer: OptimizerConfig, scheduler: Sequence[Mapping[str, Any]] | None) -> None:
@@ -53,8 +59,8 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimizerConfi
     kwargs = {name: tuple(value) if isinstance(value, list) else value for name, value in config.kwargs.items()}
     try:
         return optimizer_class(params, **kwargs)
-    except TypeError as error:
-        raise ValueError(f"policy.optimizer.kwargs: {config.name} rejected {kwargs}: {error}") from None
+    except (TypeError, ValueError) as error:  # torch raises both for bad values (lr="abc", lr=-1)
+        raise OptimizerConfigError(f"policy.optimizer.kwargs: {config.name} rejected {kwargs}: {error}") from None
 
 
 def build_scheduler(
@@ -70,15 +76,30 @@ def build_scheduler(
         scheduler_class = import_by_path(entry["name"], f"policy.scheduler[{index}].name")
         try:
             schedulers.append(scheduler_class(optimizer, **dict(entry.get("kwargs") or {})))
-        except TypeError as error:
-            raise ValueError(f"policy.scheduler[{index}].kwargs: {entry['name']} rejected them: {error}") from None
+        except (TypeError, ValueError) as error:
+            raise OptimizerConfigError(
+                f"policy.scheduler[{index}].kwargs: {entry['name']} rejected them: {error}"
+            ) from None
     if not schedulers:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     if len(schedulers) == 1:
         return schedulers[0]
     if len(milestones) != 1 or len(milestones[0]) != len(schedulers) - 1:
-        raise ValueError(
+        raise OptimizerConfigError(
             f"policy.scheduler: {len(schedulers)} schedulers need one {{milestones: [...]}} entry with "
             f"{len(schedulers) - 1} values, got {milestones}"
         )
     return torch.optim.lr_scheduler.SequentialLR(optimizer, schedulers, milestones=milestones[0])
+
+
+def check_optimizer_and_scheduler(optimizer: OptimizerConfig, scheduler: Sequence[Mapping[str, Any]] | None) -> None:
+    """Build the optimizer and scheduler against one dummy parameter and take one scheduler step, as the workers
+    will; raises `OptimizerConfigError` naming the key. Takes milliseconds, so it runs before any worker starts."""
+    dummy = torch.nn.Parameter(torch.zeros(1))
+    built = build_optimizer([dummy], optimizer)
+    lr_scheduler = build_scheduler(built, scheduler)
+    try:
+        built.step()
+        lr_scheduler.step()
+    except (TypeError, ValueError, ZeroDivisionError) as error:
+        raise OptimizerConfigError(f"policy.optimizer / policy.scheduler: the first step fails: {error}") from None

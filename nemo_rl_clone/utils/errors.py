@@ -1,0 +1,107 @@
+"""Errors in what the user gave (config values, model names, data files) and the one place that reports them.
+
+Data, model and config code raise a :class:`UserInputError` (or a subclass) whose message names the culprit: a config
+key, a file, a row. The entry points run under :func:`reporting_user_errors`, which prints such an error as
+``error: ...`` on stderr and exits with code 2, also when it was raised inside a Ray actor; any other exception is a
+bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+USER_INPUT_ERROR_EXIT_CODE = 2
+
+
+class UserInputError(Exception):
+    """Bad user input: each of ``problems`` is one line naming the config key, file or row at fault."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__(*problems)
+        self.problems: list[str] = [p for problem in problems for p in str(problem).splitlines() if p.strip()] or [
+            "invalid input"
+        ]
+
+    def __str__(self) -> str:
+        return "; ".join(self.problems)
+
+
+def find_user_input_error(error: BaseException) -> UserInputError | None:
+    """The :class:`UserInputError` behind ``error``, looking through ``raise ... from`` chains and Ray's wrappers.
+
+    Ray re-raises an actor's exception as ``RayTaskError`` (the original is its ``cause``); an exception in an
+    actor's constructor reaches the driver only as text (``ActorDiedError``), whose last traceback line
+    (``ClassName: message``) is matched against the user-input error classes this process has imported (the
+    driver imports every component whose checks it runs, so their error classes are known).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        cause = getattr(current, "cause", None)  # ray.exceptions.RayTaskError
+        if isinstance(cause, UserInputError):
+            return cause
+        if isinstance(current, UserInputError):
+            return current
+        from_text = _user_input_error_from_text(getattr(current, "error_msg", None))  # ray.exceptions.RayActorError
+        if from_text is not None:
+            return from_text
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _user_input_error_from_text(text: object) -> UserInputError | None:
+    if not isinstance(text, str) or not text.strip():
+        return None
+    last = text.strip().splitlines()[-1]
+    name, sep, message = last.partition(": ")
+    if sep and name.rpartition(".")[2] in _user_input_error_class_names():
+        return UserInputError(message)
+    return None
+
+
+def _user_input_error_class_names() -> set[str]:
+    names, pending = set(), [UserInputError]
+    while pending:
+        cls = pending.pop()
+        names.add(cls.__name__)
+        pending.extend(cls.__subclasses__())
+    return names
+
+
+@contextlib.contextmanager
+def reporting_user_errors() -> Iterator[None]:
+    """Run an entry point's work: a user-input error becomes ``error: ...`` lines on stderr and exit code 2.
+
+    While the block runs, whatever else reaches stderr (library warnings, Ray's log lines, workers' streamed output,
+    subprocesses) goes to stdout instead, so that stderr carries only the verdict. A real bug (any other exception)
+    propagates with its traceback, printed to the real stderr once the block is left.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    real_stderr = os.dup(2)
+    os.dup2(1, 2)
+    try:
+        yield
+    except Exception as error:
+        found = find_user_input_error(error)
+        if found is None:
+            raise
+        _restore_stderr(real_stderr)
+        real_stderr = -1
+        for problem in found.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(USER_INPUT_ERROR_EXIT_CODE) from None
+    finally:
+        if real_stderr >= 0:
+            _restore_stderr(real_stderr)
+
+
+def _restore_stderr(saved_fd: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(saved_fd, 2)
+    os.close(saved_fd)
