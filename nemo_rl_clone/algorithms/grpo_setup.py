@@ -16,7 +16,7 @@ from nemo_rl_clone.algorithms.refit import init_refit_collective, prepare_refit
 from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, save_run_checkpoint, set_seeds
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
-from nemo_rl_clone.data.datasets import load_dataset_from_config
+from nemo_rl_clone.data.datasets import DataError, load_dataset_from_config
 from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
 from nemo_rl_clone.data.interfaces import TaskDataSpec
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
@@ -102,7 +102,7 @@ def _setup_data(
 ) -> tuple[StatefulPromptLoader, AllTaskProcessedDataset | None]:
     loaded = load_dataset_from_config(config.data, seed=config.grpo.seed)
     if loaded.train is None:
-        raise ValueError(f"data.dataset_name: {loaded.name!r} has no training split (it is an evaluation set)")
+        raise DataError(f"data.dataset_name: {loaded.name!r} has no training split (it is an evaluation set)")
     task_name = "reasoning_gym" if config.data.dataset_name == "reasoning_gym" else "math"
     spec = TaskDataSpec(
         task_name=task_name, prompt_file=config.data.prompt_file, system_prompt_file=config.data.system_prompt_file

@@ -87,6 +87,7 @@ def _math_files(tmp: Path) -> dict[str, str]:
     rows[25]["expected_answer"] = ""
     no_answer = [{"problem": "What is 1 + 1?", "solution": "2"}] * 4
     return {
+        "local_math": _write_jsonl(tmp / "local.jsonl", [{"problem": "What is 1 + 1?", "answer": "2"}] * 4),
         "deep_math": _write_jsonl(tmp / "math.jsonl", rows),
         "no_answer": _write_jsonl(tmp / "no_answer.jsonl", no_answer),
     }
@@ -171,6 +172,13 @@ CASES = [
         "row 25",
         _math_files,
         existing_log_dir=True,
+    ),
+    Case(
+        "grpo-evaluation-only-dataset",
+        "grpo_math",
+        ("data.dataset_name=local", "data.reasoning_gym=null", "++data.data_path={local_math}"),
+        "has no training split",
+        _math_files,
     ),
     Case(
         "eval-local-no-answer",
