@@ -126,8 +126,8 @@ def model_identity(model_name: str, tokenizer: Any) -> dict[str, Any]:
 
 def _describe(model: Mapping[str, Any]) -> str:
     return (
-        f"{model.get('name')} ({model.get('architecture')}, hidden {model.get('hidden_size')}, "
-        f"{model.get('num_hidden_layers')} layers, vocab {model.get('vocab_size')}, "
+        f"{model.get('name')} ({model.get('architecture')}, hidden_size {model.get('hidden_size')}, "
+        f"num_hidden_layers {model.get('num_hidden_layers')}, vocab_size {model.get('vocab_size')}, "
         f"tokenizer {model.get('tokenizer_vocab_size')} tokens)"
     )
 

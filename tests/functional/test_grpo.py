@@ -238,8 +238,10 @@ def test_sigkill_during_checkpoint_then_resume(tmp_path):
     prefix = f"checkpointing.checkpoint_dir {ckpt} holds a checkpoint of {TINY_LLAMA} ("
     (line,) = [line for line in refused.stderr.splitlines() if line.startswith(prefix)]
     assert (
-        "hidden 128, 2 layers" in line and f"policy.model_name is {other} (" in line and "hidden 64, 1 layers" in line
-    )
+        "hidden_size 128, num_hidden_layers 2" in line
+        and f"policy.model_name is {other} (" in line
+        and "hidden_size 64, num_hidden_layers 1" in line
+    ), line
     assert "Started a local Ray instance" not in refused.stdout + refused.stderr  # refused before Ray starts
 
     proc = run_grpo(tmp_path, "grpo.max_num_steps=3")

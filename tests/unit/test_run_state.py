@@ -55,8 +55,10 @@ def test_resume_refuses_a_checkpoint_of_another_model_in_one_line(tmp_path):
     message = str(refused.value.code)
     assert "\n" not in message
     assert message.startswith(f"checkpointing.checkpoint_dir {ckpt} holds a checkpoint of {TINY_LLAMA} (")
-    assert "hidden 128, 2 layers" in message and f"policy.model_name is {small_dir} (" in message
-    assert "hidden 64, 1 layers" in message and message.endswith("use another checkpoint_dir or delete it")
+    assert "hidden_size 128, num_hidden_layers 2" in message and f"policy.model_name is {small_dir} (" in message
+    assert "hidden_size 64, num_hidden_layers 1" in message and message.endswith(
+        "use another checkpoint_dir or delete it"
+    )
 
     # Another tokenizer (a different vocabulary) is another model too.
     with pytest.raises(SystemExit):
