@@ -13,6 +13,7 @@ import torch
 from nemo_rl_clone.algorithms.grpo_batches import (
     aggregate_train_metrics,
     build_train_batch,
+    combine_rollout_metrics,
     generation_seeds,
     print_samples,
     process_rewards,
@@ -45,9 +46,9 @@ def _run_steps(c: GRPOComponents) -> None:
     if cfg.grpo.val_at_start and state.step == 0 and cfg.grpo.val_period > 0:
         log_validation(c, step=0)
     batches = iter(c.dataloader)
-    while state.step < cfg.grpo.max_num_steps and c.dataloader.epoch < cfg.grpo.max_num_epochs:
+    while state.step < cfg.grpo.max_num_steps and c.dataloader.completed_epochs < cfg.grpo.max_num_epochs:
         timer.reset()
-        step = state.step + 1
+        step = state.begin_step()
         with timer.time("total_step_time"):
             # 1-3. prompts × generations, fresh weights in the engines, rollouts (repeated while dynamic sampling
             # still lacks groups with reward variance).
@@ -56,14 +57,13 @@ def _run_steps(c: GRPOComponents) -> None:
                 _refit(c, timer)
                 weights_stale = False
             phase(step, "generation")
-            rollouts, rewards = [], []
-            rollout_metrics: dict[str, float] = {}
+            rollouts, rewards, per_batch_metrics = [], [], []
             for gen_batch in range(cfg.grpo.dynamic_sampling_max_gen_batches if cfg.grpo.use_dynamic_sampling else 1):
                 prompts = next(batches).repeat_interleave(group_size)
                 prompts["seeds"] = generation_seeds(cfg.grpo.seed, step, gen_batch, prompts.size)
                 with timer.time("generation"):
                     c.generation.prepare_for_generation()
-                    batch, rollout_metrics = run_multi_turn_rollout(
+                    batch, batch_metrics = run_multi_turn_rollout(
                         c.generation,
                         prompts,
                         c.tokenizer,
@@ -76,13 +76,21 @@ def _run_steps(c: GRPOComponents) -> None:
                 batch_rewards = process_rewards(batch, cfg.grpo)
                 rollouts.append(batch)
                 rewards.append(batch_rewards)
+                per_batch_metrics.append(batch_metrics)
                 if not cfg.grpo.use_dynamic_sampling:
                     break
                 if int(groups_with_signal(torch.cat(rewards), group_size).sum()) >= cfg.grpo.num_prompts_per_step:
                     break
+            rollout_metrics = combine_rollout_metrics(per_batch_metrics, [b.size for b in rollouts])
             batch = BatchedDataDict.from_batches(rollouts) if len(rollouts) > 1 else rollouts[0]
             raw_rewards = torch.cat(rewards)
+            sampling_metrics: dict[str, float] = {}
             if cfg.grpo.use_dynamic_sampling:
+                surplus = int(groups_with_signal(raw_rewards, group_size).sum()) - cfg.grpo.num_prompts_per_step
+                sampling_metrics = {
+                    "dynamic_sampling_num_gen_batches": float(len(rollouts)),
+                    "dynamic_sampling_num_discarded_valid_samples": float(max(0, surplus) * group_size),
+                }
                 batch, raw_rewards = select_groups(batch, raw_rewards, group_size, cfg.grpo.num_prompts_per_step)
 
             # 5. advantages: leave-one-out baseline, normalised by the group std
@@ -121,8 +129,13 @@ def _run_steps(c: GRPOComponents) -> None:
             # 9. checkpoint
             deadline.mark_step()
             stop_for_deadline = deadline.reached()
-            is_last = step >= cfg.grpo.max_num_steps or stop_for_deadline
+            is_last = (
+                step >= cfg.grpo.max_num_steps
+                or c.dataloader.completed_epochs >= cfg.grpo.max_num_epochs
+                or stop_for_deadline
+            )
             metrics = aggregate_train_metrics(train_results, train_data, raw_rewards, advantages, rollout_metrics)
+            metrics.update(sampling_metrics)
             state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
             if should_save(step, cfg.checkpointing, is_last):
                 phase(step, "checkpoint")

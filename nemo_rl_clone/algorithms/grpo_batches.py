@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.utils import groups_with_signal, overlong_penalty, reduce_train_results, scale_rewards
+from nemo_rl_clone.algorithms.utils import (
+    combine_batches,
+    groups_with_signal,
+    overlong_penalty,
+    reduce_train_results,
+    scale_rewards,
+)
 from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.progress import console
@@ -23,6 +30,9 @@ _SUMMED_LOSS_METRICS = (
     "gen_kl_error",
     "approx_entropy",
 )
+
+# Rollout metrics that are totals over a batch; the others are per-sample means.
+_ROLLOUT_COUNT_METRICS = ("total_generated_tokens",)
 
 
 def generation_seeds(seed: int, step: int, gen_batch: int, size: int) -> list[int]:
@@ -59,6 +69,13 @@ def select_groups(
     order = signal.nonzero().flatten().tolist() + (~signal).nonzero().flatten().tolist()
     rows = [g * group_size + i for g in order[:num_groups] for i in range(group_size)]
     return batch.select_indices(rows), rewards[rows]
+
+
+def combine_rollout_metrics(per_batch: Sequence[Mapping[str, float]], sizes: Sequence[int]) -> dict[str, float]:
+    """One step's rollout metrics over all its generation batches (dynamic sampling may draw several): per-sample
+    means weighted by batch size, totals summed."""
+    means = [name for name in per_batch[0] if name not in _ROLLOUT_COUNT_METRICS]
+    return combine_batches(per_batch, means, _ROLLOUT_COUNT_METRICS, weights=[float(size) for size in sizes])
 
 
 def build_train_batch(

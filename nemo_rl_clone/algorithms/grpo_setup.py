@@ -13,7 +13,14 @@ import torch
 from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn
 from nemo_rl_clone.algorithms.refit import init_refit_collective, prepare_refit
-from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, save_run_checkpoint, set_seeds
+from nemo_rl_clone.algorithms.run_state import (
+    RunState,
+    check_checkpoint_model,
+    model_identity,
+    restore_run_state,
+    save_run_checkpoint,
+    set_seeds,
+)
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.data.datasets import DataError, load_dataset_from_config
@@ -72,11 +79,13 @@ def setup(config: GRPOMasterConfig) -> GRPOComponents:
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
     dataloader, val_dataset = _setup_data(config, tokenizer)
+    checkpointer = CheckpointManager(config.checkpointing)
+    model = model_identity(config.policy.model_name, tokenizer)
+    check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
     init_ray(log_dir=str(log_dir))
     task_to_env = {name: create_env(name, env_cfg) for name, env_cfg in vars(config.env).items() if env_cfg is not None}
 
-    checkpointer = CheckpointManager(config.checkpointing)
-    state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader)
+    state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)
 
     policy, generation, clusters, colocated = _setup_workers(config, tokenizer, weights_path, optimizer_path)
     return GRPOComponents(

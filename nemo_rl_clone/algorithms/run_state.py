@@ -3,12 +3,14 @@
 A checkpoint ``step_N`` written by `save_run_checkpoint` holds (besides CheckpointManager's ``training_info.json``
 and ``config.yaml``) ``policy/{weights,optimizer,tokenizer}`` (optionally ``policy/hf``) and
 ``train_dataloader.pt``: the prompt loader's position and the python / numpy / torch RNG states, so that a resumed
-run draws the same batches and random numbers as an uninterrupted one.
+run draws the same batches and random numbers as an uninterrupted one. ``training_info.json`` also records the
+model's identity (`model_identity`), so that a run refuses a checkpoint of another model before loading anything.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Mapping
@@ -18,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from transformers import AutoConfig
 
+from nemo_rl_clone.models.huggingface import resolve_model_path
 from nemo_rl_clone.utils.progress import console
 
 if TYPE_CHECKING:
@@ -32,6 +36,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DATALOADER_FILE = "train_dataloader.pt"
+# Test-only: the save of this step stops before its rename, says so on stdout and waits to be killed (a handshake for
+# tests that kill a run in the middle of a save).
+HOLD_SAVE_ENV = "NRL_TEST_HOLD_SAVE_AT_STEP"
+# What must match for checkpoint weights to fit a model; the name may differ (an alias, a moved folder).
+_IDENTITY_KEYS = ("architecture", "hidden_size", "num_hidden_layers", "vocab_size", "tokenizer_vocab_size")
 
 
 @dataclass
@@ -39,13 +48,21 @@ class RunState:
     """Counters and the last metrics of a run; ``training_info()`` is what ``training_info.json`` stores.
 
     ``val_metrics`` / ``train_metrics`` appear there as ``{"val": {...}, "train": {...}}``, so
-    ``checkpointing.metric_name: "val:loss"`` ranks checkpoints by ``val_metrics["loss"]``.
+    ``checkpointing.metric_name: "val:loss"`` ranks checkpoints by ``val_metrics["loss"]``. ``model`` is the run's
+    `model_identity` (set by `restore_run_state`).
     """
 
     step: int = 0
     total_valid_samples: int = 0
     val_metrics: dict[str, float] = field(default_factory=dict)
     train_metrics: dict[str, float] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+
+    def begin_step(self) -> int:
+        """Start the next step and return its number. Forgets the last validation's metrics: a checkpoint saved on a
+        step without validation must not rank (keep_top_k) by the accuracy of older weights."""
+        self.val_metrics = {}
+        return self.step + 1
 
     def training_info(self) -> dict[str, Any]:
         return {
@@ -53,6 +70,7 @@ class RunState:
             "total_valid_samples": self.total_valid_samples,
             "val": dict(self.val_metrics),
             "train": dict(self.train_metrics),
+            "model": dict(self.model),
         }
 
     @classmethod
@@ -91,17 +109,58 @@ def set_seeds(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def model_identity(model_name: str, tokenizer: Any) -> dict[str, Any]:
+    """The name, architecture, sizes and tokenizer vocabulary of ``model_name``: what decides whether a checkpoint's
+    weights belong to it. Reads the model's ``config.json`` only."""
+    config = AutoConfig.from_pretrained(resolve_model_path(model_name))
+    architectures = getattr(config, "architectures", None) or [config.model_type]
+    return {
+        "name": model_name,
+        "architecture": architectures[0],
+        "hidden_size": getattr(config, "hidden_size", None),
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+        "vocab_size": getattr(config, "vocab_size", None),
+        "tokenizer_vocab_size": len(tokenizer),
+    }
+
+
+def _describe(model: Mapping[str, Any]) -> str:
+    return (
+        f"{model.get('name')} ({model.get('architecture')}, hidden_size {model.get('hidden_size')}, "
+        f"num_hidden_layers {model.get('num_hidden_layers')}, vocab_size {model.get('vocab_size')}, "
+        f"tokenizer {model.get('tokenizer_vocab_size')} tokens)"
+    )
+
+
+def check_checkpoint_model(checkpointer: CheckpointManager, model: Mapping[str, Any]) -> None:
+    """Exit with one line when the checkpoint a run would resume from holds another model than ``model``.
+
+    Called before Ray starts and before any weights load. Checkpoints written before the identity was recorded
+    pass unchecked.
+    """
+    latest = checkpointer.get_latest_checkpoint_path() if checkpointer.cfg.enabled else None
+    saved = checkpointer.load_training_info(latest).get("model") if latest is not None else None
+    if not saved or all(saved.get(key) == model.get(key) for key in _IDENTITY_KEYS):
+        return
+    raise SystemExit(
+        f"checkpointing.checkpoint_dir {checkpointer.checkpoint_dir} holds a checkpoint of {_describe(saved)}, "
+        f"but policy.model_name is {_describe(model)}: use another checkpoint_dir or delete it"
+    )
+
+
 def restore_run_state(
-    checkpointer: CheckpointManager, dataloader: StatefulPromptLoader
+    checkpointer: CheckpointManager, dataloader: StatefulPromptLoader, model: Mapping[str, Any]
 ) -> tuple[RunState, str | None, str | None]:
     """(state, policy weights path, optimizer path) of the latest checkpoint; a fresh state and Nones without one.
 
-    Restores the dataloader position and the RNG states in place. Checkpointing disabled means: never resume.
+    Restores the dataloader position and the RNG states in place; the state records ``model`` (`model_identity`,
+    already checked against the checkpoint by `check_checkpoint_model`). Checkpointing disabled means: never resume.
     """
     latest = checkpointer.get_latest_checkpoint_path() if checkpointer.cfg.enabled else None
     if latest is None:
-        return RunState(), None, None
+        return RunState(model=dict(model)), None, None
     state = RunState.from_training_info(checkpointer.load_training_info(latest))
+    state.model = dict(model)
     extra = torch.load(latest / DATALOADER_FILE, weights_only=False)
     dataloader.load_state_dict(extra["dataloader"])
     random.setstate(extra["rng"]["python"])
@@ -134,6 +193,9 @@ def save_run_checkpoint(
         save_hf_path=str(tmp / "policy" / "hf") if save_consolidated else None,
         save_hf_format=model_save_format,
     )
+    if os.environ.get(HOLD_SAVE_ENV) == str(state.step):
+        print(f"holding {tmp} before its rename ({HOLD_SAVE_ENV})", flush=True)
+        time.sleep(600)  # bounded: a forgotten run ends on its own
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save({"dataloader": dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)
     return checkpointer.finalize_checkpoint(tmp)

@@ -7,14 +7,13 @@ batch rows one example fills, a `prepare_batch` hook (DPO adds the reference pol
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from nemo_rl_clone.algorithms.run_state import format_metrics, run_validation, save_run_checkpoint
 from nemo_rl_clone.algorithms.supervised_config import SupervisedAlgorithm
 from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun
-from nemo_rl_clone.algorithms.utils import reduce_train_results
-from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
 from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
@@ -24,36 +23,9 @@ from nemo_rl_clone.utils.timer import Timer
 SHOWN_METRICS = ("loss", "val_loss", "accuracy", "reward_margin", "grad_norm")
 
 
-def completed_epochs(loader: StatefulPromptLoader) -> int:
-    """Epochs fully consumed: the loader only moves to the next epoch when its next batch is drawn."""
-    return loader.epoch + (1 if loader.batch_in_epoch >= loader.batches_per_epoch else 0)
-
-
 def step_metrics(algorithm: SupervisedAlgorithm, train_results: Mapping[str, Any]) -> dict[str, float]:
     """One ``policy.train`` call's metrics: shares summed over microbatches, counts summed, grad norm, lr."""
     return reduce_train_results(train_results, algorithm.share_metrics, algorithm.count_metrics)
-
-
-def combine_batches(
-    per_batch: Sequence[Mapping[str, float]], share_metrics: Sequence[str], count_metrics: Sequence[str]
-) -> dict[str, float]:
-    """Validation batches combined: share metrics averaged weighted by ``num_valid_samples``, counts summed.
-
-    Batches without valid samples carry no weight (if none has any, share metrics are a plain mean).
-    """
-    weights = [float(m.get("num_valid_samples", 1.0)) for m in per_batch]
-    total = sum(weights)
-    if total <= 0:
-        weights, total = [1.0] * len(per_batch), float(len(per_batch))
-    combined = {
-        name: sum(w * m[name] for w, m in zip(weights, per_batch, strict=True)) / total
-        for name in share_metrics
-        if all(name in m for m in per_batch)
-    }
-    combined.update(
-        {name: float(sum(m[name] for m in per_batch)) for name in count_metrics if all(name in m for m in per_batch)}
-    )
-    return combined
 
 
 def validate(run: SupervisedRun) -> dict[str, float]:
@@ -100,7 +72,7 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
     if loop.val_at_start and state.step == 0:
         log_validation(run, step=0)
     batches = iter(run.dataloader)
-    while state.step < loop.max_num_steps and completed_epochs(run.dataloader) < loop.max_num_epochs:
+    while state.step < loop.max_num_steps and run.dataloader.completed_epochs < loop.max_num_epochs:
         timer.reset()
         step = state.step + 1
         state.val_metrics = {}  # a checkpoint carries the validation metrics of its own step only (keep_top_k)
@@ -123,7 +95,7 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
             stop_for_deadline = deadline.reached()
             is_last = (
                 step >= loop.max_num_steps
-                or completed_epochs(run.dataloader) >= loop.max_num_epochs
+                or run.dataloader.completed_epochs >= loop.max_num_epochs
                 or stop_for_deadline
             )
             if should_save(step, checkpointing, is_last):

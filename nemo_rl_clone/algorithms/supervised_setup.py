@@ -13,7 +13,13 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, set_seeds
+from nemo_rl_clone.algorithms.run_state import (
+    RunState,
+    check_checkpoint_model,
+    model_identity,
+    restore_run_state,
+    set_seeds,
+)
 from nemo_rl_clone.algorithms.supervised_config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
 from nemo_rl_clone.data.dataloader import IndexedDataset, StatefulPromptLoader
 from nemo_rl_clone.data.datasets import DataError
@@ -77,9 +83,11 @@ def build_supervised_run(
     run_logger.log_hyperparams(resolved)
     dataloader = StatefulPromptLoader(train_dataset, gbs, collate_fn, shuffle=config.data.shuffle, seed=loop.seed)
 
-    init_ray(log_dir=str(log_dir))
     checkpointer = CheckpointManager(config.checkpointing)
-    state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader)
+    model = model_identity(config.policy.model_name, tokenizer)
+    check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
+    init_ray(log_dir=str(log_dir))
+    state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)
     use_gpus = torch.cuda.is_available()
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
     cluster = RayVirtualCluster(

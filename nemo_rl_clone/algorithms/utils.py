@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -76,6 +76,33 @@ def reduce_train_results(
     if "lr" in mb:
         metrics["lr"] = float(mb["lr"][-1])
     return metrics
+
+
+def combine_batches(
+    per_batch: Sequence[Mapping[str, float]],
+    share_metrics: Iterable[str],
+    count_metrics: Iterable[str],
+    weights: Sequence[float] | None = None,
+) -> dict[str, float]:
+    """Metrics of several batches combined: share metrics averaged weighted by ``weights`` (default: each batch's
+    ``num_valid_samples``), counts summed. Metrics some batch lacks are left out.
+
+    Batches of weight 0 do not count (if all weigh 0, share metrics are a plain mean).
+    """
+    if weights is None:
+        weights = [float(m.get("num_valid_samples", 1.0)) for m in per_batch]
+    total = float(sum(weights))
+    if total <= 0:
+        weights, total = [1.0] * len(per_batch), float(len(per_batch))
+    combined = {
+        name: sum(w * m[name] for w, m in zip(weights, per_batch, strict=True)) / total
+        for name in share_metrics
+        if all(name in m for m in per_batch)
+    }
+    combined.update(
+        {name: float(sum(m[name] for m in per_batch)) for name in count_metrics if all(name in m for m in per_batch)}
+    )
+    return combined
 
 
 # ---------------------------------------------------------------------------------------------------------------

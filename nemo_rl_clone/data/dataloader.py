@@ -24,7 +24,7 @@ class StatefulPromptLoader:
     Epoch ``e`` visits the dataset in the order of a permutation seeded by ``seed + e`` (or in order without
     ``shuffle``); an incomplete last batch is dropped so every step sees the same number of prompts. The loader
     is an endless iterator over epochs; the caller stops it (``max_num_epochs`` is the caller's business through
-    `epoch`). `state_dict` / `load_state_dict` make a resumed run continue with exactly the next batch.
+    `completed_epochs`). `state_dict` / `load_state_dict` make a resumed run continue with exactly the next batch.
     """
 
     def __init__(
@@ -50,6 +50,12 @@ class StatefulPromptLoader:
     @property
     def batches_per_epoch(self) -> int:
         return len(self.dataset) // self.batch_size
+
+    @property
+    def completed_epochs(self) -> int:
+        """Epochs fully consumed. ``epoch`` only moves on when the next batch is drawn, so it lags by one after
+        an epoch's last batch: a loop stopping on ``epoch`` would run one step into the next epoch."""
+        return self.epoch + (1 if self.batch_in_epoch >= self.batches_per_epoch else 0)
 
     def __len__(self) -> int:
         return self.batches_per_epoch

@@ -3,21 +3,27 @@ in the real formats."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_entry_point(
-    algorithm: str, workdir: Path, *overrides: str, timeout: int = 600, config: str | None = None
-) -> subprocess.CompletedProcess:
-    """``examples/run_{algorithm}.py --config configs/{config or algorithm_smoke.yaml}`` with logs and checkpoints
-    in ``workdir``; asserts exit code 0."""
-    args = [
+def entry_point_args(algorithm: str, workdir: Path, *overrides: str, config: str | None = None) -> list[str]:
+    """The command line of ``examples/run_{algorithm}.py --config configs/{config or algorithm_smoke.yaml}`` with logs
+    and checkpoints in ``workdir``."""
+    return [
         sys.executable,
         str(REPO / "examples" / f"run_{algorithm}.py"),
         "--config",
@@ -26,9 +32,73 @@ def run_entry_point(
         f"checkpointing.checkpoint_dir={workdir / 'ckpt'}",
         *overrides,
     ]
+
+
+def run_entry_point(
+    algorithm: str, workdir: Path, *overrides: str, timeout: int = 600, config: str | None = None
+) -> subprocess.CompletedProcess:
+    """Run `entry_point_args` to the end; asserts exit code 0."""
+    args = entry_point_args(algorithm, workdir, *overrides, config=config)
     proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=workdir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
+
+
+class LiveRun:
+    """A run started in its own process group, its stdout (and stderr) read line by line as it comes, so a test can
+    act on a line the run printed (a handshake) and then kill the run with everything it started."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            args,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for_line(self, starts_with: str, timeout_s: float) -> str:
+        """The first line starting with ``starts_with``; fails if the run ends or ``timeout_s`` passes first."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(
+                    f"no line {starts_with!r} within {timeout_s} s:\n{''.join(self.lines[-40:])}"
+                ) from None
+            if line is None:
+                raise AssertionError(f"the run ended before printing {starts_with!r}:\n{''.join(self.lines[-40:])}")
+            self.lines.append(line)
+            if line.startswith(starts_with):
+                return line
+
+    def kill(self) -> None:
+        """SIGKILL the run's process group and every process it started (Ray's raylet, workers, engines: some leave
+        the group), and wait until all of them are gone."""
+        try:
+            doomed = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            doomed = []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for process in doomed:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        self.proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(doomed, timeout=60)
+        assert not alive, f"processes of the killed run still alive: {alive}"
 
 
 def read_metrics(log_dir: Path) -> dict[int, dict[str, float]]:
@@ -43,6 +113,27 @@ def read_metrics(log_dir: Path) -> dict[int, dict[str, float]]:
 def run_dirs(workdir: Path) -> list[Path]:
     """The ``exp_N`` log directories of ``workdir``, in run order."""
     return sorted((workdir / "logs").iterdir(), key=lambda p: int(p.name.split("_")[1]))
+
+
+def small_llama(path: Path) -> Path:
+    """A model folder (config and tokenizer, no weights) of a smaller Llama than tiny-random-llama: hidden 64 instead
+    of 128, 1 layer instead of 2, the same tokenizer. Enough for anything that reads a model's identity."""
+    from transformers import LlamaConfig
+
+    from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
+
+    tokenizer = load_tokenizer(TINY_LLAMA)
+    LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:

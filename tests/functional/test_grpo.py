@@ -7,22 +7,36 @@ checkpoints are exercised exactly as a user runs them.
 from __future__ import annotations
 
 import json
-import os
-import signal
+import math
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.functional.supervised_runs import REPO, read_metrics, run_entry_point
-
-SCRIPT = REPO / "examples" / "run_grpo_math.py"
+from nemo_rl_clone.algorithms.run_state import HOLD_SAVE_ENV
+from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
+from nemo_rl_clone.models.huggingface import TINY_LLAMA
+from tests.functional.supervised_runs import (
+    LiveRun,
+    entry_point_args,
+    read_metrics,
+    run_dirs,
+    run_entry_point,
+    small_llama,
+)
 
 
 def run_grpo(tmp_path: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return run_entry_point("grpo_math", tmp_path, *overrides, timeout=timeout, config="grpo_smoke.yaml")
+
+
+def grpo_args(tmp_path: Path, *overrides: str) -> list[str]:
+    return entry_point_args("grpo_math", tmp_path, *overrides, config="grpo_smoke.yaml")
+
+
+def start_grpo(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> LiveRun:
+    return LiveRun(grpo_args(tmp_path, *overrides), tmp_path, env)
 
 
 def check_smoke_metrics(metrics: dict[int, dict[str, float]], steps: int) -> None:
@@ -76,53 +90,167 @@ def test_smoke_run(tmp_path, colocated):
 LEARNING_MODEL = ("policy.model_name=SmolLM2-135M-Instruct", "policy.generation.max_new_tokens=24")
 
 
-def test_resume_matches_an_uninterrupted_run(tmp_path):
-    """4 steps straight vs 2 steps + restart + 2 steps: same per-step rewards and losses (fixed seeds)."""
+def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
+    """NeMo-RL's default loss path: the PPO ratio against logprobs of the pre-update policy, a reference-model KL term.
+
+    The same run checks that ``max_num_epochs`` stops after the epoch's last batch (6 prompts, 2 per step: 3 steps)
+    and that a checkpoint saved on a step without validation does not rank by an older validation (keep_top_k).
+    """
+    run_grpo(
+        tmp_path,
+        *LEARNING_MODEL,
+        "loss_fn.force_on_policy_ratio=false",
+        "loss_fn.reference_policy_kl_penalty=0.05",
+        "data.reasoning_gym.train_size=6",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.max_num_epochs=1",
+        "grpo.max_num_steps=10",
+        "grpo.val_period=2",
+        "checkpointing.metric_name=val:accuracy",
+        "checkpointing.keep_top_k=1",
+    )
+    (run_dir,) = run_dirs(tmp_path)
+    metrics = read_metrics(run_dir)
+    assert sorted(s for s in metrics if "train/loss" in metrics[s]) == [1, 2, 3]  # one epoch, not one step more
+    check_smoke_metrics(metrics, steps=2)
+    for step in (1, 2, 3):
+        m = metrics[step]
+        # One optimizer step per rollout batch: every microbatch sees the weights prev_logprobs came from, so the
+        # ratio is 1 up to fp32 noise (1e-4 here; a misaligned prev_logprobs is off by far more).
+        assert m["train/probs_ratio"] == pytest.approx(1.0, abs=1e-4), (step, m["train/probs_ratio"])
+        assert 1.0 <= m["train/token_mult_prob_error"] <= 1.01, (step, m["train/token_mult_prob_error"])
+        assert math.isfinite(m["train/kl_penalty"]) and m["train/kl_penalty"] >= 0.0, (step, m["train/kl_penalty"])
+    # Step 1 trains the reference weights themselves: no KL yet. Once an update happened, the policy has moved.
+    assert metrics[1]["train/kl_penalty"] == pytest.approx(0.0, abs=1e-6)
+    first_update = next(s for s in (1, 2) if metrics[s]["train/grad_norm"] > 0)  # (fixed seeds: this run has one)
+    for step in range(first_update + 1, 4):
+        assert metrics[step]["train/kl_penalty"] > 1e-6, (step, metrics[step]["train/kl_penalty"])
+
+    # Validation ran on step 2 only; step 3's checkpoint carries no accuracy, so keep_top_k=1 keeps step 2 (the best
+    # validated one) besides the latest. Had step 3 inherited step 2's accuracy, it would have won the tie.
+    ckpt = tmp_path / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_2", "step_3"]
+    info = json.loads((ckpt / "step_3" / "training_info.json").read_text())
+    assert info["val"] == {} and info["step"] == 3
+    assert info["model"]["name"] == "SmolLM2-135M-Instruct" and info["model"]["num_hidden_layers"] == 30
+    assert "accuracy" in json.loads((ckpt / "step_2" / "training_info.json").read_text())["val"]
+
+
+def test_dynamic_sampling_trains_on_groups_with_reward_variance(tmp_path):
+    group_size, groups, max_batches = 4, 2, 10
+    run_grpo(
+        tmp_path,
+        *LEARNING_MODEL,
+        "grpo.use_dynamic_sampling=true",
+        f"grpo.dynamic_sampling_max_gen_batches={max_batches}",
+        f"grpo.num_prompts_per_step={groups}",
+        f"grpo.num_generations_per_prompt={group_size}",
+        "grpo.max_num_steps=1",
+        "grpo.val_period=0",
+    )
+    (run_dir,) = run_dirs(tmp_path)
+    metrics = read_metrics(run_dir)
+    batch_size = group_size * groups
+    m = metrics[1]
+    assert 1.0 <= m["train/token_mult_prob_error"] <= 1.01, m["train/token_mult_prob_error"]
+    assert m["train/grad_norm"] > 0  # groups with signal: non-zero advantages
+    gen_batches = m["train/dynamic_sampling_num_gen_batches"]
+    assert 1 <= gen_batches < max_batches, gen_batches  # enough groups with signal were found in time
+    # The rollout metrics cover every generation batch of the step: the token total over all of them, the mean
+    # length per sample of all of them.
+    total, mean = m["train/rollout/total_generated_tokens"], m["train/rollout/mean_generation_length"]
+    assert total / (gen_batches * batch_size) == pytest.approx(mean, rel=1e-6), (total, mean, gen_batches)
+    rows = [json.loads(line) for line in (run_dir / "train_data_step1.jsonl").read_text().splitlines()]
+    assert len(rows) == batch_size
+    for g in range(groups):  # every kept group has rewards that differ, hence a non-zero advantage somewhere
+        rewards = [row["reward"] for row in rows[g * group_size : (g + 1) * group_size]]
+        assert len(set(rewards)) > 1, (g, rewards)
+        assert len({row["idx"] for row in rows[g * group_size : (g + 1) * group_size]}) == 1  # one prompt
+    assert m["train/dynamic_sampling_num_discarded_valid_samples"] % group_size == 0
+    # The combination above is only tested if the step needed more than one generation batch (fixed seeds: it does).
+    assert gen_batches > 1
+
+
+def final_weights(workdir: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_dcp_model_state_dict(workdir / "ckpt" / f"step_{step}" / "policy" / "weights")
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    """10 steps straight vs 5 steps, SIGKILL of the driver, restart, 5 more: same rewards, losses, final weights."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir(), resumed.mkdir()
-    run_grpo(straight, "grpo.max_num_steps=4", *LEARNING_MODEL)
-    run_grpo(resumed, "grpo.max_num_steps=2", *LEARNING_MODEL)
-    run_grpo(resumed, "grpo.max_num_steps=4", *LEARNING_MODEL)
-    expected = read_metrics(next((straight / "logs").iterdir()))
-    first, second = (read_metrics(d) for d in sorted((resumed / "logs").iterdir()))
-    assert sorted(second) == [3, 4]  # the restart continued at step 3
-    got = {**first, **second}
+    common = (
+        *LEARNING_MODEL,
+        "grpo.num_prompts_per_step=1",
+        "grpo.num_generations_per_prompt=4",
+        "policy.train_global_batch_size=4",
+        "policy.logprob_batch_size=4",
+        "grpo.max_num_steps=10",
+        "grpo.val_period=10",
+        "checkpointing.save_period=5",
+    )
+    run_grpo(straight, *common)
+
+    killed = start_grpo(resumed, *common)
+    try:
+        killed.wait_for_line("step 5: saved checkpoint", timeout_s=540)  # printed once step_5 is complete
+    finally:
+        killed.kill()
+    assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == ["step_5"]
+    proc = run_grpo(resumed, *common)
+    assert "Resuming from checkpoint" in proc.stdout and "step_5 (step 5)" in proc.stdout
+
+    expected = read_metrics(run_dirs(straight)[0])
+    first, second = (read_metrics(d) for d in run_dirs(resumed))
+    assert sorted(s for s in second if "train/loss" in second[s]) == [6, 7, 8, 9, 10]  # continued at step 6
+    got = {**{s: m for s, m in first.items() if "train/loss" in m}, **second}
+    assert set(range(1, 5)) <= set(got)  # step 5 may have been killed before its metrics were logged
     # The comparison means something only if the policy really learned from non-zero advantages.
-    assert any(expected[s]["train/grad_norm"] > 0 for s in range(1, 5)), expected
-    for step in range(1, 5):
+    assert any(expected[s]["train/grad_norm"] > 0 for s in range(1, 11)), expected
+    for step in sorted(got):
         # Identical samples (seeded per step and row) and restored weights/optimizer: rewards match exactly,
         # losses to fp32 summation noise.
         assert got[step]["train/reward"] == expected[step]["train/reward"], step
         assert got[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], abs=1e-6), step
         assert got[step]["train/grad_norm"] == pytest.approx(expected[step]["train/grad_norm"], rel=1e-4), step
+    assert expected[10]["validation/accuracy"] == second[10]["validation/accuracy"]
+    weights, reference = final_weights(resumed, 10), final_weights(straight, 10)
+    assert weights.keys() == reference.keys()
+    initial = final_weights(straight, 5)
+    # Steps 6-10 changed the weights (by their gradients or Adam's momentum), so equal weights need the optimizer
+    # state restored too.
+    assert any(not torch.equal(reference[k], initial[k]) for k in reference)
+    for name, tensor in weights.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
 
 
 def test_sigkill_during_checkpoint_then_resume(tmp_path):
-    """A run killed while writing step 2's checkpoint restarts from step 1, the last complete one."""
+    """A run killed while writing step 2's checkpoint restarts from step 1, the last complete one; a run of another
+    model refuses that checkpoint before Ray starts."""
     ckpt = tmp_path / "ckpt"
-    args = [
-        sys.executable,
-        str(SCRIPT),
-        "--config",
-        str(REPO / "configs" / "grpo_smoke.yaml"),
-        f"logger.log_dir={tmp_path / 'logs'}",
-        f"checkpointing.checkpoint_dir={ckpt}",
-        "grpo.max_num_steps=3",
-    ]
-    proc = subprocess.Popen(
-        args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    killed = start_grpo(tmp_path, "grpo.max_num_steps=3", env={HOLD_SAVE_ENV: "2"})
     try:
-        deadline = time.monotonic() + 480
-        while not (ckpt / "tmp_step_2").exists():
-            assert proc.poll() is None, "the run ended before writing step 2"
-            assert time.monotonic() < deadline, "no step 2 checkpoint started in time"
-            time.sleep(0.02)
+        killed.wait_for_line("holding", timeout_s=540)  # step 2's files are written, its rename is not done
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
-        proc.wait()
+        killed.kill()
+    assert (ckpt / "tmp_step_2").is_dir()  # the kill really hit a half-written save
     assert (ckpt / "step_1" / "training_info.json").is_file()
     assert not (ckpt / "step_2").exists()
+
+    other = small_llama(tmp_path / "small-llama")  # hidden 64 and 1 layer; tiny-random-llama has 128 and 2
+    args = grpo_args(tmp_path, "grpo.max_num_steps=3", f"policy.model_name={other}")
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
+    prefix = f"checkpointing.checkpoint_dir {ckpt} holds a checkpoint of {TINY_LLAMA} ("
+    (line,) = [line for line in refused.stderr.splitlines() if line.startswith(prefix)]
+    assert (
+        "hidden_size 128, num_hidden_layers 2" in line
+        and f"policy.model_name is {other} (" in line
+        and "hidden_size 64, num_hidden_layers 1" in line
+    ), line
+    assert "Started a local Ray instance" not in refused.stdout + refused.stderr  # refused before Ray starts
+
     proc = run_grpo(tmp_path, "grpo.max_num_steps=3")
     assert "Resuming from checkpoint" in proc.stdout and "step_1 (step 1)" in proc.stdout
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_1", "step_2", "step_3"]

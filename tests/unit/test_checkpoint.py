@@ -5,12 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import signal
-import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
@@ -27,6 +24,7 @@ from nemo_rl_clone.utils.checkpoint import (
     parse_deadline,
     should_save,
 )
+from tests.functional.supervised_runs import LiveRun
 
 
 def _manager(tmp_path: Path, **overrides) -> CheckpointManager:
@@ -331,22 +329,6 @@ _CRASHING_SAVER = textwrap.dedent(
 )
 
 
-def _wait_for_line(proc: subprocess.Popen, expected: str, timeout_s: float) -> None:
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    seen = []
-    while True:
-        try:
-            line = lines.get(timeout=timeout_s)
-        except queue.Empty:
-            raise AssertionError(
-                f"no {expected!r} from the saver within {timeout_s} s; stdout so far: {seen}"
-            ) from None
-        seen.append(line)
-        if line.strip() == expected:
-            return
-
-
 @pytest.mark.parametrize("crash_step", [2, 1], ids=["while_saving_next_step", "while_resaving_same_step"])
 def test_sigkill_mid_save_leaves_previous_checkpoint_intact(tmp_path, crash_step):
     ckpt_dir = tmp_path / "ckpt"
@@ -355,20 +337,14 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_intact(tmp_path, crash_step
     script = tmp_path / "saver.py"
     script.write_text(_CRASHING_SAVER)
 
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(ckpt_dir), str(tmp_path / "reference.pt"), str(crash_step)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    saver = LiveRun(
+        [sys.executable, str(script), str(ckpt_dir), str(tmp_path / "reference.pt"), str(crash_step)], tmp_path
     )
     try:
-        _wait_for_line(proc, "WRITING", timeout_s=120)
-        os.kill(proc.pid, signal.SIGKILL)
-        assert proc.wait(timeout=30) == -signal.SIGKILL
+        saver.wait_for_line("WRITING", timeout_s=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        saver.kill()
+    assert saver.proc.returncode == -signal.SIGKILL
     assert (ckpt_dir / f"tmp_step_{crash_step}").is_dir()  # the kill really hit a half-written save
 
     manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(ckpt_dir), keep_top_k=None))

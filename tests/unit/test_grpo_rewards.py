@@ -1,8 +1,9 @@
-"""GRPO reward processing against hand-computed references."""
+"""GRPO reward processing and rollout metrics against hand-computed references."""
 
 import pytest
 import torch
 
+from nemo_rl_clone.algorithms.grpo_batches import combine_rollout_metrics
 from nemo_rl_clone.algorithms.utils import (
     baseline_and_std_per_prompt,
     compute_advantages,
@@ -63,3 +64,17 @@ def test_overlong_penalty_ramp():
 def test_groups_with_signal():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
     assert groups_with_signal(rewards, 2).tolist() == [False, True, False]
+
+
+def test_rollout_metrics_of_several_generation_batches_weight_means_by_size_and_sum_totals():
+    # Dynamic sampling drew a batch of 8 samples, then one of 4: the step's metrics describe all 12.
+    first = {"mean_generation_length": 10.0, "truncation_rate": 0.5, "total_generated_tokens": 80.0}
+    second = {"mean_generation_length": 4.0, "truncation_rate": 0.0, "total_generated_tokens": 16.0}
+    combined = combine_rollout_metrics([first, second], sizes=[8, 4])
+    assert combined == {
+        "mean_generation_length": 8.0,
+        "truncation_rate": pytest.approx(1 / 3),
+        "total_generated_tokens": 96.0,
+    }
+    assert combined["total_generated_tokens"] / 12 == combined["mean_generation_length"]
+    assert combine_rollout_metrics([first], sizes=[8]) == first

@@ -13,9 +13,9 @@ from nemo_rl_clone.algorithms.rm import RMAlgorithm, RMMasterConfig
 from nemo_rl_clone.algorithms.run_state import RunState
 from nemo_rl_clone.algorithms.sft import SFTAlgorithm, SFTMasterConfig
 from nemo_rl_clone.algorithms.supervised_config import SupervisedLoopConfig
-from nemo_rl_clone.algorithms.supervised_loop import combine_batches, completed_epochs, step_metrics
+from nemo_rl_clone.algorithms.supervised_loop import step_metrics
 from nemo_rl_clone.algorithms.supervised_setup import run_supervised_cli, validation_batches
-from nemo_rl_clone.algorithms.utils import reduce_train_results
+from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig, CheckpointManager
@@ -111,7 +111,7 @@ def test_completed_epochs_counts_an_epoch_when_its_last_batch_is_drawn():
     seen = []
     for _ in range(4):
         next(batches)
-        seen.append(completed_epochs(loader))
+        seen.append(loader.completed_epochs)
     assert seen == [0, 0, 1, 1]  # 3 batches per epoch; the 4th batch starts epoch 2
 
 
