@@ -23,6 +23,7 @@ import torch
 from transformers import AutoConfig
 
 from nemo_rl_clone.models.huggingface import resolve_model_path
+from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.progress import console
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def _describe(model: Mapping[str, Any]) -> str:
 
 
 def check_checkpoint_model(checkpointer: CheckpointManager, model: Mapping[str, Any]) -> None:
-    """Exit with one line when the checkpoint a run would resume from holds another model than ``model``.
+    """Refuse (a one-line :class:`UserInputError`) a checkpoint to resume from that holds another model than ``model``.
 
     Called before Ray starts and before any weights load. Checkpoints written before the identity was recorded
     pass unchecked.
@@ -142,7 +143,7 @@ def check_checkpoint_model(checkpointer: CheckpointManager, model: Mapping[str, 
     saved = checkpointer.load_training_info(latest).get("model") if latest is not None else None
     if not saved or all(saved.get(key) == model.get(key) for key in _IDENTITY_KEYS):
         return
-    raise SystemExit(
+    raise UserInputError(
         f"checkpointing.checkpoint_dir {checkpointer.checkpoint_dir} holds a checkpoint of {_describe(saved)}, "
         f"but policy.model_name is {_describe(model)}: use another checkpoint_dir or delete it"
     )

@@ -241,8 +241,8 @@ def test_sigkill_during_checkpoint_then_resume(tmp_path):
     other = small_llama(tmp_path / "small-llama")  # hidden 64 and 1 layer; tiny-random-llama has 128 and 2
     args = grpo_args(tmp_path, "grpo.max_num_steps=3", f"policy.model_name={other}")
     refused = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
-    prefix = f"checkpointing.checkpoint_dir {ckpt} holds a checkpoint of {TINY_LLAMA} ("
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    prefix = f"error: checkpointing.checkpoint_dir {ckpt} holds a checkpoint of {TINY_LLAMA} ("
     (line,) = [line for line in refused.stderr.splitlines() if line.startswith(prefix)]
     assert (
         "hidden_size 128, num_hidden_layers 2" in line

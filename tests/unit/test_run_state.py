@@ -8,6 +8,7 @@ import pytest
 from nemo_rl_clone.algorithms.run_state import RunState, check_checkpoint_model, model_identity
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig, CheckpointManager
+from nemo_rl_clone.utils.errors import UserInputError
 from tests.functional.supervised_runs import small_llama
 
 
@@ -50,9 +51,9 @@ def test_resume_refuses_a_checkpoint_of_another_model_in_one_line(tmp_path):
     check_checkpoint_model(manager, tiny)  # the same model resumes
     check_checkpoint_model(manager, {**tiny, "name": "an/alias"})  # a different name of the same model too
 
-    with pytest.raises(SystemExit) as refused:
+    with pytest.raises(UserInputError) as refused:
         check_checkpoint_model(manager, small)
-    message = str(refused.value.code)
+    message = str(refused.value)
     assert "\n" not in message
     assert message.startswith(f"checkpointing.checkpoint_dir {ckpt} holds a checkpoint of {TINY_LLAMA} (")
     assert "hidden_size 128, num_hidden_layers 2" in message and f"policy.model_name is {small_dir} (" in message
@@ -61,7 +62,7 @@ def test_resume_refuses_a_checkpoint_of_another_model_in_one_line(tmp_path):
     )
 
     # Another tokenizer (a different vocabulary) is another model too.
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserInputError):
         check_checkpoint_model(manager, {**tiny, "tokenizer_vocab_size": tiny["tokenizer_vocab_size"] + 1})
 
 
