@@ -9,6 +9,7 @@ run draws the same batches and random numbers as an uninterrupted one.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from collections.abc import Mapping
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DATALOADER_FILE = "train_dataloader.pt"
+# Test hook: seconds a save waits, files written but not yet renamed into place, after printing a marker line.
+SAVE_PAUSE_ENV = "NRL_TEST_SAVE_PAUSE_S"
 
 
 @dataclass
@@ -134,4 +137,7 @@ def save_run_checkpoint(
     )
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save({"dataloader": dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)
+    if pause_s := float(os.environ.get(SAVE_PAUSE_ENV, 0)):  # tests: a save that is surely in progress
+        print(f"checkpoint save paused ({SAVE_PAUSE_ENV}) in {tmp}", flush=True)
+        time.sleep(pause_s)
     return checkpointer.finalize_checkpoint(tmp)

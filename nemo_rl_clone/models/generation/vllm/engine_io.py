@@ -82,7 +82,7 @@ def checkpoint_specs(model_path: str) -> list[TensorSpec] | None:
     specs = []
     for file in files:
         with safe_open(file, framework="pt") as handle:
-            for name in handle:
+            for name in handle.keys():  # noqa: SIM118 (safetensors 0.8 handles are not iterable)
                 piece = handle.get_slice(name)
                 specs.append(
                     TensorSpec(
