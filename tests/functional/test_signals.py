@@ -9,6 +9,7 @@ it runs. The tests synchronise with a run through its output lines (`step 2: gen
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -180,21 +181,25 @@ def test_grpo_sigkill_of_the_driver_leaves_nothing(tmp_path):
 
 
 def test_sft_sigterm_saves_the_last_step_and_resumes(tmp_path):
-    overrides = ("sft.max_num_steps=4", "checkpointing.save_period=10", "sft.val_period=0")
+    """SFT steps take about a second here, so the boundary where SIGTERM stops the run is read from its line."""
+    overrides = ("sft.max_num_steps=8", "checkpointing.save_period=10", "sft.val_period=0")
     run = Run("sft", tmp_path, *overrides, config="sft_smoke.yaml")
     run.wait_for("step 3: training")
     code, took = run.wait_exit(run.send(signal.SIGTERM), SIGTERM_BOUND_S)
     assert code == 143 and took < SIGTERM_BOUND_S, run.output[-3000:]
-    assert "saved step 2" in run.output, run.output[-3000:]
+    stopped = re.search(r"SIGTERM before step (\d+): \w+\): saved step (\d+);", run.output)
+    assert stopped, run.output[-3000:]
+    saved = int(stopped.group(2))
+    assert saved == int(stopped.group(1)) - 1 >= 2  # the last completed step
     run.assert_nothing_left()
-    assert checkpoints(tmp_path) == ["step_2"]
-    assert_checkpoint(tmp_path / "ckpt" / "step_2")
+    assert checkpoints(tmp_path) == [f"step_{saved}"]
+    assert_checkpoint(tmp_path / "ckpt" / f"step_{saved}")
 
     run = Run("sft", tmp_path, *overrides, config="sft_smoke.yaml")
     assert run.proc.wait(timeout=300) == 0, run.output[-3000:]
-    assert "step_2 (step 2)" in run.output
+    assert f"step_{saved} (step {saved})" in run.output
     run.assert_nothing_left()
-    assert checkpoints(tmp_path) == ["step_2", "step_4"]
+    assert checkpoints(tmp_path) == sorted([f"step_{saved}", "step_8"])
 
 
 if __name__ == "__main__":
