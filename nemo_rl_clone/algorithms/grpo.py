@@ -23,6 +23,7 @@ from nemo_rl_clone.algorithms.grpo_batches import (
 from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, save_checkpoint
 from nemo_rl_clone.algorithms.refit import refit_policy_generation
 from nemo_rl_clone.algorithms.run_state import run_validation
+from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.algorithms.utils import compute_advantages, groups_with_signal
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
@@ -34,7 +35,16 @@ from nemo_rl_clone.utils.timer import Timer
 
 def grpo_train(c: GRPOComponents) -> None:
     """Run GRPO steps until ``grpo.max_num_steps``, ``grpo.max_num_epochs`` or the save deadline."""
-    with StepProgress("GRPO", c.config.grpo.max_num_steps, start_step=c.state.step):
+    with (
+        StepProgress("GRPO", c.config.grpo.max_num_steps, start_step=c.state.step),
+        stop_on_signals(
+            c.checkpointer,
+            c.state,
+            c.dataloader,
+            lambda: save_checkpoint(c),
+            c.config.checkpointing.sigterm_grace_period_s,
+        ),
+    ):
         _run_steps(c)
 
 

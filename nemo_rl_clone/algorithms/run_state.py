@@ -37,9 +37,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DATALOADER_FILE = "train_dataloader.pt"
-# Test-only: the save of this step stops before its rename, says so on stdout and waits to be killed (a handshake for
-# tests that kill a run in the middle of a save).
-HOLD_SAVE_ENV = "NRL_TEST_HOLD_SAVE_AT_STEP"
+# Test hook: a save prints a marker line and waits, files written but not yet renamed into place, so that tests can
+# signal or kill a run in the middle of a save: "SECONDS" pauses every save, "SECONDS@STEP" only that step's.
+SAVE_PAUSE_ENV = "NRL_TEST_SAVE_PAUSE"
 # What must match for checkpoint weights to fit a model; the name may differ (an alias, a moved folder).
 _IDENTITY_KEYS = ("architecture", "hidden_size", "num_hidden_layers", "vocab_size", "tokenizer_vocab_size")
 
@@ -194,9 +194,10 @@ def save_run_checkpoint(
         save_hf_path=str(tmp / "policy" / "hf") if save_consolidated else None,
         save_hf_format=model_save_format,
     )
-    if os.environ.get(HOLD_SAVE_ENV) == str(state.step):
-        print(f"holding {tmp} before its rename ({HOLD_SAVE_ENV})", flush=True)
-        time.sleep(600)  # bounded: a forgotten run ends on its own
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save({"dataloader": dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)
+    seconds, _, at_step = os.environ.get(SAVE_PAUSE_ENV, "").partition("@")
+    if seconds and at_step in ("", str(state.step)):  # bounded: a forgotten run goes on by itself
+        print(f"checkpoint save paused ({SAVE_PAUSE_ENV}) in {tmp}", flush=True)
+        time.sleep(float(seconds))
     return checkpointer.finalize_checkpoint(tmp)

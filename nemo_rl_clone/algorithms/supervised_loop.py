@@ -8,9 +8,11 @@ batch rows one example fills, a `prepare_batch` hook (DPO adds the reference pol
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from nemo_rl_clone.algorithms.run_state import format_metrics, run_validation, save_run_checkpoint
+from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.algorithms.supervised_config import SupervisedAlgorithm
 from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun
 from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
@@ -58,8 +60,29 @@ def log_validation(run: SupervisedRun, step: int) -> dict[str, float]:
 def supervised_train(run: SupervisedRun) -> None:
     """Train until ``max_num_steps``, ``max_num_epochs`` or ``checkpointing.checkpoint_must_save_by``."""
     total_steps = min(run.loop.max_num_steps, run.loop.max_num_epochs * run.dataloader.batches_per_epoch)
-    with StepProgress(run.algorithm.section.upper(), total_steps, start_step=run.state.step):
+    with (
+        StepProgress(run.algorithm.section.upper(), total_steps, start_step=run.state.step),
+        stop_on_signals(
+            run.checkpointer,
+            run.state,
+            run.dataloader,
+            lambda: _save(run),
+            run.config.checkpointing.sigterm_grace_period_s,
+        ),
+    ):
         _run_steps(run, total_steps)
+
+
+def _save(run: SupervisedRun) -> Path:
+    return save_run_checkpoint(
+        run.checkpointer,
+        run.policy,
+        run.dataloader,
+        run.state,
+        config_to_dict(run.config),
+        save_consolidated=run.config.checkpointing.save_consolidated,
+        model_save_format=run.config.checkpointing.model_save_format,
+    )
 
 
 def _run_steps(run: SupervisedRun, total_steps: int) -> None:
@@ -101,15 +124,7 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
             if should_save(step, checkpointing, is_last):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
-                    path = save_run_checkpoint(
-                        run.checkpointer,
-                        policy,
-                        run.dataloader,
-                        state,
-                        config_to_dict(run.config),
-                        save_consolidated=checkpointing.save_consolidated,
-                        model_save_format=checkpointing.model_save_format,
-                    )
+                    path = _save(run)
                 console.print(f"[green]step {step}: saved checkpoint {path}")
 
         run.logger.log_metrics(metrics, step, prefix="train")

@@ -24,6 +24,7 @@ from ray._private import services
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from nemo_rl_clone.distributed.reaper import register_temp_path, start_reaper
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.platform import check_torch_build
 
@@ -117,6 +118,7 @@ def init_ray(log_dir: str | os.PathLike | None = None, num_cpus: int | None = No
     if ray.is_initialized():
         return
     check_torch_build()  # fail before any worker trains on the CPU torch build of a GPU machine
+    start_reaper()  # before Ray starts anything: whatever the run starts is killed when the driver is gone
     _disable_ray_uv_run_hook()
     address = _existing_cluster_address()
     if address is not None:
@@ -128,6 +130,9 @@ def init_ray(log_dir: str | os.PathLike | None = None, num_cpus: int | None = No
     temp_dir = _ray_temp_dir(log_dir)
     with _without_env("OMP_NUM_THREADS"):
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, _temp_dir=temp_dir)
+    node = ray._private.worker._global_node
+    if temp_dir is None and node is not None:  # Ray's session dir is in the system temp dir, not the run's log dir
+        register_temp_path(node.get_session_dir_path())
     logger.info("Started a local Ray cluster: %s", ray.cluster_resources())
 
 

@@ -67,6 +67,9 @@ class CheckpointingConfig:
     checkpoint_must_save_by: str | None = None
     model_save_format: str = "safetensors"
     save_consolidated: bool = False
+    # After SIGTERM (a scheduler's warning before SIGKILL) the run has this long to stop at the next phase boundary
+    # and save the last completed step; a save that would end later is not started or is abandoned.
+    sigterm_grace_period_s: float = 60.0
 
     def check(self) -> list[tuple[str, str]]:
         """Semantic problems as ``(key relative to this section, message)``; empty when valid."""
@@ -88,6 +91,8 @@ class CheckpointingConfig:
                 parse_deadline(self.checkpoint_must_save_by)
             except ValueError as e:
                 problems.append(("checkpoint_must_save_by", str(e)))
+        if not self.sigterm_grace_period_s > 0:
+            problems.append(("sigterm_grace_period_s", f"must be > 0 seconds, got {self.sigterm_grace_period_s}"))
         if self.model_save_format not in MODEL_SAVE_FORMATS:
             problems.append(
                 ("model_save_format", f"must be one of {list(MODEL_SAVE_FORMATS)}, got {self.model_save_format!r}")
@@ -404,22 +409,28 @@ class CheckpointManager:
     # -- crash recovery -------------------------------------------------------------------------------------------
 
     def _recover_debris(self) -> None:
-        if not self.checkpoint_dir.is_dir():
-            return
-        for child in sorted(self.checkpoint_dir.iterdir()):
-            if not child.is_dir():
-                continue
-            if child.name.startswith("tmp_"):
-                logger.warning("Removing incomplete checkpoint debris %s (left by an interrupted run)", child)
+        remove_save_debris(self.checkpoint_dir)
+
+
+def remove_save_debris(checkpoint_dir: Path) -> None:
+    """Remove what interrupted saves, replaces or prunes left in ``checkpoint_dir`` (``tmp_*``) and restore a
+    ``step_N`` whose re-save was cut between its two renames (``old_step_N``). Complete ``step_N`` stay."""
+    if not checkpoint_dir.is_dir():
+        return
+    for child in sorted(checkpoint_dir.iterdir()):
+        if not child.is_dir():
+            continue
+        if child.name.startswith("tmp_"):
+            logger.warning("Removing incomplete checkpoint debris %s (left by an interrupted run)", child)
+            shutil.rmtree(child)
+        elif (match := _OLD_STEP_RE.match(child.name)) is not None:
+            final_dir = checkpoint_dir / f"step_{match.group(1)}"
+            if (final_dir / TRAINING_INFO_FILE).is_file():
+                logger.warning("Removing %s: its replacement %s is complete", child, final_dir.name)
                 shutil.rmtree(child)
-            elif (match := _OLD_STEP_RE.match(child.name)) is not None:
-                final_dir = self.checkpoint_dir / f"step_{match.group(1)}"
-                if (final_dir / TRAINING_INFO_FILE).is_file():
-                    logger.warning("Removing %s: its replacement %s is complete", child, final_dir.name)
-                    shutil.rmtree(child)
-                else:
-                    logger.warning("Restoring %s from %s (a re-save was interrupted)", final_dir.name, child.name)
-                    if final_dir.exists():
-                        shutil.rmtree(final_dir)
-                    os.rename(child, final_dir)
-        _fsync_path(self.checkpoint_dir)
+            else:
+                logger.warning("Restoring %s from %s (a re-save was interrupted)", final_dir.name, child.name)
+                if final_dir.exists():
+                    shutil.rmtree(final_dir)
+                os.rename(child, final_dir)
+    _fsync_path(checkpoint_dir)

@@ -17,6 +17,8 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from nemo_rl_clone.utils import signals
+
 console = Console()
 _active: list[StepProgress] = []
 
@@ -58,7 +60,9 @@ class StepProgress:
 
 
 def phase(step: int, name: str) -> None:
-    """Log that ``step`` entered phase ``name`` and show it on the active bar."""
+    """Log that ``step`` entered phase ``name`` and show it on the active bar; a pending SIGTERM stops the run here
+    (`signals.at_phase` raises `signals.StopRequested`)."""
+    signals.at_phase(step, name)
     console.log(f"step {step}: {name}", _stack_offset=2)  # name the caller, not this module
     if _active:
         _active[-1].set_phase(step, name)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.run_state import HOLD_SAVE_ENV
+from nemo_rl_clone.algorithms.run_state import SAVE_PAUSE_ENV
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA
 from tests.functional.supervised_runs import (
@@ -229,9 +229,11 @@ def test_sigkill_during_checkpoint_then_resume(tmp_path):
     """A run killed while writing step 2's checkpoint restarts from step 1, the last complete one; a run of another
     model refuses that checkpoint before Ray starts."""
     ckpt = tmp_path / "ckpt"
-    killed = start_grpo(tmp_path, "grpo.max_num_steps=3", env={HOLD_SAVE_ENV: "2"})
+    killed = start_grpo(tmp_path, "grpo.max_num_steps=3", env={SAVE_PAUSE_ENV: "600@2"})
     try:
-        killed.wait_for_line("holding", timeout_s=540)  # step 2's files are written, its rename is not done
+        killed.wait_for_line(
+            "checkpoint save paused", timeout_s=540
+        )  # step 2's files are written, its rename is not done
     finally:
         killed.kill()
     assert (ckpt / "tmp_step_2").is_dir()  # the kill really hit a half-written save

@@ -242,6 +242,7 @@ def test_config_check_reports_each_bad_key():
         save_period=0,
         checkpoint_must_save_by="3h",
         model_save_format="pickle",
+        sigterm_grace_period_s=0,
     )
     problems = dict(bad.check())
     assert set(problems) == {
@@ -251,6 +252,7 @@ def test_config_check_reports_each_bad_key():
         "save_period",
         "checkpoint_must_save_by",
         "model_save_format",
+        "sigterm_grace_period_s",
     }
     assert "'<prefix>:<name>'" in problems["metric_name"]
     assert "DD:HH:MM:SS" in problems["checkpoint_must_save_by"]

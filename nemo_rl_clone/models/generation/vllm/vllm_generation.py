@@ -34,6 +34,7 @@ from nemo_rl_clone.distributed.ray_actor_environment import (
     get_actor_environment,
     register_actor_environment,
 )
+from nemo_rl_clone.distributed.reaper import register_temp_path
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, PackedTensors, pack_tensors
 from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
@@ -94,6 +95,7 @@ class VllmGeneration(GenerationInterface):
         ensure_worker_environment()
         # vLLM's IPC sockets and rendezvous files go here (one subfolder per engine); removed on shutdown.
         self._tmp_root: Path | None = Path(tempfile.gettempdir()) / f"nrl-vllm-{uuid.uuid4().hex[:8]}"
+        register_temp_path(self._tmp_root)  # removed by the reaper if the driver dies before `shutdown`
         builder = RayWorkerBuilder(VLLM_WORKER, self.cfg, model_path, seed=seed, tmp_root=str(self._tmp_root))
         try:
             self.worker_group = RayWorkerGroup(

@@ -1,0 +1,116 @@
+"""Stopping a training loop on Ctrl-C or SIGTERM (`utils.signals`), the same way for GRPO, SFT, DPO and RM.
+
+    with stop_on_signals(checkpointer, state, dataloader, save, grace_s):
+        _run_steps(...)
+
+- Ctrl-C: the step in flight is abandoned; debris of a save it cut is removed; one line names the last complete
+  checkpoint and the command that resumes; the process exits with 130.
+- SIGTERM: at the next phase boundary the last *completed* step is saved if no checkpoint holds it yet and the grace
+  period leaves time for a save as long as the longest one seen; then one line, and exit code 143. A step in flight
+  is dropped: the loader position and RNG states saved are those of its start (`_ResumePoint`), so a resumed run
+  redoes exactly that step.
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nemo_rl_clone.algorithms.run_state import RunState
+from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
+from nemo_rl_clone.utils.checkpoint import CheckpointManager, remove_save_debris
+from nemo_rl_clone.utils.signals import EXIT_CODE, RunInterrupted, StopRequested, handle_stop_signals
+
+# Before any save has been timed, assume one takes this long (a SmolLM2-sized save on CPU takes a few seconds).
+_DEFAULT_SAVE_S = 10.0
+
+
+class _ResumePoint:
+    """Follows the phases: keeps the loader position and RNG states at the start of the step in flight (what a
+    checkpoint of the step before it must hold) and how long the longest checkpoint phase took."""
+
+    def __init__(self, dataloader: StatefulPromptLoader) -> None:
+        self.dataloader = dataloader
+        self.step: int | None = None
+        self.saved: dict[str, Any] = {}
+        self.longest_save_s = _DEFAULT_SAVE_S
+        self._save_started: float | None = None
+
+    def on_phase(self, step: int, name: str) -> None:
+        now = time.monotonic()
+        if self._save_started is not None:
+            self.longest_save_s = max(self.longest_save_s, now - self._save_started)
+        self._save_started = now if name == "checkpoint" else None
+        if step != self.step:
+            self.capture(step)
+
+    def capture(self, step: int) -> None:
+        self.step = step
+        self.saved = {
+            "dataloader": self.dataloader.state_dict(),
+            "rng": (random.getstate(), np.random.get_state(), torch.get_rng_state()),
+        }
+
+    def restore(self) -> None:
+        self.dataloader.load_state_dict(self.saved["dataloader"])
+        python, numpy, torch_state = self.saved["rng"]
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(torch_state)
+
+
+def resume_command() -> str:
+    """The command line that started this run: run again, it resumes from the latest checkpoint."""
+    script = Path(sys.argv[0])
+    return shlex.join(["uv", "run", str(script), *sys.argv[1:]])
+
+
+@contextmanager
+def stop_on_signals(
+    checkpointer: CheckpointManager,
+    state: RunState,
+    dataloader: StatefulPromptLoader,
+    save: Callable[[], Path],
+    grace_s: float,
+) -> Iterator[None]:
+    """Run the block (a training loop) under the Ctrl-C / SIGTERM handling described above."""
+    resume_point = _ResumePoint(dataloader)
+
+    def describe() -> str:
+        latest = checkpointer.get_latest_checkpoint_path() if checkpointer.cfg.enabled else None
+        where = f"last complete checkpoint: {latest}" if latest else "no complete checkpoint"
+        return f"{where}. Resume: {resume_command()}"
+
+    register_checkpoint_dir(checkpointer.checkpoint_dir)
+    with handle_stop_signals(grace_s, resume_point.on_phase, describe) as signals:
+        try:
+            yield
+        except RunInterrupted:
+            remove_save_debris(checkpointer.checkpoint_dir)
+            print(f"Stopped by Ctrl-C during step {state.step + 1}; {describe()}", flush=True)
+            raise SystemExit(EXIT_CODE[signal.SIGINT]) from None
+        except StopRequested as stop:
+            latest = checkpointer.get_latest_checkpoint_path() if checkpointer.cfg.enabled else None
+            saved_step = CheckpointManager.load_training_info(latest)["step"] if latest else 0
+            note = "nothing new to save"
+            if checkpointer.cfg.enabled and state.step > saved_step:
+                if signals.grace_left() > resume_point.longest_save_s:
+                    if resume_point.step == state.step + 1:  # the step in flight moved the loader and RNGs
+                        resume_point.restore()
+                    note = f"saved step {state.step}"
+                    save()
+                else:
+                    note = f"step {state.step} not saved (the grace period left is shorter than a save)"
+            print(f"Stopped by SIGTERM ({stop}): {note}; {describe()}", flush=True)
+            raise SystemExit(EXIT_CODE[signal.SIGTERM]) from None
