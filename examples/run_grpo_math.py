@@ -14,7 +14,6 @@ from pathlib import Path
 from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
 from nemo_rl_clone.utils.config import load_config_from_cli, print_config
 from nemo_rl_clone.utils.config_validation import config_to_dict
-from nemo_rl_clone.utils.errors import reporting_user_errors
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "grpo_smollm2_cpu.yaml"
 
@@ -26,16 +25,9 @@ def main(argv: list[str] | None = None) -> None:
     # Heavy imports only after the config is known to be valid: a typo fails in a second, not after torch loads.
     from nemo_rl_clone.algorithms.grpo import grpo_train
     from nemo_rl_clone.algorithms.grpo_setup import setup
-    from nemo_rl_clone.algorithms.preflight import preflight, removed_if_run_start_fails
+    from nemo_rl_clone.algorithms.preflight import run_training
 
-    with reporting_user_errors():  # bad input: one `error:` line per problem and exit 2, not a traceback
-        preflight(config)
-        with removed_if_run_start_fails(config):
-            components = setup(config)
-        try:
-            grpo_train(components)
-        finally:
-            components.shutdown()
+    run_training(config, setup, grpo_train)  # bad input: one `error:` line per problem and exit 2, not a traceback
 
 
 if __name__ == "__main__":  # vLLM spawns engine processes: the entry point must be import-safe

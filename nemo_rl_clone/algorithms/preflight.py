@@ -8,15 +8,17 @@ evaluation alike.
     preflight(config)                     # raises UserInputError listing every problem, one line each
     with removed_if_run_start_fails(config):
         run = setup(config)               # a failure here removes the new exp_N / checkpoint dir again
+
+`run_training` is that sequence for the training entry points (GRPO, SFT, DPO, RM).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, TypeVar
 
-from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.errors import UserInputError, reporting_user_errors
 from nemo_rl_clone.utils.run_dirs import check_writable_dir, removed_if_start_fails
 
 
@@ -32,6 +34,26 @@ def preflight(config: Any) -> None:
         problems.extend(check_data_config(config.data))
     if problems:
         raise UserInputError(*problems)
+
+
+class _Run(Protocol):
+    def shutdown(self) -> None: ...
+
+
+_R = TypeVar("_R", bound=_Run)
+
+
+def run_training(config: Any, setup: Callable[[Any], _R], train: Callable[[_R], None]) -> None:
+    """A training entry point's work: pre-flight, setup (its directories removed again if it fails), train, shut
+    down; bad input anywhere ends as ``error:`` lines and exit code 2 (`reporting_user_errors`)."""
+    with reporting_user_errors():
+        preflight(config)
+        with removed_if_run_start_fails(config):
+            run = setup(config)
+        try:
+            train(run)
+        finally:
+            run.shutdown()
 
 
 @contextlib.contextmanager

@@ -173,18 +173,10 @@ def run_supervised_cli(
 ) -> None:
     """The examples' front door: parse ``[--config PATH] [overrides]``, validate (exit 2 with one line per problem),
     print the config, build the run (resuming when a checkpoint exists), train, shut down."""
-    from nemo_rl_clone.algorithms.preflight import preflight, removed_if_run_start_fails
+    from nemo_rl_clone.algorithms.preflight import run_training
     from nemo_rl_clone.algorithms.supervised_loop import supervised_train
     from nemo_rl_clone.utils.config import load_config_from_cli, print_config
-    from nemo_rl_clone.utils.errors import reporting_user_errors
 
     config: Any = load_config_from_cli(schema, default_config, argv, description=description)
     print_config(config_to_dict(config), title=f"{schema.__name__} (validated)")
-    with reporting_user_errors():
-        preflight(config)
-        with removed_if_run_start_fails(config):
-            run = setup(config)
-        try:
-            supervised_train(run)
-        finally:
-            run.shutdown()
+    run_training(config, setup, supervised_train)
