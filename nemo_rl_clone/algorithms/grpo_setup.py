@@ -128,15 +128,7 @@ def _setup_data(
 def save_checkpoint(components: GRPOComponents) -> Path:
     """Write ``step_N`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards."""
     c = components
-    return save_run_checkpoint(
-        c.checkpointer,
-        c.policy,
-        c.dataloader,
-        c.state,
-        config_to_dict(c.config),
-        save_consolidated=c.config.checkpointing.save_consolidated,
-        model_save_format=c.config.checkpointing.model_save_format,
-    )
+    return save_run_checkpoint(c.checkpointer, c.policy, c.dataloader, c.state, c.config)
 
 
 def _setup_workers(

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoConfig
 
 from nemo_rl_clone.models.huggingface import resolve_model_path
+from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.progress import console
 
@@ -177,22 +178,22 @@ def save_run_checkpoint(
     policy: Policy,
     dataloader: StatefulPromptLoader,
     state: RunState,
-    run_config: Mapping[str, Any],
-    save_consolidated: bool = False,
-    model_save_format: str = "safetensors",
+    run_config: Any,
 ) -> Path:
     """Write ``step_{state.step}`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards.
 
-    ``run_config`` (the resolved config as plain dicts) is saved as the checkpoint's ``config.yaml``;
-    ``save_consolidated`` adds a Hugging Face folder at ``policy/hf`` with ``model_save_format`` weights.
+    ``run_config`` (the run's validated config) is saved as the checkpoint's ``config.yaml``; its
+    ``checkpointing.save_consolidated`` adds a Hugging Face folder at ``policy/hf`` with
+    ``checkpointing.model_save_format`` weights.
     """
-    tmp = checkpointer.init_tmp_checkpoint(state.step, state.training_info(), run_config)
+    checkpointing = run_config.checkpointing
+    tmp = checkpointer.init_tmp_checkpoint(state.step, state.training_info(), config_to_dict(run_config))
     policy.save_checkpoint(
         weights_path=str(tmp / "policy" / "weights"),
         optimizer_path=str(tmp / "policy" / "optimizer"),
         tokenizer_path=str(tmp / "policy" / "tokenizer"),
-        save_hf_path=str(tmp / "policy" / "hf") if save_consolidated else None,
-        save_hf_format=model_save_format,
+        save_hf_path=str(tmp / "policy" / "hf") if checkpointing.save_consolidated else None,
+        save_hf_format=checkpointing.model_save_format,
     )
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save({"dataloader": dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)

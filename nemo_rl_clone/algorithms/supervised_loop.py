@@ -17,7 +17,6 @@ from nemo_rl_clone.algorithms.supervised_config import SupervisedAlgorithm
 from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun
 from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
-from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
 
@@ -79,9 +78,7 @@ def _save(run: SupervisedRun) -> Path:
         run.policy,
         run.dataloader,
         run.state,
-        config_to_dict(run.config),
-        save_consolidated=run.config.checkpointing.save_consolidated,
-        model_save_format=run.config.checkpointing.model_save_format,
+        run.config,
     )
 
 
