@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any
 
 # A Ctrl-C must end the run within 10 s; an orderly stop that takes longer is cut short here.
-INTERRUPT_DEADLINE_S = 8.0
+INTERRUPT_DEADLINE_S = 5.0
 EXIT_CODE = {signal.SIGINT: 128 + signal.SIGINT, signal.SIGTERM: 128 + signal.SIGTERM}
 
 
@@ -84,13 +84,13 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
     state.interrupts += 1
     if state.interrupts > 1:
-        force_exit(EXIT_CODE[signal.SIGINT], f"Second Ctrl-C: exiting now. {state.describe()}")
+        force_exit(EXIT_CODE[signal.SIGINT], f"Second Ctrl-C: exiting now; {state.describe()}")
     _say("Ctrl-C: stopping now without saving (press Ctrl-C again to exit at once).")
     _arm(
         state,
         INTERRUPT_DEADLINE_S,
         EXIT_CODE[signal.SIGINT],
-        lambda: f"Ctrl-C: stopping took over {INTERRUPT_DEADLINE_S:g} s, exiting now. {state.describe()}",
+        lambda: f"Ctrl-C: stopping took over {INTERRUPT_DEADLINE_S:g} s, exiting now; {state.describe()}",
     )
     raise RunInterrupted
 
@@ -105,7 +105,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         state,
         state.grace_s,
         EXIT_CODE[signal.SIGTERM],
-        lambda: f"SIGTERM: grace period of {state.grace_s:g} s over, exiting without saving. {state.describe()}",
+        lambda: f"SIGTERM: grace period of {state.grace_s:g} s over, exiting without saving; {state.describe()}",
     )
 
 
