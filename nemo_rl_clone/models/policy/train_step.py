@@ -35,14 +35,24 @@ def count_microbatches(batch: BatchedDataDict, micro_batch_size: int) -> int:
 
 
 def spec_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, input_lengths: torch.Tensor, chunk_size: int | None = None
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    input_lengths: torch.Tensor,
+    chunk_size: int | None = None,
+    vocab_parallel_rank: int | None = None,
+    vocab_parallel_group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
-    """``[B, S]`` fp32 logprobs of ``input_ids`` under next-token ``logits`` ``[B, S, V]`` (the layout above).
+    """``[B, S]`` fp32 logprobs of ``input_ids`` under next-token ``logits`` ``[B, S, V]`` (the layout above), or
+    ``[B, S, V / tp]`` when the vocab is split over ``vocab_parallel_group`` (this rank's shard is number
+    ``vocab_parallel_rank``).
 
     A 0 is prepended (token 0 has no prediction) and positions ``>= input_lengths`` are 0. ``chunk_size``: see
     `token_logprobs_from_logits`.
     """
-    next_token = token_logprobs_from_logits(logits, input_ids, chunk_size=chunk_size)
+    vocab_start = None if vocab_parallel_rank is None else vocab_parallel_rank * logits.shape[-1]
+    next_token = token_logprobs_from_logits(
+        logits, input_ids, vocab_parallel_group=vocab_parallel_group, vocab_start=vocab_start, chunk_size=chunk_size
+    )
     logprobs = F.pad(next_token, (1, 0))
     positions = torch.arange(input_ids.shape[1], device=logprobs.device)
     valid = positions.unsqueeze(0) < input_lengths.to(logprobs.device).unsqueeze(1)

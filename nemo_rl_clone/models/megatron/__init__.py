@@ -1,0 +1,1 @@
+"""Megatron Core pieces of the Megatron policy backend: HF ↔ Megatron conversion and model/optimizer building."""

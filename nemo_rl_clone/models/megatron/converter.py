@@ -1,0 +1,284 @@
+"""Hugging Face ↔ Megatron Core weights for the Llama family and Qwen2 (dense, RMSNorm, SwiGLU, RoPE, GQA).
+
+Three layouts:
+
+- **HF**: the Hugging Face state dict (``model.layers.{i}.self_attn.q_proj.weight``, ...).
+- **full Megatron**: Megatron Core's local-spec GPT names with *global* layer numbers, unsharded
+  (``decoder.layers.{i}.self_attention.linear_qkv.weight``, ...). QKV is one tensor, interleaved per query group
+  (each group's queries, then its key, then its value: what Megatron's attention splits), gate and up projections
+  are one ``linear_fc1`` (gate first).
+- **rank-local**: what one (tensor-parallel rank, pipeline stage) holds: its stage's layers renumbered from 0 and
+  each tensor-parallel weight cut along its partition dimension (``linear_fc1`` per half, so that rank r holds
+  ``[gate_r; up_r]``).
+
+Every step is exact (slicing and concatenation only), so HF → Megatron → HF is bit-identical.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+# Megatron name suffix → (HF name suffix, tensor-parallel partition dim or None when replicated).
+_LAYER_RENAMES = {
+    "input_layernorm.weight": ("input_layernorm.weight", None),
+    "self_attention.linear_proj.weight": ("self_attn.o_proj.weight", 1),
+    "pre_mlp_layernorm.weight": ("post_attention_layernorm.weight", None),
+    "mlp.linear_fc2.weight": ("mlp.down_proj.weight", 1),
+}
+_QKV = "self_attention.linear_qkv"
+_FC1 = "mlp.linear_fc1.weight"
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the conversion needs to know of a model, read from its Hugging Face config."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    qkv_bias: bool
+    tied_embeddings: bool
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_attention_heads // self.num_query_groups
+
+
+def model_shape(hf_config: Any, converter_type: str | None = None) -> ModelShape:
+    """Read a `ModelShape` from a Hugging Face config; raise ValueError naming what is not supported."""
+    architecture = (
+        converter_type
+        or (getattr(hf_config, "architectures", None) or [None])[0]
+        or _MODEL_TYPES.get(getattr(hf_config, "model_type", ""))
+    )
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"the Megatron backend converts {list(SUPPORTED_ARCHITECTURES)}; this model is {architecture!r} "
+            "(policy.megatron_cfg.converter_type names the architecture when the config does not)"
+        )
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"the Megatron backend converts plain RoPE only, not {rope.get('rope_type')!r} scaling")
+    if getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("the Megatron backend does not convert sliding-window attention (use_sliding_window=true)")
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return ModelShape(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        num_attention_heads=heads,
+        num_query_groups=getattr(hf_config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        ffn_hidden_size=hf_config.intermediate_size,
+        vocab_size=hf_config.vocab_size,
+        qkv_bias=architecture == "Qwen2ForCausalLM" or bool(getattr(hf_config, "attention_bias", False)),
+        tied_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+    )
+
+
+def rope_theta(hf_config: Any) -> float:
+    """RoPE base frequency (transformers 5 keeps it in ``rope_parameters``, older releases on the config)."""
+    parameters = getattr(hf_config, "rope_parameters", None) or {}
+    return float(parameters.get("rope_theta") or getattr(hf_config, "rope_theta", 10000.0))
+
+
+# --------------------------------------------------------------------------- HF ↔ full Megatron
+def hf_to_megatron(hf: Mapping[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
+    """The full Megatron state dict of a Hugging Face one (tensors are views or new concatenations)."""
+    out = {
+        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+        "decoder.final_layernorm.weight": hf["model.norm.weight"],
+    }
+    if not shape.tied_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    for i in range(shape.num_layers):
+        hf_layer, mg_layer = f"model.layers.{i}.", f"decoder.layers.{i}."
+        for mg_name, (hf_name, _) in _LAYER_RENAMES.items():
+            out[mg_layer + mg_name] = hf[hf_layer + hf_name]
+        attn = hf_layer + "self_attn."
+        out[mg_layer + _QKV + ".weight"] = _fuse_qkv(
+            hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"], shape
+        )
+        if shape.qkv_bias:
+            out[mg_layer + _QKV + ".bias"] = _fuse_qkv(
+                hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], shape
+            )
+        out[mg_layer + _FC1] = torch.cat([hf[hf_layer + "mlp.gate_proj.weight"], hf[hf_layer + "mlp.up_proj.weight"]])
+    return out
+
+
+def megatron_to_hf(full: Mapping[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
+    """The Hugging Face state dict of a full Megatron one (any subset of layers: a pipeline stage's share)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in full.items():
+        if name == "embedding.word_embeddings.weight":
+            out["model.embed_tokens.weight"] = tensor
+            if shape.tied_embeddings:
+                out["lm_head.weight"] = tensor
+        elif name == "decoder.final_layernorm.weight":
+            out["model.norm.weight"] = tensor
+        elif name == "output_layer.weight":
+            if not shape.tied_embeddings:
+                out["lm_head.weight"] = tensor
+        elif match := _LAYER.match(name):
+            _layer_to_hf(out, f"model.layers.{match.group(1)}.", match.group(2), tensor, shape)
+        else:
+            raise KeyError(f"no Hugging Face name for Megatron parameter {name!r}")
+    return out
+
+
+def _layer_to_hf(out: dict[str, torch.Tensor], prefix: str, suffix: str, tensor: torch.Tensor, shape: ModelShape):
+    if suffix in _LAYER_RENAMES:
+        out[prefix + _LAYER_RENAMES[suffix][0]] = tensor
+    elif suffix in (_QKV + ".weight", _QKV + ".bias"):
+        kind = suffix.rsplit(".", 1)[1]
+        q, k, v = _split_qkv(tensor, shape)
+        for proj, part in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+            out[f"{prefix}self_attn.{proj}.{kind}"] = part
+    elif suffix == _FC1:
+        gate, up = tensor.chunk(2)
+        out[prefix + "mlp.gate_proj.weight"] = gate
+        out[prefix + "mlp.up_proj.weight"] = up
+    else:
+        raise KeyError(f"no Hugging Face name for Megatron layer parameter {suffix!r}")
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: ModelShape) -> torch.Tensor:
+    groups, rest = shape.num_query_groups, q.shape[1:]
+    per_group = [
+        q.reshape(groups, shape.heads_per_group * shape.head_dim, *rest),
+        k.reshape(groups, shape.head_dim, *rest),
+        v.reshape(groups, shape.head_dim, *rest),
+    ]
+    return torch.cat(per_group, dim=1).reshape(-1, *rest)
+
+
+def _split_qkv(qkv: torch.Tensor, shape: ModelShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    groups, rest = shape.num_query_groups, qkv.shape[1:]
+    q_rows = shape.heads_per_group * shape.head_dim
+    grouped = qkv.reshape(groups, q_rows + 2 * shape.head_dim, *rest)
+    q, k, v = grouped.split([q_rows, shape.head_dim, shape.head_dim], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+# --------------------------------------------------------------------------- tensor / pipeline sharding
+def partition_dim(name: str) -> int | None:
+    """The dimension a Megatron parameter is split along over tensor-parallel ranks (None: replicated)."""
+    if name in ("embedding.word_embeddings.weight", "output_layer.weight"):
+        return 0
+    match = _LAYER.match(name)
+    if match is None:
+        return None
+    suffix = match.group(2)
+    if suffix.startswith(_QKV) or suffix == _FC1:
+        return 0
+    return _LAYER_RENAMES[suffix][1] if suffix in _LAYER_RENAMES else None
+
+
+def check_tensor_parallel(shape: ModelShape, tp_size: int) -> None:
+    """The sizes tensor parallelism splits must divide evenly (whole query groups and heads per rank)."""
+    for what, value in (
+        ("num_attention_heads", shape.num_attention_heads),
+        ("num_key_value_heads", shape.num_query_groups),
+        ("intermediate_size", shape.ffn_hidden_size),
+        ("vocab_size", shape.vocab_size),
+    ):
+        if value % tp_size:
+            raise ValueError(
+                f"policy.megatron_cfg.tensor_model_parallel_size={tp_size} must divide the model's {what}={value}"
+            )
+
+
+def stage_layers(num_layers: int, pp_size: int, pp_rank: int, first: int | None, last: int | None) -> range:
+    """Global layer numbers of pipeline stage ``pp_rank`` (Megatron's split: optional uneven first/last stages,
+    the rest evenly)."""
+    if pp_size == 1:
+        return range(num_layers)
+    counts = [0] * pp_size
+    middle_stages, middle_layers = pp_size, num_layers
+    if first is not None:
+        counts[0], middle_stages, middle_layers = first, middle_stages - 1, middle_layers - first
+    if last is not None:
+        counts[-1], middle_stages, middle_layers = last, middle_stages - 1, middle_layers - last
+    if middle_stages and middle_layers % middle_stages:
+        raise ValueError(
+            f"{middle_layers} layers do not split evenly over {middle_stages} pipeline stages "
+            "(policy.megatron_cfg.pipeline_model_parallel_size / num_layers_in_first/last_pipeline_stage)"
+        )
+    lo = 1 if first is not None else 0
+    hi = pp_size - 1 if last is not None else pp_size
+    for stage in range(lo, hi):
+        counts[stage] = middle_layers // middle_stages if middle_stages else 0
+    start = sum(counts[:pp_rank])
+    return range(start, start + counts[pp_rank])
+
+
+def shard_for_rank(
+    full: Mapping[str, torch.Tensor],
+    tp_rank: int,
+    tp_size: int,
+    layers: range,
+    pre_process: bool,
+    post_process: bool,
+) -> dict[str, torch.Tensor]:
+    """The rank-local state dict of one (TP rank, pipeline stage) from the full Megatron one (contiguous copies)."""
+    out = {}
+    for name, tensor in full.items():
+        local_name = _local_name(name, layers, pre_process, post_process)
+        if local_name is None:
+            continue
+        out[local_name] = _tp_slice(name, tensor, tp_rank, tp_size).clone()
+    return out
+
+
+def _local_name(name: str, layers: range, pre_process: bool, post_process: bool) -> str | None:
+    if name == "embedding.word_embeddings.weight":
+        return name if pre_process else None
+    if name in ("decoder.final_layernorm.weight", "output_layer.weight"):
+        return name if post_process else None
+    match = _LAYER.match(name)
+    assert match is not None, name
+    layer = int(match.group(1))
+    return f"decoder.layers.{layer - layers.start}.{match.group(2)}" if layer in layers else None
+
+
+def _tp_slice(name: str, tensor: torch.Tensor, tp_rank: int, tp_size: int) -> torch.Tensor:
+    dim = partition_dim(name)
+    if dim is None or tp_size == 1:
+        return tensor
+    if name.endswith(_FC1):
+        gate, up = tensor.chunk(2)
+        return torch.cat([gate.chunk(tp_size)[tp_rank], up.chunk(tp_size)[tp_rank]])
+    return tensor.chunk(tp_size, dim=dim)[tp_rank]
+
+
+def merge_tensor_parallel(name: str, shards: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The full tensor of a Megatron parameter from its shards in TP-rank order (inverse of `shard_for_rank`)."""
+    dim = partition_dim(name)
+    if dim is None or len(shards) == 1:
+        return shards[0]
+    if name.endswith(_FC1):
+        halves = [shard.chunk(2) for shard in shards]
+        return torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])
+    return torch.cat(list(shards), dim=dim)
+
+
+def to_global_name(local_name: str, layers: range) -> str:
+    """A rank-local name with its stage's layer offset added back."""
+    match = _LAYER.match(local_name)
+    if match is None:
+        return local_name
+    return f"decoder.layers.{int(match.group(1)) + layers.start}.{match.group(2)}"

@@ -1,0 +1,259 @@
+"""Build one rank's Megatron Core GPT model, DDP wrapper, optimizer and LR scheduler from a Hugging Face model.
+
+The model uses Megatron's local (non-Transformer-Engine) layer spec with RMSNorm, SwiGLU and RoPE, so it needs no
+Transformer Engine and runs on CPU (over gloo, with `megatron_cpu_shims`) as well as on GPU. Master weights are fp32;
+with bf16/fp16 the model runs in `Float16Module` and the optimizer keeps fp32 main parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import megatron_cpu_shims
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import Float16Module
+
+from nemo_rl_clone.models.megatron import converter
+from nemo_rl_clone.utils.errors import UserInputError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclasses.dataclass
+class Parallelism:
+    tensor: int
+    pipeline: int
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+
+
+def init_model_parallel(parallelism: Parallelism, seed: int = 1234) -> None:
+    """Megatron's process groups over the already initialised default group (rank order: tp fastest, then dp,
+    then pp), with the CPU shims installed first when there is no GPU."""
+    megatron_cpu_shims.apply()
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=parallelism.tensor, pipeline_model_parallel_size=parallelism.pipeline
+        )
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def check_runtime_support(mcfg: Any) -> None:
+    """Options that need CUDA: refused on a CPU-only machine with the key to change."""
+    if torch.cuda.is_available():
+        return
+    ddp = mcfg.distributed_data_parallel_config
+    for key in ("overlap_grad_reduce", "overlap_param_gather"):
+        if getattr(ddp, key):
+            raise UserInputError(
+                f"policy.megatron_cfg.distributed_data_parallel_config.{key}: overlapping needs CUDA streams; set it "
+                "to false on a CPU-only machine"
+            )
+
+
+def transformer_config(
+    shape: converter.ModelShape, hf_config: Any, mcfg: Any, precision: str, parallelism: Parallelism
+) -> TransformerConfig:
+    dtype = _DTYPES[precision]
+    recompute: dict[str, Any] = {}
+    if mcfg.activation_checkpointing:
+        granularity = mcfg.recompute_granularity
+        recompute = {"recompute_granularity": granularity}
+        if granularity == "full":
+            recompute |= {"recompute_method": "uniform", "recompute_num_layers": 1}
+        elif mcfg.recompute_modules:
+            recompute["recompute_modules"] = list(mcfg.recompute_modules)
+    return TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_query_groups,
+        kv_channels=shape.head_dim,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=float(getattr(hf_config, "rms_norm_eps", 1e-6)),
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=parallelism.tensor,
+        pipeline_model_parallel_size=parallelism.pipeline,
+        num_layers_in_first_pipeline_stage=parallelism.first_stage_layers,
+        num_layers_in_last_pipeline_stage=parallelism.last_stage_layers,
+        pipeline_dtype=dtype,
+        params_dtype=torch.float32,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        # Initialisation also marks the tensor-parallel parameters (without it, grad norms count shards as duplicates).
+        perform_initialization=True,
+        bias_activation_fusion=mcfg.bias_activation_fusion,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        moe_token_dispatcher_type="alltoall",  # dense model: only to satisfy the variable-length check below
+        variable_seq_lengths=True,  # microbatches (dynamic batching) differ in length: pipeline stages exchange shapes
+        **recompute,
+    )
+
+
+def build_model(
+    config: TransformerConfig, shape: converter.ModelShape, hf_config: Any, hf_state: dict[str, torch.Tensor]
+) -> tuple[GPTModel, range]:
+    """This rank's GPT model (its pipeline stage, its tensor-parallel shards) holding the Hugging Face weights;
+    also the global layer numbers of the stage."""
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+    pre_process, post_process = pp_rank == 0, pp_rank == pp_size - 1
+    layers = converter.stage_layers(
+        shape.num_layers,
+        pp_size,
+        pp_rank,
+        config.num_layers_in_first_pipeline_stage,
+        config.num_layers_in_last_pipeline_stage,
+    )
+    with megatron_cpu_shims.cuda_redirect():  # tied embeddings over pipeline stages call `.cuda()`
+        model = GPTModel(
+            config,
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=shape.vocab_size,
+            max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
+            pre_process=pre_process,
+            post_process=post_process,
+            parallel_output=True,  # logits stay split over the vocab: the losses compute vocab-parallel logprobs
+            share_embeddings_and_output_weights=shape.tied_embeddings,
+            position_embedding_type="rope",
+            rotary_base=converter.rope_theta(hf_config),
+        )
+    if len(model.decoder.layers) != len(layers):
+        raise RuntimeError(f"Megatron built {len(model.decoder.layers)} layers for this stage, expected {len(layers)}")
+    local = converter.shard_for_rank(
+        converter.hf_to_megatron(hf_state, shape),
+        parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.get_tensor_model_parallel_world_size(),
+        layers,
+        pre_process,
+        post_process,
+    )
+    if shape.tied_embeddings and post_process and not pre_process:
+        # The last stage holds its own copy of the tied embedding as the output layer.
+        local["output_layer.weight"] = converter.shard_for_rank(
+            {"output_layer.weight": hf_state["model.embed_tokens.weight"]},
+            parallel_state.get_tensor_model_parallel_rank(),
+            parallel_state.get_tensor_model_parallel_world_size(),
+            layers,
+            True,
+            True,
+        )["output_layer.weight"]
+    missing, unexpected = model.load_state_dict(local, strict=False)
+    missing = [name for name in missing if not name.endswith("_extra_state")]
+    if missing or unexpected:
+        raise RuntimeError(f"Hugging Face → Megatron conversion: missing {missing}, unexpected {unexpected}")
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model, layers
+
+
+def wrap_model(model: GPTModel, config: TransformerConfig, mcfg: Any) -> DistributedDataParallel:
+    """Float16Module (bf16/fp16) and Megatron's DDP (its grad buffers feed the distributed optimizer)."""
+    ddp = mcfg.distributed_data_parallel_config
+    module: torch.nn.Module = Float16Module(config, model) if (config.bf16 or config.fp16) else model
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=ddp.grad_reduce_in_fp32,
+        overlap_grad_reduce=ddp.overlap_grad_reduce,
+        overlap_param_gather=ddp.overlap_param_gather,
+        average_in_collective=ddp.average_in_collective,
+        use_distributed_optimizer=mcfg.optimizer.use_distributed_optimizer,
+    )
+    with megatron_cpu_shims.cuda_redirect():
+        return DistributedDataParallel(config, ddp_config, module)
+
+
+def build_optimizer(model: DistributedDataParallel, config: TransformerConfig, mcfg: Any) -> Any:
+    opt = mcfg.optimizer
+    optimizer_config = OptimizerConfig(
+        optimizer=opt.optimizer,
+        lr=opt.lr,
+        min_lr=opt.min_lr,
+        weight_decay=opt.weight_decay,
+        adam_beta1=opt.adam_beta1,
+        adam_beta2=opt.adam_beta2,
+        adam_eps=opt.adam_eps,
+        sgd_momentum=opt.sgd_momentum,
+        use_distributed_optimizer=opt.use_distributed_optimizer,
+        clip_grad=opt.clip_grad if opt.clip_grad is not None else 0.0,
+        bf16=config.bf16,
+        fp16=config.fp16,
+        params_dtype=torch.float32,
+    )
+    with megatron_cpu_shims.cuda_redirect():
+        optimizer = get_megatron_optimizer(optimizer_config, [model])
+    config.grad_scale_func = optimizer.scale_loss  # fp16 loss scaling (a no-op scale of 1 otherwise)
+    return optimizer
+
+
+def build_scheduler(optimizer: Any, mcfg: Any) -> OptimizerParamScheduler:
+    """Megatron's LR / weight-decay schedule, stepped once per `train` call (NeMo-RL's convention)."""
+    sched, opt = mcfg.scheduler, mcfg.optimizer
+    decay_iters = sched.lr_decay_iters or max(sched.lr_warmup_iters + 1, 1)
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=sched.lr_warmup_init,
+        max_lr=opt.lr,
+        min_lr=opt.min_lr,
+        lr_warmup_steps=sched.lr_warmup_iters,
+        lr_decay_steps=decay_iters,
+        lr_decay_style=sched.lr_decay_style,
+        start_wd=sched.start_weight_decay,
+        end_wd=sched.end_weight_decay,
+        wd_incr_steps=decay_iters,
+        wd_incr_style=sched.weight_decay_incr_style,
+    )
+
+
+def unwrap(model: torch.nn.Module) -> GPTModel:
+    """The GPTModel inside DDP / Float16Module."""
+    while not isinstance(model, GPTModel):
+        model = model.module
+    return model
+
+
+def gather_hf_state_dict(model: torch.nn.Module, shape: converter.ModelShape, layers: range) -> dict | None:
+    """The full Hugging Face state dict (CPU, the model's dtype) on global rank 0, None elsewhere. A collective:
+    each stage's tensor-parallel shards are gathered in the TP group, then every stage's first data-parallel,
+    first tensor-parallel rank sends its share to rank 0."""
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    sends = parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_data_parallel_rank() == 0
+    stage: dict[str, torch.Tensor] = {}
+    for name, tensor in unwrap(model).state_dict().items():
+        if name.endswith("_extra_state") or tensor is None:
+            continue
+        tensor = tensor.detach()
+        if tp_size > 1 and converter.partition_dim(name) is not None:
+            shards = [torch.empty_like(tensor) for _ in range(tp_size)]
+            dist.all_gather(shards, tensor.contiguous(), group=tp_group)
+            tensor = converter.merge_tensor_parallel(name, shards)
+        if sends:
+            stage[converter.to_global_name(name, layers)] = tensor.cpu()
+    shares: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
+    dist.gather_object(stage if sends else None, shares if dist.get_rank() == 0 else None, dst=0)
+    if dist.get_rank() != 0:
+        return None
+    full: dict[str, torch.Tensor] = {}
+    for share in shares:
+        full.update(share or {})
+    return converter.megatron_to_hf(full, shape)

@@ -1,0 +1,418 @@
+"""``MegatronPolicyWorker``: one rank of a Megatron Core GPT policy (tensor × pipeline × data parallel), run as a
+Ray actor behind the same `Policy` facade and method contract as `DTensorPolicyWorker`.
+
+Weights come from a Hugging Face Llama/Qwen2 model, converted in memory at start-up (`models.megatron.converter`);
+refit and consolidated exports convert back. Training runs Megatron's forward/backward schedules (1F1B across
+pipeline stages), its DDP and (distributed) optimizer; checkpoints use Megatron's distributed checkpoint format,
+which reloads at any parallel layout.
+
+Gradient normalisation: a loss returns its microbatch's share of the global mean (see `DTensorPolicyWorker`), so the
+global gradient is the sum of the data-parallel ranks' gradients. Megatron's schedule divides each microbatch loss by
+the number of microbatches and its DDP averages over data-parallel ranks; the loss handed to it is scaled by both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import megatron_cpu_shims
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing, parallel_state
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.model_utils import LossFunction
+from nemo_rl_clone.distributed.weight_transfer import (
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_TIMEOUT_S,
+    PackedTensors,
+    WeightTransferGroup,
+    broadcast_state_dict,
+    pack_tensors,
+)
+from nemo_rl_clone.models.hf_export import save_consolidated_hf
+from nemo_rl_clone.models.huggingface import reporting_model_load_errors
+from nemo_rl_clone.models.megatron import converter
+from nemo_rl_clone.models.megatron import model as mmodel
+from nemo_rl_clone.models.policy import dtensor_parallel, train_step
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.utils.errors import UserInputError
+
+logger = logging.getLogger(__name__)
+
+
+class MegatronPolicyWorker:
+    """One rank of the policy; the constructor arguments are `DTensorPolicyWorker`'s. Every public method except
+    the ``prepare_*``/``offload_*`` ones is a collective."""
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        tokenizer: PreTrainedTokenizerBase,
+        model_path: str,
+        weights_path: str | None = None,
+        optimizer_path: str | None = None,
+        init_optimizer: bool = True,
+        init_reference_model: bool = True,
+    ) -> None:
+        self.cfg = config
+        self.tokenizer = tokenizer
+        mcfg = config.megatron_cfg
+        mmodel.check_runtime_support(mcfg)
+        self.device = dtensor_parallel.init_distributed()
+        self.rank = dist.get_rank()
+        self.dtype = dtensor_parallel.PRECISION_DTYPES[config.precision]
+        with reporting_model_load_errors(model_path):
+            hf_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.hf_config = hf_model.config
+        hf_state = hf_model.state_dict()
+        try:
+            self.shape = converter.model_shape(self.hf_config, mcfg.converter_type)
+            converter.check_tensor_parallel(self.shape, mcfg.tensor_model_parallel_size)
+        except ValueError as error:
+            raise UserInputError(str(error)) from None
+        self.refit_info = {
+            name: (tensor.shape, self.dtype if tensor.is_floating_point() else tensor.dtype)
+            for name, tensor in hf_state.items()
+        }
+        parallelism = mmodel.Parallelism(
+            tensor=mcfg.tensor_model_parallel_size,
+            pipeline=mcfg.pipeline_model_parallel_size,
+            first_stage_layers=mcfg.num_layers_in_first_pipeline_stage,
+            last_stage_layers=mcfg.num_layers_in_last_pipeline_stage,
+        )
+        mmodel.init_model_parallel(parallelism)
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.is_last_stage = parallel_state.is_pipeline_last_stage()
+        self.model_config = mmodel.transformer_config(self.shape, self.hf_config, mcfg, config.precision, parallelism)
+        gpt, self.layers = mmodel.build_model(self.model_config, self.shape, self.hf_config, hf_state)
+        del hf_model, hf_state
+        self.model = mmodel.wrap_model(gpt, self.model_config, mcfg)
+        self.reference_weights: dict[str, torch.Tensor] | None = None
+        if init_reference_model:
+            self.reference_weights = {
+                name: param.detach().to("cpu", copy=True) for name, param in self.model.named_parameters()
+            }
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        if init_optimizer:
+            self.optimizer = mmodel.build_optimizer(self.model, self.model_config, mcfg)
+            self.scheduler = mmodel.build_scheduler(self.optimizer, mcfg)
+        if weights_path:
+            self.load_checkpoint(weights_path, optimizer_path)
+
+    # ------------------------------------------------------------------ forward / backward
+    def _run_schedule(
+        self, microbatches: list[BatchedDataDict], finish: Callable[..., Any], forward_only: bool
+    ) -> list[Any]:
+        """Megatron's forward/backward schedule over ``microbatches``; ``finish(microbatch, logits)`` runs on the
+        last pipeline stage (logits ``[B, S, V / tp]``). Returns what ``finish`` returned, on the last stage only."""
+
+        def forward_step(data_iterator: Iterator[BatchedDataDict], model: torch.nn.Module) -> tuple[Any, Any]:
+            microbatch = next(data_iterator).to(self.device)
+            input_ids = microbatch["input_ids"]
+            positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
+            kwargs = {"fp32_output": False} if self.cfg.megatron_cfg.defer_fp32_logits and self._half else {}
+            # Right padding needs no attention mask: the causal mask keeps valid positions from seeing it.
+            output = model(input_ids, positions, None, **kwargs)
+            return output, functools.partial(finish, microbatch)
+
+        with megatron_cpu_shims.cuda_redirect():  # the schedules allocate their counters with device="cuda"
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(microbatches),
+                model=[self.model],
+                num_microbatches=len(microbatches),
+                seq_length=max(mb["input_ids"].shape[1] for mb in microbatches),
+                micro_batch_size=max(mb.size for mb in microbatches),
+                forward_only=forward_only,
+                collect_non_loss_data=forward_only and getattr(finish, "non_loss", False),
+            )
+
+    @property
+    def _half(self) -> bool:
+        return self.model_config.bf16 or self.model_config.fp16
+
+    def _vocab_parallel(self) -> dict[str, Any]:
+        if self.tp_size == 1:
+            return {}
+        return {
+            "vocab_parallel_rank": self.tp_rank,
+            "vocab_parallel_group": parallel_state.get_tensor_model_parallel_group(),
+        }
+
+    def _from_last_stage(self, value: Any) -> Any:
+        """``value`` as computed on the last pipeline stage, on every stage."""
+        if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+            return value
+        box = [value if self.is_last_stage else None]
+        dist.broadcast_object_list(
+            box,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+        )
+        return box[0]
+
+    # ------------------------------------------------------------------ logprobs
+    def _inference_pass(
+        self, data: BatchedDataDict, micro_batch_size: int | None, compute: Callable[[BatchedDataDict, Any], Any]
+    ) -> torch.Tensor:
+        train_step.require_keys(data, ("input_ids", "input_lengths"))
+        microbatches = list(train_step.microbatches(data, micro_batch_size or self.cfg.logprob_batch_size))
+        self.model.eval()
+
+        def finish(microbatch: BatchedDataDict, logits: torch.Tensor, non_loss_data: bool = False) -> torch.Tensor:
+            return compute(microbatch, logits).cpu()
+
+        finish.non_loss = True  # type: ignore[attr-defined]
+        with torch.no_grad():
+            outputs = self._run_schedule(microbatches, finish, forward_only=True)
+        return self._from_last_stage(torch.cat(outputs) if self.is_last_stage else None)
+
+    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``{"logprobs": [B, S] fp32}`` of this rank's shard (layout: `train_step.spec_logprobs`)."""
+        width = data["input_ids"].shape[1]
+
+        def logprobs(microbatch: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
+            lp = train_step.spec_logprobs(
+                logits,
+                microbatch["input_ids"],
+                microbatch["input_lengths"],
+                self.cfg.logprob_chunk_size,
+                **self._vocab_parallel(),
+            )
+            return train_step.pad_to_width(lp, width)
+
+        return BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
+
+    def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
+        raise RuntimeError("the Megatron backend trains causal LMs; reward models (score) need the DTensor backend")
+
+    @torch.no_grad()
+    def get_reference_policy_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None
+    ) -> BatchedDataDict:
+        """``{"reference_logprobs": [B, S]}``: `get_logprobs` under the frozen initial weights."""
+        with self._reference_weights_loaded():
+            logprobs = self.get_logprobs(data, micro_batch_size)["logprobs"]
+        return BatchedDataDict({"reference_logprobs": logprobs})
+
+    @contextlib.contextmanager
+    def _reference_weights_loaded(self) -> Iterator[None]:
+        if self.reference_weights is None:
+            raise RuntimeError("this policy was created with init_reference_model=False; it has no reference model")
+        params = dict(self.model.named_parameters())
+        current = {name: param.detach().to("cpu", copy=True) for name, param in params.items()}
+        for name, param in params.items():
+            param.data.copy_(self.reference_weights[name])
+        try:
+            yield
+        finally:
+            for name, param in params.items():
+                param.data.copy_(current[name])
+
+    # ------------------------------------------------------------------ training
+    def train(
+        self,
+        data: BatchedDataDict,
+        loss_fn: LossFunction,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+    ) -> dict[str, Any]:
+        """Optimizer steps over this rank's shard, one per global batch; returns what `DTensorPolicyWorker.train`
+        returns (``global_loss``, ``grad_norm``, ``all_mb_metrics``), identical on every pipeline stage."""
+        if self.optimizer is None and not eval_mode:
+            raise RuntimeError("this policy was created with init_optimizer=False; it cannot train")
+        gbs = gbs or self.cfg.train_global_batch_size
+        mbs = mbs or self.cfg.train_micro_batch_size
+        local_gbs = gbs // self.dp_size
+        self.model.train(not eval_mode)
+        losses, grad_norms = [], []
+        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        for index in range(data.size // local_gbs):
+            batch = data.get_batch(index, local_gbs)
+            valid_seqs, valid_toks = train_step.global_valid_counts(batch, self.dp_group)
+            microbatches = list(train_step.microbatches(batch, mbs))
+            scale = self.dp_size * len(microbatches)
+
+            def finish(
+                microbatch: BatchedDataDict, logits: torch.Tensor, *, _valid=(valid_seqs, valid_toks), _scale=scale
+            ) -> tuple[torch.Tensor, dict[str, Any]]:
+                loss, metrics = loss_fn(
+                    logits,
+                    microbatch,
+                    _valid[0],
+                    _valid[1],
+                    logprob_chunk_size=self.cfg.logprob_chunk_size,
+                    **self._vocab_parallel(),
+                )
+                return loss * _scale, {"loss_share": loss.detach().double().cpu(), **metrics}
+
+            if not eval_mode:
+                self.model.zero_grad_buffer()
+                self.optimizer.zero_grad()
+            with torch.set_grad_enabled(not eval_mode):
+                stored = self._run_schedule(microbatches, finish, forward_only=eval_mode)
+            grad_norms.append(self._optimizer_step() if not eval_mode else torch.tensor(0.0))
+            step_loss = torch.zeros((), dtype=torch.float64)
+            step_metrics: dict[str, list[Any]] = defaultdict(list)
+            for metrics in stored:  # empty except on the last pipeline stage
+                step_loss += metrics.pop("loss_share")
+                metrics |= {
+                    "lr": self._lr(),
+                    "global_valid_seqs": valid_seqs.item(),
+                    "global_valid_toks": valid_toks.item(),
+                }
+                for key, value in metrics.items():
+                    step_metrics[key].append(value)
+            if self.is_last_stage:
+                dist.all_reduce(step_loss, group=self.dp_group)
+            step_loss, step_metrics = self._from_last_stage((step_loss, dict(step_metrics)))
+            losses.append(step_loss.float())
+            for key, values in step_metrics.items():
+                all_mb_metrics[key].extend(values)
+        if not eval_mode and self.scheduler is not None:
+            self.scheduler.step(increment=1)
+        self._empty_cache(level=1)
+        return {
+            "global_loss": torch.stack(losses) if losses else torch.zeros(0),
+            "grad_norm": torch.stack(grad_norms).float().cpu() if grad_norms else torch.zeros(0),
+            "all_mb_metrics": dict(all_mb_metrics),
+        }
+
+    def _optimizer_step(self) -> torch.Tensor:
+        with megatron_cpu_shims.cuda_redirect():
+            finalize_model_grads([self.model])
+            success, grad_norm, _ = self.optimizer.step()
+        if not success:
+            logger.warning("rank %d: the optimizer skipped this step (non-finite gradients)", self.rank)
+        if grad_norm is None:  # clip_grad null: Megatron does not compute the norm; report it anyway
+            grad_norm = self.optimizer.get_grad_norm()
+        return torch.tensor(float(grad_norm))
+
+    def _lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
+
+    # ------------------------------------------------------------------ placement
+    def prepare_for_training(self) -> None:
+        self.model.train()
+
+    def prepare_for_lp_inference(self) -> None:
+        self.model.eval()
+
+    def finish_training(self) -> None:
+        """Nothing to release."""
+
+    def offload_before_refit(self) -> None:
+        self._empty_cache(level=1)
+
+    def offload_after_refit(self) -> None:
+        self._empty_cache(level=1)
+
+    def _empty_cache(self, level: int) -> None:
+        """``policy.megatron_cfg.empty_unused_memory_level``: release cached GPU memory at level >= ``level``."""
+        if self.device.type == "cuda" and self.cfg.megatron_cfg.empty_unused_memory_level >= level:
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ weights for refit and export
+    def prepare_refit_info(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        """``{hf_name: (full shape, dtype)}`` of what `get_full_state_dict_for_refit` returns (no collective)."""
+        return dict(self.refit_info)
+
+    def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor] | None:
+        """The full Hugging Face-named state dict in the compute dtype, on CPU, on rank 0 (None elsewhere)."""
+        state = mmodel.gather_hf_state_dict(self.model, self.shape, self.layers)
+        if state is None:
+            return None
+        return {name: tensor.to(self.dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
+
+    def get_packed_state_dict_for_refit(self) -> PackedTensors | None:
+        state = self.get_full_state_dict_for_refit()
+        return pack_tensors(state) if state is not None else None
+
+    def init_collective(
+        self, master_address: str, master_port: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        """Rank 0 joins the weight-transfer group with the engines (member 0); other ranks only gather for it."""
+        if self.rank == 0:
+            self.transfer_group = WeightTransferGroup(
+                master_address, master_port, 0, world_size, self.device, timeout_s
+            )
+
+    def broadcast_weights_for_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        state = self.get_full_state_dict_for_refit()
+        if state is not None:
+            broadcast_state_dict(self.transfer_group, state, bucket_bytes)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(
+        self,
+        weights_path: str,
+        optimizer_path: str | None = None,
+        tokenizer_path: str | None = None,
+        save_hf_path: str | None = None,
+        save_hf_format: str = "safetensors",
+    ) -> None:
+        """Megatron distributed checkpoints of the model and (with ``optimizer_path``) of the optimizer and
+        scheduler; tokenizer files; a consolidated Hugging Face folder at ``save_hf_path``. A collective."""
+        model_state = mmodel.unwrap(self.model).sharded_state_dict()
+        _save_distributed(model_state, weights_path)
+        if optimizer_path is not None:
+            if self.optimizer is None:
+                raise RuntimeError("save_checkpoint: optimizer_path given but this policy has no optimizer")
+            state = {
+                "optimizer": self.optimizer.sharded_state_dict(model_state),
+                "scheduler": self.scheduler.state_dict(),
+            }
+            _save_distributed(state, optimizer_path)
+        if tokenizer_path is not None and self.rank == 0:
+            self.tokenizer.save_pretrained(tokenizer_path)
+        if save_hf_path is not None:
+            full_state = mmodel.gather_hf_state_dict(self.model, self.shape, self.layers)
+            if full_state is not None:
+                save_consolidated_hf(
+                    {name: tensor.float() for name, tensor in full_state.items()},
+                    self.hf_config,
+                    save_hf_path,
+                    tokenizer=self.tokenizer,
+                    save_format=save_hf_format,
+                )
+        dist.barrier()
+
+    def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
+        """Load a `save_checkpoint` output, resharded to this run's parallel layout (a collective)."""
+        gpt = mmodel.unwrap(self.model)
+        loaded = dist_checkpointing.load(gpt.sharded_state_dict(), weights_path)
+        gpt.load_state_dict(loaded, strict=False)
+        if optimizer_path is not None and self.optimizer is not None:
+            template = {"optimizer": self.optimizer.sharded_state_dict(gpt.sharded_state_dict(), is_loading=True)}
+            state = dist_checkpointing.load(template, optimizer_path)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def shutdown(self) -> bool:
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return True
+
+
+def _save_distributed(state: dict[str, Any], path: str) -> None:
+    if dist.get_rank() == 0:
+        os.makedirs(path, exist_ok=True)
+    dist.barrier()
+    dist_checkpointing.save(state, path)
