@@ -1,9 +1,11 @@
-"""``Policy``: the driver-side facade of a DTensor (FSDP2 + TP) policy spread over Ray workers.
+"""``Policy``: the driver-side facade of a policy spread over Ray workers, DTensor (FSDP2 + TP) or Megatron Core
+(TP + PP + DP), whichever the config enables.
 
 It checks the config, the model name and every batch on the driver (so mistakes surface as one clear exception,
 not a remote traceback), shards batches over data-parallel ranks and merges the workers' results. Each bundle of
-the cluster hosts one `DTensorPolicyWorker`; ranks form a ``data_parallel x tensor_parallel`` grid (dp-major), the
-ranks of one TP group receive the same data and only one of them returns results.
+the cluster hosts one worker (`DTensorPolicyWorker` or `MegatronPolicyWorker`); ranks form a
+``pipeline_parallel x data_parallel x tensor_parallel`` grid, the ranks of one TP group and of one pipeline receive the
+same data and only one of them returns results (the workers hand the last stage's results to every stage).
 """
 
 from __future__ import annotations
@@ -31,6 +33,21 @@ from nemo_rl_clone.models.policy.reward_model import check_input_lengths, reward
 from nemo_rl_clone.utils.config_validation import validate_config
 
 DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
+MEGATRON_WORKER = "nemo_rl_clone.models.policy.megatron_policy_worker.MegatronPolicyWorker"
+
+
+def _backend(config: PolicyConfig) -> tuple[str, str, int, int]:
+    """(worker class path, tensor-parallel key, tensor-parallel size, pipeline-parallel size) of the backend the
+    config enables (validation guarantees exactly one)."""
+    if config.megatron_cfg.enabled:
+        mcfg = config.megatron_cfg
+        return (
+            MEGATRON_WORKER,
+            "megatron_cfg.tensor_model_parallel_size",
+            mcfg.tensor_model_parallel_size,
+            mcfg.pipeline_model_parallel_size,
+        )
+    return DTENSOR_WORKER, "dtensor_cfg.tensor_parallel_size", config.dtensor_cfg.tensor_parallel_size, 1
 
 
 class Policy(ColocatablePolicyInterface):
@@ -70,18 +87,22 @@ class Policy(ColocatablePolicyInterface):
         _check_config(self.cfg, init_optimizer)
         model_path = check_model_available(self.cfg.model_name)
         world_size = cluster.world_size()
-        tp_size = self.cfg.dtensor_cfg.tensor_parallel_size
-        if world_size % tp_size:
+        worker_class, tp_key, tp_size, pp_size = _backend(self.cfg)
+        if world_size % (tp_size * pp_size):
             raise ValueError(
-                f"policy.dtensor_cfg.tensor_parallel_size={tp_size} must divide the number of workers ({world_size})"
+                f"policy.{tp_key}={tp_size} times the pipeline-parallel size {pp_size} must divide the number of "
+                f"workers ({world_size})"
             )
-        self.dp_size = world_size // tp_size
+        self.dp_size = world_size // (tp_size * pp_size)
         self.is_reward_model = self.cfg.reward_model_cfg.enabled
+        # Rank order: tensor-parallel ranks are neighbours, then data-parallel, pipeline stages outermost
+        # (Megatron's layout; the DTensor backend has one stage).
         sharding = NamedSharding(
-            np.arange(world_size).reshape(self.dp_size, tp_size), ["data_parallel", "tensor_parallel"]
+            np.arange(world_size).reshape(pp_size, self.dp_size, tp_size),
+            ["pipeline_parallel", "data_parallel", "tensor_parallel"],
         )
         builder = RayWorkerBuilder(
-            DTENSOR_WORKER,
+            worker_class,
             self.cfg,
             tokenizer,
             model_path,
@@ -90,6 +111,8 @@ class Policy(ColocatablePolicyInterface):
             init_optimizer=init_optimizer,
             init_reference_model=init_reference_model,
         )
+        if self.cfg.megatron_cfg.enabled and self.cfg.megatron_cfg.env_vars:
+            env_vars = {**self.cfg.megatron_cfg.env_vars, **(env_vars or {})}
         self.worker_group = RayWorkerGroup(
             cluster, builder, name_prefix=name_prefix, sharding_annotations=sharding, env_vars=env_vars
         )
@@ -261,8 +284,8 @@ class Policy(ColocatablePolicyInterface):
             method,
             shards,
             in_sharded_axes=["data_parallel"],
-            replicate_on_axes=["tensor_parallel"],
-            output_is_replicated=["tensor_parallel"],
+            replicate_on_axes=["pipeline_parallel", "tensor_parallel"],
+            output_is_replicated=["pipeline_parallel", "tensor_parallel"],
             common_kwargs=kwargs,
         )
         return self.worker_group.get_all_worker_results(future)

@@ -49,6 +49,10 @@ from nemo_rl_clone.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
+# The distributed optimizer's checkpoint format that reloads at any TP/PP/DP layout (Megatron's default,
+# "fully_sharded_model_space", relies on flattened ShardedTensors that megatron-core 0.16 refuses to save).
+_OPTIMIZER_CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
 
 class MegatronPolicyWorker:
     """One rank of the policy; the constructor arguments are `DTensorPolicyWorker`'s. Every public method except
@@ -368,16 +372,21 @@ class MegatronPolicyWorker:
     ) -> None:
         """Megatron distributed checkpoints of the model and (with ``optimizer_path``) of the optimizer and
         scheduler; tokenizer files; a consolidated Hugging Face folder at ``save_hf_path``. A collective."""
-        model_state = mmodel.unwrap(self.model).sharded_state_dict()
-        _save_distributed(model_state, weights_path)
+        gpt = mmodel.unwrap(self.model)
+        _save_distributed(gpt.sharded_state_dict(), weights_path)
         if optimizer_path is not None:
             if self.optimizer is None:
                 raise RuntimeError("save_checkpoint: optimizer_path given but this policy has no optimizer")
-            state = {
-                "optimizer": self.optimizer.sharded_state_dict(model_state),
-                "scheduler": self.scheduler.state_dict(),
-            }
-            _save_distributed(state, optimizer_path)
+            # A fresh model sharded state dict: saving one replaces its tensors, and the optimizer's maps its
+            # parameters through the model's Parameter objects. (Gathering the optimizer state calls `.cuda()`.)
+            with megatron_cpu_shims.cuda_redirect():
+                state = {
+                    "optimizer": self.optimizer.sharded_state_dict(
+                        gpt.sharded_state_dict(), metadata=_OPTIMIZER_CHECKPOINT_METADATA
+                    ),
+                    "scheduler": self.scheduler.state_dict(),
+                }
+                _save_distributed(state, optimizer_path)
         if tokenizer_path is not None and self.rank == 0:
             self.tokenizer.save_pretrained(tokenizer_path)
         if save_hf_path is not None:
@@ -397,8 +406,18 @@ class MegatronPolicyWorker:
         gpt = mmodel.unwrap(self.model)
         loaded = dist_checkpointing.load(gpt.sharded_state_dict(), weights_path)
         gpt.load_state_dict(loaded, strict=False)
-        if optimizer_path is not None and self.optimizer is not None:
-            template = {"optimizer": self.optimizer.sharded_state_dict(gpt.sharded_state_dict(), is_loading=True)}
+        if self.optimizer is None:
+            return
+        with megatron_cpu_shims.cuda_redirect():
+            if optimizer_path is None:
+                # The optimizer's fp32 main parameters (separate copies under bf16/fp16) take the loaded weights.
+                self.optimizer.reload_model_params()
+                return
+            template = {
+                "optimizer": self.optimizer.sharded_state_dict(
+                    gpt.sharded_state_dict(), is_loading=True, metadata=_OPTIMIZER_CHECKPOINT_METADATA
+                )
+            }
             state = dist_checkpointing.load(template, optimizer_path)
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,433 @@
+"""`MegatronPolicyWorker` in spawned gloo processes (no Ray), against Hugging Face, the DTensor worker and itself at
+other parallel layouts.
+
+A tiny random Llama (4 layers, 4 heads / 2 KV heads, vocab 128, tied embeddings) trains 3 Adam steps (clip_grad
+active, a warming-up LR) on 3 batches of 8 right-padded rows with prompt and sample masks. To keep the file fast on
+2 cores, each scenario is one spawn run once in a module fixture and the tests assert on what it recorded:
+
+- ``single``: one process. The DTensor worker's logprobs, then the Megatron worker at TP=PP=DP=1: logprobs, an HF
+  export at init, 3 steps with the refit state dict after each, an HF export after step 1 and a run checkpoint
+  (``step_2/policy/{weights,optimizer,tokenizer}`` + ``config.yaml``) after step 2.
+- ``tp2`` / ``pp2`` / ``dp2``: two processes, the same 3 steps.
+- ``resumed``: two processes at TP=2 loading ``single``'s step-2 checkpoint and taking step 3.
+- the converter CLI (``examples/converters/convert_megatron_to_hf.py``) on the step-2 checkpoint.
+
+Tolerances are for fp32: the layouts only reorder float sums (measured ≤ 1e-6).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import yaml
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONVERTER = REPO_ROOT / "examples" / "converters" / "convert_megatron_to_hf.py"
+VOCAB, SEQ, ROWS, STEPS = 128, 16, 8, 3
+PROMPT_TOKENS = 3
+LR, WARMUP_INIT_LR, WARMUP_STEPS = 1e-3, 1e-4, 3  # the LR differs at every step: a reset on resume shows
+ATOL = 1e-5
+
+
+# ---------------------------------------------------------------------------- spawning
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _child(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], args: tuple) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        CUDA_VISIBLE_DEVICES="",  # gloo on CPU everywhere, GPU machines included
+    )
+    torch.set_num_threads(max(1, 2 // world))
+    result = fn(*args)
+    if rank == 0:
+        torch.save(result, out)
+
+
+def spawn(world: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn(*args)`` in ``world`` fresh processes joined as one gloo group (on a free port); rank 0's result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.pt")
+        mp.spawn(_child, args=(world, free_port(), out, fn, args), nprocs=world, join=True)
+        return torch.load(out, weights_only=False)
+
+
+# ---------------------------------------------------------------------------- model, data, config
+def build_tiny_llama(out_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=128,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out_dir)
+    # Only saved alongside (checkpoints and exports copy it); the batches are random ids below the model's vocab.
+    load_tokenizer(resolve_model_path(TINY_LLAMA)).save_pretrained(out_dir)
+
+
+def make_batches() -> list[BatchedDataDict]:
+    generator = torch.Generator().manual_seed(1)
+    batches = []
+    for step in range(STEPS):
+        input_ids = torch.randint(0, VOCAB, (ROWS, SEQ), generator=generator)
+        lengths = torch.randint(PROMPT_TOKENS + 2, SEQ + 1, (ROWS,), generator=generator)
+        lengths[step] = SEQ
+        positions = torch.arange(SEQ)
+        valid = positions < lengths[:, None]
+        input_ids = torch.where(valid, input_ids, 0)
+        sample_mask = torch.ones(ROWS)
+        sample_mask[ROWS - 1 - step] = 0  # contributes nothing
+        batches.append(
+            BatchedDataDict(
+                input_ids=input_ids,
+                input_lengths=lengths,
+                token_mask=(valid & (positions >= PROMPT_TOKENS)).float(),
+                sample_mask=sample_mask,
+            )
+        )
+    return batches
+
+
+def _namespace(value: Any) -> Any:
+    if isinstance(value, dict):
+        return types.SimpleNamespace(**{key: _namespace(item) for key, item in value.items()})
+    return value
+
+
+def policy_dict(model_dir: str, tp: int = 1, pp: int = 1) -> dict[str, Any]:
+    """The ``policy`` section of a Megatron run (NeMo-RL key names)."""
+    return {
+        "model_name": model_dir,
+        "train_global_batch_size": ROWS,
+        "train_micro_batch_size": 2,
+        "logprob_batch_size": 3,
+        "precision": "float32",
+        "logprob_chunk_size": None,
+        "optimizer": None,
+        "scheduler": None,
+        "dtensor_cfg": {"enabled": False},
+        "megatron_cfg": {
+            "enabled": True,
+            "tensor_model_parallel_size": tp,
+            "pipeline_model_parallel_size": pp,
+            "optimizer": {
+                "optimizer": "adam",
+                "lr": LR,
+                "min_lr": LR,
+                "weight_decay": 0.01,
+                "clip_grad": 1.0,
+                "use_distributed_optimizer": True,
+            },
+            "scheduler": {
+                "start_weight_decay": 0.01,
+                "end_weight_decay": 0.01,
+                "lr_decay_style": "constant",
+                "lr_warmup_iters": WARMUP_STEPS,
+                "lr_warmup_init": WARMUP_INIT_LR,
+            },
+            "distributed_data_parallel_config": {
+                "grad_reduce_in_fp32": True,
+                "overlap_grad_reduce": False,
+                "overlap_param_gather": False,
+                "average_in_collective": False,
+            },
+        },
+    }
+
+
+def megatron_config(model_dir: str, tp: int = 1, pp: int = 1) -> Any:
+    policy = policy_dict(model_dir, tp, pp)
+    m = policy["megatron_cfg"]
+    m.update(
+        converter_type=None,
+        activation_checkpointing=False,
+        recompute_granularity="full",
+        recompute_modules=None,
+        bias_activation_fusion=True,
+        defer_fp32_logits=False,
+        empty_unused_memory_level=0,
+        num_layers_in_first_pipeline_stage=None,
+        num_layers_in_last_pipeline_stage=None,
+    )
+    m["optimizer"].update(adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8, sgd_momentum=0.9)
+    m["scheduler"].update(weight_decay_incr_style="constant", lr_decay_iters=None)
+    return _namespace(policy)
+
+
+def dtensor_config(model_dir: str) -> Any:
+    from nemo_rl_clone.models.policy.config import PolicyConfig
+    from nemo_rl_clone.utils.config_validation import validate_config
+
+    return validate_config(
+        {"model_name": model_dir, "precision": "float32", "train_global_batch_size": ROWS, "logprob_batch_size": 3},
+        PolicyConfig,
+    )
+
+
+def hf_logprobs(model_dir: str, data: BatchedDataDict) -> torch.Tensor:
+    """[B, S] policy-layout logprobs of one plain HF forward (0 at position 0 and on padding)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    input_ids = data["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits.float()
+    next_token = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    logprobs = torch.cat([torch.zeros(len(input_ids), 1), next_token], dim=1)
+    return torch.where(torch.arange(input_ids.shape[1]) < data["input_lengths"][:, None], logprobs, 0.0)
+
+
+def max_diff(a: Any, b: Any) -> float:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        return max(max_diff(a[key], b[key]) for key in a)
+    return (torch.as_tensor(a).double() - torch.as_tensor(b).double()).abs().max().item()
+
+
+# ---------------------------------------------------------------------------- scenarios (run in the children)
+def _megatron_worker(model_dir: str, tp: int, pp: int, **kwargs: Any) -> Any:
+    from nemo_rl_clone.models.huggingface import load_tokenizer
+    from nemo_rl_clone.models.policy.megatron_policy_worker import MegatronPolicyWorker
+
+    return MegatronPolicyWorker(megatron_config(model_dir, tp, pp), load_tokenizer(model_dir), model_dir, **kwargs)
+
+
+def _step(worker: Any, data: BatchedDataDict) -> dict[str, Any]:
+    """One optimizer step on this rank's data-parallel shard of ``data``."""
+    from megatron.core import parallel_state
+
+    from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+
+    dp_size = parallel_state.get_data_parallel_world_size()
+    shard = data.shard_by_batch_size(dp_size)[parallel_state.get_data_parallel_rank()] if dp_size > 1 else data
+    result = worker.train(shard, NLLLoss(), gbs=ROWS)
+    return {
+        "loss": result["global_loss"].item(),
+        "grad_norm": result["grad_norm"].item(),
+        "lr": result["all_mb_metrics"]["lr"][0],
+        "state": worker.get_full_state_dict_for_refit(),
+    }
+
+
+def run_single(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
+    from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
+
+    dtensor = DTensorPolicyWorker(
+        dtensor_config(model_dir), None, model_dir, init_optimizer=False, init_reference_model=False
+    )
+    result: dict[str, Any] = {"dtensor_logprobs": dtensor.get_logprobs(batches[0])["logprobs"]}
+    dtensor.shutdown()
+    os.environ["MASTER_PORT"] = str(free_port())  # a fresh process group for the Megatron worker
+
+    run = Path(run_dir)
+    worker = _megatron_worker(model_dir, 1, 1)
+    result["logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
+    result["reference_logprobs"] = worker.get_reference_policy_logprobs(batches[0])["reference_logprobs"]
+    worker.save_checkpoint(str(run / "init" / "weights"), save_hf_path=str(run / "hf_init"))
+    result["steps"] = []
+    for index, data in enumerate(batches):
+        result["steps"].append(_step(worker, data))
+        if index == 0:
+            worker.save_checkpoint(str(run / "step_1" / "weights"), save_hf_path=str(run / "hf_step_1"))
+        if index == 1:
+            policy = run / "step_2" / "policy"
+            worker.save_checkpoint(
+                str(policy / "weights"), str(policy / "optimizer"), tokenizer_path=str(policy / "tokenizer")
+            )
+    result["final_logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
+    result["reference_logprobs_after_training"] = worker.get_reference_policy_logprobs(batches[0])[
+        "reference_logprobs"
+    ]
+    worker.shutdown()
+    return result
+
+
+def run_layout(model_dir: str, batches: list[BatchedDataDict], tp: int, pp: int) -> dict[str, Any]:
+    worker = _megatron_worker(model_dir, tp, pp)
+    result = {"logprobs": worker.get_logprobs(batches[0])["logprobs"]}
+    result["steps"] = [_step(worker, data) for data in batches]
+    result["final_logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
+    worker.shutdown()
+    return result
+
+
+def run_resumed(model_dir: str, policy_dir: str, batches: list[BatchedDataDict], tp: int, pp: int) -> dict[str, Any]:
+    worker = _megatron_worker(
+        model_dir, tp, pp, weights_path=f"{policy_dir}/weights", optimizer_path=f"{policy_dir}/optimizer"
+    )
+    result = {"reference_logprobs": worker.get_reference_policy_logprobs(batches[0])["reference_logprobs"]}
+    result["step"] = _step(worker, batches[2])
+    worker.shutdown()
+    return result
+
+
+# ---------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("tiny_llama")
+    build_tiny_llama(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def batches() -> list[BatchedDataDict]:
+    return make_batches()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("megatron_run")
+
+
+@pytest.fixture(scope="module")
+def single(model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dict[str, Any]:
+    return spawn(1, run_single, model_dir, str(run_dir), batches)
+
+
+LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout(request: pytest.FixtureRequest, model_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
+    return spawn(2, run_layout, model_dir, batches, *LAYOUTS[request.param])
+
+
+@pytest.fixture(scope="module")
+def resumed(single: dict, model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dict[str, Any]:
+    return spawn(2, run_resumed, model_dir, str(run_dir / "step_2" / "policy"), batches, 2, 1)
+
+
+# ---------------------------------------------------------------------------- tests
+@pytest.mark.slow
+def test_logprobs_equal_hf_and_the_dtensor_worker(single: dict, model_dir: str, batches: list) -> None:
+    expected = hf_logprobs(model_dir, batches[0])
+    assert single["logprobs"].shape == expected.shape
+    assert max_diff(single["logprobs"], expected) <= ATOL
+    assert max_diff(single["logprobs"], single["dtensor_logprobs"]) <= ATOL
+    assert torch.equal(single["reference_logprobs"], single["logprobs"])
+    # Training moved the weights; the reference model stayed the initial one.
+    assert max_diff(single["final_logprobs"], expected) > 1e-3
+    assert torch.equal(single["reference_logprobs_after_training"], single["reference_logprobs"])
+
+
+@pytest.mark.slow
+def test_layout_trains_like_one_process(layout: dict, single: dict) -> None:
+    """TP=2, PP=2 and DP=2 each give TP=PP=DP=1's logprobs, losses, grad norms and weights over 3 steps."""
+    assert max_diff(layout["logprobs"], single["logprobs"]) <= ATOL
+    for got, want in zip(layout["steps"], single["steps"], strict=True):
+        assert abs(got["loss"] - want["loss"]) <= ATOL
+        assert abs(got["grad_norm"] - want["grad_norm"]) <= ATOL
+        assert got["lr"] == want["lr"]
+        assert max_diff(got["state"], want["state"]) <= ATOL
+    assert max_diff(layout["final_logprobs"], single["final_logprobs"]) <= ATOL
+    assert all(step["grad_norm"] > 1.0 for step in single["steps"])  # clip_grad=1.0 really clips
+
+
+@pytest.mark.slow
+def test_checkpoint_resumes_at_another_layout(resumed: dict, single: dict) -> None:
+    """2 steps at TP=1, saved; a new 2-process world at TP=2 loads weights, optimizer and scheduler; its step 3
+    equals the third of 3 straight steps."""
+    want = single["steps"][2]
+    got = resumed["step"]
+    assert abs(got["loss"] - want["loss"]) <= ATOL
+    assert abs(got["grad_norm"] - want["grad_norm"]) <= ATOL
+    assert got["lr"] == pytest.approx(want["lr"], abs=1e-12)
+    assert len({step["lr"] for step in single["steps"]}) == STEPS  # the LR really changes at every step
+    assert max_diff(got["state"], want["state"]) <= ATOL
+    # The reference model is the Hugging Face one, not the loaded checkpoint.
+    assert max_diff(resumed["reference_logprobs"], single["reference_logprobs"]) <= ATOL
+
+
+@pytest.mark.slow
+def test_hf_export_at_init_is_the_input_model(single: dict, model_dir: str, run_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(run_dir / "hf_init", dtype=torch.float32).state_dict()
+    original = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    assert exported.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(exported[name], tensor), name
+    assert (run_dir / "hf_init" / "tokenizer.json").is_file()
+
+
+@pytest.mark.slow
+def test_hf_export_after_a_step_is_the_refit_state(single: dict, run_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(run_dir / "hf_step_1", dtype=torch.float32).state_dict()
+    refit = single["steps"][0]["state"]
+    assert exported.keys() == refit.keys()
+    for name, tensor in refit.items():
+        assert torch.equal(exported[name], tensor), name
+
+
+def _write_run_config(step_dir: Path, model_dir: str) -> Path:
+    """``step_N/config.yaml`` as a run saves it (the policy section is what the converter reads)."""
+    config_path = step_dir / "config.yaml"
+    policy = policy_dict(model_dir, tp=2, pp=2)  # the run's layout; the converter loads at TP=PP=1
+    config_path.write_text(yaml.safe_dump({"policy": policy, "checkpointing": {"model_save_format": "safetensors"}}))
+    return config_path
+
+
+@pytest.mark.slow
+def test_converter_cli_writes_the_checkpoint_as_hf(single: dict, model_dir: str, run_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    step_dir = run_dir / "step_2"
+    config_path = _write_run_config(step_dir, model_dir)
+    out = run_dir / "converted_step_2"
+    converted = subprocess.run(
+        [
+            sys.executable,
+            str(CONVERTER),
+            "--config",
+            str(config_path),
+            "--megatron-ckpt-path",
+            str(step_dir / "policy" / "weights"),
+            "--hf-ckpt-path",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert f"wrote {out}" in converted.stdout
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    refit = single["steps"][1]["state"]
+    assert exported.keys() == refit.keys()
+    for name, tensor in refit.items():
+        assert torch.equal(exported[name], tensor), name
+    assert (out / "tokenizer.json").is_file()  # the checkpoint's policy/tokenizer
