@@ -128,16 +128,22 @@ def _policy_problems(config: Any, policy: Any) -> list[str]:
     if model_problem is not None:
         problems.append(model_problem)
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
-    tp = policy.dtensor_cfg.tensor_parallel_size
-    if workers % tp:
-        problems.append(f"policy.dtensor_cfg.tensor_parallel_size: {tp} must divide the {workers} workers of cluster.*")
-    elif policy.train_global_batch_size % (workers // tp):
+    model_parallel = policy.model_parallel_size()
+    if policy.megatron_cfg.enabled:
+        divisor = "tensor_model_parallel_size * pipeline_model_parallel_size"
+        key = f"policy.megatron_cfg.{divisor}"
+    else:
+        key, divisor = "policy.dtensor_cfg.tensor_parallel_size", "tensor_parallel_size"
+    if workers % model_parallel:
+        problems.append(f"{key}: {model_parallel} must divide the {workers} workers of cluster.*")
+    elif policy.train_global_batch_size % (workers // model_parallel):
         problems.append(
             f"policy.train_global_batch_size: {policy.train_global_batch_size} must be a multiple of the "
-            f"data-parallel size {workers // tp} (cluster.gpus_per_node * cluster.num_nodes / tensor_parallel_size)"
+            f"data-parallel size {workers // model_parallel} (cluster.gpus_per_node * cluster.num_nodes / {divisor})"
         )
-    try:
-        check_optimizer_and_scheduler(policy.optimizer, policy.scheduler)
-    except OptimizerConfigError as error:
-        problems.append(str(error))
+    if policy.optimizer is not None:  # null with the Megatron backend, which builds its own optimizer
+        try:
+            check_optimizer_and_scheduler(policy.optimizer, policy.scheduler)
+        except OptimizerConfigError as error:
+            problems.append(str(error))
     return problems

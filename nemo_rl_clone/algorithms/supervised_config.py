@@ -113,8 +113,8 @@ def check_supervised_config(
         want = "true: reward-model training needs a scalar head" if reward_model else f"false for {section}"
         problems.append(("policy.reward_model_cfg.enabled", f"must be {want}"))
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
-    tp = policy.dtensor_cfg.tensor_parallel_size
-    dp = workers // tp if tp >= 1 and workers % tp == 0 else 1
+    model_parallel = policy.model_parallel_size()
+    dp = workers // model_parallel if model_parallel >= 1 and workers % model_parallel == 0 else 1
     for key, size in (
         ("policy.train_global_batch_size", policy.train_global_batch_size),
         (f"{section}.val_global_batch_size", loop.val_global_batch_size),

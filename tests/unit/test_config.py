@@ -216,7 +216,7 @@ def test_grpo_impossible_combinations():
         )
     text = "\n".join(err.value.problems)
     assert (
-        "policy.megatron_cfg.enabled: the Megatron Core backend is not supported yet; use dtensor_cfg.enabled=true"
+        "policy.megatron_cfg.enabled: pick one backend: dtensor_cfg.enabled and megatron_cfg.enabled are both true"
         in text
     )
     assert "policy.train_global_batch_size: must be a multiple of train_micro_batch_size (102 % 4 != 0)" in text
@@ -291,3 +291,44 @@ def test_readme_scheduler_example_is_written_as_null():
     assert cfg.policy.scheduler is None
     readme = (REPO / "README.md").read_text()
     assert "policy.scheduler=null" in readme and "~policy.scheduler" not in readme
+
+
+def test_optimizer_is_unset_with_null_not_tilde():
+    """The Megatron recipes need `policy.optimizer=null`; `~policy.optimizer` would bring the AdamW default back."""
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", ["~policy.optimizer"], grpo_schema())
+    (problem,) = err.value.problems
+    assert problem.endswith("so ~ would restore it; write policy.optimizer=null to unset it")
+    overrides = [
+        "policy.optimizer=null",
+        "policy.scheduler=null",
+        "policy.dtensor_cfg.enabled=false",
+        "policy.megatron_cfg.enabled=true",
+    ]
+    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", overrides, grpo_schema())
+    assert cfg.policy.optimizer is None and cfg.policy.megatron_cfg.enabled
+
+
+# ---------------------------------------------------------------- every recipe in configs/ validates
+
+
+def _schema_of(path: Path) -> type:
+    """The master config of the entry point that runs ``path`` (by its name: grpo*, sft*, dpo*, rm*, evals/*)."""
+    from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
+    from nemo_rl_clone.algorithms.rm import RMMasterConfig
+    from nemo_rl_clone.algorithms.sft import SFTMasterConfig
+    from nemo_rl_clone.evals.config import EvalMasterConfig
+
+    relative = path.relative_to(REPO / "configs").as_posix()
+    schemas = {"evals/": EvalMasterConfig, "grpo": grpo_schema(), "sft": SFTMasterConfig}
+    for prefix, schema in {**schemas, "dpo": DPOMasterConfig, "rm": RMMasterConfig}.items():
+        if relative.startswith(prefix):
+            return schema
+    raise AssertionError(f"configs/{relative}: no entry point runs it; name it after its run")
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "configs").rglob("*.yaml")), ids=lambda p: p.relative_to(REPO / "configs").as_posix()
+)
+def test_every_recipe_validates(path):
+    load_validated_config(path, [], _schema_of(path))

@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.policy.megatron_config import (
+    MegatronConfig,
+    check_megatron_against_policy,
+    check_megatron_config,
+)
 from nemo_rl_clone.utils.config_validation import check_at_least
 
 # apply_chat_template's own arguments: the code sets them per call, a config must not pin them.
@@ -100,73 +105,6 @@ class DTensorConfig:
 
 
 @dataclass
-class MegatronOptimizerConfig:
-    optimizer: str = "adam"
-    lr: float = 5e-6
-    min_lr: float = 5e-7
-    weight_decay: float = 0.01
-    bf16: bool = True
-    fp16: bool = False
-    params_dtype: str = "float32"
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    sgd_momentum: float = 0.9
-    use_distributed_optimizer: bool = True
-    use_precision_aware_optimizer: bool = True
-    clip_grad: float = 1.0
-
-
-@dataclass
-class MegatronSchedulerConfig:
-    start_weight_decay: float = 0.01
-    end_weight_decay: float = 0.01
-    weight_decay_incr_style: str = "constant"
-    lr_decay_style: str = "constant"
-    lr_decay_iters: int | None = None
-    lr_warmup_iters: int = 50
-    lr_warmup_init: float = 5e-7
-
-
-@dataclass
-class MegatronDDPConfig:
-    grad_reduce_in_fp32: bool = False
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True
-    average_in_collective: bool = True
-    use_custom_fsdp: bool = False
-    data_parallel_sharding_strategy: str = "optim_grads_params"
-
-
-@dataclass
-class MegatronConfig:
-    """NeMo-RL's Megatron Core keys. ``enabled: true`` is refused (the backend is not supported yet), so the other
-    keys of this section do nothing; they are accepted so that NeMo-RL recipes validate unchanged."""
-
-    enabled: bool = False
-    empty_unused_memory_level: int = 0
-    activation_checkpointing: bool = False
-    converter_type: str = "Qwen2ForCausalLM"
-    tensor_model_parallel_size: int = 1
-    expert_tensor_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    num_layers_in_first_pipeline_stage: int | None = None
-    num_layers_in_last_pipeline_stage: int | None = None
-    context_parallel_size: int = 1
-    pipeline_dtype: str = "bfloat16"
-    sequence_parallel: bool = False
-    freeze_moe_router: bool = True
-    moe_router_dtype: str | None = None
-    moe_router_load_balancing_type: str = "none"
-    moe_router_bias_update_rate: float = 0.0
-    apply_rope_fusion: bool = True
-    optimizer: MegatronOptimizerConfig = field(default_factory=MegatronOptimizerConfig)
-    scheduler: MegatronSchedulerConfig = field(default_factory=MegatronSchedulerConfig)
-    distributed_data_parallel_config: MegatronDDPConfig = field(default_factory=MegatronDDPConfig)
-
-
-@dataclass
 class DynamicBatchingConfig:
     """Token-budgeted microbatches of length-sorted samples (less padding)."""
 
@@ -221,7 +159,9 @@ class PolicyConfig:
     logprob_chunk_size: int | None = None
     make_sequence_length_divisible_by: int = 1
     refit_buffer_size_gb: float | None = None
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    # The DTensor backend's torch optimizer and LR scheduler; the Megatron backend builds its own from
+    # megatron_cfg.optimizer / megatron_cfg.scheduler, and these must then be null.
+    optimizer: OptimizerConfig | None = field(default_factory=OptimizerConfig)
     scheduler: list[dict[str, Any]] | None = field(default_factory=_default_scheduler)
     dtensor_cfg: DTensorConfig = field(default_factory=DTensorConfig)
     megatron_cfg: MegatronConfig = field(default_factory=MegatronConfig)
@@ -230,10 +170,14 @@ class PolicyConfig:
     generation: GenerationConfig | None = field(default_factory=GenerationConfig)
     reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
 
+    def model_parallel_size(self) -> int:
+        """Workers per model replica (the data-parallel size is workers / this): the backend's TP, or TP × PP."""
+        if self.megatron_cfg.enabled and not self.dtensor_cfg.enabled:
+            return self.megatron_cfg.tensor_model_parallel_size * self.megatron_cfg.pipeline_model_parallel_size
+        return self.dtensor_cfg.tensor_parallel_size
+
     def check(self) -> list[tuple[str, str]]:
-        problems = _check_unsupported_features(self)
-        if not self.dtensor_cfg.enabled and not self.megatron_cfg.enabled:
-            problems.append(("dtensor_cfg.enabled", "must be true: DTensor (FSDP2) is the policy backend"))
+        problems = _check_unsupported_features(self) + _check_backend(self)
         problems += check_at_least(
             self,
             1,
@@ -258,13 +202,68 @@ class PolicyConfig:
         return problems
 
 
-def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
-    """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored."""
-    problems = []
-    if config.megatron_cfg.enabled:
+def _check_backend(config: PolicyConfig) -> list[tuple[str, str]]:
+    """Exactly one backend, and the keys of the other backend's kind null (``megatron_cfg`` keys: only checked
+    when it is the backend, see `nemo_rl_clone.models.policy.megatron_config`)."""
+    dtensor, megatron = config.dtensor_cfg.enabled, config.megatron_cfg.enabled
+    if dtensor and megatron:
+        return [
+            ("megatron_cfg.enabled", "pick one backend: dtensor_cfg.enabled and megatron_cfg.enabled are both true")
+        ]
+    if not dtensor and not megatron:
+        return [
+            (
+                "dtensor_cfg.enabled",
+                "no policy backend: set dtensor_cfg.enabled=true (DTensor/FSDP2) or megatron_cfg.enabled=true "
+                "(Megatron Core)",
+            )
+        ]
+    if dtensor:
+        if config.optimizer is None:
+            return [
+                (
+                    "optimizer",
+                    "the DTensor backend trains with this torch optimizer; null is only for the Megatron backend "
+                    "(megatron_cfg.enabled=true), which builds its own",
+                )
+            ]
+        return []
+    problems = [(f"megatron_cfg.{key}", message) for key, message in check_megatron_config(config.megatron_cfg)]
+    problems += [
+        (f"megatron_cfg.{key}", message)
+        for key, message in check_megatron_against_policy(config.megatron_cfg, config.precision, config.max_grad_norm)
+    ]
+    if config.optimizer is not None:
         problems.append(
-            ("megatron_cfg.enabled", "the Megatron Core backend is not supported yet; use dtensor_cfg.enabled=true")
+            (
+                "optimizer",
+                "the Megatron backend builds its optimizer from policy.megatron_cfg.optimizer; set policy.optimizer=null",
+            )
         )
+    if config.scheduler is not None:
+        problems.append(
+            (
+                "scheduler",
+                "the Megatron backend builds its LR schedule from policy.megatron_cfg.scheduler; set "
+                "policy.scheduler=null",
+            )
+        )
+    if config.reward_model_cfg.enabled:
+        # The converter builds causal LMs (Llama, Qwen2), not the scalar-head sequence classifier.
+        problems.append(
+            (
+                "megatron_cfg.enabled",
+                "reward models (reward_model_cfg.enabled) are not supported by the Megatron backend yet; use "
+                "dtensor_cfg.enabled=true",
+            )
+        )
+    return problems
+
+
+def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
+    """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored
+    (``megatron_cfg``'s own: `nemo_rl_clone.models.policy.megatron_config`)."""
+    problems = []
     if config.sequence_packing.enabled:
         problems.append(
             (
@@ -274,13 +273,9 @@ def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
         )
     if config.dtensor_cfg.sequence_parallel:
         problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))
-    for section in ("dtensor_cfg", "megatron_cfg"):
-        size = getattr(config, section).context_parallel_size
-        if size != 1:
-            problems.append(
-                (
-                    f"{section}.context_parallel_size",
-                    f"context parallelism is not supported yet; set it to 1 (got {size})",
-                )
-            )
+    size = config.dtensor_cfg.context_parallel_size
+    if size != 1:
+        problems.append(
+            ("dtensor_cfg.context_parallel_size", f"context parallelism is not supported yet; set it to 1 (got {size})")
+        )
     return problems

@@ -122,6 +122,7 @@ class DTensorPolicyWorker:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if init_optimizer:
+            assert config.optimizer is not None, "validation refuses policy.optimizer=null with the DTensor backend"
             self.optimizer = build_optimizer(self.model.parameters(), config.optimizer)
             self.scheduler = build_scheduler(self.optimizer, config.scheduler)
         if weights_path:

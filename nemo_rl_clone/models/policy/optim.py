@@ -45,9 +45,11 @@ def import_by_path(path: str, key: str) -> Any:
     raise OptimizerConfigError(f"{key}: cannot import {path!r}{hint}")
 
 
-def check_import_paths(optimizer: OptimizerConfig, scheduler: Sequence[Mapping[str, Any]] | None) -> None:
-    """Resolve every class path of the optimizer and scheduler config; raise on the first that does not exist."""
-    import_by_path(optimizer.name, "policy.optimizer.name")
+def check_import_paths(optimizer: OptimizerConfig | None, scheduler: Sequence[Mapping[str, Any]] | None) -> None:
+    """Resolve every class path of the optimizer and scheduler config; raise on the first that does not exist.
+    Null (the Megatron backend, which builds its own optimizer) has none."""
+    if optimizer is not None:
+        import_by_path(optimizer.name, "policy.optimizer.name")
     for index, entry in enumerate(scheduler or []):
         if "name" in entry:
             import_by_path(entry["name"], f"policy.scheduler[{index}].name")

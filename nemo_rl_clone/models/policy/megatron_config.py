@@ -1,0 +1,389 @@
+"""``policy.megatron_cfg``: the Megatron Core backend's keys, with NeMo-RL's names and defaults.
+
+Each key is one of three kinds (the table in docs/policy.md#choosing-a-backend lists them all):
+
+- implemented: read by the Megatron policy worker;
+- refused when set to anything but its default: a feature this backend does not have. Most need Transformer
+  Engine: the backend builds Megatron's local (non-TE) layer spec on every machine, so that CPU and GPU runs
+  compute the same model;
+- inert on dense models: the MoE router/dispatcher keys (the HF↔Megatron converter builds Llama and Qwen2 only,
+  which have no experts), and the sub-keys of refused features (``fp8_cfg.*``, ``peft.*``,
+  ``linear_ce_fusion_chunk_size``). NeMo-RL's recipes set them on dense models, where NeMo-RL ignores them too.
+
+The section is checked only when ``enabled`` is true: NeMo-RL's DTensor recipes carry a ``megatron_cfg`` block
+(TE fusions switched on) that nothing reads, and they must keep validating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nemo_rl_clone.utils.config_validation import check_at_least
+
+# The HF architectures the converter maps to Megatron (``converter_type``; null: the model's ``architectures[0]``).
+CONVERTER_TYPES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+ATTENTION_BACKENDS = ("auto", "local", "unfused")
+_TE_ATTENTION_BACKENDS = ("flash", "fused")
+# Megatron's selective-recompute modules that exist in a dense (non-MoE, non-MLA) model.
+DENSE_RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp")
+_MOE_OR_MLA_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts", "mla_up_proj")
+
+_LOCAL_SPEC = "needs Transformer Engine, and this backend builds Megatron's local (non-TE) layer spec"
+_DENSE_ONLY = f"the converter builds dense models only ({', '.join(CONVERTER_TYPES)})"
+
+
+@dataclass
+class MegatronOptimizerConfig:
+    """Megatron's optimizer: Adam with decoupled weight decay (AdamW) or SGD, over fp32 master weights."""
+
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = 5e-6
+    min_lr: float = 5e-7  # the floor of the decaying lr_decay_styles
+    weight_decay: float = 0.01
+    bf16: bool | None = None  # null: follow policy.precision; set, it must agree with it
+    fp16: bool | None = None
+    params_dtype: str = "float32"  # the master weights; only float32
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    sgd_momentum: float = 0.9
+    use_distributed_optimizer: bool = True  # optimizer state sharded over data-parallel ranks
+    use_precision_aware_optimizer: bool = False  # refused: TE's FusedAdam
+    clip_grad: float | None = 1.0  # must equal policy.max_grad_norm; null: no clipping
+    optimizer_cpu_offload: bool = False  # refused
+    optimizer_offload_fraction: float = 0.0  # refused
+
+
+@dataclass
+class MegatronSchedulerConfig:
+    """Megatron's ``OptimizerParamScheduler``: linear warm-up from ``lr_warmup_init`` to ``optimizer.lr`` over
+    ``lr_warmup_iters`` steps, then ``lr_decay_style`` down to ``optimizer.min_lr`` at ``lr_decay_iters``; the
+    weight decay goes from ``start_weight_decay`` to ``end_weight_decay`` by ``weight_decay_incr_style``."""
+
+    start_weight_decay: float = 0.01
+    end_weight_decay: float = 0.01
+    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "constant"
+    lr_decay_iters: int | None = 1000  # null: only with lr_decay_style constant (no decay)
+    lr_warmup_iters: int = 13
+    lr_warmup_init: float = 5e-7
+
+
+@dataclass
+class MegatronDDPConfig:
+    """Megatron DDP (``DistributedDataParallelConfig``). The two overlaps need CUDA streams: the worker refuses
+    them at start-up on a machine without CUDA."""
+
+    grad_reduce_in_fp32: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    average_in_collective: bool = True
+    use_custom_fsdp: bool = False  # refused
+    data_parallel_sharding_strategy: str = "optim_grads_params"  # custom FSDP's only: the default alone
+
+
+@dataclass
+class MegatronFP8Config:
+    """Refused through ``enabled``; the other keys configure FP8 training and do nothing while it is off."""
+
+    enabled: bool = False
+    fp8: str = "e4m3"
+    fp8_recipe: str = "blockwise"
+    fp8_param: bool = False
+
+
+@dataclass
+class MegatronPeftConfig:
+    """LoRA; refused through ``enabled``, the other keys do nothing while it is off."""
+
+    enabled: bool = False
+    target_modules: list[str] = field(default_factory=list)
+    exclude_modules: list[str] = field(default_factory=list)
+    dim: int = 8
+    alpha: int = 32
+    dropout: float = 0.0
+    dropout_position: str = "post"
+    lora_A_init_method: str = "xavier"
+    lora_B_init_method: str = "zero"
+    a2a_experimental: bool = False
+    lora_dtype: str | None = None  # NeMo-RL's recipes write the string "None"
+
+
+@dataclass
+class MegatronConfig:
+    """NeMo-RL's ``policy.megatron_cfg``. ``enabled: true`` (with ``dtensor_cfg.enabled: false``) trains the
+    policy with Megatron Core: TP × PP × DP, Megatron DDP and distributed optimizer, HF weights converted in memory
+    at start-up."""
+
+    enabled: bool = False
+    # The HF → Megatron conversion always runs in memory at start-up (there is no converted-weights cache), so
+    # every start is a fresh conversion whatever this says.
+    force_reconvert_from_hf: bool = False
+    env_vars: dict[str, str] | None = field(default_factory=dict)  # set in each worker; null: none
+    empty_unused_memory_level: int = 1  # 0, 1 or 2: how often the worker empties the CUDA cache (NeMo-RL's levels)
+    activation_checkpointing: bool = False
+    recompute_granularity: Literal["full", "selective"] = "full"
+    recompute_modules: list[str] | None = None  # selective only; null: Megatron's ["core_attn"]
+    converter_type: str | None = None  # null: the model's config.json architectures[0]
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    num_layers_in_first_pipeline_stage: int | None = None  # null: layers split evenly over the stages
+    num_layers_in_last_pipeline_stage: int | None = None
+    context_parallel_size: int = 1  # refused != 1
+    expert_tensor_parallel_size: int = 1  # refused != 1
+    expert_model_parallel_size: int = 1  # refused != 1
+    pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # null: policy.precision
+    sequence_parallel: bool = False  # refused
+    attention_backend: str = "auto"
+    apply_rope_fusion: bool = False  # refused
+    bias_activation_fusion: bool = True
+    gradient_accumulation_fusion: bool = False  # refused
+    defer_fp32_logits: bool = False
+    use_fused_weighted_squared_relu: bool = False  # refused
+    use_linear_ce_fusion_loss: bool = False  # refused
+    linear_ce_fusion_chunk_size: int | None = None  # inert: configures the refused fused loss
+    mtp_num_layers: int = 0  # multi-token prediction: refused when set
+    mtp_loss_scaling_factor: float = 0.0
+    mtp_use_repeated_layer: bool = False
+    mtp_detach_heads: bool = False
+    # MoE keys: inert on the dense models the converter builds. NeMo-RL's defaults; null: Megatron's own.
+    freeze_moe_router: bool = True
+    moe_router_dtype: str | None = "fp64"
+    moe_router_load_balancing_type: str = "none"
+    moe_router_bias_update_rate: float = 0.0
+    moe_router_enable_expert_bias: bool | None = None
+    moe_token_dispatcher_type: str = "alltoall"
+    moe_permute_fusion: bool = True
+    moe_grouped_gemm: bool | None = None
+    moe_enable_deepep: bool = False
+    moe_shared_expert_overlap: bool = False
+    moe_per_layer_logging: bool = False
+    moe_flex_dispatcher_backend: str | None = None
+    moe_hybridep_num_sms: int | None = None
+    peft: MegatronPeftConfig = field(default_factory=MegatronPeftConfig)
+    fp8_cfg: MegatronFP8Config = field(default_factory=MegatronFP8Config)
+    optimizer: MegatronOptimizerConfig = field(default_factory=MegatronOptimizerConfig)
+    scheduler: MegatronSchedulerConfig = field(default_factory=MegatronSchedulerConfig)
+    distributed_data_parallel_config: MegatronDDPConfig = field(default_factory=MegatronDDPConfig)
+
+
+_NOT_YET = "is not supported by the Megatron backend yet"
+_NO_MTP = "only applies to multi-token prediction, which is not supported yet"
+_NO_OFFLOAD = f"optimizer CPU offload {_NOT_YET}"
+_DDP = "distributed_data_parallel_config"
+
+# (section path relative to megatron_cfg ("" for itself), field) → why a non-default value is refused.
+_REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
+    ("", "context_parallel_size"): "context parallelism is not supported yet",
+    ("", "expert_model_parallel_size"): f"expert parallelism is for MoE models, and {_DENSE_ONLY}",
+    ("", "expert_tensor_parallel_size"): f"expert parallelism is for MoE models, and {_DENSE_ONLY}",
+    ("", "sequence_parallel"): (
+        "the local (non-TE) layer spec this backend builds refuses sequence parallelism (its norm needs "
+        "Transformer Engine)"
+    ),
+    ("", "apply_rope_fusion"): _LOCAL_SPEC,
+    ("", "gradient_accumulation_fusion"): (
+        "needs Apex's fused_weight_gradient_mlp_cuda kernel, which the linear layers of Megatron's local (non-TE) "
+        "layer spec that this backend builds would call; it is not installed"
+    ),
+    ("", "use_fused_weighted_squared_relu"): f"is for squared-ReLU MLPs, and {_DENSE_ONLY}, which use SwiGLU",
+    ("", "use_linear_ce_fusion_loss"): f"the fused linear cross-entropy loss {_NOT_YET}",
+    ("", "mtp_num_layers"): f"multi-token prediction {_NOT_YET}",
+    ("", "mtp_loss_scaling_factor"): _NO_MTP,
+    ("", "mtp_use_repeated_layer"): _NO_MTP,
+    ("", "mtp_detach_heads"): _NO_MTP,
+    ("peft", "enabled"): "LoRA for the Megatron backend is not supported yet",
+    ("fp8_cfg", "enabled"): f"FP8 training {_LOCAL_SPEC}",
+    ("optimizer", "use_precision_aware_optimizer"): _LOCAL_SPEC,
+    ("optimizer", "optimizer_cpu_offload"): _NO_OFFLOAD,
+    ("optimizer", "optimizer_offload_fraction"): _NO_OFFLOAD,
+    (_DDP, "use_custom_fsdp"): (
+        "Megatron's custom FSDP is not supported; this backend uses Megatron DDP with the distributed optimizer"
+    ),
+    (_DDP, "data_parallel_sharding_strategy"): "only applies to Megatron's custom FSDP, which is not supported",
+}
+
+
+def check_megatron_config(cfg: MegatronConfig) -> list[tuple[str, str]]:
+    """Problems of an enabled ``megatron_cfg`` on its own, keys relative to it (`PolicyConfig.check` adds the ones
+    that involve other policy keys)."""
+    problems = check_at_least(cfg, 1, "tensor_model_parallel_size", "pipeline_model_parallel_size")
+    problems += _check_refused(cfg)
+    for name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+        layers = getattr(cfg, name)
+        if layers is not None and cfg.pipeline_model_parallel_size <= 1:
+            problems.append((name, "only applies with pipeline_model_parallel_size > 1; set it to null"))
+        elif layers is not None and layers < 1:
+            problems.append((name, f"must be >= 1, got {layers}"))
+    if cfg.empty_unused_memory_level not in (0, 1, 2):
+        problems.append(("empty_unused_memory_level", f"must be 0, 1 or 2, got {cfg.empty_unused_memory_level}"))
+    if cfg.converter_type is not None and cfg.converter_type not in CONVERTER_TYPES:
+        problems.append(
+            (
+                "converter_type",
+                f"must be one of {list(CONVERTER_TYPES)} (or null: the model's architectures[0]), got "
+                f"{cfg.converter_type!r}",
+            )
+        )
+    if cfg.attention_backend in _TE_ATTENTION_BACKENDS:
+        problems.append(
+            ("attention_backend", f"{cfg.attention_backend!r} {_LOCAL_SPEC}; use one of {list(ATTENTION_BACKENDS)}")
+        )
+    elif cfg.attention_backend not in ATTENTION_BACKENDS:
+        problems.append(
+            ("attention_backend", f"must be one of {list(ATTENTION_BACKENDS)}, got {cfg.attention_backend!r}")
+        )
+    problems += _check_recompute(cfg)
+    problems += _check_optimizer_and_scheduler(cfg)
+    ddp = cfg.distributed_data_parallel_config
+    if ddp.overlap_param_gather and not cfg.optimizer.use_distributed_optimizer:
+        problems.append(
+            (
+                "distributed_data_parallel_config.overlap_param_gather",
+                "only applies with optimizer.use_distributed_optimizer: true; set it to false",
+            )
+        )
+    return problems
+
+
+def _check_refused(cfg: MegatronConfig) -> list[tuple[str, str]]:
+    problems = []
+    for (section, name), reason in _REFUSED_UNLESS_DEFAULT.items():
+        owner: Any = getattr(cfg, section) if section else cfg
+        default = next(f.default for f in dataclasses.fields(owner) if f.name == name)
+        value = getattr(owner, name)
+        if value != default:
+            shown = str(default).lower() if isinstance(default, bool) else repr(default)
+            got = "" if isinstance(default, bool) else f" (got {value!r})"
+            key = f"{section}.{name}" if section else name
+            problems.append((key, f"{reason}; set it to {shown}{got}"))
+    return problems
+
+
+def _check_recompute(cfg: MegatronConfig) -> list[tuple[str, str]]:
+    problems = []
+    selective = cfg.activation_checkpointing and cfg.recompute_granularity == "selective"
+    if cfg.recompute_granularity == "selective" and not cfg.activation_checkpointing:
+        problems.append(("recompute_granularity", "only applies with activation_checkpointing: true"))
+    if cfg.recompute_modules is not None and not selective:
+        problems.append(
+            (
+                "recompute_modules",
+                "only applies with activation_checkpointing: true and recompute_granularity: selective; set it to null",
+            )
+        )
+    for module in (cfg.recompute_modules or []) if selective else []:
+        if module in _MOE_OR_MLA_RECOMPUTE_MODULES:
+            problems.append(("recompute_modules", f"{module!r} is for MoE or MLA models, and {_DENSE_ONLY}"))
+        elif module not in DENSE_RECOMPUTE_MODULES:
+            problems.append(("recompute_modules", f"must be from {list(DENSE_RECOMPUTE_MODULES)}, got {module!r}"))
+    return problems
+
+
+def _check_optimizer_and_scheduler(cfg: MegatronConfig) -> list[tuple[str, str]]:
+    """Megatron's own asserts (``OptimizerParamScheduler``), reported at validation instead of at start-up."""
+    opt, sched = cfg.optimizer, cfg.scheduler
+    problems = []
+    if opt.params_dtype != "float32":
+        problems.append(
+            (
+                "optimizer.params_dtype",
+                f"must be 'float32': the optimizer keeps fp32 master weights (got {opt.params_dtype!r})",
+            )
+        )
+    for name in ("adam_beta1", "adam_beta2"):
+        beta = getattr(opt, name)
+        if not 0 <= beta < 1:
+            problems.append((f"optimizer.{name}", f"must be in [0, 1), got {beta}"))
+    for name in ("weight_decay", "adam_eps", "sgd_momentum"):
+        if getattr(opt, name) < 0:
+            problems.append((f"optimizer.{name}", f"must be >= 0, got {getattr(opt, name)}"))
+    if not 0 <= opt.min_lr <= opt.lr:
+        problems.append(("optimizer.min_lr", f"must be between 0 and optimizer.lr ({opt.lr}), got {opt.min_lr}"))
+    if not 0 <= sched.lr_warmup_init <= opt.lr:
+        problems.append(
+            ("scheduler.lr_warmup_init", f"must be between 0 and optimizer.lr ({opt.lr}), got {sched.lr_warmup_init}")
+        )
+    if sched.lr_warmup_iters < 0:
+        problems.append(("scheduler.lr_warmup_iters", f"must be >= 0, got {sched.lr_warmup_iters}"))
+    if sched.lr_decay_style == "WSD":
+        problems.append(
+            (
+                "scheduler.lr_decay_style",
+                "'WSD' needs a WSD decay length and style, which this config has no keys for yet; use 'constant', "
+                "'linear', 'cosine' or 'inverse-square-root'",
+            )
+        )
+    if sched.lr_decay_iters is None and sched.lr_decay_style != "constant":
+        problems.append(("scheduler.lr_decay_iters", f"required with lr_decay_style {sched.lr_decay_style!r}"))
+    elif sched.lr_decay_iters is not None and sched.lr_decay_iters <= max(sched.lr_warmup_iters, 0):
+        problems.append(
+            (
+                "scheduler.lr_decay_iters",
+                f"must be > lr_warmup_iters ({sched.lr_warmup_iters}), got {sched.lr_decay_iters}",
+            )
+        )
+    # The scheduler sets the weight decay of every step, so optimizer.weight_decay is its starting point.
+    if sched.start_weight_decay != opt.weight_decay:
+        problems.append(
+            (
+                "scheduler.start_weight_decay",
+                f"must equal optimizer.weight_decay ({opt.weight_decay}), got {sched.start_weight_decay}: the "
+                "schedule starts from it; write ${policy.megatron_cfg.optimizer.weight_decay}",
+            )
+        )
+    if sched.weight_decay_incr_style == "constant" and sched.end_weight_decay != sched.start_weight_decay:
+        problems.append(
+            (
+                "scheduler.end_weight_decay",
+                f"must equal start_weight_decay ({sched.start_weight_decay}) with weight_decay_incr_style "
+                f"'constant', got {sched.end_weight_decay}",
+            )
+        )
+    elif sched.end_weight_decay < sched.start_weight_decay:
+        problems.append(
+            (
+                "scheduler.end_weight_decay",
+                f"must be >= start_weight_decay ({sched.start_weight_decay}): Megatron's weight-decay schedule only "
+                f"increases; got {sched.end_weight_decay}",
+            )
+        )
+    if sched.start_weight_decay < 0:
+        problems.append(("scheduler.start_weight_decay", f"must be >= 0, got {sched.start_weight_decay}"))
+    return problems
+
+
+def check_megatron_against_policy(
+    cfg: MegatronConfig, precision: str, max_grad_norm: float | None
+) -> list[tuple[str, str]]:
+    """The keys of an enabled ``megatron_cfg`` that repeat a policy key must agree with it (keys relative to
+    ``megatron_cfg``): one setting, one meaning."""
+    problems = []
+    if cfg.pipeline_dtype is not None and cfg.pipeline_dtype != precision:
+        problems.append(
+            (
+                "pipeline_dtype",
+                f"must equal policy.precision ({precision}) or be null (follow it), got {cfg.pipeline_dtype}",
+            )
+        )
+    for name, dtype in (("bf16", "bfloat16"), ("fp16", "float16")):
+        value = getattr(cfg.optimizer, name)
+        if value is not None and value != (precision == dtype):
+            problems.append(
+                (
+                    f"optimizer.{name}",
+                    f"must be {str(precision == dtype).lower()} with policy.precision={precision} (or null: follow "
+                    f"it), got {str(value).lower()}",
+                )
+            )
+    if cfg.optimizer.clip_grad != max_grad_norm:
+        problems.append(
+            (
+                "optimizer.clip_grad",
+                f"must equal policy.max_grad_norm ({max_grad_norm}), got {cfg.optimizer.clip_grad}: the Megatron "
+                "backend clips gradients at clip_grad; write ${policy.max_grad_norm}",
+            )
+        )
+    return problems

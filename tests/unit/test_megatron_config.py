@@ -1,0 +1,492 @@
+"""``policy.megatron_cfg`` validation: the backend switch, refusals (one line each), cross-checks with the policy's
+own keys, NeMo-RL-style recipes (docs/policy.md#choosing-a-backend). The refusals listed in
+tests/unit/test_config_keys_used.py's REFUSED are checked there; these are the rest."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.models.policy.megatron_config import MegatronConfig
+from nemo_rl_clone.utils.config import load_validated_config
+from nemo_rl_clone.utils.config_validation import ConfigError, _dataclass_in, validate_config
+from tests.unit.test_config_keys_used import INERT
+
+REPO = Path(__file__).resolve().parents[2]
+MEGATRON: dict[str, Any] = {
+    "dtensor_cfg": {"enabled": False},
+    "megatron_cfg": {"enabled": True},
+    "optimizer": None,
+    "scheduler": None,
+}
+
+
+def _policy(**sections: Any) -> dict[str, Any]:
+    """A Megatron policy section with ``sections`` merged one level deep into megatron_cfg and the policy."""
+    policy = {key: dict(value) if isinstance(value, dict) else value for key, value in MEGATRON.items()}
+    for key, value in sections.items():
+        if key == "megatron_cfg":
+            for sub, sub_value in value.items():
+                current = policy["megatron_cfg"].get(sub)
+                merged = {**current, **sub_value} if isinstance(current, dict) else sub_value
+                policy["megatron_cfg"][sub] = merged
+        else:
+            policy[key] = value
+    return policy
+
+
+def _problems(policy: dict[str, Any]) -> list[str]:
+    try:
+        validate_config(policy, PolicyConfig)
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+def test_megatron_defaults_validate():
+    config = validate_config(_policy(), PolicyConfig)
+    megatron = config.megatron_cfg
+    assert config.optimizer is None and config.scheduler is None
+    # TE-only and CUDA-stream features are off by default; precisions follow policy.precision.
+    assert (
+        not megatron.apply_rope_fusion and not megatron.sequence_parallel and not megatron.gradient_accumulation_fusion
+    )
+    assert not megatron.optimizer.use_precision_aware_optimizer
+    ddp = megatron.distributed_data_parallel_config
+    assert not ddp.overlap_grad_reduce and not ddp.overlap_param_gather
+    assert megatron.pipeline_dtype is None and megatron.optimizer.bf16 is None and megatron.optimizer.fp16 is None
+    assert megatron.converter_type is None and megatron.attention_backend == "auto" and megatron.env_vars == {}
+    assert megatron.optimizer.clip_grad == config.max_grad_norm
+
+
+# Validated as a PolicyConfig: the keys lack the "policy." prefix of a run's config.
+@pytest.mark.parametrize(
+    ("sections", "line"),
+    [
+        (
+            {"dtensor_cfg": {"enabled": True}},
+            "megatron_cfg.enabled: pick one backend: dtensor_cfg.enabled and megatron_cfg.enabled are both true",
+        ),
+        (
+            {"megatron_cfg": {"enabled": False}},
+            "dtensor_cfg.enabled: no policy backend: set dtensor_cfg.enabled=true (DTensor/FSDP2) or "
+            "megatron_cfg.enabled=true (Megatron Core)",
+        ),
+        (
+            {"optimizer": {"name": "torch.optim.AdamW"}},
+            "optimizer: the Megatron backend builds its optimizer from policy.megatron_cfg.optimizer; set "
+            "policy.optimizer=null",
+        ),
+        (
+            {"scheduler": []},
+            "scheduler: the Megatron backend builds its LR schedule from policy.megatron_cfg.scheduler; set "
+            "policy.scheduler=null",
+        ),
+        (
+            {"megatron_cfg": {"attention_backend": "flash"}},
+            "megatron_cfg.attention_backend: 'flash' needs Transformer Engine, and this backend builds Megatron's "
+            "local (non-TE) layer spec; use one of ['auto', 'local', 'unfused']",
+        ),
+        (
+            {"megatron_cfg": {"attention_backend": "fused"}},
+            "megatron_cfg.attention_backend: 'fused' needs Transformer Engine, and this backend builds Megatron's "
+            "local (non-TE) layer spec; use one of ['auto', 'local', 'unfused']",
+        ),
+        (
+            {"megatron_cfg": {"attention_backend": "sdpa"}},
+            "megatron_cfg.attention_backend: must be one of ['auto', 'local', 'unfused'], got 'sdpa'",
+        ),
+        (
+            {"megatron_cfg": {"converter_type": "Qwen3ForCausalLM"}},
+            "megatron_cfg.converter_type: must be one of ['LlamaForCausalLM', 'Qwen2ForCausalLM'] (or null: the "
+            "model's architectures[0]), got 'Qwen3ForCausalLM'",
+        ),
+        (
+            {"megatron_cfg": {"empty_unused_memory_level": 3}},
+            "megatron_cfg.empty_unused_memory_level: must be 0, 1 or 2, got 3",
+        ),
+        (
+            {"megatron_cfg": {"tensor_model_parallel_size": 0}},
+            "megatron_cfg.tensor_model_parallel_size: must be >= 1, got 0",
+        ),
+        (
+            {"megatron_cfg": {"pipeline_model_parallel_size": 0}},
+            "megatron_cfg.pipeline_model_parallel_size: must be >= 1, got 0",
+        ),
+        (
+            {"megatron_cfg": {"num_layers_in_first_pipeline_stage": 1}},
+            "megatron_cfg.num_layers_in_first_pipeline_stage: only applies with pipeline_model_parallel_size > 1; "
+            "set it to null",
+        ),
+        (
+            {"megatron_cfg": {"pipeline_model_parallel_size": 2, "num_layers_in_last_pipeline_stage": 0}},
+            "megatron_cfg.num_layers_in_last_pipeline_stage: must be >= 1, got 0",
+        ),
+        (
+            {"megatron_cfg": {"recompute_granularity": "selective"}},
+            "megatron_cfg.recompute_granularity: only applies with activation_checkpointing: true",
+        ),
+        (
+            {"megatron_cfg": {"activation_checkpointing": True, "recompute_modules": ["mlp"]}},
+            "megatron_cfg.recompute_modules: only applies with activation_checkpointing: true and "
+            "recompute_granularity: selective; set it to null",
+        ),
+        (
+            {
+                "megatron_cfg": {
+                    "activation_checkpointing": True,
+                    "recompute_granularity": "selective",
+                    "recompute_modules": ["core_attn", "moe_act"],
+                }
+            },
+            "megatron_cfg.recompute_modules: 'moe_act' is for MoE or MLA models, and the converter builds dense "
+            "models only (LlamaForCausalLM, Qwen2ForCausalLM)",
+        ),
+        (
+            {
+                "megatron_cfg": {
+                    "activation_checkpointing": True,
+                    "recompute_granularity": "selective",
+                    "recompute_modules": ["attention"],
+                }
+            },
+            "megatron_cfg.recompute_modules: must be from ['core_attn', 'layernorm', 'mlp'], got 'attention'",
+        ),
+        (
+            {"megatron_cfg": {"optimizer": {"params_dtype": "bfloat16"}}},
+            "megatron_cfg.optimizer.params_dtype: must be 'float32': the optimizer keeps fp32 master weights (got "
+            "'bfloat16')",
+        ),
+        (
+            {"megatron_cfg": {"optimizer": {"min_lr": 1e-3}}},
+            "megatron_cfg.optimizer.min_lr: must be between 0 and optimizer.lr (5e-06), got 0.001",
+        ),
+        (
+            {"megatron_cfg": {"optimizer": {"adam_beta2": 1.0}}},
+            "megatron_cfg.optimizer.adam_beta2: must be in [0, 1), got 1.0",
+        ),
+        (
+            {"megatron_cfg": {"scheduler": {"lr_warmup_init": 1e-3}}},
+            "megatron_cfg.scheduler.lr_warmup_init: must be between 0 and optimizer.lr (5e-06), got 0.001",
+        ),
+        (
+            {"megatron_cfg": {"scheduler": {"lr_decay_style": "WSD"}}},
+            "megatron_cfg.scheduler.lr_decay_style: 'WSD' needs a WSD decay length and style, which this config "
+            "has no keys for yet; use 'constant', 'linear', 'cosine' or 'inverse-square-root'",
+        ),
+        (
+            {"megatron_cfg": {"scheduler": {"lr_decay_style": "cosine", "lr_decay_iters": None}}},
+            "megatron_cfg.scheduler.lr_decay_iters: required with lr_decay_style 'cosine'",
+        ),
+        (
+            {"megatron_cfg": {"scheduler": {"lr_decay_iters": 10, "lr_warmup_iters": 10}}},
+            "megatron_cfg.scheduler.lr_decay_iters: must be > lr_warmup_iters (10), got 10",
+        ),
+        (
+            {"megatron_cfg": {"optimizer": {"weight_decay": 0.1}}},
+            "megatron_cfg.scheduler.start_weight_decay: must equal optimizer.weight_decay (0.1), got 0.01: the "
+            "schedule starts from it; write ${policy.megatron_cfg.optimizer.weight_decay}",
+        ),
+        (
+            {"megatron_cfg": {"scheduler": {"end_weight_decay": 0.1}}},
+            "megatron_cfg.scheduler.end_weight_decay: must equal start_weight_decay (0.01) with "
+            "weight_decay_incr_style 'constant', got 0.1",
+        ),
+        (
+            {"megatron_cfg": {"scheduler": {"weight_decay_incr_style": "linear", "end_weight_decay": 0.0}}},
+            "megatron_cfg.scheduler.end_weight_decay: must be >= start_weight_decay (0.01): Megatron's weight-decay "
+            "schedule only increases; got 0.0",
+        ),
+        (
+            {
+                "megatron_cfg": {
+                    "optimizer": {"use_distributed_optimizer": False},
+                    "distributed_data_parallel_config": {"overlap_param_gather": True},
+                }
+            },
+            "megatron_cfg.distributed_data_parallel_config.overlap_param_gather: only applies with "
+            "optimizer.use_distributed_optimizer: true; set it to false",
+        ),
+        (
+            {"precision": "float32", "megatron_cfg": {"pipeline_dtype": "bfloat16"}},
+            "megatron_cfg.pipeline_dtype: must equal policy.precision (float32) or be null (follow it), got bfloat16",
+        ),
+        (
+            {"precision": "float32", "megatron_cfg": {"optimizer": {"bf16": True}}},
+            "megatron_cfg.optimizer.bf16: must be false with policy.precision=float32 (or null: follow it), got true",
+        ),
+        (
+            {"precision": "bfloat16", "megatron_cfg": {"optimizer": {"bf16": False}}},
+            "megatron_cfg.optimizer.bf16: must be true with policy.precision=bfloat16 (or null: follow it), got false",
+        ),
+        (
+            {"precision": "bfloat16", "megatron_cfg": {"optimizer": {"fp16": True}}},
+            "megatron_cfg.optimizer.fp16: must be false with policy.precision=bfloat16 (or null: follow it), got true",
+        ),
+        (
+            {"max_grad_norm": 0.5},
+            "megatron_cfg.optimizer.clip_grad: must equal policy.max_grad_norm (0.5), got 1.0: the Megatron backend "
+            "clips gradients at clip_grad; write ${policy.max_grad_norm}",
+        ),
+        (
+            {"reward_model_cfg": {"enabled": True}},
+            "megatron_cfg.enabled: reward models (reward_model_cfg.enabled) are not supported by the Megatron backend "
+            "yet; use dtensor_cfg.enabled=true",
+        ),
+    ],
+)
+def test_each_problem_is_one_line(sections: dict[str, Any], line: str) -> None:
+    assert _problems(_policy(**sections)) == [line]
+
+
+def test_dtensor_needs_its_optimizer():
+    assert _problems({"optimizer": None}) == [
+        "optimizer: the DTensor backend trains with this torch optimizer; null is only for the Megatron backend "
+        "(megatron_cfg.enabled=true), which builds its own"
+    ]
+    assert _problems({"scheduler": None}) == []  # a constant learning rate
+
+
+@pytest.mark.parametrize(
+    ("precision", "bf16", "fp16"),
+    [("float32", None, None), ("float32", False, False), ("bfloat16", True, False), ("float16", False, True)],
+)
+def test_precision_flags_that_agree_validate(precision: str, bf16: bool | None, fp16: bool | None) -> None:
+    optimizer = {"bf16": bf16, "fp16": fp16}
+    sections = {"precision": precision, "megatron_cfg": {"pipeline_dtype": precision, "optimizer": optimizer}}
+    assert _problems(_policy(**sections)) == []
+
+
+def test_a_disabled_megatron_section_is_not_checked():
+    """NeMo-RL's DTensor recipes carry a megatron_cfg block with TE fusions on and bf16 flags: nothing reads it."""
+    nemo_rl_block = {
+        "enabled": False,
+        "apply_rope_fusion": True,
+        "sequence_parallel": True,
+        "tensor_model_parallel_size": 2,
+        "optimizer": {"bf16": True, "use_precision_aware_optimizer": True},
+        "distributed_data_parallel_config": {"overlap_grad_reduce": True, "overlap_param_gather": True},
+    }
+    assert _problems({"precision": "float32", "megatron_cfg": nemo_rl_block}) == []
+
+
+# NeMo-RL v0.7.0's examples/configs/grpo_math_1B_megatron.yaml, policy part (its megatron_cfg block with the keys
+# NeMo-RL's base config adds), on top of this repository's configs/grpo_math_1B.yaml.
+NEMO_RL_STYLE_RECIPE = """
+defaults: {base}
+policy:
+  make_sequence_length_divisible_by: ${{policy.megatron_cfg.tensor_model_parallel_size}}
+  optimizer: null
+  dtensor_cfg:
+    enabled: false
+  megatron_cfg:
+    enabled: true
+    force_reconvert_from_hf: False
+    empty_unused_memory_level: 1
+    activation_checkpointing: false
+    recompute_granularity: "full"
+    recompute_modules: null
+    tensor_model_parallel_size: 1
+    expert_tensor_parallel_size: 1
+    expert_model_parallel_size: 1
+    pipeline_model_parallel_size: 1
+    num_layers_in_first_pipeline_stage: null
+    num_layers_in_last_pipeline_stage: null
+    context_parallel_size: 1
+    pipeline_dtype: ${{policy.precision}}
+    sequence_parallel: false
+    freeze_moe_router: true
+    moe_router_dtype: "fp64"
+    moe_router_load_balancing_type: "none"
+    moe_router_bias_update_rate: 0.0
+    moe_permute_fusion: true
+    moe_enable_deepep: false
+    moe_token_dispatcher_type: "alltoall"
+    moe_shared_expert_overlap: false
+    apply_rope_fusion: True
+    bias_activation_fusion: True
+    defer_fp32_logits: False
+    moe_per_layer_logging: False
+    mtp_num_layers: 0
+    mtp_loss_scaling_factor: 0.0
+    mtp_use_repeated_layer: false
+    mtp_detach_heads: false
+    gradient_accumulation_fusion: false
+    use_fused_weighted_squared_relu: false
+    use_linear_ce_fusion_loss: false
+    linear_ce_fusion_chunk_size: 256
+    peft:
+      enabled: false
+      target_modules: []
+      exclude_modules: []
+      dim: 8
+      alpha: 32
+      dropout: 0.0
+      dropout_position: "post"
+      lora_A_init_method: "xavier"
+      lora_B_init_method: "zero"
+      a2a_experimental: false
+      lora_dtype: None
+    optimizer:
+      optimizer: "adam"
+      lr: 5.0e-6
+      min_lr: 5.0e-7
+      weight_decay: 0.01
+      bf16: true
+      fp16: false
+      params_dtype: "float32"
+      adam_beta1: 0.9
+      adam_beta2: 0.999
+      adam_eps: 1e-8
+      sgd_momentum: 0.9
+      use_distributed_optimizer: true
+      use_precision_aware_optimizer: true
+      clip_grad: ${{policy.max_grad_norm}}
+      optimizer_cpu_offload: false
+      optimizer_offload_fraction: 0.0
+    scheduler:
+      start_weight_decay: ${{policy.megatron_cfg.optimizer.weight_decay}}
+      end_weight_decay: ${{policy.megatron_cfg.optimizer.weight_decay}}
+      weight_decay_incr_style: "constant"
+      lr_decay_style: "constant"
+      lr_decay_iters: 1000
+      lr_warmup_iters: 13
+      lr_warmup_init: 5.0e-7
+    distributed_data_parallel_config:
+      grad_reduce_in_fp32: false
+      overlap_grad_reduce: true
+      overlap_param_gather: true
+      use_custom_fsdp: false
+      data_parallel_sharding_strategy: "optim_grads_params"
+    fp8_cfg:
+      enabled: false
+      fp8: "e4m3"
+      fp8_recipe: "blockwise"
+      fp8_param: false
+    env_vars: null
+"""
+
+# docs/policy.md: what a NeMo-RL Megatron recipe needs to validate here.
+DOCUMENTED_OVERRIDES = [
+    "policy.scheduler=null",
+    "policy.megatron_cfg.apply_rope_fusion=false",
+    "policy.megatron_cfg.optimizer.use_precision_aware_optimizer=false",
+]
+
+
+def test_nemo_rl_megatron_recipe_validates_after_the_documented_overrides(tmp_path: Path) -> None:
+    recipe = tmp_path / "grpo_math_1B_megatron.yaml"
+    recipe.write_text(NEMO_RL_STYLE_RECIPE.format(base=REPO / "configs" / "grpo_math_1B.yaml"))
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(recipe, [], GRPOMasterConfig)
+    assert err.value.problems == [
+        "policy.megatron_cfg.apply_rope_fusion: needs Transformer Engine, and this backend builds Megatron's local "
+        "(non-TE) layer spec; set it to false",
+        "policy.megatron_cfg.optimizer.use_precision_aware_optimizer: needs Transformer Engine, and this backend "
+        "builds Megatron's local (non-TE) layer spec; set it to false",
+        "policy.scheduler: the Megatron backend builds its LR schedule from policy.megatron_cfg.scheduler; set "
+        "policy.scheduler=null",
+    ]
+    config = load_validated_config(recipe, DOCUMENTED_OVERRIDES, GRPOMasterConfig)
+    megatron = config.policy.megatron_cfg
+    assert megatron.enabled and megatron.optimizer.bf16 and megatron.pipeline_dtype == "bfloat16"
+    assert megatron.env_vars is None and megatron.peft.lora_dtype == "None"
+    docs = (REPO / "docs" / "policy.md").read_text()
+    assert all(override in docs for override in DOCUMENTED_OVERRIDES)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "precision"),
+    [
+        ("grpo_math_1B_megatron.yaml", "bfloat16"),
+        ("grpo_smoke_megatron.yaml", "float32"),
+    ],
+)
+def test_megatron_recipes_switch_backends(recipe: str, precision: str) -> None:
+    config = load_validated_config(REPO / "configs" / recipe, [], GRPOMasterConfig)
+    policy = config.policy
+    assert policy.megatron_cfg.enabled and not policy.dtensor_cfg.enabled and policy.precision == precision
+    assert policy.optimizer is None and policy.scheduler is None
+
+
+def test_grpo_recipes_warm_up_like_their_dtensor_twins() -> None:
+    """lr = lr_warmup_init → optimizer.lr over lr_warmup_iters, as the DTensor recipe's LinearLR start_factor."""
+    for megatron_recipe, dtensor_recipe in [
+        ("grpo_math_1B_megatron.yaml", "grpo_math_1B.yaml"),
+        ("grpo_smoke_megatron.yaml", "grpo_smoke.yaml"),
+    ]:
+        megatron = load_validated_config(REPO / "configs" / megatron_recipe, [], GRPOMasterConfig).policy
+        dtensor = load_validated_config(REPO / "configs" / dtensor_recipe, [], GRPOMasterConfig).policy
+        assert dtensor.optimizer is not None and dtensor.scheduler is not None
+        lr = dtensor.optimizer.kwargs["lr"]
+        warmup = dtensor.scheduler[0]["kwargs"]
+        optimizer, scheduler = megatron.megatron_cfg.optimizer, megatron.megatron_cfg.scheduler
+        assert optimizer.lr == pytest.approx(lr)
+        assert scheduler.lr_warmup_init == pytest.approx(lr * warmup["start_factor"])
+        assert scheduler.lr_warmup_iters == warmup["total_iters"]
+        assert scheduler.lr_decay_style == "constant"
+
+
+def _megatron_keys(schema: type = MegatronConfig, prefix: str = "") -> list[tuple[str, type, str]]:
+    keys = []
+    hints = typing.get_type_hints(schema)
+    for field in dataclasses.fields(schema):
+        inner = _dataclass_in(hints[field.name])
+        if inner is not None:
+            keys += _megatron_keys(inner, f"{prefix}{field.name}.")
+        else:
+            keys.append((f"{prefix}{field.name}", schema, field.name))
+    return keys
+
+
+def test_docs_table_lists_every_megatron_key():
+    docs = (REPO / "docs" / "policy.md").read_text()
+    missing = [key for key, _, _ in _megatron_keys() if f"`{key}`" not in docs]
+    assert not missing, f"docs/policy.md's megatron_cfg table lacks {missing}"
+
+
+@pytest.mark.parametrize("key", [key for key, owner, name in _megatron_keys() if (owner, name) in INERT])
+def test_inert_keys_accept_other_values(key: str) -> None:
+    """MoE keys (and the fused-loss chunk size) validate at NeMo-RL's other values: they are never refused."""
+    values = {str: "other", int: 7, float: 0.5, bool: True}
+    tp = typing.get_type_hints(MegatronConfig)[key]
+    value = next(v for t, v in values.items() if t in (tp, *typing.get_args(tp)))
+    assert _problems(_policy(megatron_cfg={key: value})) == []
+
+
+def test_preflight_checks_megatron_parallel_sizes_and_skips_the_torch_optimizer():
+    from nemo_rl_clone.algorithms.preflight import _policy_problems
+
+    overrides = ["policy.megatron_cfg.tensor_model_parallel_size=2", "cluster.gpus_per_node=1"]
+    config = load_validated_config(REPO / "configs" / "grpo_smoke_megatron.yaml", overrides, GRPOMasterConfig)
+    assert _policy_problems(config, config.policy) == [
+        "policy.megatron_cfg.tensor_model_parallel_size * pipeline_model_parallel_size: 2 must divide the 1 workers "
+        "of cluster.*"
+    ]
+    config = load_validated_config(REPO / "configs" / "grpo_smoke_megatron.yaml", [], GRPOMasterConfig)
+    assert _policy_problems(config, config.policy) == []
+
+
+def test_supervised_data_parallel_size_counts_megatron_tp_and_pp():
+    """8 workers, TP=2 × PP=2: 2 data-parallel ranks, so a global batch of 4 validates; with TP=PP=1 it does not."""
+    from nemo_rl_clone.algorithms.sft import SFTMasterConfig
+
+    recipe = REPO / "configs" / "sft_smoke_megatron.yaml"
+    model_parallel = [
+        "policy.megatron_cfg.tensor_model_parallel_size=2",
+        "policy.megatron_cfg.pipeline_model_parallel_size=2",
+    ]
+    config = load_validated_config(recipe, ["cluster.gpus_per_node=8", *model_parallel], SFTMasterConfig)
+    assert config.policy.model_parallel_size() == 4
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(recipe, ["cluster.gpus_per_node=8"], SFTMasterConfig)
+    assert err.value.problems == [
+        "policy.train_global_batch_size: must be a multiple of the data-parallel size 8 (got 4)",
+        "sft.val_global_batch_size: must be a multiple of the data-parallel size 8 (got 4)",
+    ]
