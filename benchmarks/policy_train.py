@@ -1,9 +1,11 @@
-"""Training throughput of `Policy.train` (1 DTensor worker, NLLLoss) vs a plain single-process HF + AdamW loop.
+"""Training throughput of `Policy.train` with each backend (1 DTensor worker, 1 Megatron Core worker; NLLLoss)
+vs a plain single-process HF + AdamW loop.
 
-Both train SmolLM2-135M-Instruct in fp32 on the same fixed batch in the same run, with the same thread count
-(the worker's bundle is 1 CPU, so the plain loop also uses 1 thread), alternating step by step so that load from
-other processes hits both alike. Warmup steps are excluded; throughput uses the median step time (robust to a
-step slowed by another process on a shared machine). Prints raw numbers, then ``ratio=<ours/plain>`` last.
+All three train SmolLM2-135M-Instruct in fp32 on the same fixed batch in the same run, with the same thread count
+(a worker's bundle is 1 CPU, so the plain loop also uses 1 thread), alternating step by step so that load from
+other processes hits them alike. Warmup steps are excluded; throughput uses the median step time (robust to a
+step slowed by another process on a shared machine). Prints raw numbers, then ``megatron_vs_dtensor=<step-time
+ratio>`` and ``ratio=<dtensor/plain throughput>`` last.
 
     uv run --no-sync python benchmarks/policy_train.py [--batch 4] [--seq-len 64] [--steps 5] [--warmup 2]
 """
@@ -11,6 +13,7 @@ step slowed by another process on a shared machine). Prints raw numbers, then ``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -23,6 +26,7 @@ from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ra
 from nemo_rl_clone.models.huggingface import SMOLLM2, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.config import OptimizerConfig, PolicyConfig
 from nemo_rl_clone.models.policy.lm_policy import Policy
+from nemo_rl_clone.models.policy.megatron_config import MegatronConfig, MegatronOptimizerConfig, MegatronSchedulerConfig
 
 OPTIMIZER_KWARGS = {"lr": 1e-5, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
 WORKER_THREADS = 1  # a CPU bundle is 1 CPU; Ray gives its actor OMP_NUM_THREADS=1
@@ -90,23 +94,50 @@ def main() -> None:
         optimizer=OptimizerConfig("torch.optim.AdamW", dict(OPTIMIZER_KWARGS)),
         scheduler=None,
     )
+    megatron_config = dataclasses.replace(
+        config,
+        optimizer=None,
+        dtensor_cfg=dataclasses.replace(config.dtensor_cfg, enabled=False),
+        megatron_cfg=MegatronConfig(
+            enabled=True,
+            # Adam with AdamW's settings, a constant learning rate (no warm-up), clipping at max_grad_norm.
+            optimizer=MegatronOptimizerConfig(
+                lr=OPTIMIZER_KWARGS["lr"], min_lr=OPTIMIZER_KWARGS["lr"], weight_decay=OPTIMIZER_KWARGS["weight_decay"]
+            ),
+            scheduler=MegatronSchedulerConfig(
+                start_weight_decay=OPTIMIZER_KWARGS["weight_decay"],
+                end_weight_decay=OPTIMIZER_KWARGS["weight_decay"],
+                lr_warmup_iters=0,
+                lr_warmup_init=OPTIMIZER_KWARGS["lr"],
+                lr_decay_iters=None,
+            ),
+        ),
+    )
     torch.set_num_threads(WORKER_THREADS)
     init_ray()
     cluster = RayVirtualCluster([1], use_gpus=False, name="bench-policy")
+    megatron_cluster = RayVirtualCluster([1], use_gpus=False, name="bench-megatron")
     policy = Policy(cluster, config, tokenizer, name_prefix="bench-policy", init_reference_model=False)
+    megatron = Policy(
+        megatron_cluster, megatron_config, tokenizer, name_prefix="bench-megatron", init_reference_model=False
+    )
     plain = PlainTrainer(model_path, config.max_grad_norm)
     loss_fn = NLLLoss()
     try:
-        ours_s, plain_s, ours_losses, plain_losses = [], [], [], []
+        ours_s, megatron_s, plain_s, ours_losses, megatron_losses, plain_losses = [], [], [], [], [], []
         for step in range(args.warmup + args.steps):
             ours = timed(lambda: ours_losses.append(policy.train(data, loss_fn)["loss"].item()))
+            mega = timed(lambda: megatron_losses.append(megatron.train(data, loss_fn)["loss"].item()))
             theirs = timed(lambda: plain_losses.append(plain.step(data)))
             if step >= args.warmup:
                 ours_s.append(ours)
+                megatron_s.append(mega)
                 plain_s.append(theirs)
     finally:
         policy.shutdown()
+        megatron.shutdown()
         cluster.shutdown()
+        megatron_cluster.shutdown()
 
     tokens = args.batch * args.seq_len
     ours_tps = tokens / statistics.median(ours_s)
@@ -115,9 +146,18 @@ def main() -> None:
         f"model={SMOLLM2} batch={args.batch}x{args.seq_len} tokens/step={tokens} threads={WORKER_THREADS} "
         f"steps={args.steps} warmup={args.warmup}"
     )
-    print(f"ours_step_s={[round(s, 3) for s in ours_s]} plain_step_s={[round(s, 3) for s in plain_s]}")
-    print(f"ours_losses={[round(x, 5) for x in ours_losses]} plain_losses={[round(x, 5) for x in plain_losses]}")
-    print(f"ours_tokens_per_s={ours_tps:.1f} plain_tokens_per_s={plain_tps:.1f} (median step)")
+    megatron_tps = tokens / statistics.median(megatron_s)
+    for name, times, losses in (
+        ("dtensor", ours_s, ours_losses),
+        ("megatron", megatron_s, megatron_losses),
+        ("plain", plain_s, plain_losses),
+    ):
+        print(f"{name}_step_s={[round(s, 3) for s in times]} {name}_losses={[round(x, 5) for x in losses]}")
+    print(
+        f"dtensor_tokens_per_s={ours_tps:.1f} megatron_tokens_per_s={megatron_tps:.1f} "
+        f"plain_tokens_per_s={plain_tps:.1f} (median step)"
+    )
+    print(f"megatron_vs_dtensor={statistics.median(megatron_s) / statistics.median(ours_s):.3f} (step time)")
     print(f"ratio={ours_tps / plain_tps:.3f}")
 
 

@@ -182,13 +182,15 @@ def pair_overrides(workdir: Path, section: str) -> list[str]:
     ]
 
 
-def run_cut_and_resumed(algorithm: str, workdir: Path, *overrides: str) -> dict[int, dict[str, float]]:
+def run_cut_and_resumed(
+    algorithm: str, workdir: Path, *overrides: str, config: str | None = None
+) -> dict[int, dict[str, float]]:
     """Run 4 steps, check the checkpoints, restart to 6 steps; the two runs' metrics merged per step (the restart
-    must have resumed from step 4 and logged training steps 5 and 6 only)."""
-    run_entry_point(algorithm, workdir, *overrides, f"{algorithm}.max_num_steps=4")
+    must have resumed from step 4 and logged training steps 5 and 6 only). ``config``: see `entry_point_args`."""
+    run_entry_point(algorithm, workdir, *overrides, f"{algorithm}.max_num_steps=4", config=config)
     assert sorted(p.name for p in (workdir / "ckpt").iterdir()) == ["step_1", "step_2", "step_3", "step_4"]
     assert_checkpoint(workdir / "ckpt" / "step_4")
-    proc = run_entry_point(algorithm, workdir, *overrides, f"{algorithm}.max_num_steps=6")
+    proc = run_entry_point(algorithm, workdir, *overrides, f"{algorithm}.max_num_steps=6", config=config)
     assert "Resuming from checkpoint" in proc.stdout and "step_4 (step 4)" in proc.stdout
     first, second = (read_metrics(d) for d in run_dirs(workdir))
     assert sorted(s for s in second if "train/loss" in second[s]) == [5, 6]

@@ -165,62 +165,6 @@ REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
     MegatronConfig: ("rm",),
 }
 
-# The Megatron policy worker (nemo_rl_clone/models/policy/megatron_policy_worker.py, written on another branch)
-# reads these keys; until it is merged nothing on this branch does. Delete this list when merging the worker.
-READ_BY_MEGATRON_WORKER: set[tuple[type, str]] = {
-    *(
-        (MegatronConfig, name)
-        for name in (
-            "force_reconvert_from_hf",
-            "env_vars",
-            "empty_unused_memory_level",
-            "recompute_granularity",
-            "recompute_modules",
-            "converter_type",
-            "num_layers_in_first_pipeline_stage",
-            "num_layers_in_last_pipeline_stage",
-            "pipeline_dtype",
-            "attention_backend",
-            "bias_activation_fusion",
-            "defer_fp32_logits",
-            "distributed_data_parallel_config",
-        )
-    ),
-    *(
-        (MegatronOptimizerConfig, name)
-        for name in (
-            "lr",
-            "min_lr",
-            "weight_decay",
-            "bf16",
-            "fp16",
-            "params_dtype",
-            "adam_beta1",
-            "adam_beta2",
-            "adam_eps",
-            "sgd_momentum",
-            "use_distributed_optimizer",
-            "clip_grad",
-        )
-    ),
-    *(
-        (MegatronSchedulerConfig, name)
-        for name in (
-            "start_weight_decay",
-            "end_weight_decay",
-            "weight_decay_incr_style",
-            "lr_decay_style",
-            "lr_decay_iters",
-            "lr_warmup_iters",
-            "lr_warmup_init",
-        )
-    ),
-    *(
-        (MegatronDDPConfig, name)
-        for name in ("grad_reduce_in_fp32", "overlap_grad_reduce", "overlap_param_gather", "average_in_collective")
-    ),
-}
-
 _MOE_ONLY = "MoE only: the Megatron converter builds dense models (Llama, Qwen2), which have no experts or router"
 # Accepted at any value and doing nothing here, so that NeMo-RL's recipes (which set them on dense models, where
 # NeMo-RL ignores them too) validate unchanged. docs/policy.md lists them.
@@ -244,6 +188,7 @@ INERT: dict[tuple[type, str], str] = {
         )
     },
     (MegatronConfig, "linear_ce_fusion_chunk_size"): "configures the fused linear-CE loss, which is refused",
+    (MegatronConfig, "force_reconvert_from_hf"): "conversion runs in memory at every start-up; there is no cache to force",
 }
 
 
@@ -316,7 +261,7 @@ def unused_keys(master: str, reads: _Reads) -> list[str]:
         if section is not None and master in REFUSED_SECTIONS.get(section, ()):
             covered.append(dotted)
             continue
-        if (owner, name) in INERT or (owner, name) in READ_BY_MEGATRON_WORKER:
+        if (owner, name) in INERT:
             continue
         if name in reads.whole:
             covered.append(dotted)

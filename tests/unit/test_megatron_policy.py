@@ -22,7 +22,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,8 @@ import torch.multiprocessing as mp
 import yaml
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.utils.config_validation import validate_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONVERTER = REPO_ROOT / "examples" / "converters" / "convert_megatron_to_hf.py"
@@ -119,12 +120,6 @@ def make_batches() -> list[BatchedDataDict]:
     return batches
 
 
-def _namespace(value: Any) -> Any:
-    if isinstance(value, dict):
-        return types.SimpleNamespace(**{key: _namespace(item) for key, item in value.items()})
-    return value
-
-
 def policy_dict(model_dir: str, tp: int = 1, pp: int = 1) -> dict[str, Any]:
     """The ``policy`` section of a Megatron run (NeMo-RL key names)."""
     return {
@@ -133,7 +128,7 @@ def policy_dict(model_dir: str, tp: int = 1, pp: int = 1) -> dict[str, Any]:
         "train_micro_batch_size": 2,
         "logprob_batch_size": 3,
         "precision": "float32",
-        "logprob_chunk_size": None,
+        "max_grad_norm": 1.0,
         "optimizer": None,
         "scheduler": None,
         "dtensor_cfg": {"enabled": False},
@@ -141,6 +136,7 @@ def policy_dict(model_dir: str, tp: int = 1, pp: int = 1) -> dict[str, Any]:
             "enabled": True,
             "tensor_model_parallel_size": tp,
             "pipeline_model_parallel_size": pp,
+            "empty_unused_memory_level": 0,
             "optimizer": {
                 "optimizer": "adam",
                 "lr": LR,
@@ -153,6 +149,7 @@ def policy_dict(model_dir: str, tp: int = 1, pp: int = 1) -> dict[str, Any]:
                 "start_weight_decay": 0.01,
                 "end_weight_decay": 0.01,
                 "lr_decay_style": "constant",
+                "lr_decay_iters": None,
                 "lr_warmup_iters": WARMUP_STEPS,
                 "lr_warmup_init": WARMUP_INIT_LR,
             },
@@ -160,35 +157,16 @@ def policy_dict(model_dir: str, tp: int = 1, pp: int = 1) -> dict[str, Any]:
                 "grad_reduce_in_fp32": True,
                 "overlap_grad_reduce": False,
                 "overlap_param_gather": False,
-                "average_in_collective": False,
             },
         },
     }
 
 
-def megatron_config(model_dir: str, tp: int = 1, pp: int = 1) -> Any:
-    policy = policy_dict(model_dir, tp, pp)
-    m = policy["megatron_cfg"]
-    m.update(
-        converter_type=None,
-        activation_checkpointing=False,
-        recompute_granularity="full",
-        recompute_modules=None,
-        bias_activation_fusion=True,
-        defer_fp32_logits=False,
-        empty_unused_memory_level=0,
-        num_layers_in_first_pipeline_stage=None,
-        num_layers_in_last_pipeline_stage=None,
-    )
-    m["optimizer"].update(adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8, sgd_momentum=0.9)
-    m["scheduler"].update(weight_decay_incr_style="constant", lr_decay_iters=None)
-    return _namespace(policy)
+def megatron_config(model_dir: str, tp: int = 1, pp: int = 1) -> PolicyConfig:
+    return validate_config(policy_dict(model_dir, tp, pp), PolicyConfig)
 
 
-def dtensor_config(model_dir: str) -> Any:
-    from nemo_rl_clone.models.policy.config import PolicyConfig
-    from nemo_rl_clone.utils.config_validation import validate_config
-
+def dtensor_config(model_dir: str) -> PolicyConfig:
     return validate_config(
         {"model_name": model_dir, "precision": "float32", "train_global_batch_size": ROWS, "logprob_batch_size": 3},
         PolicyConfig,

@@ -16,6 +16,7 @@ Both are no-ops when CUDA is available.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +33,7 @@ def cpu_only() -> bool:
 
 
 def apply() -> None:
-    """Install shims 1-3 and 5 in this process (idempotent). Raises if megatron-core is another release."""
+    """Install shims 1-3, 5 and 6 in this process (idempotent). Raises if megatron-core is another release."""
     global _applied
     if _applied or not cpu_only():
         return
@@ -47,6 +48,7 @@ def apply() -> None:
     torch.cuda.current_device = _cpu_device  # type: ignore[assignment]
     torch.cuda.synchronize = _no_op  # type: ignore[assignment]
     _install_cpu_causal_mask()
+    _install_cpu_schedule_counters()
     _applied = True
 
 
@@ -111,6 +113,29 @@ def _install_cpu_causal_mask() -> None:
 
     utils.get_default_causal_mask = get_default_causal_mask
     fused_softmax.get_default_causal_mask = get_default_causal_mask
+
+
+# --------------------------------------------------------------------------- 6. schedule token counters
+class _CpuFactoryTorch(types.ModuleType):
+    """``torch`` as the pipeline schedules see it: the same module, except that ``zeros`` allocates on CPU.
+
+    The schedules' only CUDA call is ``torch.zeros([], dtype=torch.int, device="cuda")`` (the token counter);
+    redirecting just that keeps `cuda_redirect`'s per-op Python dispatch out of every forward and backward."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if "device" in kwargs:
+            kwargs["device"] = _to_cpu_device(kwargs["device"])
+        return torch.zeros(*args, **kwargs)
+
+
+def _install_cpu_schedule_counters() -> None:
+    from megatron.core.pipeline_parallel import schedules
+
+    schedules.torch = _CpuFactoryTorch("torch")  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- 4. device redirection

@@ -59,11 +59,15 @@ class ModelShape:
 
 def model_shape(hf_config: Any, converter_type: str | None = None) -> ModelShape:
     """Read a `ModelShape` from a Hugging Face config; raise ValueError naming what is not supported."""
-    architecture = (
-        converter_type
-        or (getattr(hf_config, "architectures", None) or [None])[0]
-        or _MODEL_TYPES.get(getattr(hf_config, "model_type", ""))
+    declared = (getattr(hf_config, "architectures", None) or [None])[0] or _MODEL_TYPES.get(
+        getattr(hf_config, "model_type", "")
     )
+    if converter_type and declared and converter_type != declared:
+        raise ValueError(
+            f"policy.megatron_cfg.converter_type={converter_type!r} but the model is a {declared!r}; set it to "
+            f"{declared!r} or null"
+        )
+    architecture = converter_type or declared
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
             f"the Megatron backend converts {list(SUPPORTED_ARCHITECTURES)}; this model is {architecture!r} "

@@ -21,6 +21,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
 from nemo_rl_clone.models.megatron import converter
@@ -61,10 +62,21 @@ def check_runtime_support(mcfg: Any) -> None:
             )
 
 
+def compute_dtype(mcfg: Any, precision: str) -> torch.dtype:
+    """The model's compute dtype: ``policy.precision``, which ``pipeline_dtype`` and the optimizer's ``bf16``/``fp16``
+    follow when null and must agree with when set (validation checks it)."""
+    opt = mcfg.optimizer
+    if opt.bf16:
+        return torch.bfloat16
+    if opt.fp16:
+        return torch.float16
+    return _DTYPES[mcfg.pipeline_dtype or precision]
+
+
 def transformer_config(
     shape: converter.ModelShape, hf_config: Any, mcfg: Any, precision: str, parallelism: Parallelism
 ) -> TransformerConfig:
-    dtype = _DTYPES[precision]
+    dtype = compute_dtype(mcfg, precision)
     recompute: dict[str, Any] = {}
     if mcfg.activation_checkpointing:
         granularity = mcfg.recompute_granularity
@@ -93,13 +105,14 @@ def transformer_config(
         num_layers_in_first_pipeline_stage=parallelism.first_stage_layers,
         num_layers_in_last_pipeline_stage=parallelism.last_stage_layers,
         pipeline_dtype=dtype,
-        params_dtype=torch.float32,
+        params_dtype=_DTYPES[mcfg.optimizer.params_dtype],
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         use_cpu_initialization=not torch.cuda.is_available(),
         # Initialisation also marks the tensor-parallel parameters (without it, grad norms count shards as duplicates).
         perform_initialization=True,
         bias_activation_fusion=mcfg.bias_activation_fusion,
+        attention_backend=AttnBackend[mcfg.attention_backend],  # the local spec's attention for every accepted value
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
@@ -175,7 +188,7 @@ def wrap_model(model: GPTModel, config: TransformerConfig, mcfg: Any) -> Distrib
         grad_reduce_in_fp32=ddp.grad_reduce_in_fp32,
         overlap_grad_reduce=ddp.overlap_grad_reduce,
         overlap_param_gather=ddp.overlap_param_gather,
-        average_in_collective=ddp.average_in_collective,
+        average_in_collective=False,  # sum, then scale (gloo has no ReduceOp.AVG)
         use_distributed_optimizer=mcfg.optimizer.use_distributed_optimizer,
     )
     with megatron_cpu_shims.cuda_redirect():
@@ -197,7 +210,7 @@ def build_optimizer(model: DistributedDataParallel, config: TransformerConfig, m
         clip_grad=opt.clip_grad if opt.clip_grad is not None else 0.0,
         bf16=config.bf16,
         fp16=config.fp16,
-        params_dtype=torch.float32,
+        params_dtype=config.params_dtype,
     )
     with megatron_cpu_shims.cuda_redirect():
         optimizer = get_megatron_optimizer(optimizer_config, [model])

@@ -56,18 +56,19 @@ class Policy(ColocatablePolicyInterface):
     `train` hands the loss scores ``[B, 1]`` and whose `score` replaces the logprob, refit and generation methods.
 
     Args:
-        cluster: one worker per bundle; ``world_size / tensor_parallel_size`` data-parallel ranks.
+        cluster: one worker per bundle; ``world_size / (tensor x pipeline parallel size)`` data-parallel ranks.
         config: the ``policy`` section (a `PolicyConfig` or a mapping validated into one).
         tokenizer: saved with checkpoints.
         name_prefix: Ray actor names ``{name_prefix}-{rank}``.
         init_optimizer / init_reference_model: see `DTensorPolicyWorker`.
-        weights_path / optimizer_path: resume from a `save_checkpoint` output (any DP size that divides the batch).
+        weights_path / optimizer_path: resume from a `save_checkpoint` output of the same backend (any DP size that
+            divides the batch; the Megatron backend also reloads at other TP/PP sizes).
         env_vars: extra environment for the workers (e.g. ``OMP_NUM_THREADS`` when they time-share the cores).
 
     Raises:
-        ValueError: an invalid config (optimizer or scheduler class path that does not exist, tensor-parallel
-            size that does not divide the workers, a feature not supported yet such as ``megatron_cfg.enabled``,
-            ...), naming the ``policy.*`` key.
+        ValueError: an invalid config (optimizer or scheduler class path that does not exist, model-parallel
+            size that does not divide the workers, a feature not supported yet such as sequence packing, ...),
+            naming the ``policy.*`` key.
         OSError: ``model_name`` cannot be resolved to a loadable model.
     """
 

@@ -79,7 +79,6 @@ class MegatronDDPConfig:
     grad_reduce_in_fp32: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
-    average_in_collective: bool = True
     use_custom_fsdp: bool = False  # refused
     data_parallel_sharding_strategy: str = "optim_grads_params"  # custom FSDP's only: the default alone
 

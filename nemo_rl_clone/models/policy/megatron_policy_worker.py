@@ -133,17 +133,16 @@ class MegatronPolicyWorker:
             output = model(input_ids, positions, None, **kwargs)
             return output, functools.partial(finish, microbatch)
 
-        with megatron_cpu_shims.cuda_redirect():  # the schedules allocate their counters with device="cuda"
-            return get_forward_backward_func()(
-                forward_step_func=forward_step,
-                data_iterator=iter(microbatches),
-                model=[self.model],
-                num_microbatches=len(microbatches),
-                seq_length=max(mb["input_ids"].shape[1] for mb in microbatches),
-                micro_batch_size=max(mb.size for mb in microbatches),
-                forward_only=forward_only,
-                collect_non_loss_data=forward_only and getattr(finish, "non_loss", False),
-            )
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(microbatches),
+            model=[self.model],
+            num_microbatches=len(microbatches),
+            seq_length=max(mb["input_ids"].shape[1] for mb in microbatches),
+            micro_batch_size=max(mb.size for mb in microbatches),
+            forward_only=forward_only,
+            collect_non_loss_data=forward_only and getattr(finish, "non_loss", False),
+        )
 
     @property
     def _half(self) -> bool:
@@ -199,7 +198,9 @@ class MegatronPolicyWorker:
             )
             return train_step.pad_to_width(lp, width)
 
-        return BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
+        result = BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
+        self._empty_cache(level=2)
+        return result
 
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
         raise RuntimeError("the Megatron backend trains causal LMs; reward models (score) need the DTensor backend")
@@ -327,7 +328,8 @@ class MegatronPolicyWorker:
         self._empty_cache(level=1)
 
     def _empty_cache(self, level: int) -> None:
-        """``policy.megatron_cfg.empty_unused_memory_level``: release cached GPU memory at level >= ``level``."""
+        """``policy.megatron_cfg.empty_unused_memory_level``: release cached GPU memory when the configured level is at
+        least ``level`` (1: after training and around refits; 2: also after every logprob pass)."""
         if self.device.type == "cuda" and self.cfg.megatron_cfg.empty_unused_memory_level >= level:
             torch.cuda.empty_cache()
 
@@ -413,6 +415,7 @@ class MegatronPolicyWorker:
                 # The optimizer's fp32 main parameters (separate copies under bf16/fp16) take the loaded weights.
                 self.optimizer.reload_model_params()
                 return
+            _prepare_optimizer_for_loading(self.optimizer)
             template = {
                 "optimizer": self.optimizer.sharded_state_dict(
                     gpt.sharded_state_dict(), is_loading=True, metadata=_OPTIMIZER_CHECKPOINT_METADATA
@@ -428,6 +431,36 @@ class MegatronPolicyWorker:
         if dist.is_initialized():
             dist.destroy_process_group()
         return True
+
+
+def _prepare_optimizer_for_loading(optimizer: Any) -> None:
+    """Two gaps of megatron-core 0.16's distributed optimizer without Apex/Transformer Engine (torch's Adam, whose
+    state holds a per-parameter ``step``), filled before loading its checkpoint:
+
+    - its state dict reads that ``step``, which exists only after a step: Megatron's own zero-gradient dummy step
+      allocates the state (it moves only this rank's main-parameter shard, by the weight decay, and the loaded
+      ``fp32_param`` overwrites that shard);
+    - loading the "fully_reshardable" parameter state copies every state tensor but ``step`` (restored from the
+      param groups beforehand) and fails on the missing key: the current ``step`` is passed through.
+    """
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if not hasattr(inner, "_init_optimizer_states_with_dummy_values"):
+            continue  # not a DistributedOptimizer
+        if not inner.optimizer.state:
+            inner._init_optimizer_states_with_dummy_values()
+        if getattr(inner.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False):
+            continue
+        upstream = inner._set_main_param_and_optimizer_states
+
+        def set_states(model_param: Any, tensors: dict[str, Any], _inner: Any = inner, _upstream: Any = upstream):
+            group_index, group_order = _inner.model_param_group_index_map[model_param]
+            main_param = _inner.optimizer.param_groups[group_index]["params"][group_order]
+            step = _inner.optimizer.state[main_param].get("step")
+            if "step" not in tensors and step is not None:
+                tensors = {**tensors, "step": step}
+            _upstream(model_param, tensors)
+
+        inner._set_main_param_and_optimizer_states = set_states
 
 
 def _save_distributed(state: dict[str, Any], path: str) -> None:
