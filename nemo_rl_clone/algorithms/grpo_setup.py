@@ -80,7 +80,7 @@ def setup(config: GRPOMasterConfig) -> GRPOComponents:
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
     dataloader, val_dataset = _setup_data(config, tokenizer)
     checkpointer = CheckpointManager(config.checkpointing)
-    model = model_identity(config.policy.model_name, tokenizer)
+    model = model_identity(config.policy.model_name, tokenizer, config.policy.backend)
     check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
     init_ray(log_dir=str(log_dir))
     task_to_env = {name: create_env(name, env_cfg) for name, env_cfg in vars(config.env).items() if env_cfg is not None}

@@ -111,9 +111,10 @@ def set_seeds(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def model_identity(model_name: str, tokenizer: Any) -> dict[str, Any]:
-    """The name, architecture, sizes and tokenizer vocabulary of ``model_name``: what decides whether a checkpoint's
-    weights belong to it. Reads the model's ``config.json`` only."""
+def model_identity(model_name: str, tokenizer: Any, backend: str = "dtensor") -> dict[str, Any]:
+    """The name, architecture, sizes and tokenizer vocabulary of ``model_name``, and the policy ``backend`` (whose
+    checkpoint format the weights are in): what decides whether a checkpoint's weights belong to the run. Reads the
+    model's ``config.json`` only."""
     config = AutoConfig.from_pretrained(resolve_model_path(model_name))
     architectures = getattr(config, "architectures", None) or [config.model_type]
     return {
@@ -123,6 +124,7 @@ def model_identity(model_name: str, tokenizer: Any) -> dict[str, Any]:
         "num_hidden_layers": getattr(config, "num_hidden_layers", None),
         "vocab_size": getattr(config, "vocab_size", None),
         "tokenizer_vocab_size": len(tokenizer),
+        "backend": backend,
     }
 
 
@@ -142,6 +144,14 @@ def check_checkpoint_model(checkpointer: CheckpointManager, model: Mapping[str, 
     """
     latest = checkpointer.get_latest_checkpoint_path() if checkpointer.cfg.enabled else None
     saved = checkpointer.load_training_info(latest).get("model") if latest is not None else None
+    # Checkpoints from before the backend was recorded are DTensor's (the only backend then).
+    saved_backend, backend = (saved or {}).get("backend", "dtensor"), model.get("backend", "dtensor")
+    if saved and saved_backend != backend:
+        raise UserInputError(
+            f"checkpointing.checkpoint_dir {checkpointer.checkpoint_dir} holds a checkpoint of the {saved_backend} "
+            f"policy backend, but this run uses the {backend} backend (their checkpoint formats differ): use another "
+            "checkpoint_dir, or convert the checkpoint to Hugging Face (examples/converters/) and start from that"
+        )
     if not saved or all(saved.get(key) == model.get(key) for key in _IDENTITY_KEYS):
         return
     raise UserInputError(

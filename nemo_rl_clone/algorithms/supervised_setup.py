@@ -84,7 +84,7 @@ def build_supervised_run(
     dataloader = StatefulPromptLoader(train_dataset, gbs, collate_fn, shuffle=config.data.shuffle, seed=loop.seed)
 
     checkpointer = CheckpointManager(config.checkpointing)
-    model = model_identity(config.policy.model_name, tokenizer)
+    model = model_identity(config.policy.model_name, tokenizer, config.policy.backend)
     check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
     init_ray(log_dir=str(log_dir))
     state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)

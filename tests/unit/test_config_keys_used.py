@@ -38,7 +38,6 @@ from nemo_rl_clone.models.policy.megatron_config import (
     MegatronFP8Config,
     MegatronOptimizerConfig,
     MegatronPeftConfig,
-    MegatronSchedulerConfig,
 )
 from nemo_rl_clone.utils.config_validation import ConfigError, _dataclass_in, validate_config
 from nemo_rl_clone.utils.logger import LoggerConfig
@@ -188,7 +187,10 @@ INERT: dict[tuple[type, str], str] = {
         )
     },
     (MegatronConfig, "linear_ce_fusion_chunk_size"): "configures the fused linear-CE loss, which is refused",
-    (MegatronConfig, "force_reconvert_from_hf"): "conversion runs in memory at every start-up; there is no cache to force",
+    (
+        MegatronConfig,
+        "force_reconvert_from_hf",
+    ): "conversion runs in memory at every start-up; there is no cache to force",
 }
 
 

@@ -244,9 +244,7 @@ def run_single(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> 
                 str(policy / "weights"), str(policy / "optimizer"), tokenizer_path=str(policy / "tokenizer")
             )
     result["final_logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
-    result["reference_logprobs_after_training"] = worker.get_reference_policy_logprobs(batches[0])[
-        "reference_logprobs"
-    ]
+    result["reference_logprobs_after_training"] = worker.get_reference_policy_logprobs(batches[0])["reference_logprobs"]
     worker.shutdown()
     return result
 

@@ -66,6 +66,28 @@ def test_resume_refuses_a_checkpoint_of_another_model_in_one_line(tmp_path):
         check_checkpoint_model(manager, {**tiny, "tokenizer_vocab_size": tiny["tokenizer_vocab_size"] + 1})
 
 
+def test_resume_refuses_a_checkpoint_of_the_other_backend(tmp_path):
+    tokenizer = load_tokenizer(TINY_LLAMA)
+    dtensor = model_identity(TINY_LLAMA, tokenizer)
+    megatron = model_identity(TINY_LLAMA, tokenizer, "megatron")
+    ckpt = tmp_path / "ckpt"
+    manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(ckpt)))
+    save_with_model(manager, dtensor)
+    with pytest.raises(UserInputError) as refused:
+        check_checkpoint_model(manager, megatron)
+    assert str(refused.value).startswith(
+        f"checkpointing.checkpoint_dir {ckpt} holds a checkpoint of the dtensor policy backend, but this run uses the "
+        "megatron backend (their checkpoint formats differ)"
+    )
+    # A checkpoint from before the backend was recorded is a DTensor one.
+    legacy = {key: value for key, value in dtensor.items() if key != "backend"}
+    manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(tmp_path / "legacy")))
+    save_with_model(manager, legacy)
+    check_checkpoint_model(manager, dtensor)
+    with pytest.raises(UserInputError):
+        check_checkpoint_model(manager, megatron)
+
+
 def test_checkpoints_without_a_recorded_model_resume_unchecked(tmp_path):
     manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(tmp_path)))
     manager.finalize_checkpoint(manager.init_tmp_checkpoint(1, {"step": 1}))  # written before models were recorded

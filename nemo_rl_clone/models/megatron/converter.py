@@ -96,7 +96,8 @@ def model_shape(hf_config: Any, converter_type: str | None = None) -> ModelShape
 def rope_theta(hf_config: Any) -> float:
     """RoPE base frequency (transformers 5 keeps it in ``rope_parameters``, older releases on the config)."""
     parameters = getattr(hf_config, "rope_parameters", None) or {}
-    return float(parameters.get("rope_theta") or getattr(hf_config, "rope_theta", 10000.0))
+    theta = parameters.get("rope_theta") or getattr(hf_config, "rope_theta", None)
+    return float(theta) if theta is not None else 10000.0
 
 
 # --------------------------------------------------------------------------- HF ↔ full Megatron

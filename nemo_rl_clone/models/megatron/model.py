@@ -8,7 +8,7 @@ with bf16/fp16 the model runs in `Float16Module` and the optimizer keeps fp32 ma
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import megatron_cpu_shims
 import torch
@@ -240,7 +240,7 @@ def build_scheduler(optimizer: Any, mcfg: Any) -> OptimizerParamScheduler:
 def unwrap(model: torch.nn.Module) -> GPTModel:
     """The GPTModel inside DDP / Float16Module."""
     while not isinstance(model, GPTModel):
-        model = model.module
+        model = cast(torch.nn.Module, model.module)
     return model
 
 

@@ -170,6 +170,11 @@ class PolicyConfig:
     generation: GenerationConfig | None = field(default_factory=GenerationConfig)
     reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
 
+    @property
+    def backend(self) -> str:
+        """``"megatron"`` or ``"dtensor"``: the enabled policy backend (validation guarantees exactly one)."""
+        return "megatron" if self.megatron_cfg.enabled else "dtensor"
+
     def model_parallel_size(self) -> int:
         """Workers per model replica (the data-parallel size is workers / this): the backend's TP, or TP × PP."""
         if self.megatron_cfg.enabled and not self.dtensor_cfg.enabled:
