@@ -261,7 +261,10 @@ def gather_hf_state_dict(model: torch.nn.Module, shape: converter.ModelShape, la
             dist.all_gather(shards, tensor.contiguous(), group=tp_group)
             tensor = converter.merge_tensor_parallel(name, shards)
         if sends:
-            stage[converter.to_global_name(name, layers)] = tensor.cpu()
+            # A copy: DDP's parameters are views into one flat buffer, which pickling would send whole per tensor.
+            stage[converter.to_global_name(name, layers)] = tensor.to("cpu", copy=True)
+    if dist.get_world_size() == 1:
+        return converter.megatron_to_hf(stage, shape)
     shares: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
     dist.gather_object(stage if sends else None, shares if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
