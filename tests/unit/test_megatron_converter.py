@@ -194,10 +194,18 @@ def test_model_shape_refuses_unsupported_architectures_and_rope_scaling() -> Non
         "the Megatron backend converts ['LlamaForCausalLM', 'Qwen2ForCausalLM']; this model is 'GPT2LMHeadModel' "
         "(policy.megatron_cfg.converter_type names the architecture when the config does not)"
     )
-    # converter_type names the architecture when the config does not (or overrides it).
-    assert converter.model_shape(gpt2, converter_type="LlamaForCausalLM").num_layers == 4
-    with pytest.raises(ValueError, match=r"this model is 'MistralForCausalLM'"):
-        converter.model_shape(llama_config(), converter_type="MistralForCausalLM")
+    # converter_type names the architecture when the config does not, and must agree with it when it does.
+    anonymous = llama_config()
+    anonymous.model_type = "my_llama"  # type: ignore[misc]  # neither architectures nor a known model_type
+    with pytest.raises(ValueError, match=r"this model is None"):
+        converter.model_shape(anonymous)
+    assert converter.model_shape(anonymous, converter_type="LlamaForCausalLM").num_layers == 4
+    with pytest.raises(ValueError) as error:
+        converter.model_shape(llama_config(), converter_type="Qwen2ForCausalLM")
+    assert str(error.value) == (
+        "policy.megatron_cfg.converter_type='Qwen2ForCausalLM' but the model is a 'LlamaForCausalLM'; set it to "
+        "'LlamaForCausalLM' or null"
+    )
 
     scaled = llama_config(
         rope_scaling={

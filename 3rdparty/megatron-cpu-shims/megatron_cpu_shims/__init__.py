@@ -102,6 +102,17 @@ def _install_rng_tracker() -> None:
     mrandom.initialize_rng_tracker = initialize_rng_tracker
     mrandom.CpuRNGStatesTracker = CpuRNGStatesTracker  # type: ignore[attr-defined]
 
+    # Activation recomputation (`tensor_parallel.checkpoint`) saves and restores the "CUDA" RNG state around the
+    # recomputed forward through these two; the CPU generator is the device generator here.
+    def get_device_rng_state(*args: Any, clone: bool = False, **kwargs: Any) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_device_rng_state(new_state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        torch.set_rng_state(new_state)
+
+    mrandom._get_cuda_rng_state = get_device_rng_state
+    mrandom._set_cuda_rng_state = set_device_rng_state
+
 
 # --------------------------------------------------------------------------- 3. causal mask
 def _install_cpu_causal_mask() -> None:

@@ -423,6 +423,7 @@ class MegatronPolicyWorker:
             }
             state = dist_checkpointing.load(template, optimizer_path)
             self.optimizer.load_state_dict(state["optimizer"])
+            _unshare_adam_steps(self.optimizer)
             self.scheduler.load_state_dict(state["scheduler"])
 
     def shutdown(self) -> bool:
@@ -448,7 +449,9 @@ def _prepare_optimizer_for_loading(optimizer: Any) -> None:
             continue  # not a DistributedOptimizer
         if not inner.optimizer.state:
             inner._init_optimizer_states_with_dummy_values()
-        if getattr(inner.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False):
+        if getattr(inner.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False) or getattr(
+            inner, "_passes_step_through", False
+        ):
             continue
         upstream = inner._set_main_param_and_optimizer_states
 
@@ -461,6 +464,17 @@ def _prepare_optimizer_for_loading(optimizer: Any) -> None:
             _upstream(model_param, tensors)
 
         inner._set_main_param_and_optimizer_states = set_states
+        inner._passes_step_through = True
+
+
+def _unshare_adam_steps(optimizer: Any) -> None:
+    """After loading, megatron-core 0.16's distributed optimizer (without Apex/TE) gives every parameter's torch
+    Adam state one shared ``step`` tensor, which torch's Adam then increments in place once per parameter: the bias
+    corrections of the next step go wrong. Each parameter gets its own copy."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for param_state in getattr(inner.optimizer, "state", {}).values():
+            if torch.is_tensor(param_state.get("step")):
+                param_state["step"] = param_state["step"].clone()
 
 
 def _save_distributed(state: dict[str, Any], path: str) -> None:
