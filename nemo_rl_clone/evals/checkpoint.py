@@ -3,12 +3,15 @@
 Accepted: a Hugging Face folder, a built-in model name, a hub id, or a checkpoint written by any algorithm
 (GRPO, SFT, DPO share `CheckpointManager`'s layout)::
 
-    <checkpoint_dir>/step_N/{training_info.json, config.yaml, policy/{weights (torch DCP), tokenizer, hf?}}
+    <checkpoint_dir>/step_N/{training_info.json, config.yaml, policy/{weights, tokenizer, hf?}}
+
+(``weights``: torch DCP, or Megatron's distributed checkpoint for a ``policy.megatron_cfg`` run).
 
 ``step_N`` (or ``step_N/policy``) evaluates that step; ``<checkpoint_dir>`` evaluates its latest complete step.
 
 - ``policy/hf`` (written when ``checkpointing.save_consolidated`` is true) is loaded as is.
-- Otherwise the DCP weights are converted once, the way ``examples/converters/convert_dcp_to_hf.py`` does it
+- Otherwise the weights are converted once, the way ``examples/converters/convert_dcp_to_hf.py`` (or
+  ``convert_megatron_to_hf.py``) does it
   (architecture from ``config.yaml``'s ``policy.model_name``, tokenizer from ``policy/tokenizer``), into
   ``policy/hf`` — the very folder a consolidated save would have written — so every later evaluation of that
   checkpoint reuses it, and it goes away when the checkpoint is pruned. A read-only checkpoint is converted into a
@@ -158,21 +161,31 @@ def is_writable(folder: Path) -> bool:
 def convert_checkpoint_to_hf(
     step_dir: Path, policy_cfg: dict[str, Any], out_dir: Path, save_format: str = "safetensors"
 ) -> Path:
-    """Write ``out_dir`` (an HF folder, ``save_format`` weights) from ``step_dir/policy/weights``: the converter's
-    steps, as a function."""
+    """Write ``out_dir`` (an HF folder, ``save_format`` weights) from ``step_dir/policy/weights``: the converters'
+    steps (``convert_dcp_to_hf.py``, or ``convert_megatron_to_hf.py`` for a Megatron-backend run), as a function."""
     from transformers import AutoConfig
 
     from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict, save_consolidated_hf
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
+    from nemo_rl_clone.models.policy.megatron_export import (
+        export_in_subprocess,
+        is_megatron_run,
+        single_process_policy,
+    )
 
     model_name = policy_cfg.get("model_name")
     if not isinstance(model_name, str):
         raise EvalModelError(f"{step_dir / CONFIG_FILE}: policy.model_name is missing; it names the architecture")
-    model_config = AutoConfig.from_pretrained(resolve_model_path(model_name))
     saved_tokenizer = step_dir / "policy" / "tokenizer"
     tokenizer_name = (policy_cfg.get("tokenizer") or {}).get("name") or model_name
-    tokenizer = load_tokenizer(str(saved_tokenizer) if saved_tokenizer.is_dir() else tokenizer_name)
-    state_dict = load_dcp_model_state_dict(step_dir / "policy" / "weights")
+    tokenizer_path = str(saved_tokenizer) if saved_tokenizer.is_dir() else tokenizer_name
+    weights = step_dir / "policy" / "weights"
+    if is_megatron_run(policy_cfg):  # Megatron's distributed checkpoint: rebuilt and converted in a child process
+        policy = single_process_policy(policy_cfg, str(step_dir / CONFIG_FILE))
+        return export_in_subprocess(policy, weights, out_dir, tokenizer_path, save_format)
+    model_config = AutoConfig.from_pretrained(resolve_model_path(model_name))
+    tokenizer = load_tokenizer(tokenizer_path)
+    state_dict = load_dcp_model_state_dict(weights)
     return save_consolidated_hf(state_dict, model_config, out_dir, tokenizer=tokenizer, save_format=save_format)
 
 

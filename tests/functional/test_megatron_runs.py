@@ -10,7 +10,10 @@ import json
 import math
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
+from nemo_rl_clone.evals.checkpoint import resolve_eval_model
 from tests.functional.supervised_runs import (
     pair_overrides,
     read_metrics,
@@ -51,6 +54,12 @@ def test_grpo_smoke_on_megatron(tmp_path, colocated):
     check_smoke_metrics(read_metrics(run_dir), steps=2)  # token_mult_prob_error in [1, 1.01] every step: refit works
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]
     assert_megatron_checkpoint(tmp_path / "ckpt" / "step_2")
+    if colocated:
+        # Evaluation takes a Megatron checkpoint like a DTensor one: converted once into policy/hf.
+        model = resolve_eval_model(str(tmp_path / "ckpt"))
+        assert model.model_path == str(tmp_path / "ckpt" / "step_2" / "policy" / "hf") and model.step == 2
+        loaded = AutoModelForCausalLM.from_pretrained(model.model_path, dtype=torch.float32)
+        assert loaded.config.num_hidden_layers == 2  # tiny-random-llama
 
 
 @pytest.mark.slow

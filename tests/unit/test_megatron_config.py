@@ -99,6 +99,11 @@ def test_megatron_defaults_validate():
             "local (non-TE) layer spec; use one of ['auto', 'local', 'unfused']",
         ),
         (
+            {"megatron_cfg": {"optimizer": {"optimizer": "sgd"}}},
+            "megatron_cfg.optimizer.use_distributed_optimizer: Megatron's distributed optimizer shards Adam only; set "
+            "it to false for optimizer: sgd",
+        ),
+        (
             {"megatron_cfg": {"attention_backend": "sdpa"}},
             "megatron_cfg.attention_backend: must be one of ['auto', 'local', 'unfused'], got 'sdpa'",
         ),

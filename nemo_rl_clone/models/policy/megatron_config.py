@@ -292,6 +292,13 @@ def _check_optimizer_and_scheduler(cfg: MegatronConfig) -> list[tuple[str, str]]
                 f"must be 'float32': the optimizer keeps fp32 master weights (got {opt.params_dtype!r})",
             )
         )
+    if opt.optimizer == "sgd" and opt.use_distributed_optimizer:
+        problems.append(
+            (
+                "optimizer.use_distributed_optimizer",
+                "Megatron's distributed optimizer shards Adam only; set it to false for optimizer: sgd",
+            )
+        )
     for name in ("adam_beta1", "adam_beta2"):
         beta = getattr(opt, name)
         if not 0 <= beta < 1:
