@@ -90,10 +90,10 @@ class Policy(ColocatablePolicyInterface):
         world_size = cluster.world_size()
         worker_class, tp_key, tp_size, pp_size = _backend(self.cfg)
         if world_size % (tp_size * pp_size):
-            raise ValueError(
-                f"policy.{tp_key}={tp_size} times the pipeline-parallel size {pp_size} must divide the number of "
-                f"workers ({world_size})"
-            )
+            sizes = f"policy.{tp_key}={tp_size}"
+            if pp_size > 1:
+                sizes += f" × pipeline_model_parallel_size={pp_size} ({tp_size * pp_size})"
+            raise ValueError(f"{sizes} must divide the number of workers ({world_size})")
         self.dp_size = world_size // (tp_size * pp_size)
         self.is_reward_model = self.cfg.reward_model_cfg.enabled
         # Rank order: tensor-parallel ranks are neighbours, then data-parallel, pipeline stages outermost
