@@ -37,19 +37,12 @@ from transformers import (
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
-from nemo_rl_clone.distributed.weight_transfer import (
-    DEFAULT_BUCKET_BYTES,
-    DEFAULT_TIMEOUT_S,
-    PackedTensors,
-    WeightTransferGroup,
-    broadcast_state_dict,
-    pack_tensors,
-)
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy import dtensor_parallel, reward_model, train_step
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler
+from nemo_rl_clone.models.policy.refit_sender import RefitSender
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +52,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-class DTensorPolicyWorker:
+class DTensorPolicyWorker(RefitSender):
     """One rank of the policy. Every public method except the ``prepare_*``/``offload_*`` ones is a collective.
 
     Args:
@@ -345,26 +338,6 @@ class DTensorPolicyWorker:
         if self.rank != 0:
             return None
         return {name: tensor.to(self.dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
-
-    def get_packed_state_dict_for_refit(self) -> PackedTensors | None:
-        """`get_full_state_dict_for_refit` packed into one buffer (engines read it from Ray's shared memory)."""
-        state = self.get_full_state_dict_for_refit()
-        return pack_tensors(state) if state is not None else None
-
-    def init_collective(
-        self, master_address: str, master_port: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S
-    ) -> None:
-        """Rank 0 joins the weight-transfer group with the engines (member 0); other ranks only gather for it."""
-        if self.rank == 0:
-            self.transfer_group = WeightTransferGroup(
-                master_address, master_port, 0, world_size, self.device, timeout_s
-            )
-
-    def broadcast_weights_for_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        """Gather the full weights (a collective over all ranks) and broadcast them from rank 0 in buckets."""
-        state = self.get_full_state_dict_for_refit()
-        if state is not None:
-            broadcast_state_dict(self.transfer_group, state, bucket_bytes)
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

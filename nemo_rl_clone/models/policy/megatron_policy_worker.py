@@ -31,20 +31,13 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
-from nemo_rl_clone.distributed.weight_transfer import (
-    DEFAULT_BUCKET_BYTES,
-    DEFAULT_TIMEOUT_S,
-    PackedTensors,
-    WeightTransferGroup,
-    broadcast_state_dict,
-    pack_tensors,
-)
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.megatron import converter
 from nemo_rl_clone.models.megatron import model as mmodel
 from nemo_rl_clone.models.policy import dtensor_parallel, train_step
 from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.models.policy.refit_sender import RefitSender
 from nemo_rl_clone.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -54,7 +47,7 @@ logger = logging.getLogger(__name__)
 _OPTIMIZER_CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
-class MegatronPolicyWorker:
+class MegatronPolicyWorker(RefitSender):
     """One rank of the policy; the constructor arguments are `DTensorPolicyWorker`'s. Every public method except
     the ``prepare_*``/``offload_*`` ones is a collective."""
 
@@ -344,24 +337,6 @@ class MegatronPolicyWorker:
         if state is None:
             return None
         return {name: tensor.to(self.dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
-
-    def get_packed_state_dict_for_refit(self) -> PackedTensors | None:
-        state = self.get_full_state_dict_for_refit()
-        return pack_tensors(state) if state is not None else None
-
-    def init_collective(
-        self, master_address: str, master_port: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S
-    ) -> None:
-        """Rank 0 joins the weight-transfer group with the engines (member 0); other ranks only gather for it."""
-        if self.rank == 0:
-            self.transfer_group = WeightTransferGroup(
-                master_address, master_port, 0, world_size, self.device, timeout_s
-            )
-
-    def broadcast_weights_for_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        state = self.get_full_state_dict_for_refit()
-        if state is not None:
-            broadcast_state_dict(self.transfer_group, state, bucket_bytes)
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(
