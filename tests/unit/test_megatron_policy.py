@@ -53,26 +53,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _child(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], args: tuple) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        CUDA_VISIBLE_DEVICES="",  # gloo on CPU everywhere, GPU machines included
-    )
+def _child(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], args: tuple, cuda: bool) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if cuda:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU everywhere, GPU machines included
     torch.set_num_threads(max(1, 2 // world))
     result = fn(*args)
     if rank == 0:
         torch.save(result, out)
 
 
-def spawn(world: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """Run ``fn(*args)`` in ``world`` fresh processes joined as one gloo group (on a free port); rank 0's result."""
+def spawn(world: int, fn: Callable[..., Any], *args: Any, cuda: bool = False) -> Any:
+    """Run ``fn(*args)`` in ``world`` fresh processes joined as one process group (on a free port; gloo on CPU, or
+    one GPU each with ``cuda``); rank 0's result."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pt")
-        mp.spawn(_child, args=(world, free_port(), out, fn, args), nprocs=world, join=True)
+        mp.spawn(_child, args=(world, free_port(), out, fn, args, cuda), nprocs=world, join=True)
         return torch.load(out, weights_only=False)
 
 
@@ -123,14 +122,16 @@ def make_batches() -> list[BatchedDataDict]:
     return batches
 
 
-def policy_dict(model_dir: str, tp: int = 1, pp: int = 1, **megatron: Any) -> dict[str, Any]:
+def policy_dict(
+    model_dir: str, tp: int = 1, pp: int = 1, *, precision: str = "float32", **megatron: Any
+) -> dict[str, Any]:
     """The ``policy`` section of a Megatron run (NeMo-RL key names); ``megatron``: more ``megatron_cfg`` keys."""
     return {
         "model_name": model_dir,
         "train_global_batch_size": ROWS,
         "train_micro_batch_size": 2,
         "logprob_batch_size": 3,
-        "precision": "float32",
+        "precision": precision,
         "max_grad_norm": 1.0,
         "optimizer": None,
         "scheduler": None,
@@ -471,3 +472,26 @@ def test_converter_refuses_dtensor_runs_and_other_folders(
         main(["--config", str(broken), *args])
     assert exit_info.value.code == 2
     assert f"{broken}: policy.megatron_cfg.converter_type: must be one of" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- GPU (skipped without CUDA)
+def run_bf16(model_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
+    from nemo_rl_clone.models.huggingface import load_tokenizer
+    from nemo_rl_clone.models.policy.megatron_policy_worker import MegatronPolicyWorker
+
+    config = validate_config(policy_dict(model_dir, precision="bfloat16"), PolicyConfig)
+    worker = MegatronPolicyWorker(config, load_tokenizer(model_dir), model_dir)
+    result = {"logprobs": worker.get_logprobs(batches[0])["logprobs"]}
+    result["steps"] = [_step(worker, data) for data in batches]
+    worker.shutdown()
+    return result
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_tracks_fp32(single: dict, model_dir: str, batches: list[BatchedDataDict]) -> None:
+    """bf16 compute (Float16Module) with fp32 main weights on one GPU: close to the fp32 CPU run, refit in bf16."""
+    record = spawn(1, run_bf16, model_dir, batches, cuda=True)
+    torch.testing.assert_close(record["logprobs"], single["logprobs"], atol=0.1, rtol=0.02)
+    for got, want in zip(record["steps"], single["steps"], strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-2)
+        assert {tensor.dtype for tensor in got["state"].values()} == {torch.bfloat16}
