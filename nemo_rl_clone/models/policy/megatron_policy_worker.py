@@ -112,10 +112,16 @@ class MegatronPolicyWorker(RefitSender):
 
     # ------------------------------------------------------------------ forward / backward
     def _run_schedule(
-        self, microbatches: list[BatchedDataDict], finish: Callable[..., Any], forward_only: bool
+        self,
+        microbatches: list[BatchedDataDict],
+        finish: Callable[..., Any],
+        forward_only: bool,
+        collect_outputs: bool = False,
     ) -> list[Any]:
         """Megatron's forward/backward schedule over ``microbatches``; ``finish(microbatch, logits)`` runs on the
-        last pipeline stage (logits ``[B, S, V / tp]``). Returns what ``finish`` returned, on the last stage only."""
+        last pipeline stage (logits ``[B, S, V / tp]``). Training: ``finish`` returns ``(loss, metrics)`` and the
+        metrics come back; ``collect_outputs`` (forward only): whatever ``finish`` returns comes back. On the last
+        stage only."""
 
         def forward_step(data_iterator: Iterator[BatchedDataDict], model: torch.nn.Module) -> tuple[Any, Any]:
             microbatch = next(data_iterator).to(self.device)
@@ -134,7 +140,7 @@ class MegatronPolicyWorker(RefitSender):
             seq_length=max(mb["input_ids"].shape[1] for mb in microbatches),
             micro_batch_size=max(mb.size for mb in microbatches),
             forward_only=forward_only,
-            collect_non_loss_data=forward_only and getattr(finish, "non_loss", False),
+            collect_non_loss_data=collect_outputs,
         )
 
     @property
@@ -172,9 +178,8 @@ class MegatronPolicyWorker(RefitSender):
         def finish(microbatch: BatchedDataDict, logits: torch.Tensor, non_loss_data: bool = False) -> torch.Tensor:
             return compute(microbatch, logits).cpu()
 
-        finish.non_loss = True  # type: ignore[attr-defined]
         with torch.no_grad():
-            outputs = self._run_schedule(microbatches, finish, forward_only=True)
+            outputs = self._run_schedule(microbatches, finish, forward_only=True, collect_outputs=True)
         return self._from_last_stage(torch.cat(outputs) if self.is_last_stage else None)
 
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
