@@ -4,16 +4,68 @@
 module that asks for it; a module that needs a different cluster (tests/unit/test_multinode_cluster.py) shuts it
 down and the next `ray_local` user starts it again. ``RAY_ADDRESS`` in the environment makes the tests attach to that
 cluster instead.
+
+`_disk_budget` (every test): the CI machine has little free disk (a run that kept every test's checkpoints filled it
+at 27 GB), so each test's temporary files must stay under `TMP_BUDGET_GIB`; a passed test's `tmp_path` is deleted
+when it ends (``tmp_path_retention_policy = "failed"`` in pyproject.toml) and module fixtures delete their own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 # Logical CPUs of the test cluster: actors in tests idle most of the time, so a 2-core machine can host 8 slots.
 RAY_TEST_NUM_CPUS = 8
+# Peak temporary files one test may hold (its own `tmp_path` plus what module fixtures keep alive meanwhile).
+TMP_BUDGET_GIB = 4.0
+_peak_usage: list[tuple[int, str]] = []
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed while walking (a worker cleaning up)
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+@pytest.fixture(autouse=True)
+def _disk_budget(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fails a test whose temporary files (everything under pytest's base temp dir at its end) exceed the budget."""
+    if "tmp_path" not in request.fixturenames:
+        yield  # tests without a tmp_path write nothing large (module fixtures are measured with their users)
+        return
+    request.getfixturevalue("tmp_path")  # set up here, so it is deleted only after this measures it
+    yield
+    used = _tree_bytes(tmp_path_factory.getbasetemp())
+    _peak_usage.append((used, request.node.nodeid))
+    if used > TMP_BUDGET_GIB * 2**30:
+        pytest.fail(
+            f"{request.node.nodeid} ended with {used / 2**30:.2f} GiB of temporary files under "
+            f"{tmp_path_factory.getbasetemp()} (budget {TMP_BUDGET_GIB} GiB: CI's disk is small); keep fewer "
+            "checkpoints (checkpointing.keep_top_k) or delete them in the test",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="module")
+def module_tmp_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A temporary folder for a module's fixtures (models, checkpoints), deleted when the module ends."""
+    path = tmp_path_factory.mktemp("module")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for used, nodeid in sorted(_peak_usage, reverse=True)[:5]:
+        terminalreporter.write_line(f"temporary files: {used / 2**30:.2f} GiB at the end of {nodeid}")
 
 
 @pytest.fixture(scope="session")

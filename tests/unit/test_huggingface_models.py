@@ -29,9 +29,10 @@ from nemo_rl_clone.models.huggingface import (
 
 
 @pytest.fixture(scope="module")
-def fresh_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def fresh_cache(module_tmp_path: Path) -> Iterator[Path]:
     """``NRL_CACHE_DIR`` pointing at an empty folder for this module (so the tests build, not reuse)."""
-    root = tmp_path_factory.mktemp("nrl_cache")
+    root = module_tmp_path / "nrl_cache"
+    root.mkdir()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NRL_CACHE_DIR", str(root))
         yield root

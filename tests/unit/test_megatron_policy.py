@@ -287,8 +287,8 @@ def run_resumed(
 
 # ---------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("tiny_llama")
+def model_dir(module_tmp_path: Path) -> str:
+    out = module_tmp_path / "tiny_llama"
     build_tiny_llama(out)
     return str(out)
 
@@ -299,8 +299,8 @@ def batches() -> list[BatchedDataDict]:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("megatron_run")
+def run_dir(module_tmp_path: Path) -> Path:
+    return module_tmp_path / "megatron_run"
 
 
 @pytest.fixture(scope="module")

@@ -153,11 +153,11 @@ def cluster(ray_local: None) -> Iterator[RayVirtualCluster]:
 
 @pytest.fixture(scope="module")
 def two_workers(
-    cluster: RayVirtualCluster, model_path: str, tokenizer: Any, batch: BatchedDataDict, tmp_path_factory: Any
+    cluster: RayVirtualCluster, model_path: str, tokenizer: Any, batch: BatchedDataDict, module_tmp_path: Path
 ) -> dict[str, Any]:
     """2 FSDP workers: logprobs, 2 steps (reference logprobs and an eval-mode pass in between), checkpoint, 1 more
     step."""
-    checkpoint = tmp_path_factory.mktemp("policy_ckpt")
+    checkpoint = module_tmp_path / "policy_ckpt"
     policy = Policy(cluster, policy_config(model_path), tokenizer)
     try:
         record: dict[str, Any] = {"checkpoint": checkpoint}

@@ -119,9 +119,9 @@ def two_workers(
     tokenizer: Any,
     train_batch: BatchedDataDict,
     held_out_batch: BatchedDataDict,
-    tmp_path_factory: Any,
+    module_tmp_path: Path,
 ) -> Iterator[dict[str, Any]]:
-    checkpoint = tmp_path_factory.mktemp("rm_ckpt")
+    checkpoint = module_tmp_path / "rm_ckpt"
     cluster = RayVirtualCluster([2], use_gpus=False, name="test-rm-policy")
     policy = Policy(cluster, rm_config(model_path), tokenizer, name_prefix="rm-policy")
     try:
