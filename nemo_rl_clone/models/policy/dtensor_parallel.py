@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import logging
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
 
@@ -31,33 +30,9 @@ from transformers import PreTrainedModel
 
 from nemo_rl_clone.models.policy.optim import import_by_path
 
-PRECISION_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-
 # Hugging Face's `base_model_tp_plan` vocabulary → DTensor styles. Other entries (e.g. Qwen3's
 # "replicated_with_grad_allreduce" q/k norms over head_dim) need nothing: those parameters stay replicated.
 _HF_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-
-
-def init_distributed() -> torch.device:
-    """Join the process group described by ``RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT``; return this rank's device.
-
-    CPU: gloo. GPU: NCCL for CUDA tensors plus gloo for the CPU tensors some collectives (object gathers) use.
-    Ray gives each GPU actor its own ``CUDA_VISIBLE_DEVICES``, so the device is always ``cuda:0``.
-    """
-    if torch.cuda.is_available():
-        device = torch.device("cuda", 0)
-        torch.cuda.set_device(device)
-        backend = "cpu:gloo,cuda:nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
-    return device
 
 
 def build_device_mesh(device: torch.device, tensor_parallel_size: int) -> DeviceMesh:

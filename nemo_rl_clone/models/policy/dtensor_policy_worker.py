@@ -39,7 +39,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
-from nemo_rl_clone.models.policy import dtensor_parallel, reward_model, train_step
+from nemo_rl_clone.models.policy import dtensor_parallel, reward_model, train_step, worker_setup
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler
 from nemo_rl_clone.models.policy.refit_sender import RefitSender
@@ -78,13 +78,13 @@ class DTensorPolicyWorker(RefitSender):
     ) -> None:
         self.cfg = config
         self.tokenizer = tokenizer
-        self.device = dtensor_parallel.init_distributed()
+        self.device = worker_setup.init_distributed()
         self.rank = dist.get_rank()
         dtensor_cfg = config.dtensor_cfg
         self.mesh = dtensor_parallel.build_device_mesh(self.device, dtensor_cfg.tensor_parallel_size)
         self.dp_size = self.mesh["dp"].size()
         self.dp_group = self.mesh["dp"].get_group()
-        self.dtype = dtensor_parallel.PRECISION_DTYPES[config.precision]
+        self.dtype = worker_setup.PRECISION_DTYPES[config.precision]
 
         # fp32 master weights on every rank; FSDP casts to `self.dtype` for compute.
         self.is_reward_model = config.reward_model_cfg.enabled

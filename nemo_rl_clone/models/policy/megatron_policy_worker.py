@@ -35,7 +35,7 @@ from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.megatron import converter
 from nemo_rl_clone.models.megatron import model as mmodel
-from nemo_rl_clone.models.policy import dtensor_parallel, train_step
+from nemo_rl_clone.models.policy import train_step, worker_setup
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.refit_sender import RefitSender
 from nemo_rl_clone.utils.errors import UserInputError
@@ -65,9 +65,9 @@ class MegatronPolicyWorker(RefitSender):
         self.tokenizer = tokenizer
         mcfg = config.megatron_cfg
         mmodel.check_runtime_support(mcfg)
-        self.device = dtensor_parallel.init_distributed()
+        self.device = worker_setup.init_distributed()
         self.rank = dist.get_rank()
-        self.dtype = dtensor_parallel.PRECISION_DTYPES[config.precision]
+        self.dtype = worker_setup.PRECISION_DTYPES[config.precision]
         with reporting_model_load_errors(model_path):
             hf_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.hf_config = hf_model.config

