@@ -22,7 +22,7 @@ import pytest
 
 # Logical CPUs of the test cluster: actors in tests idle most of the time, so a 2-core machine can host 8 slots.
 RAY_TEST_NUM_CPUS = 8
-# Peak temporary files one test may hold (its own `tmp_path` plus what module fixtures keep alive meanwhile).
+# Temporary files one test may hold at its end: its own `tmp_path` plus its module's `module_tmp_path`.
 TMP_BUDGET_GIB = 4.0
 _peak_usage: list[tuple[int, str]] = []
 
@@ -37,19 +37,21 @@ def _tree_bytes(root: Path) -> int:
 
 
 @pytest.fixture(autouse=True)
-def _disk_budget(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Fails a test whose temporary files (everything under pytest's base temp dir at its end) exceed the budget."""
-    if "tmp_path" not in request.fixturenames:
-        yield  # tests without a tmp_path write nothing large (module fixtures are measured with their users)
-        return
-    request.getfixturevalue("tmp_path")  # set up here, so it is deleted only after this measures it
+def _disk_budget(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test whose temporary folders (`tmp_path`, `module_tmp_path`) hold more than the budget at its end.
+
+    Only the test's own folders count: a failed test's kept `tmp_path` must not fail every test after it."""
+    # Set up here, so they are deleted only after this measures them.
+    roots = [request.getfixturevalue(name) for name in ("tmp_path", "module_tmp_path") if name in request.fixturenames]
     yield
-    used = _tree_bytes(tmp_path_factory.getbasetemp())
+    if not roots:
+        return
+    used = sum(_tree_bytes(root) for root in roots)
     _peak_usage.append((used, request.node.nodeid))
     if used > TMP_BUDGET_GIB * 2**30:
         pytest.fail(
             f"{request.node.nodeid} ended with {used / 2**30:.2f} GiB of temporary files under "
-            f"{tmp_path_factory.getbasetemp()} (budget {TMP_BUDGET_GIB} GiB: CI's disk is small); keep fewer "
+            f"{', '.join(map(str, roots))} (budget {TMP_BUDGET_GIB} GiB: CI's disk is small); keep fewer "
             "checkpoints (checkpointing.keep_top_k) or delete them in the test",
             pytrace=False,
         )
