@@ -3,7 +3,8 @@ points before Ray starts and before any log or checkpoint directory is created. 
 (model sources in ``models/huggingface.py``, data files in ``data/checks.py``, optimizer and scheduler in
 ``models/policy/optim.py``, cluster shape and Ray's port in ``distributed/virtual_cluster.py``, directories in
 ``utils/run_dirs.py``); this module composes them by the sections a config has, for GRPO, SFT, DPO, RM and
-evaluation alike.
+evaluation alike. A run on a running Ray cluster (``RAY_ADDRESS``, ``ray job submit``) connects to it here, to check
+cluster.* against its nodes.
 
     preflight(config)                     # raises UserInputError listing every problem, one line each
     with removed_if_run_start_fails(config):
@@ -15,11 +16,14 @@ evaluation alike.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from nemo_rl_clone.utils.errors import UserInputError, reporting_user_errors
 from nemo_rl_clone.utils.run_dirs import check_writable_dir, removed_if_start_fails
+
+logger = logging.getLogger(__name__)
 
 
 def preflight(config: Any) -> None:
@@ -97,26 +101,60 @@ def _directory_problems(config: Any) -> list[str]:
 
 
 def _cluster_problems(config: Any) -> list[str]:
+    import torch
+
     from nemo_rl_clone.distributed.virtual_cluster import (
         check_local_cluster_fits,
         check_ray_port_free,
         starts_local_ray,
     )
 
-    if not starts_local_ray():  # attaching to a running cluster: its shape is checked when bundles are reserved
-        return []
-    import torch
+    shapes = _worker_shapes(config)
+    use_gpus = torch.cuda.is_available()  # as the setups decide it
+    if not starts_local_ray():
+        return _attached_cluster_problems(shapes, use_gpus)
+    slots = {"cluster.gpus_per_node * cluster.num_nodes": _slots(shapes["cluster"])}
+    if _GENERATION in shapes:
+        slots[f"{_GENERATION}.gpus_per_node * num_nodes"] = _slots(shapes[_GENERATION])
+    problems = check_local_cluster_fits(slots, use_gpus=use_gpus)
+    port_problem = check_ray_port_free()
+    return problems if port_problem is None else [*problems, port_problem]
 
-    cluster = config.cluster
-    slots = {"cluster.gpus_per_node * cluster.num_nodes": cluster.gpus_per_node * cluster.num_nodes}
+
+_GENERATION = "policy.generation.colocated.resources"
+
+
+def _worker_shapes(config: Any) -> dict[str, tuple[int, int]]:
+    """``(gpus_per_node, num_nodes)`` of every group of worker slots the run reserves, by config section."""
+    shapes = {"cluster": (config.cluster.gpus_per_node, config.cluster.num_nodes)}
     generation = getattr(getattr(config, "policy", None), "generation", None)
     if generation is not None and not generation.colocated.enabled:
         resources = generation.colocated.resources
-        key = "policy.generation.colocated.resources.gpus_per_node * num_nodes"
-        slots[key] = (resources.gpus_per_node or 0) * (resources.num_nodes or 0)
-    problems = check_local_cluster_fits(slots, use_gpus=torch.cuda.is_available())
-    port_problem = check_ray_port_free()
-    return problems if port_problem is None else [*problems, port_problem]
+        shapes[_GENERATION] = (resources.gpus_per_node or 0, resources.num_nodes or 0)
+    return shapes
+
+
+def _slots(shape: tuple[int, int]) -> int:
+    return shape[0] * shape[1]
+
+
+def _attached_cluster_problems(shapes: dict[str, tuple[int, int]], use_gpus: bool) -> list[str]:
+    """cluster.* against a running cluster (``RAY_ADDRESS``, ``ray job submit``): connecting starts no Ray process,
+    and the run's setup reuses the connection. Without this, a shape the cluster cannot hold waits out the placement-group
+    timeout (3 min) and then fails with a long message."""
+    import ray
+
+    from nemo_rl_clone.distributed.virtual_cluster import check_cluster_shape, init_ray, ray_node_resources
+
+    init_ray()
+    nodes = ray_node_resources()
+    if not use_gpus and any(node.gpus for node in nodes):
+        logger.warning(
+            "This driver sees no CUDA device, so workers get CPU-only bundles although the Ray cluster has GPUs; "
+            "run the driver on a GPU node to train on them"
+        )
+    where = f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
+    return check_cluster_shape(nodes, shapes, use_gpus, where)
 
 
 def _policy_problems(config: Any, policy: Any) -> list[str]:
