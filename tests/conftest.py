@@ -17,6 +17,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,6 +56,31 @@ def _disk_budget(request: pytest.FixtureRequest) -> Iterator[None]:
             "checkpoints (checkpointing.keep_top_k) or delete them in the test",
             pytrace=False,
         )
+
+
+@contextlib.contextmanager
+def attached_ray_cluster(num_nodes: int = 2, cpus_per_node: int = 2) -> Iterator[Any]:
+    """A `ray.cluster_utils.Cluster` of ``num_nodes`` nodes with ``RAY_ADDRESS`` pointing at it, as `ray job submit`
+    sets it for an entry point; the session's own Ray is shut down first and the variable restored after."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus_per_node, "include_dashboard": False})
+    for _ in range(num_nodes - 1):
+        cluster.add_node(num_cpus=cpus_per_node)
+    cluster.wait_for_nodes()
+    saved_address = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = cluster.address
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if saved_address is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = saved_address
 
 
 @pytest.fixture(scope="module")

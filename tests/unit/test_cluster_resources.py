@@ -7,12 +7,10 @@ tests/unit/test_multinode_cluster.py does.
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 from nemo_rl_clone.algorithms.preflight import preflight
 from nemo_rl_clone.distributed.virtual_cluster import (
@@ -22,6 +20,7 @@ from nemo_rl_clone.distributed.virtual_cluster import (
     ray_node_resources,
 )
 from nemo_rl_clone.utils.errors import UserInputError
+from tests.conftest import attached_ray_cluster
 
 WHERE = "the Ray cluster at 10.0.0.1:6379"
 GPU_NODE = NodeResources(cpus=32, gpus=8)
@@ -104,21 +103,8 @@ def test_invalid_shapes_are_left_to_the_config_checks():
 
 @pytest.fixture(scope="module")
 def attached_two_node_cluster():
-    ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    saved_address = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = cluster.address  # as `ray job submit` sets it for the entry point
-    try:
+    with attached_ray_cluster(num_nodes=2, cpus_per_node=2) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        if saved_address is None:
-            os.environ.pop("RAY_ADDRESS", None)
-        else:
-            os.environ["RAY_ADDRESS"] = saved_address
 
 
 def _config(gpus_per_node: int, num_nodes: int) -> SimpleNamespace:

@@ -6,16 +6,15 @@ the `ray_local` fixture starts a fresh one.
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 from ray.util.placement_group import placement_group_table
 
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, ResourceInsufficientError, init_ray
 from nemo_rl_clone.distributed.worker_groups import RayWorkerBuilder, RayWorkerGroup
+from tests.conftest import attached_ray_cluster
 from tests.unit.ray_test_actors import MODULE
 
 ECHO = f"{MODULE}.RankEchoActor"
@@ -24,23 +23,10 @@ KEYS = ["RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR"]
 
 @pytest.fixture(scope="module")
 def two_node_cluster():
-    ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    saved_address = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = cluster.address  # init_ray attaches through RAY_ADDRESS, as on a real cluster
-    try:
-        init_ray(num_cpus=64)  # ignored when attaching
+    with attached_ray_cluster(num_nodes=2, cpus_per_node=2) as cluster:
+        init_ray(num_cpus=64)  # ignored when attaching (init_ray attaches through RAY_ADDRESS, as on a real cluster)
         assert ray.cluster_resources()["CPU"] == 4
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        if saved_address is None:
-            os.environ.pop("RAY_ADDRESS", None)
-        else:
-            os.environ["RAY_ADDRESS"] = saved_address
 
 
 def _node_ids(pg) -> list[str]:
