@@ -93,6 +93,8 @@ def module_tmp_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for used, nodeid in sorted(_peak_usage, reverse=True)[:5]:
+        if used < 2**30 // 10:  # the largest users only: small ones are noise
+            break
         terminalreporter.write_line(f"temporary files: {used / 2**30:.2f} GiB at the end of {nodeid}")
 
 
