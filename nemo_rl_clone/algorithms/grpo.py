@@ -28,6 +28,7 @@ from nemo_rl_clone.algorithms.utils import compute_advantages, groups_with_signa
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
+from nemo_rl_clone.models.policy.train_profile import profile_metrics
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
@@ -91,6 +92,7 @@ def _run_steps(c: GRPOComponents) -> None:
                     break
                 if int(groups_with_signal(torch.cat(rewards), group_size).sum()) >= cfg.grpo.num_prompts_per_step:
                     break
+            generation_performance = c.generation.take_performance_metrics()
             rollout_metrics = combine_rollout_metrics(per_batch_metrics, [b.size for b in rollouts])
             batch = BatchedDataDict.from_batches(rollouts) if len(rollouts) > 1 else rollouts[0]
             raw_rewards = torch.cat(rewards)
@@ -155,8 +157,13 @@ def _run_steps(c: GRPOComponents) -> None:
 
         # 10. log
         timing = timer.get_timing_metrics("sum")
+        performance = {**_performance(metrics, timing), **generation_performance}
+        if "profile" in train_results:
+            profile = profile_metrics(train_results["profile"], timing["policy_training"])
+            timing.update(profile["timing"])
+            performance.update(profile["performance"])
         c.logger.log_metrics(metrics, step, prefix="train")
-        c.logger.log_metrics(_performance(metrics, timing), step, prefix="performance")
+        c.logger.log_metrics(performance, step, prefix="performance")
         c.logger.log_metrics(timing, step, prefix="timing/train")
         c.logger.log_samples_jsonl(sample_rows(batch, raw_rewards, advantages), step)
         advance(step)
@@ -196,6 +203,7 @@ def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> 
         rewards.append(batch["total_reward"])
         lengths.append(metrics["mean_generation_length"] * batch.size)
     all_rewards = torch.cat(rewards)
+    c.generation.take_performance_metrics()  # validation's generation is not the next training step's
     return {"accuracy": (all_rewards == 1.0).float().mean().item(), "avg_length": sum(lengths) / count}
 
 

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from nemo_rl_clone.algorithms.utils import kl_k3, masked_mean
-from nemo_rl_clone.distributed.model_utils import LossType, token_logprobs_from_logits
+from nemo_rl_clone.distributed.model_utils import LossType, TokenLogprobs, token_logprobs_from_logits
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 __all__ = [
@@ -135,14 +135,17 @@ def _require(data: Mapping[str, Any], keys: tuple[str, ...], owner: str) -> None
 
 
 def _policy_logprobs(
-    logits: torch.Tensor,
+    logits: torch.Tensor | TokenLogprobs,
     data: Mapping[str, Any],
     vocab_parallel_rank: int | None,
     vocab_parallel_group: dist.ProcessGroup | None,
     context_parallel_group: dist.ProcessGroup | None,
     chunk_size: int | None,
 ) -> torch.Tensor:
-    """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits` (``chunk_size`` positions at a time)."""
+    """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits` (``chunk_size`` positions at a time),
+    or those the policy already computed at the `token_mask` positions (`TokenLogprobs`)."""
+    if isinstance(logits, TokenLogprobs):
+        return logits.values
     if context_parallel_group is not None and dist.get_world_size(context_parallel_group) > 1:
         raise NotImplementedError("context parallelism is not supported by the losses; use context_parallel_size=1")
     vocab_start = None
@@ -197,13 +200,15 @@ class ClippedPGLossFn:
     reference_policy_logprobs when β ≠ 0.
     """
 
+    accepts_token_logprobs = True  # reads the logits only as next-token logprobs at token_mask positions
+
     def __init__(self, cfg: Mapping[str, Any] | ClippedPGLossConfig | None = None) -> None:
         self.cfg = _validated(ClippedPGLossConfig, cfg, "ClippedPGLossFn")
         self.loss_type = LossType.TOKEN_LEVEL if self.cfg.token_level_loss else LossType.SEQUENCE_LEVEL
 
     def __call__(
         self,
-        next_token_logits: torch.Tensor,
+        next_token_logits: torch.Tensor | TokenLogprobs,
         data: Mapping[str, Any],
         global_valid_seqs: torch.Tensor,
         global_valid_toks: torch.Tensor,
@@ -313,10 +318,11 @@ class NLLLoss:
     """
 
     loss_type = LossType.TOKEN_LEVEL
+    accepts_token_logprobs = True
 
     def __call__(
         self,
-        next_token_logits: torch.Tensor,
+        next_token_logits: torch.Tensor | TokenLogprobs,
         data: Mapping[str, Any],
         global_valid_seqs: torch.Tensor | None,
         global_valid_toks: torch.Tensor,
@@ -433,12 +439,14 @@ class DPOLossFn:
 
     loss_type = LossType.SEQUENCE_LEVEL
 
+    accepts_token_logprobs = True
+
     def __init__(self, cfg: Mapping[str, Any] | DPOLossConfig | None = None) -> None:
         self.cfg = _validated(DPOLossConfig, cfg, "DPOLossFn")
 
     def __call__(
         self,
-        next_token_logits: torch.Tensor,
+        next_token_logits: torch.Tensor | TokenLogprobs,
         data: Mapping[str, Any],
         global_valid_seqs: torch.Tensor,
         global_valid_toks: torch.Tensor | None = None,

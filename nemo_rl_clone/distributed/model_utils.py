@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -21,6 +22,16 @@ class LossType(enum.Enum):
 
     TOKEN_LEVEL = "token_level"
     SEQUENCE_LEVEL = "sequence_level"
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """What a policy hands a loss instead of ``next_token_logits`` when the loss declares
+    ``accepts_token_logprobs = True``: ``values`` ``[B, S - 1]`` fp32, laid out like `token_logprobs_from_logits`'
+    output, differentiable, and computed only where ``token_mask[:, 1:]`` is set (0 elsewhere). Such a loss must
+    read the logits through those logprobs alone (it gets no vocabulary-wide logits to take an entropy of)."""
+
+    values: torch.Tensor
 
 
 class LossFunction(Protocol):

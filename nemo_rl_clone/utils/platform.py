@@ -39,3 +39,18 @@ def check_torch_build() -> None:
     )
     if problem:
         raise RuntimeError(problem)
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """The CPU executes bf16 matmuls natively (x86 ``avx512_bf16`` or ``amx_bf16`` flags in ``/proc/cpuinfo``); on
+    other CPUs torch emulates bf16 and it is no faster than fp32. ``cpuinfo``: the file's text (read when None)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.partition(":")[2].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16"})

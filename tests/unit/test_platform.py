@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from nemo_rl_clone.utils.platform import ALLOW_CPU_TORCH_ENV, check_torch_build, nvidia_gpu_present, torch_build_problem
+from nemo_rl_clone.utils.platform import (
+    ALLOW_CPU_TORCH_ENV,
+    check_torch_build,
+    cpu_has_native_bf16,
+    nvidia_gpu_present,
+    torch_build_problem,
+)
 
 
 def test_cpu_build_on_gpu_machine_is_an_error_with_the_fix():
@@ -26,3 +32,16 @@ def test_this_machine_passes_the_guard():
             check_torch_build()
     else:
         check_torch_build()
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [
+        ("fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni", True),
+        ("fpu sse2 avx2 amx_bf16 amx_tile", True),
+        ("fpu sse2 avx2 avx512f avx512_vnni", False),  # AVX-512 without bf16: torch emulates bf16
+    ],
+)
+def test_native_bf16_is_read_from_the_cpu_flags(flags, native):
+    cpuinfo = f"processor\t: 0\nmodel name\t: some cpu\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n"
+    assert cpu_has_native_bf16(cpuinfo) is native

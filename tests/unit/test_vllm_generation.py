@@ -237,3 +237,13 @@ def test_shm_segments_mapped_by_this_process_are_found() -> None:
         segment.close()
         segment.unlink()
     assert f"/dev/shm/{segment.name}" not in shm_files_mapped_by_process_tree(os.getpid())
+
+
+def test_performance_metrics_split_prefill_and_decode_then_reset(generation: VllmGeneration, tokenizer: Any) -> None:
+    generation.take_performance_metrics()  # drop what earlier tests generated
+    out = generation.generate(prompt_batch(tokenizer, PROMPTS, seeds=torch.arange(len(PROMPTS))))
+    assert int(out["generation_lengths"].sum()) > len(PROMPTS)  # some decode steps beyond the first token
+    metrics = generation.take_performance_metrics()
+    assert set(metrics) == {"prefill_tokens_per_sec", "decode_tokens_per_sec"}
+    assert all(value > 0 for value in metrics.values())
+    assert generation.take_performance_metrics() == {}  # taken: nothing generated since

@@ -48,6 +48,11 @@ class GenerationInterface(ABC):
     def generate_text(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
         """``{"texts": [str]}``: continuations of ``data["prompts"]`` (raw strings), for evaluation."""
 
+    def take_performance_metrics(self) -> dict[str, float]:
+        """Throughput of the generation since the last call, then reset: ``prefill_tokens_per_sec`` and
+        ``decode_tokens_per_sec`` where the backend can tell them apart; {} otherwise."""
+        return {}
+
     @abstractmethod
     def prepare_for_generation(self, tags: list[str] | None = None) -> None:
         """Re-acquire memory released by `finish_generation` (``tags``: ``["weights"]``, ``["kv_cache"]``, all)."""

@@ -36,13 +36,14 @@ from transformers import (
 )
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import LossFunction
+from nemo_rl_clone.distributed.model_utils import LossFunction, TokenLogprobs
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
-from nemo_rl_clone.models.policy import dtensor_parallel, reward_model, train_step, worker_setup
+from nemo_rl_clone.models.policy import dtensor_parallel, reward_model, token_logprob_head, train_step, worker_setup
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler
 from nemo_rl_clone.models.policy.refit_sender import RefitSender
+from nemo_rl_clone.models.policy.train_profile import TrainProfile, device_peak_flops
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,17 @@ class DTensorPolicyWorker(RefitSender):
             if self.is_reward_model:
                 model = reward_model.load_reward_model(model_path, tokenizer.pad_token_id)
             else:
-                model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+                model = AutoModelForCausalLM.from_pretrained(
+                    model_path, dtype=torch.float32, attn_implementation=dtensor_cfg.attn_implementation
+                )
         model.config.use_cache = False
+        self.selective_head: token_logprob_head.SelectiveLMHead | None = None
+        if (
+            dtensor_cfg.logits_at_loss_tokens_only
+            and not self.is_reward_model
+            and dtensor_cfg.tensor_parallel_size == 1
+        ):
+            self.selective_head = token_logprob_head.install(model)
         plan = None
         if self.mesh["tp"].size() > 1:
             plan = dtensor_parallel.tensor_parallel_plan(model, dtensor_cfg.custom_parallel_plan)
@@ -105,6 +115,7 @@ class DTensorPolicyWorker(RefitSender):
             activation_checkpointing=dtensor_cfg.activation_checkpointing,
             cpu_offload=dtensor_cfg.cpu_offload,
         )
+        self.num_parameters = sum(param.numel() for param in self.model.parameters())  # DTensors count in full
         self.scorer = reward_model.LastTokenScorer(self.model) if self.is_reward_model else None
         self.reference_weights: dict[str, torch.Tensor] | None = None
         if init_reference_model and not self.is_reward_model:
@@ -131,6 +142,24 @@ class DTensorPolicyWorker(RefitSender):
             return self.scorer(input_ids, batch["input_lengths"].to(self.device))
         return self.model(input_ids=input_ids, use_cache=False).logits
 
+    def _token_logprobs(self, batch: BatchedDataDict, wanted: torch.Tensor) -> torch.Tensor:
+        """``[B, S - 1]`` fp32 next-token logprobs where ``wanted`` ``[B, S - 1]`` is set, 0 elsewhere, projected
+        onto the vocabulary at those positions only (needs `selective_head`)."""
+        assert self.selective_head is not None
+        input_ids = batch["input_ids"].to(self.device)
+        positions, targets = token_logprob_head.next_token_selection(input_ids, wanted.to(self.device))
+        chunk_size = self.cfg.logprob_chunk_size or token_logprob_head.DEFAULT_CHUNK_SIZE
+        with self.selective_head.selecting(positions, targets, chunk_size, self.dtype):
+            return self.model(input_ids=input_ids, use_cache=False).logits[:, :-1]
+
+    def _loss_input(self, batch: BatchedDataDict, loss_fn: LossFunction) -> torch.Tensor:
+        """What ``loss_fn`` reads: token logprobs at its ``token_mask`` positions when it accepts them and the
+        selective head is on, else the full next-token logits."""
+        if self.selective_head is not None and getattr(loss_fn, "accepts_token_logprobs", False):
+            # Typed as logits for the LossFunction protocol; only a loss that declared it takes TokenLogprobs.
+            return cast(torch.Tensor, TokenLogprobs(self._token_logprobs(batch, batch["token_mask"][:, 1:] > 0)))
+        return self._forward(batch)
+
     def _inference_pass(
         self, data: BatchedDataDict, micro_batch_size: int | None, compute: Callable[[BatchedDataDict], torch.Tensor]
     ) -> torch.Tensor:
@@ -156,9 +185,12 @@ class DTensorPolicyWorker(RefitSender):
         self._require_language_model("get_logprobs")
 
         def logprobs(batch: BatchedDataDict) -> torch.Tensor:
-            lp = train_step.spec_logprobs(
-                self._forward(batch), batch["input_ids"], batch["input_lengths"], self.cfg.logprob_chunk_size
-            )
+            if self.selective_head is not None:
+                lp = train_step.logprobs_within_lengths(batch, self._token_logprobs)
+            else:
+                lp = train_step.spec_logprobs(
+                    self._forward(batch), batch["input_ids"], batch["input_lengths"], self.cfg.logprob_chunk_size
+                )
             return train_step.pad_to_width(lp, data["input_ids"].shape[1]).cpu()
 
         return BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
@@ -226,6 +258,9 @@ class DTensorPolicyWorker(RefitSender):
         self.model.train(not eval_mode)
         losses, grad_norms = [], []
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        profile = TrainProfile(
+            num_parameters=self.num_parameters, peak_flops=device_peak_flops(self.device, self.dtype)
+        )
         with torch.set_grad_enabled(not eval_mode):
             for index in range(num_global_batches):
                 batch = data.get_batch(index, local_gbs)
@@ -236,15 +271,18 @@ class DTensorPolicyWorker(RefitSender):
                 step_loss = torch.zeros((), dtype=torch.float64)
                 for microbatch in train_step.microbatches(batch, mbs):
                     microbatch = microbatch.to(self.device)
-                    loss, metrics = loss_fn(
-                        self._forward(microbatch),
-                        microbatch,
-                        valid_seqs,
-                        valid_toks,
-                        logprob_chunk_size=self.cfg.logprob_chunk_size,
-                    )
+                    profile.count_microbatch(microbatch["input_ids"], microbatch.get("input_lengths"))
+                    with profile.timed("forward_s", self.device):
+                        loss, metrics = loss_fn(
+                            self._loss_input(microbatch, loss_fn),
+                            microbatch,
+                            valid_seqs,
+                            valid_toks,
+                            logprob_chunk_size=self.cfg.logprob_chunk_size,
+                        )
                     if not eval_mode:
-                        (loss * self.dp_size).backward()
+                        with profile.timed("backward_s", self.device):
+                            (loss * self.dp_size).backward()
                     step_loss += loss.detach().double().cpu()
                     metrics = {
                         **metrics,
@@ -254,7 +292,8 @@ class DTensorPolicyWorker(RefitSender):
                     }
                     for key, value in metrics.items():
                         all_mb_metrics[key].append(value)
-                grad_norms.append(self._optimizer_step() if not eval_mode else torch.tensor(0.0))
+                with profile.timed("optimizer_s", self.device):
+                    grad_norms.append(self._optimizer_step() if not eval_mode else torch.tensor(0.0))
                 dist.all_reduce(step_loss, group=self.dp_group)
                 losses.append(step_loss.float())
         if not eval_mode and self.scheduler is not None:
@@ -264,6 +303,7 @@ class DTensorPolicyWorker(RefitSender):
             "global_loss": torch.stack(losses) if losses else torch.zeros(0),
             "grad_norm": torch.stack(grad_norms).float().cpu() if grad_norms else torch.zeros(0),
             "all_mb_metrics": dict(all_mb_metrics),
+            "profile": profile,
         }
 
     def _optimizer_step(self) -> torch.Tensor:

@@ -26,6 +26,7 @@ from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S
 from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
 from nemo_rl_clone.models.huggingface import check_model_available
+from nemo_rl_clone.models.policy import train_profile
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
 from nemo_rl_clone.models.policy.optim import check_import_paths
@@ -198,6 +199,7 @@ class Policy(ColocatablePolicyInterface):
             "grad_norm": results[0]["grad_norm"],
             "all_mb_metrics": dict(all_mb_metrics),
             "num_global_batches": data.size // gbs,
+            **({"profile": train_profile.merge([r["profile"] for r in results])} if "profile" in results[0] else {}),
         }
 
     # ------------------------------------------------------------------ lifecycle

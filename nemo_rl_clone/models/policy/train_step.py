@@ -7,7 +7,7 @@ of every logprob tensor a policy returns and a loss reads, see `nemo_rl_clone.mo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -57,6 +57,17 @@ def spec_logprobs(
     positions = torch.arange(input_ids.shape[1], device=logprobs.device)
     valid = positions.unsqueeze(0) < input_lengths.to(logprobs.device).unsqueeze(1)
     return torch.where(valid, logprobs, torch.zeros_like(logprobs))
+
+
+def logprobs_within_lengths(
+    batch: BatchedDataDict, token_logprobs: Callable[[BatchedDataDict, torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """`spec_logprobs`' ``[B, S]`` layout from ``token_logprobs(batch, wanted)`` (``[B, S - 1]`` logprobs where
+    ``wanted`` is set), asking only for the positions inside each row's ``input_lengths``."""
+    input_ids = batch["input_ids"]
+    positions = torch.arange(1, input_ids.shape[1], device=input_ids.device)
+    wanted = positions.unsqueeze(0) < batch["input_lengths"].to(input_ids.device).unsqueeze(1)
+    return F.pad(token_logprobs(batch, wanted), (1, 0))
 
 
 def global_valid_counts(batch: Mapping[str, Any], group: dist.ProcessGroup) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,7 +53,7 @@ def engine_kwargs(config: GenerationConfig, model_path: str, seed: int, on_gpu: 
         "tensor_parallel_size": vllm_cfg.tensor_parallel_size,
         "pipeline_parallel_size": vllm_cfg.pipeline_parallel_size,
         "enable_prefix_caching": True,
-        "disable_log_stats": True,
+        "disable_log_stats": False,  # per-request timestamps for `PhaseStats` (offline mode prints no stats)
     }
     if on_gpu:
         kwargs.update(gpu_memory_utilization=vllm_cfg.gpu_memory_utilization, enable_sleep_mode=True)
@@ -90,6 +90,29 @@ def checkpoint_specs(model_path: str) -> list[TensorSpec] | None:
                     )
                 )
     return specs
+
+
+@dataclass
+class PhaseStats:
+    """Prefill/decode split of an engine's work, summed over `add`ed ``LLM.generate`` calls, from vLLM's
+    per-request timestamps. A batch's prefill is taken to end when its last request's first token is out (under
+    chunked prefill a few decode steps of early requests fall inside it); prefix-cache hits are not prefill work."""
+
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+
+    def add(self, outputs: list[Any]) -> None:
+        stats = [(out, out.metrics) for out in outputs if getattr(out, "metrics", None) is not None]
+        if not stats:
+            return
+        start = min(m.scheduled_ts for _, m in stats)
+        prefill_end = max(m.first_token_ts for _, m in stats)
+        self.prefill_tokens += sum(len(out.prompt_token_ids or ()) - (out.num_cached_tokens or 0) for out, _ in stats)
+        self.prefill_s += max(prefill_end - start, 0.0)
+        self.decode_tokens += sum(max(m.num_generation_tokens - 1, 0) for _, m in stats)
+        self.decode_s += max(max(m.last_token_ts for _, m in stats) - prefill_end, 0.0)
 
 
 @dataclass

@@ -130,6 +130,18 @@ class VllmGeneration(GenerationInterface):
         pieces = _split(BatchedDataDict({k: data[k] for k in keys if k in data}), self.dp_size)
         return BatchedDataDict.from_batches(self._run_pieces("generate_text", pieces, greedy=greedy))
 
+    def take_performance_metrics(self) -> dict[str, float]:
+        """``prefill_tokens_per_sec`` / ``decode_tokens_per_sec`` of the generation since the last call (engines
+        run side by side: tokens summed, time of the slowest), then reset; {} when nothing was generated."""
+        stats = self._run_all("take_phase_stats")
+        metrics = {}
+        for phase in ("prefill", "decode"):
+            tokens = sum(getattr(s, f"{phase}_tokens") for s in stats)
+            seconds = max(getattr(s, f"{phase}_s") for s in stats)
+            if tokens and seconds > 0:
+                metrics[f"{phase}_tokens_per_sec"] = tokens / seconds
+        return metrics
+
     # ------------------------------------------------------------------ memory (colocated)
     def prepare_for_generation(self, tags: list[str] | None = None) -> None:
         self._run_all("prepare_for_generation", tags=tags)

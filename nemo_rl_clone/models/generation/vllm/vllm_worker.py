@@ -76,6 +76,7 @@ class VllmGenerationWorker:
         self.transfer_group: WeightTransferGroup | None = None
         self.broken: str | None = None  # set when a load failed half-way: the engine must not serve any more
         self.asleep = False
+        self.phase_stats = engine_io.PhaseStats()
 
     # ------------------------------------------------------------------ generation
     def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
@@ -83,13 +84,20 @@ class VllmGenerationWorker:
         self._check_serving()
         requests = engine_io.token_requests(data, self.cfg, greedy, self.llm.llm_engine.model_config.max_model_len)
         outputs = self.llm.generate([r.prompt for r in requests], [r.params for r in requests], use_tqdm=False)
+        self.phase_stats.add(outputs)
         return engine_io.assemble_outputs(data, outputs, self.get_pad_token_id())
+
+    def take_phase_stats(self) -> engine_io.PhaseStats:
+        """The prefill/decode stats of the `generate` calls since the last take (then reset)."""
+        stats, self.phase_stats = self.phase_stats, engine_io.PhaseStats()
+        return stats
 
     def generate_text(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
         """``{"texts": [str]}``: the continuation of each of ``data["prompts"]`` (stop strings included)."""
         self._check_serving()
         prompts, params = engine_io.text_requests(data, self.cfg, greedy)
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.phase_stats.add(outputs)
         return BatchedDataDict({"texts": [out.outputs[0].text for out in outputs]})
 
     def get_pad_token_id(self) -> int:

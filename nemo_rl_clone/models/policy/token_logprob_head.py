@@ -1,0 +1,122 @@
+"""Next-token logprobs straight from a causal LM's final hidden states, at only the positions that are read.
+
+A language-model head projects every position onto the whole vocabulary (``[B, S, V]``, V = 49,152 for SmolLM2),
+yet a GRPO, SFT or DPO loss reads one number per response token: log p(next token). The prompt's and the padding's
+logits are never used, and on CPU the head and its fp32 log-softmax are a fifth of a training step's work.
+`SelectiveLMHead` computes ``log_softmax(h @ Wᵀ)[target]`` for the selected positions only, ``chunk_size``
+positions at a time in both passes (the backward recomputes each chunk's logits), so neither the full logits nor
+their fp32 softmax ever exist at once.
+
+Shapes: ``positions`` ``[B, S]`` bool (position t selected: its prediction of token t + 1 is needed), ``targets``
+``[B, S]`` (``targets[:, t]`` = token t + 1); the head then returns ``[B, S]`` fp32 logprobs, 0 where not selected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, cast
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+DEFAULT_CHUNK_SIZE = 1024  # positions per chunk: a [1024, 49152] fp32 block is 192 MiB
+
+
+class _ProjectedTokenLogprobs(torch.autograd.Function):
+    """``[N]`` fp32 logprobs of ``targets`` under ``hidden [N, H] @ weight [V, H]ᵀ``, computed in ``dtype``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        w = weight.to(dtype)
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        for start in range(0, hidden.shape[0], chunk_size):
+            window = slice(start, start + chunk_size)
+            logits = (hidden[window].to(dtype) @ w.t()).float()
+            lse[window] = logits.logsumexp(dim=-1)
+            out[window] = logits.gather(-1, targets[window, None]).squeeze(-1) - lse[window]
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.chunk_size, ctx.dtype = chunk_size, dtype
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, targets, lse = ctx.saved_tensors
+        w = weight.to(ctx.dtype)
+        grad_hidden = torch.empty_like(hidden)
+        # Each chunk's product is rounded to the compute dtype (as any matmul in it is); the sum over chunks is fp32.
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, hidden.shape[0], ctx.chunk_size):
+            window = slice(start, start + ctx.chunk_size)
+            h = hidden[window].to(ctx.dtype)
+            # d lp / d logits = onehot(target) − softmax(logits)
+            grad_logits = ((h @ w.t()).float() - lse[window, None]).exp_().mul_(-grad_out[window, None])
+            grad_logits.scatter_add_(-1, targets[window, None], grad_out[window, None])
+            grad_logits = grad_logits.to(ctx.dtype)
+            grad_hidden[window] = (grad_logits @ w).to(hidden.dtype)
+            grad_weight += (grad_logits.t() @ h).float()
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
+
+
+def project_token_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """``[N]`` fp32 ``log_softmax(hidden @ weightᵀ)[targets]`` for ``hidden [N, H]``, ``targets [N]``;
+    differentiable w.r.t. ``hidden`` and ``weight``. The matmuls run in ``dtype``, the softmax in fp32."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return _ProjectedTokenLogprobs.apply(hidden, weight, targets.long(), chunk_size, dtype)
+
+
+class SelectiveLMHead(nn.Linear):
+    """A bias-free ``nn.Linear`` LM head that, inside `selecting`, returns token logprobs instead of logits.
+
+    Installed by class swap (`install`), so parameter names, weight tying and sharding stay those of the model.
+    """
+
+    _selection: tuple[torch.Tensor, torch.Tensor, int, torch.dtype] | None = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._selection is None:
+            return super().forward(hidden)
+        positions, targets, chunk_size, dtype = self._selection
+        positions = positions.to(hidden.device)
+        picked = project_token_logprobs(
+            hidden[positions], self.weight, targets.to(hidden.device)[positions], chunk_size, dtype
+        )
+        out = torch.zeros(positions.shape, dtype=torch.float32, device=hidden.device)
+        return out.masked_scatter(positions, picked)
+
+    @contextlib.contextmanager
+    def selecting(
+        self, positions: torch.Tensor, targets: torch.Tensor, chunk_size: int, dtype: torch.dtype
+    ) -> Iterator[None]:
+        """Within this block the model's ``.logits`` are ``[B, S]`` fp32 logprobs (layout: module doc)."""
+        self._selection = (positions, targets, chunk_size, dtype)
+        try:
+            yield
+        finally:
+            self._selection = None
+
+
+def install(model: PreTrainedModel) -> SelectiveLMHead | None:
+    """Turn ``model``'s output embedding into a `SelectiveLMHead`; None when its head is not a plain bias-free
+    ``nn.Linear`` or the model post-processes its logits (e.g. Gemma 2's soft-capping), which the shortcut would skip."""
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear or head.bias is not None:
+        return None
+    if getattr(model.config, "final_logit_softcapping", None):
+        return None
+    head.__class__ = SelectiveLMHead
+    return cast(SelectiveLMHead, head)
+
+
+def next_token_selection(input_ids: torch.Tensor, wanted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, targets) for the logprobs ``wanted`` ``[B, S - 1]`` (True where log p(input_ids[:, t + 1]) is read)."""
+    positions = torch.nn.functional.pad(wanted.bool(), (0, 1))
+    targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1))
+    return positions, targets

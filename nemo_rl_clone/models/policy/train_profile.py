@@ -1,0 +1,92 @@
+"""Where a policy's training time goes: forward, backward and optimizer time, padding, achieved FLOP/s and, on known
+GPUs, the fraction of the device's peak (NeMo-RL's ``train_fp_utilization``).
+
+Model FLOPs follow the usual convention: 6 × parameters × tokens per training pass (2 forward, 4 backward), counted
+on the valid tokens only, so padding and recomputation are overhead, not work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+# Dense peak FLOP/s (no sparsity) by device-name fragment: bf16/fp16 tensor cores; fp32 without TF32 (torch's
+# default for matmuls). SXM parts.
+_PEAK_FLOPS = {
+    "H200": {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12},
+    "H100": {torch.bfloat16: 989e12, torch.float16: 989e12, torch.float32: 67e12},
+    "A100": {torch.bfloat16: 312e12, torch.float16: 312e12, torch.float32: 19.5e12},
+}
+
+
+def device_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """Peak FLOP/s of ``device`` in ``dtype``; None on CPU (measure it: benchmarks/matmul_ceiling.py) and on GPUs
+    not in the table."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peaks.get(dtype) for fragment, peaks in _PEAK_FLOPS.items() if fragment in name), None)
+
+
+@dataclass
+class TrainProfile:
+    """One rank's account of one ``train`` call."""
+
+    forward_s: float = 0.0  # forward pass and loss
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0  # gradient clipping and optimizer step
+    valid_tokens: int = 0  # Σ input lengths of the microbatches
+    computed_tokens: int = 0  # Σ rows × columns of the microbatches (padding included)
+    num_parameters: int = 0  # of the whole model, not of this rank's shard
+    peak_flops: float | None = None  # of this rank's device, when known
+    num_workers: int = 1  # ranks merged into this profile
+
+    @contextlib.contextmanager
+    def timed(self, field: str, device: torch.device) -> Iterator[None]:
+        """Add the block's wall time to ``field`` (CUDA work is waited for, so it lands in the right phase)."""
+        start = time.perf_counter()
+        yield
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        setattr(self, field, getattr(self, field) + time.perf_counter() - start)
+
+    def count_microbatch(self, input_ids: torch.Tensor, input_lengths: torch.Tensor | None) -> None:
+        self.computed_tokens += input_ids.numel()
+        self.valid_tokens += int(input_lengths.sum()) if input_lengths is not None else input_ids.numel()
+
+
+def merge(profiles: Sequence[TrainProfile]) -> TrainProfile:
+    """Data-parallel ranks run side by side: the slowest rank's times, everyone's tokens."""
+    slowest = max(profiles, key=lambda p: p.forward_s + p.backward_s + p.optimizer_s)
+    return dataclasses.replace(
+        slowest,
+        valid_tokens=sum(p.valid_tokens for p in profiles),
+        computed_tokens=sum(p.computed_tokens for p in profiles),
+        num_workers=len(profiles),
+    )
+
+
+def profile_metrics(profile: TrainProfile, training_s: float) -> dict[str, dict[str, float]]:
+    """``{"timing": ..., "performance": ...}`` metrics of one training phase that took ``training_s`` wall time: ``policy_forward``/``policy_backward``/``policy_optimizer`` seconds,
+    ``train_padding_fraction``, ``train_gflops`` (model FLOP/s of the whole policy) and, on known GPUs,
+    ``train_flops_per_gpu`` and ``train_fp_utilization``."""
+    timing = {
+        "policy_forward": profile.forward_s,
+        "policy_backward": profile.backward_s,
+        "policy_optimizer": profile.optimizer_s,
+    }
+    performance: dict[str, float] = {}
+    if profile.computed_tokens:
+        performance["train_padding_fraction"] = 1.0 - profile.valid_tokens / profile.computed_tokens
+    if training_s > 0 and profile.num_parameters:
+        flops_per_s = 6.0 * profile.num_parameters * profile.valid_tokens / training_s
+        performance["train_gflops"] = flops_per_s / 1e9
+        if profile.peak_flops:
+            performance["train_flops_per_gpu"] = flops_per_s / profile.num_workers
+            performance["train_fp_utilization"] = flops_per_s / profile.num_workers / profile.peak_flops
+    return {"timing": timing, "performance": performance}
