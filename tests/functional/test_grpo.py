@@ -59,6 +59,18 @@ def check_smoke_metrics(metrics: dict[int, dict[str, float]], steps: int) -> Non
     assert "validation/accuracy" in metrics[steps]
 
 
+def check_profile_metrics(metrics: dict[int, dict[str, float]], steps: int) -> None:
+    """Where the DTensor policy's training time went, and the engine's prefill/decode throughput, every step."""
+    for step in range(1, steps + 1):
+        m = metrics[step]
+        phases = [m[f"timing/train/policy_{phase}"] for phase in ("forward", "backward", "optimizer")]
+        assert all(seconds > 0 for seconds in phases) and sum(phases) <= m["timing/train/policy_training"], m
+        assert 0 <= m["performance/train_padding_fraction"] < 1
+        assert m["performance/train_gflops"] > 0
+        assert m["performance/prefill_tokens_per_sec"] > 0 and m["performance/decode_tokens_per_sec"] > 0
+        assert "performance/train_fp_utilization" not in m  # no known peak on CPU
+
+
 @pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
 def test_smoke_run(tmp_path, colocated):
     overrides = (
@@ -72,7 +84,9 @@ def test_smoke_run(tmp_path, colocated):
     )
     proc = run_grpo(tmp_path, *overrides, "logger.num_val_samples_to_print=2")
     (run_dir,) = (tmp_path / "logs").iterdir()
-    check_smoke_metrics(read_metrics(run_dir), steps=2)
+    metrics = read_metrics(run_dir)
+    check_smoke_metrics(metrics, steps=2)
+    check_profile_metrics(metrics, steps=2)
     # Validation (step 2) prints 2 samples: a header with the reward, then the prompt and the response.
     lines = proc.stdout.splitlines()
     headers = [i for i, line in enumerate(lines) if line.startswith("step 2: validation sample ")]

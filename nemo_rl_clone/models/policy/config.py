@@ -108,6 +108,10 @@ class DTensorConfig:
     # Hugging Face's attention kernel. On CPU in bf16, "eager" (batched matmuls) trained 1.14x faster than "sdpa"
     # (whose CPU flash-attention backward is slow in bf16); in fp32 the two are equal.
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # With policy.precision float32: the dtype of the backward pass's matmuls (the forward, logprobs, master weights
+    # and optimizer stay fp32). "auto": bfloat16 where the hardware runs it natively (CUDA; CPUs with avx512_bf16
+    # or amx_bf16), else float32. Ignored when the whole policy already computes in bf16/fp16.
+    backward_precision: Literal["float32", "bfloat16", "auto"] = "float32"
 
 
 @dataclass

@@ -39,7 +39,14 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction, TokenLogprobs
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
-from nemo_rl_clone.models.policy import dtensor_parallel, reward_model, token_logprob_head, train_step, worker_setup
+from nemo_rl_clone.models.policy import (
+    bf16_backward,
+    dtensor_parallel,
+    reward_model,
+    token_logprob_head,
+    train_step,
+    worker_setup,
+)
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler
 from nemo_rl_clone.models.policy.refit_sender import RefitSender
@@ -104,6 +111,11 @@ class DTensorPolicyWorker(RefitSender):
             and dtensor_cfg.tensor_parallel_size == 1
         ):
             self.selective_head = token_logprob_head.install(model)
+        self.grad_dtype = worker_setup.backward_dtype(self.dtype, dtensor_cfg.backward_precision, self.device)
+        if self.grad_dtype != self.dtype and dtensor_cfg.tensor_parallel_size == 1:
+            bf16_backward.install(model, skip=self.selective_head)
+        else:
+            self.grad_dtype = self.dtype  # TP shards the linear layers itself: their backward stays as it is
         plan = None
         if self.mesh["tp"].size() > 1:
             plan = dtensor_parallel.tensor_parallel_plan(model, dtensor_cfg.custom_parallel_plan)
@@ -149,7 +161,7 @@ class DTensorPolicyWorker(RefitSender):
         input_ids = batch["input_ids"].to(self.device)
         positions, targets = token_logprob_head.next_token_selection(input_ids, wanted.to(self.device))
         chunk_size = self.cfg.logprob_chunk_size or token_logprob_head.DEFAULT_CHUNK_SIZE
-        with self.selective_head.selecting(positions, targets, chunk_size, self.dtype):
+        with self.selective_head.selecting(positions, targets, chunk_size, self.dtype, self.grad_dtype):
             return self.model(input_ids=input_ids, use_cache=False).logits[:, :-1]
 
     def _loss_input(self, batch: BatchedDataDict, loss_fn: LossFunction) -> torch.Tensor:

@@ -25,11 +25,18 @@ DEFAULT_CHUNK_SIZE = 1024  # positions per chunk: a [1024, 49152] fp32 block is 
 
 
 class _ProjectedTokenLogprobs(torch.autograd.Function):
-    """``[N]`` fp32 logprobs of ``targets`` under ``hidden [N, H] @ weight [V, H]ᵀ``, computed in ``dtype``."""
+    """``[N]`` fp32 logprobs of ``targets`` under ``hidden [N, H] @ weight [V, H]ᵀ``: forward matmuls in ``dtype``,
+    the backward's gradient matmuls in ``grad_dtype`` (its recomputed logits in ``dtype``, as in the forward)."""
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int, dtype: torch.dtype
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        chunk_size: int,
+        dtype: torch.dtype,
+        grad_dtype: torch.dtype,
     ) -> torch.Tensor:
         w = weight.to(dtype)
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
@@ -40,13 +47,14 @@ class _ProjectedTokenLogprobs(torch.autograd.Function):
             lse[window] = logits.logsumexp(dim=-1)
             out[window] = logits.gather(-1, targets[window, None]).squeeze(-1) - lse[window]
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk_size, ctx.dtype = chunk_size, dtype
+        ctx.chunk_size, ctx.dtype, ctx.grad_dtype = chunk_size, dtype, grad_dtype
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, targets, lse = ctx.saved_tensors
         w = weight.to(ctx.dtype)
+        w_grad = weight.to(ctx.grad_dtype)
         grad_hidden = torch.empty_like(hidden)
         # Each chunk's product is rounded to the compute dtype (as any matmul in it is); the sum over chunks is fp32.
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
@@ -56,20 +64,26 @@ class _ProjectedTokenLogprobs(torch.autograd.Function):
             # d lp / d logits = onehot(target) − softmax(logits)
             grad_logits = ((h @ w.t()).float() - lse[window, None]).exp_().mul_(-grad_out[window, None])
             grad_logits.scatter_add_(-1, targets[window, None], grad_out[window, None])
-            grad_logits = grad_logits.to(ctx.dtype)
-            grad_hidden[window] = (grad_logits @ w).to(hidden.dtype)
-            grad_weight += (grad_logits.t() @ h).float()
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
+            grad_logits = grad_logits.to(ctx.grad_dtype)
+            grad_hidden[window] = (grad_logits @ w_grad).to(hidden.dtype)
+            grad_weight += (grad_logits.t() @ h.to(ctx.grad_dtype)).float()
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
 
 
 def project_token_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int, dtype: torch.dtype
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_size: int,
+    dtype: torch.dtype,
+    grad_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``[N]`` fp32 ``log_softmax(hidden @ weightᵀ)[targets]`` for ``hidden [N, H]``, ``targets [N]``;
-    differentiable w.r.t. ``hidden`` and ``weight``. The matmuls run in ``dtype``, the softmax in fp32."""
+    differentiable w.r.t. ``hidden`` and ``weight``. The matmuls run in ``dtype`` (the backward's gradient
+    matmuls in ``grad_dtype``, default ``dtype``), the softmax in fp32."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    return _ProjectedTokenLogprobs.apply(hidden, weight, targets.long(), chunk_size, dtype)
+    return _ProjectedTokenLogprobs.apply(hidden, weight, targets.long(), chunk_size, dtype, grad_dtype or dtype)
 
 
 class SelectiveLMHead(nn.Linear):
@@ -78,25 +92,30 @@ class SelectiveLMHead(nn.Linear):
     Installed by class swap (`install`), so parameter names, weight tying and sharding stay those of the model.
     """
 
-    _selection: tuple[torch.Tensor, torch.Tensor, int, torch.dtype] | None = None
+    _selection: tuple[torch.Tensor, torch.Tensor, int, torch.dtype, torch.dtype | None] | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._selection is None:
             return super().forward(hidden)
-        positions, targets, chunk_size, dtype = self._selection
+        positions, targets, chunk_size, dtype, grad_dtype = self._selection
         positions = positions.to(hidden.device)
         picked = project_token_logprobs(
-            hidden[positions], self.weight, targets.to(hidden.device)[positions], chunk_size, dtype
+            hidden[positions], self.weight, targets.to(hidden.device)[positions], chunk_size, dtype, grad_dtype
         )
         out = torch.zeros(positions.shape, dtype=torch.float32, device=hidden.device)
         return out.masked_scatter(positions, picked)
 
     @contextlib.contextmanager
     def selecting(
-        self, positions: torch.Tensor, targets: torch.Tensor, chunk_size: int, dtype: torch.dtype
+        self,
+        positions: torch.Tensor,
+        targets: torch.Tensor,
+        chunk_size: int,
+        dtype: torch.dtype,
+        grad_dtype: torch.dtype | None = None,
     ) -> Iterator[None]:
         """Within this block the model's ``.logits`` are ``[B, S]`` fp32 logprobs (layout: module doc)."""
-        self._selection = (positions, targets, chunk_size, dtype)
+        self._selection = (positions, targets, chunk_size, dtype, grad_dtype)
         try:
             yield
         finally:

@@ -7,6 +7,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from nemo_rl_clone.utils.platform import cpu_has_native_bf16
+
 PRECISION_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -30,3 +32,13 @@ def init_distributed() -> torch.device:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     return device
+
+
+def backward_dtype(compute_dtype: torch.dtype, backward_precision: str, device: torch.device) -> torch.dtype:
+    """The dtype of the backward's matmuls for ``policy.dtensor_cfg.backward_precision`` (see its comment): bf16
+    only for an fp32 policy, and with "auto" only where the device runs bf16 natively."""
+    if compute_dtype != torch.float32 or backward_precision == "float32":
+        return compute_dtype
+    if backward_precision == "bfloat16" or device.type == "cuda" or cpu_has_native_bf16():
+        return torch.bfloat16
+    return torch.float32

@@ -69,6 +69,8 @@ class VllmGenerationWorker:
         from vllm import LLM
 
         self.llm: Any = LLM(**engine_io.engine_kwargs(config, model_path, seed + self.rank, self.on_gpu))
+        # Stats are on for `PhaseStats`' per-request timestamps; their periodic console summary is noise here.
+        logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         # From the folder's config: vLLM may rewrite the flag in its own copy (it reports False for tied models).
         self.tied_head = bool(AutoConfig.from_pretrained(model_path).get_text_config().tie_word_embeddings)
         self.checkpoint_specs = engine_io.checkpoint_specs(model_path)

@@ -1,0 +1,95 @@
+"""GRPO step time of the main job's configuration (``uv run examples/run_grpo_math.py``) with today's defaults vs the
+old ones, in one invocation.
+
+Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, same prompts and seeds):
+- ``old``: full-sequence logits, i.e. every position projected onto the 49,152-wide vocabulary and log-softmaxed
+  (``policy.dtensor_cfg.logits_at_loss_tokens_only=false``). The other old settings (fp32 policy and engine, eager
+  engine, uncompiled policy) are still the defaults, measured and kept: docs/grpo.md#step-time.
+- ``new``: the defaults.
+- ``bf16`` (with ``--bf16``): the defaults plus bf16 policy (FSDP2 mixed precision: bf16 compute, fp32 master weights
+  and optimizer state, fp32 log-softmax), bf16 engine and eager attention. Faster on CPUs with native bf16, but the
+  trainer-vs-engine logprob agreement (``token_mult_prob_error``) is reported beside it because it is worse.
+
+Step and phase times are medians over steps 2..N (step 1 carries one-off warm-up). Prints a line per mode, then
+``ratio=<old/new step time>`` (and ``bf16_ratio=<old/bf16>``) last. Runs go one after another, so keep the machine
+otherwise idle; ``--rounds 2`` alternates the modes twice and keeps each mode's faster round.
+
+    uv run --no-sync python benchmarks/grpo_step.py [--steps 4] [--rounds 1] [--bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COMMON = [
+    "grpo.val_at_start=false",
+    "grpo.val_period=0",
+    "checkpointing.enabled=false",
+    "logger.wandb_enabled=false",
+    "logger.tensorboard_enabled=false",
+]
+MODES = {
+    "old": ["policy.dtensor_cfg.logits_at_loss_tokens_only=false"],
+    "new": [],
+    "bf16": [
+        "policy.precision=bfloat16",
+        "policy.generation.vllm_cfg.precision=bfloat16",
+        "policy.dtensor_cfg.attn_implementation=eager",
+    ],
+}
+PHASES = ("generation", "policy_training", "weight_sync", "policy_forward", "policy_backward", "policy_optimizer")
+
+
+def run(mode: str, steps: int, log_dir: Path) -> dict[str, float]:
+    command = [sys.executable, "examples/run_grpo_math.py", f"grpo.max_num_steps={steps}", *COMMON, *MODES[mode]]
+    command.append(f"logger.log_dir={log_dir}")
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"{mode}: run failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    rows = [json.loads(line) for line in next(log_dir.glob("exp_*/metrics.jsonl")).read_text().splitlines()]
+    by_step: dict[int, dict[str, float]] = {}
+    for row in rows:
+        by_step.setdefault(row["step"], {}).update(row)
+    timed = [metrics for step, metrics in sorted(by_step.items()) if step >= 2] or list(by_step.values())
+    summary = {"step": statistics.median(m["timing/train/total_step_time"] for m in timed)}
+    for phase in PHASES:
+        values = [m[f"timing/train/{phase}"] for m in timed if f"timing/train/{phase}" in m]
+        if values:
+            summary[phase] = statistics.median(values)
+    for key in ("train/token_mult_prob_error", "performance/train_gflops", "performance/decode_tokens_per_sec"):
+        values = [m[key] for m in timed if key in m]
+        if values:
+            summary[key.split("/")[-1]] = statistics.median(values)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="steps per run (>= 2: step 1 is not timed)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--bf16", action="store_true", help="also run the bf16 mode")
+    args = parser.parse_args()
+    modes = ["old", "new", *(["bf16"] if args.bf16 else [])]
+    best: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="grpo_step_") as tmp:
+        for round_index in range(args.rounds):
+            for mode in modes:
+                summary = run(mode, args.steps, Path(tmp) / f"{mode}_{round_index}")
+                if mode not in best or summary["step"] < best[mode]["step"]:
+                    best[mode] = summary
+    for mode in modes:
+        print(f"{mode:5s} " + " ".join(f"{key}={value:.4g}" for key, value in best[mode].items()))
+    if args.bf16:
+        print(f"bf16_ratio={best['old']['step'] / best['bf16']['step']:.2f}")
+    print(f"ratio={best['old']['step'] / best['new']['step']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
