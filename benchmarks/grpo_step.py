@@ -6,12 +6,13 @@ Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, sam
   (``policy.dtensor_cfg.logits_at_loss_tokens_only=false``). The other old settings (fp32 policy and engine, eager
   engine, uncompiled policy) are still the defaults, measured and kept: docs/grpo.md#step-time.
 - ``new``: the defaults.
+- ``bf16_backward`` (with ``--bf16``): the defaults plus bf16 backward matmuls under the fp32 forward.
 - ``bf16`` (with ``--bf16``): the defaults plus bf16 policy (FSDP2 mixed precision: bf16 compute, fp32 master weights
   and optimizer state, fp32 log-softmax), bf16 engine and eager attention. Faster on CPUs with native bf16, but the
   trainer-vs-engine logprob agreement (``token_mult_prob_error``) is reported beside it because it is worse.
 
 Step and phase times are medians over steps 2..N (step 1 carries one-off warm-up). Prints a line per mode, then
-``ratio=<old/new step time>`` (and ``bf16_ratio=<old/bf16>``) last. Runs go one after another, so keep the machine
+``ratio=<old/new step time>`` (and ``bf16_backward_ratio``, ``bf16_ratio``: old over those) last. Runs go one after another, so keep the machine
 otherwise idle; ``--rounds 2`` alternates the modes twice and keeps each mode's faster round.
 
     uv run --no-sync python benchmarks/grpo_step.py [--steps 4] [--rounds 1] [--bf16]
@@ -36,8 +37,9 @@ COMMON = [
     "logger.tensorboard_enabled=false",
 ]
 MODES = {
-    "old": ["policy.dtensor_cfg.logits_at_loss_tokens_only=false"],
+    "old": ["policy.dtensor_cfg.logits_at_loss_tokens_only=false", "policy.dtensor_cfg.backward_precision=float32"],
     "new": [],
+    "bf16_backward": ["policy.dtensor_cfg.backward_precision=bfloat16"],
     "bf16": [
         "policy.precision=bfloat16",
         "policy.generation.vllm_cfg.precision=bfloat16",
@@ -76,7 +78,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="also run the bf16 mode")
     args = parser.parse_args()
-    modes = ["old", "new", *(["bf16"] if args.bf16 else [])]
+    modes = ["old", "new", *(["bf16_backward", "bf16"] if args.bf16 else [])]
     best: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as tmp:
         for round_index in range(args.rounds):
@@ -85,9 +87,9 @@ def main() -> None:
                 if mode not in best or summary["step"] < best[mode]["step"]:
                     best[mode] = summary
     for mode in modes:
-        print(f"{mode:5s} " + " ".join(f"{key}={value:.4g}" for key, value in best[mode].items()))
-    if args.bf16:
-        print(f"bf16_ratio={best['old']['step'] / best['bf16']['step']:.2f}")
+        print(f"{mode:13s} " + " ".join(f"{key}={value:.4g}" for key, value in best[mode].items()))
+    for mode in modes[2:]:
+        print(f"{mode}_ratio={best['old']['step'] / best[mode]['step']:.2f}")
     print(f"ratio={best['old']['step'] / best['new']['step']:.2f}")
 
 
