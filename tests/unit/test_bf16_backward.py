@@ -2,25 +2,13 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from nemo_rl_clone.models.policy import bf16_backward, token_logprob_head
 from nemo_rl_clone.models.policy.bf16_backward import Bf16BackwardLinear
 from nemo_rl_clone.models.policy.worker_setup import backward_dtype
 from nemo_rl_clone.utils.platform import cpu_has_native_bf16
-
-
-def _model(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return LlamaForCausalLM(config).float()
+from tests.unit.test_token_logprob_head import tiny_llama
 
 
 def _nll(model: LlamaForCausalLM, input_ids: torch.Tensor) -> torch.Tensor:
@@ -30,11 +18,11 @@ def _nll(model: LlamaForCausalLM, input_ids: torch.Tensor) -> torch.Tensor:
 
 def test_forward_is_exact_fp32_and_gradients_are_close() -> None:
     input_ids = torch.randint(0, 96, (3, 10), generator=torch.Generator().manual_seed(1))
-    reference = _model()
+    reference = tiny_llama()
     expected = _nll(reference, input_ids)
     expected.backward()
 
-    model = _model()
+    model = tiny_llama()
     assert bf16_backward.install(model, skip=model.lm_head) == 2 * 7  # q, k, v, o, gate, up, down per layer
     assert type(model.lm_head) is torch.nn.Linear
     assert isinstance(model.model.layers[0].mlp.down_proj, Bf16BackwardLinear)
@@ -52,7 +40,7 @@ def test_forward_is_exact_fp32_and_gradients_are_close() -> None:
 
 
 def test_no_grad_forward_uses_the_plain_linear() -> None:
-    model = _model()
+    model = tiny_llama()
     bf16_backward.install(model)
     with torch.no_grad():
         out = model(input_ids=torch.tensor([[1, 2, 3]])).logits

@@ -35,7 +35,7 @@ def test_bad_chunk_size_is_refused() -> None:
         project_token_logprobs(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2), 0, torch.float32)
 
 
-def _tiny_llama(seed: int = 0, tied: bool = True) -> LlamaForCausalLM:
+def tiny_llama(seed: int = 0, tied: bool = True) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=96,
@@ -83,11 +83,11 @@ def test_losses_and_gradients_equal_the_full_logits_path(loss_name: str) -> None
     assert getattr(loss_fn, "accepts_token_logprobs", False)
     seqs, toks = valid_counts(data)
 
-    full_model = _tiny_llama()
+    full_model = tiny_llama()
     expected, expected_metrics = loss_fn(full_model(input_ids=data["input_ids"]).logits, data, seqs, toks)
     expected.backward()
 
-    model = _tiny_llama()
+    model = tiny_llama()
     head = token_logprob_head.install(model)
     assert isinstance(head, SelectiveLMHead)
     assert [name for name, _ in model.named_parameters()] == [name for name, _ in full_model.named_parameters()]
@@ -107,7 +107,7 @@ def test_losses_and_gradients_equal_the_full_logits_path(loss_name: str) -> None
 
 def test_selected_positions_hold_logprobs_and_the_rest_zero() -> None:
     data = _batch()
-    model = _tiny_llama(tied=False)
+    model = tiny_llama(tied=False)
     expected = token_logprobs_from_logits(model(input_ids=data["input_ids"]).logits, data["input_ids"])
     head = token_logprob_head.install(model)
     assert head is not None
@@ -121,7 +121,7 @@ def test_selected_positions_hold_logprobs_and_the_rest_zero() -> None:
 
 
 def test_heads_the_shortcut_would_change_are_left_alone() -> None:
-    model = _tiny_llama()
+    model = tiny_llama()
     model.config.final_logit_softcapping = 30.0  # Gemma 2 style: logits are post-processed after the head
     assert token_logprob_head.install(model) is None
     assert type(model.lm_head) is torch.nn.Linear
