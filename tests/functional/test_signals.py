@@ -109,7 +109,7 @@ class Run:
         while True:
             alive = [p for p in psutil.process_iter(["pid", "create_time", "cmdline"]) if self._ours(p)]
             shm = set(os.listdir("/dev/shm")) - self.shm_before
-            tmp = [str(p) for p in self.tmp.rglob("*") if not p.is_dir() or p.is_symlink()]  # Ray's root may stay
+            tmp = self._files_left()
             if not (alive or shm or tmp) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -117,6 +117,14 @@ class Run:
         assert not shm, shm
         assert not tmp, tmp
         shutil.rmtree(self.tmp)
+
+    def _files_left(self) -> list[str]:
+        """Files under the run's TMPDIR (Ray's root folder may stay). A folder that vanishes during the walk is being
+        cleaned up right now: count it as still there, and look again."""
+        try:
+            return [str(p) for p in self.tmp.rglob("*") if not p.is_dir() or p.is_symlink()]
+        except FileNotFoundError as gone:
+            return [f"{gone.filename} (removed while listed)"]
 
     def _ours(self, proc: psutil.Process) -> bool:
         try:

@@ -4,6 +4,7 @@ import logging
 import math
 import struct
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -338,6 +339,10 @@ def test_wandb_offline_run_read_back(tmp_path, monkeypatch):
 
     (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
     records = read_wandb_records(run_file)
+    deadline = time.monotonic() + 20  # wandb's service process may still be writing the log after finish()
+    while not any(r.WhichOneof("record_type") == "run" for r in records) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        records = read_wandb_records(run_file)
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (run.project, run.display_name) == ("nemo-rl-clone-test", "exp_1")
     history = []
