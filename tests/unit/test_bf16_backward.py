@@ -40,11 +40,16 @@ def test_forward_is_exact_fp32_and_gradients_are_close() -> None:
 
 
 def test_no_grad_forward_uses_the_plain_linear() -> None:
+    """Inference (logprobs, generation checks) skips the custom Function; training goes through it."""
     model = tiny_llama()
     bf16_backward.install(model)
+    layer = model.model.layers[0].mlp.down_proj
+    x = torch.randn(2, layer.in_features)
     with torch.no_grad():
         out = model(input_ids=torch.tensor([[1, 2, 3]])).logits
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))
     assert out.dtype == torch.float32 and not out.requires_grad
+    assert "LinearBf16Backward" in type(layer(x).grad_fn).__name__
 
 
 def test_selective_head_gradients_in_bf16_are_close_to_fp32() -> None:
