@@ -3,9 +3,13 @@ old ones, in one invocation.
 
 Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, same prompts and seeds):
 - ``old``: full-sequence logits, i.e. every position projected onto the 49,152-wide vocabulary and log-softmaxed
-  (``policy.dtensor_cfg.logits_at_loss_tokens_only=false``). The other old settings (fp32 policy and engine, eager
-  engine, uncompiled policy) are still the defaults, measured and kept: docs/grpo.md#step-time.
+  (``policy.dtensor_cfg.logits_at_loss_tokens_only=false``), and dynamic batching (length-sorted microbatches
+  padded to their longest sample) instead of sequence packing. The other old settings (fp32 policy and engine,
+  eager engine, uncompiled policy) are still the defaults, measured and kept: docs/grpo.md#step-time.
 - ``new``: the defaults.
+- ``dynamic`` (with ``--packing``): the defaults with dynamic batching in place of sequence packing (each
+  microbatch's samples run as one row, no padding), same token budgets; ``train_padding_fraction`` shows what each
+  computes in vain, and ``packing_ratio=<dynamic/new step time>`` what packing buys.
 - ``bf16_backward`` (with ``--bf16``): the defaults plus bf16 backward matmuls under the fp32 forward.
 - ``bf16`` (with ``--bf16``): the defaults plus bf16 policy (FSDP2 mixed precision: bf16 compute, fp32 master weights
   and optimizer state, fp32 log-softmax), bf16 engine and eager attention. Faster on CPUs with native bf16, but the
@@ -15,7 +19,7 @@ Step and phase times are medians over steps 2..N (step 1 carries one-off warm-up
 ``ratio=<old/new step time>`` (and ``bf16_backward_ratio``, ``bf16_ratio``: old over those) last. Runs go one after another, so keep the machine
 otherwise idle; ``--rounds 2`` alternates the modes twice and keeps each mode's faster round.
 
-    uv run --no-sync python benchmarks/grpo_step.py [--steps 4] [--rounds 1] [--bf16]
+    uv run --no-sync python benchmarks/grpo_step.py [--steps 4] [--rounds 1] [--packing] [--bf16]
 """
 
 from __future__ import annotations
@@ -36,9 +40,20 @@ COMMON = [
     "logger.wandb_enabled=false",
     "logger.tensorboard_enabled=false",
 ]
+DYNAMIC_BATCHING = [
+    "policy.sequence_packing.enabled=false",
+    "policy.dynamic_batching.enabled=true",
+    "policy.dynamic_batching.train_mb_tokens=${policy.sequence_packing.train_mb_tokens}",
+    "policy.dynamic_batching.logprob_mb_tokens=${policy.sequence_packing.logprob_mb_tokens}",
+]
 MODES = {
-    "old": ["policy.dtensor_cfg.logits_at_loss_tokens_only=false", "policy.dtensor_cfg.backward_precision=float32"],
+    "old": [
+        "policy.dtensor_cfg.logits_at_loss_tokens_only=false",
+        "policy.dtensor_cfg.backward_precision=float32",
+        *DYNAMIC_BATCHING,
+    ],
     "new": [],
+    "dynamic": DYNAMIC_BATCHING,
     "bf16_backward": ["policy.dtensor_cfg.backward_precision=bfloat16"],
     "bf16": [
         "policy.precision=bfloat16",
@@ -65,7 +80,12 @@ def run(mode: str, steps: int, log_dir: Path) -> dict[str, float]:
         values = [m[f"timing/train/{phase}"] for m in timed if f"timing/train/{phase}" in m]
         if values:
             summary[phase] = statistics.median(values)
-    for key in ("train/token_mult_prob_error", "performance/train_gflops", "performance/decode_tokens_per_sec"):
+    for key in (
+        "train/token_mult_prob_error",
+        "performance/train_gflops",
+        "performance/train_padding_fraction",
+        "performance/decode_tokens_per_sec",
+    ):
         values = [m[key] for m in timed if key in m]
         if values:
             summary[key.split("/")[-1]] = statistics.median(values)
@@ -76,9 +96,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="steps per run (>= 2: step 1 is not timed)")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--bf16", action="store_true", help="also run the bf16 mode")
+    parser.add_argument("--packing", action="store_true", help="also run the dynamic-batching mode")
+    parser.add_argument("--bf16", action="store_true", help="also run the bf16 modes")
     args = parser.parse_args()
-    modes = ["old", "new", *(["bf16_backward", "bf16"] if args.bf16 else [])]
+    modes = ["old", "new", *(["dynamic"] if args.packing else []), *(["bf16_backward", "bf16"] if args.bf16 else [])]
     best: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as tmp:
         for round_index in range(args.rounds):
@@ -88,8 +109,11 @@ def main() -> None:
                     best[mode] = summary
     for mode in modes:
         print(f"{mode:13s} " + " ".join(f"{key}={value:.4g}" for key, value in best[mode].items()))
-    for mode in modes[2:]:
-        print(f"{mode}_ratio={best['old']['step'] / best[mode]['step']:.2f}")
+    if "dynamic" in best:
+        print(f"packing_ratio={best['dynamic']['step'] / best['new']['step']:.2f}")
+    for mode in ("bf16_backward", "bf16"):
+        if mode in best:
+            print(f"{mode}_ratio={best['old']['step'] / best[mode]['step']:.2f}")
     print(f"ratio={best['old']['step'] / best['new']['step']:.2f}")
 
 

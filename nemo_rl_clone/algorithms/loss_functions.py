@@ -399,6 +399,7 @@ class PreferenceLoss:
     """
 
     loss_type = LossType.SEQUENCE_LEVEL
+    rows_per_example = 2  # a policy keeps each (chosen, rejected) pair adjacent in one microbatch
 
     def __call__(
         self,
@@ -438,6 +439,7 @@ class DPOLossFn:
     """
 
     loss_type = LossType.SEQUENCE_LEVEL
+    rows_per_example = 2  # a policy keeps each (chosen, rejected) pair adjacent in one microbatch
 
     accepts_token_logprobs = True
 

@@ -121,16 +121,14 @@ def check_supervised_config(
     ):
         if size % dp:
             problems.append((key, f"must be a multiple of the data-parallel size {dp} (got {size})"))
-    if algorithm.rows_per_example > 1:
-        for feature in ("dynamic_batching", "sequence_packing"):
-            if getattr(policy, feature).enabled:
-                problems.append(
-                    (
-                        f"policy.{feature}.enabled",
-                        f"{section} needs the chosen and rejected rows of a pair side by side; reordering rows by "
-                        "length would split them",
-                    )
-                )
+    if algorithm.rows_per_example > 1 and policy.dynamic_batching.enabled:
+        problems.append(
+            (
+                "policy.dynamic_batching.enabled",
+                f"{section} needs the chosen and rejected rows of a pair side by side; reordering rows by length would "
+                "split them (policy.sequence_packing keeps pairs whole)",
+            )
+        )
     if policy.generation not in (None, GenerationConfig()):
         problems.append(("policy.generation", f"{section} generates nothing; set it to null"))
     problems += check_no_samples_to_print(config.logger, section)

@@ -21,7 +21,11 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
-from nemo_rl_clone.distributed.sequence_packing import PACKING_ALGORITHMS, plan_token_bounded_shards
+from nemo_rl_clone.distributed.sequence_packing import (
+    PACKING_ALGORITHMS,
+    plan_packed_groups,
+    plan_token_bounded_shards,
+)
 
 _DYNAMIC_KEYS = {"input_key", "input_lengths_key", "max_tokens_per_microbatch", "sequence_length_round"}
 _PACKING_KEYS = {"input_key", "input_lengths_key", "max_tokens_per_microbatch", "algorithm", "sequence_length_round"}
@@ -287,6 +291,7 @@ class BatchedDataDict(dict[str, Any]):
         allow_uneven_shards: bool = False,
         dynamic_batching_args: Mapping[str, Any] | None = None,
         sequence_packing_args: Mapping[str, Any] | None = None,
+        rows_per_group: int = 1,
     ) -> list[BatchedDataDict] | tuple[list[BatchedDataDict], list[int]]:
         """Split into ``shards`` data-parallel shards, global batch by global batch.
 
@@ -309,6 +314,9 @@ class BatchedDataDict(dict[str, Any]):
         Each shard carries a ``MicrobatchPlan`` and the call returns ``(shards, order)`` where ``order[j]`` is
         the input index of row ``j`` of the shards concatenated in shard order; restore the input order of
         per-shard outputs with ``from_batches(outputs).reorder_data(order)``.
+
+        ``rows_per_group`` (sequence packing only): rows come in adjacent groups of that many (preference pairs)
+        that stay together, in order, in one bin; see ``plan_packed_groups``.
         """
         if dynamic_batching_args is not None and sequence_packing_args is not None:
             raise ValueError("shard_by_batch_size: pass dynamic_batching_args or sequence_packing_args, not both")
@@ -332,8 +340,12 @@ class BatchedDataDict(dict[str, Any]):
         num_batches = size // batch_size if size else 0
         if dynamic_batching_args is not None:
             return self._shard_token_bounded(shards, batch_size, num_batches, "dynamic", dynamic_batching_args)
+        if rows_per_group != 1 and sequence_packing_args is None:
+            raise ValueError("shard_by_batch_size: rows_per_group needs sequence_packing_args")
         if sequence_packing_args is not None:
-            return self._shard_token_bounded(shards, batch_size, num_batches, "packing", sequence_packing_args)
+            return self._shard_token_bounded(
+                shards, batch_size, num_batches, "packing", sequence_packing_args, rows_per_group
+            )
         piece_sizes = _split_sizes(batch_size, shards) if size else [0] * shards
         offsets = [sum(piece_sizes[:s]) for s in range(shards)]
         return [
@@ -350,18 +362,17 @@ class BatchedDataDict(dict[str, Any]):
         num_batches: int,
         kind: Literal["dynamic", "packing"],
         args: Mapping[str, Any],
+        rows_per_group: int = 1,
     ) -> tuple[list[BatchedDataDict], list[int]]:
         """Token-bounded sharding; see ``shard_by_batch_size`` and ``plan_token_bounded_shards``."""
         args = _checked_args(args, kind)
         lengths = self._sample_lengths(args["input_lengths_key"], args["input_key"]) if num_batches else []
-        plans = plan_token_bounded_shards(
-            lengths,
-            shards,
-            batch_size,
-            args["max_tokens_per_microbatch"],
-            args["sequence_length_round"],
-            args["algorithm"] if kind == "packing" else None,
-        )
+        budget, rounding = args["max_tokens_per_microbatch"], args["sequence_length_round"]
+        if rows_per_group > 1:
+            plans = plan_packed_groups(lengths, shards, batch_size, budget, rounding, args["algorithm"], rows_per_group)
+        else:
+            algorithm = args["algorithm"] if kind == "packing" else None
+            plans = plan_token_bounded_shards(lengths, shards, batch_size, budget, rounding, algorithm)
         result = []
         for plan in plans:
             shard = self.select_indices(plan.order)

@@ -221,6 +221,49 @@ class ShardMicrobatches:
     tokens: list[list[int]]
 
 
+def plan_packed_groups(
+    lengths: Sequence[int],
+    shards: int,
+    batch_size: int,
+    max_tokens: int,
+    sequence_length_round: int,
+    algorithm: str,
+    rows_per_group: int,
+) -> list[ShardMicrobatches]:
+    """`plan_token_bounded_shards` with bin packing, for rows that come in adjacent groups of ``rows_per_group``
+    that must stay together and in order (a DPO or reward-model pair: chosen, then rejected).
+
+    Each group is packed as one item costing the sum of its rows' rounded costs; the plan's rows are the groups'
+    rows in order, so every microbatch holds whole groups starting at a group boundary.
+    """
+    if len(lengths) % rows_per_group or batch_size % rows_per_group:
+        raise ValueError(
+            f"rows come in groups of {rows_per_group}, but the batch ({len(lengths)} rows) or the global batch "
+            f"({batch_size}) is not a whole number of groups"
+        )
+    costs = [round_up(max(length, 1), sequence_length_round) for length in lengths]
+    group_costs = [sum(costs[start : start + rows_per_group]) for start in range(0, len(costs), rows_per_group)]
+    for group, cost in enumerate(group_costs):
+        if cost > max_tokens:
+            first = group * rows_per_group
+            raise ValueError(
+                f"rows {first}..{first + rows_per_group - 1} (one group of {rows_per_group} that must share a "
+                f"microbatch) need {cost} tokens together, more than max_tokens_per_microbatch={max_tokens}; raise "
+                "the limit or drop/truncate the sample"
+            )
+    plans = plan_token_bounded_shards(group_costs, shards, batch_size // rows_per_group, max_tokens, 1, algorithm)
+    return [
+        ShardMicrobatches(
+            order=[group * rows_per_group + row for group in plan.order for row in range(rows_per_group)],
+            ranges=[
+                [(start * rows_per_group, end * rows_per_group) for start, end in ranges] for ranges in plan.ranges
+            ],
+            tokens=plan.tokens,
+        )
+        for plan in plans
+    ]
+
+
 def plan_token_bounded_shards(
     lengths: Sequence[int],
     shards: int,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -187,6 +188,7 @@ def run_cut_and_resumed(
 ) -> dict[int, dict[str, float]]:
     """Run 4 steps, check the checkpoints, restart to 6 steps; the two runs' metrics merged per step (the restart
     must have resumed from step 4 and logged training steps 5 and 6 only). ``config``: see `entry_point_args`."""
+    workdir.mkdir(exist_ok=True)
     run_entry_point(algorithm, workdir, *overrides, f"{algorithm}.max_num_steps=4", config=config)
     assert sorted(p.name for p in (workdir / "ckpt").iterdir()) == ["step_1", "step_2", "step_3", "step_4"]
     assert_checkpoint(workdir / "ckpt" / "step_4")
@@ -195,3 +197,19 @@ def run_cut_and_resumed(
     first, second = (read_metrics(d) for d in run_dirs(workdir))
     assert sorted(s for s in second if "train/loss" in second[s]) == [5, 6]
     return {**first, **second}
+
+
+def assert_trains_alike(
+    algorithm: str, workdir: Path, expected: dict[int, dict[str, float]], *overrides: str, steps: int = 3
+) -> dict[int, dict[str, float]]:
+    """Run ``steps`` steps with ``overrides`` (no checkpoints) and assert each step's training loss and grad norm
+    equal ``expected``'s (another run's metrics) to fp32 noise: for layouts that must not change the numbers, such
+    as packed vs padded microbatches. Returns the run's metrics."""
+    workdir.mkdir()
+    run_entry_point(algorithm, workdir, *overrides, f"{algorithm}.max_num_steps={steps}", "checkpointing.enabled=false")
+    (run_dir,) = run_dirs(workdir)
+    metrics = read_metrics(run_dir)
+    for step in range(1, steps + 1):
+        for key, tolerance in (("train/loss", {"abs": 1e-5}), ("train/grad_norm", {"rel": 1e-4})):
+            assert metrics[step][key] == pytest.approx(expected[step][key], **tolerance), (step, key)
+    return metrics

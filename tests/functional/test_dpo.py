@@ -11,12 +11,13 @@ import math
 
 import pytest
 
-from tests.functional.supervised_runs import pair_overrides, run_cut_and_resumed
+from tests.functional.supervised_runs import assert_trains_alike, pair_overrides, run_cut_and_resumed
 
 
 @pytest.mark.slow
 def test_dpo_starts_at_log2_grows_the_margin_and_resumes(tmp_path):
-    metrics = run_cut_and_resumed("dpo", tmp_path, *pair_overrides(tmp_path, "dpo"))
+    pairs = pair_overrides(tmp_path, "dpo")
+    metrics = run_cut_and_resumed("dpo", tmp_path / "run", *pairs)
     for step in range(1, 7):
         for key in (
             "loss",
@@ -44,3 +45,7 @@ def test_dpo_starts_at_log2_grows_the_margin_and_resumes(tmp_path):
     assert metrics[0]["validation/loss"] == pytest.approx(math.log(2), abs=1e-4)
     assert metrics[6]["validation/reward_margin"] > metrics[2]["validation/reward_margin"] > 0
     assert metrics[6]["validation/accuracy"] == 1.0
+    # Packed microbatches (each pair kept whole, chosen before rejected, in one row) train as the padded ones.
+    packed = assert_trains_alike("dpo", tmp_path / "packed", metrics, *pairs, "policy.sequence_packing.enabled=true")
+    assert {packed[step]["performance/train_padding_fraction"] for step in (1, 2, 3)} == {0.0}
+    assert all(metrics[step]["performance/train_padding_fraction"] > 0.1 for step in (1, 2, 3))

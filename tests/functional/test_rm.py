@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.functional.supervised_runs import pair_overrides, run_cut_and_resumed
+from tests.functional.supervised_runs import assert_trains_alike, pair_overrides, run_cut_and_resumed
 
 
 @pytest.mark.slow
 def test_reward_model_learns_the_pairs_and_resumes(tmp_path):
-    metrics = run_cut_and_resumed("rm", tmp_path, *pair_overrides(tmp_path, "rm"))
+    pairs = pair_overrides(tmp_path, "rm")
+    metrics = run_cut_and_resumed("rm", tmp_path / "run", *pairs)
     for step in range(1, 7):
         for key in (
             "loss",
@@ -36,3 +37,7 @@ def test_reward_model_learns_the_pairs_and_resumes(tmp_path):
     assert metrics[0]["validation/accuracy"] < 1.0
     assert metrics[6]["validation/loss"] < metrics[0]["validation/loss"]
     assert metrics[6]["train/reward_margin"] > metrics[1]["train/reward_margin"]
+    # Packed microbatches (each pair kept whole, chosen before rejected, in one row) train as the padded ones.
+    packed = assert_trains_alike("rm", tmp_path / "packed", metrics, *pairs, "policy.sequence_packing.enabled=true")
+    assert {packed[step]["performance/train_padding_fraction"] for step in (1, 2, 3)} == {0.0}
+    assert all(metrics[step]["performance/train_padding_fraction"] > 0.1 for step in (1, 2, 3))

@@ -1,14 +1,22 @@
 """SFT end to end on CPU (real Ray, FSDP2, `datasets`): `configs/sft_smoke.yaml` through `examples/run_sft.py`.
 
 A tiny random model trains on 8 short conversations in the OpenAI-messages JSONL format, one global batch of all 8
-per step: the training loss must fall, and 2 steps + restart + 2 steps must equal 4 uninterrupted steps.
+per step: the training loss must fall, 2 steps + restart + 2 steps must equal 4 uninterrupted steps, and the
+smoke config's packed microbatches must train exactly as padded ones.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.functional.supervised_runs import assert_checkpoint, read_metrics, run_dirs, run_entry_point, write_jsonl
+from tests.functional.supervised_runs import (
+    assert_checkpoint,
+    assert_trains_alike,
+    read_metrics,
+    run_dirs,
+    run_entry_point,
+    write_jsonl,
+)
 
 CONVERSATIONS = [
     ("What is 2 + 3?", "2 + 3 = 5."),
@@ -68,6 +76,11 @@ def test_sft_learns_writes_metrics_and_resumes_exactly(tmp_path):
     assert losses[-1] < losses[0] - 2.5, losses
     val = {step: expected[step]["validation/val_loss"] for step in (0, 5, 10)}
     assert val[10] < val[5] < val[0], val
+
+    # The smoke config packs each microbatch into one row (policy.sequence_packing); padded rows train the same.
+    assert {expected[step]["performance/train_padding_fraction"] for step in range(1, 11)} == {0.0}
+    padded = assert_trains_alike("sft", tmp_path / "padded", expected, *data, "policy.sequence_packing.enabled=false")
+    assert all(padded[step]["performance/train_padding_fraction"] > 0.1 for step in range(1, 4))
 
     run_entry_point("sft", resumed, *data, "sft.max_num_steps=2")
     assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == ["step_1", "step_2"]

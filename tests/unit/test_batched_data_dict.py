@@ -384,6 +384,41 @@ def test_sequence_packing_shards(algorithm: str) -> None:
     assert torch.equal(merged["input_ids"], batch["input_ids"])
 
 
+def test_sequence_packing_keeps_row_groups_whole_and_in_order() -> None:
+    """Preference pairs (rows 2k, 2k + 1): every bin holds whole pairs, chosen before rejected, within budget."""
+    rng = random.Random(2)
+    lengths = [rng.randint(1, 40) for _ in range(48)]
+    batch = make_batch(lengths, width=40)
+    shards, order = batch.shard_by_batch_size(
+        2, batch_size=24, sequence_packing_args=packing_args(96, "modified_first_fit_decreasing"), rows_per_group=2
+    )
+    assert sorted(order) == list(range(48))
+    for shard in shards:
+        first_ids = shard["input_ids"][:, 0].tolist()  # row i starts with token 1000 * i
+        for global_batch in shard.micro_batch_indices:
+            assert len(global_batch) < sum(end - start for start, end in global_batch) / 2  # bins hold several pairs
+            for start, end in global_batch:
+                assert start % 2 == 0 and end % 2 == 0
+                rows = [row // 1000 for row in first_ids[start:end]]
+                assert all(rows[k] % 2 == 0 and rows[k + 1] == rows[k] + 1 for k in range(0, len(rows), 2)), rows
+                assert sum(shard["input_lengths"][start:end].tolist()) <= 96
+    merged = BatchedDataDict.from_batches(shards)
+    merged.reorder_data(order)
+    assert torch.equal(merged["input_ids"], batch["input_ids"])
+
+
+def test_row_groups_that_fit_no_bin_or_split_are_refused() -> None:
+    batch = make_batch([30, 40, 5, 5])
+    with pytest.raises(ValueError, match=r"rows 0..1 \(one group of 2 that must share a microbatch\) need 70 tokens"):
+        batch.shard_by_batch_size(1, sequence_packing_args=packing_args(64, "first_fit_decreasing"), rows_per_group=2)
+    with pytest.raises(ValueError, match=r"the batch \(6 rows\) or the global batch \(3\) is not a whole number"):
+        make_batch([1, 2, 3, 4, 5, 6]).shard_by_batch_size(
+            1, batch_size=3, sequence_packing_args=packing_args(64, "first_fit_decreasing"), rows_per_group=2
+        )
+    with pytest.raises(ValueError, match="rows_per_group needs sequence_packing_args"):
+        batch.shard_by_batch_size(1, rows_per_group=2)
+
+
 def test_sequence_packing_unknown_algorithm() -> None:
     with pytest.raises(ValueError, match=r"\['algorithm'\] = 'best_fit' is unknown; choose one of \['first_fit"):
         make_batch([3]).shard_by_batch_size(1, sequence_packing_args=packing_args(8, "best_fit"))

@@ -223,6 +223,67 @@ def test_grpo_impossible_combinations():
     assert "grpo.use_leave_one_out_baseline: needs num_generations_per_prompt >= 2" in text
 
 
+PACKING_ON = ["policy.sequence_packing.enabled=true"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        (
+            [
+                "policy.dtensor_cfg.enabled=false",
+                "policy.megatron_cfg.enabled=true",
+                "policy.optimizer=null",
+                "policy.scheduler=null",
+            ],
+            "policy.sequence_packing.enabled: sequence packing is implemented for the DTensor backend only; with "
+            "megatron_cfg use policy.dynamic_batching to cut padding",
+        ),
+        (
+            ["policy.dtensor_cfg.tensor_parallel_size=2"],
+            "policy.sequence_packing.enabled: sequence packing with dtensor_cfg.tensor_parallel_size > 1 is not "
+            "supported yet; use policy.dynamic_batching",
+        ),
+        (
+            ["policy.dtensor_cfg.attn_implementation=eager"],
+            "policy.dtensor_cfg.attn_implementation: sequence packing runs SDPA attention per packed sample; set it "
+            "to sdpa (got 'eager')",
+        ),
+        (
+            ["policy.sequence_packing.train_mb_tokens=100"],
+            "policy.sequence_packing.train_mb_tokens: 100 is below 512, the cost of a max_total_sequence_length "
+            "sample (rounded up to sequence_length_round=64): it would fit no microbatch",
+        ),
+        (
+            ["policy.sequence_packing.logprob_mb_tokens=null"],
+            "policy.sequence_packing.logprob_mb_tokens: sequence packing needs a positive token budget per "
+            "microbatch (e.g. 2048)",
+        ),
+        (
+            ["policy.dynamic_batching.enabled=true"],
+            "policy.dynamic_batching.enabled: dynamic_batching and sequence_packing cannot both be enabled",
+        ),
+    ],
+    ids=[
+        "megatron",
+        "tensor_parallel",
+        "eager_attention",
+        "budget_below_max_length",
+        "no_budget",
+        "with_dynamic_batching",
+    ],
+)
+def test_sequence_packing_refusals_name_the_key(overrides, problem):
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", PACKING_ON + overrides, grpo_schema())
+    assert problem in err.value.problems
+
+
+def test_sequence_packing_validates_on_the_dtensor_backend():
+    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", PACKING_ON, grpo_schema())
+    assert cfg.policy.sequence_packing.enabled and cfg.policy.sequence_packing.train_mb_tokens == 512 * 4
+
+
 def test_cli_exits_2_with_one_line_per_problem(capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_config_from_cli(

@@ -31,7 +31,7 @@ from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.environments.config import MathEnvConfig
 from nemo_rl_clone.evals.config import EvalMasterConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
-from nemo_rl_clone.models.policy.config import DTensorConfig, RewardModelConfig, SequencePackingConfig
+from nemo_rl_clone.models.policy.config import DTensorConfig, RewardModelConfig
 from nemo_rl_clone.models.policy.megatron_config import (
     MegatronConfig,
     MegatronDDPConfig,
@@ -77,14 +77,11 @@ def megatron(value: Any, message: str) -> Refusal:
 
 
 # (schema class, field) → how setting it is refused. A section refused through its `enabled` key (async GRPO,
-# sequence packing, Megatron's fp8_cfg and peft) covers the section's other keys: they are only meaningful when it
+# Megatron's fp8_cfg and peft) covers the section's other keys: they are only meaningful when it
 # is enabled.
 REFUSED: dict[tuple[type, str], Refusal] = {
     (AsyncGRPOConfig, "enabled"): Refusal(True, "async GRPO is not supported yet; set it to false"),
     (GRPOConfig, "batch_multiplier"): Refusal(2, "only 1 is supported yet (got 2)"),
-    (SequencePackingConfig, "enabled"): Refusal(
-        True, "sequence packing is not supported yet by the DTensor worker; use policy.dynamic_batching instead"
-    ),
     (DTensorConfig, "sequence_parallel"): Refusal(True, "sequence parallelism is not supported yet; set it to false"),
     (DTensorConfig, "context_parallel_size"): Refusal(
         2, "context parallelism is not supported yet; set it to 1 (got 2)"
@@ -158,7 +155,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
 # Sections whose `enabled` refusal above covers every other key in them, and the runs where it does.
 REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
     AsyncGRPOConfig: tuple(MASTERS),
-    SequencePackingConfig: tuple(MASTERS),
     MegatronFP8Config: MEGATRON_RUNS,
     MegatronPeftConfig: MEGATRON_RUNS,
     MegatronConfig: ("rm",),

@@ -23,7 +23,12 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
-from nemo_rl_clone.models.policy.config import DynamicBatchingConfig, OptimizerConfig, PolicyConfig
+from nemo_rl_clone.models.policy.config import (
+    DynamicBatchingConfig,
+    OptimizerConfig,
+    PolicyConfig,
+    SequencePackingConfig,
+)
 from nemo_rl_clone.models.policy.lm_policy import Policy
 
 TEXTS = [
@@ -258,6 +263,26 @@ def tensor_parallel(
     return record
 
 
+PACKING = SequencePackingConfig(True, train_mb_tokens=24, logprob_mb_tokens=20)
+
+
+@pytest.fixture(scope="module")
+def packed_two_workers(
+    two_workers: dict[str, Any], cluster: RayVirtualCluster, model_path: str, tokenizer: Any, batch: BatchedDataDict
+) -> dict[str, Any]:
+    """Sequence packing on 2 workers (bins of at most 24 / 20 tokens, each run as one row): logprobs, one step,
+    reference logprobs."""
+    config = policy_config(model_path, max_total_sequence_length=batch["input_ids"].shape[1], sequence_packing=PACKING)
+    policy = Policy(cluster, config, tokenizer, name_prefix="policy-packed")
+    try:
+        record = {"initial_logprobs": policy.get_logprobs(batch)["logprobs"], "step1": policy.train(batch, NLLLoss())}
+        record["state1"] = policy.get_full_state_dict_for_refit()
+        record["reference_logprobs"] = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
+    finally:
+        policy.shutdown()
+    return record
+
+
 @pytest.fixture(scope="module")
 def bf16_two_workers(
     two_workers: dict[str, Any], cluster: RayVirtualCluster, model_path: str, tokenizer: Any, batch: BatchedDataDict
@@ -377,6 +402,35 @@ def test_tensor_parallel_training_step(tensor_parallel: dict, reference: dict, b
     assert max_state_diff(tensor_parallel["state1"], reference["states"][0]) <= 1e-5
 
 
+def test_sequence_packing_equals_padded_rows(packed_two_workers: dict, reference: dict, batch: BatchedDataDict) -> None:
+    """Packed bins (several samples in one row, attention kept per sample) give the reference's logprobs, loss,
+    grad norm and weights, with no padding computed."""
+    shards, _ = batch.shard_by_batch_size(
+        2,
+        batch_size=8,
+        sequence_packing_args={
+            "input_key": "input_ids",
+            "input_lengths_key": "input_lengths",
+            "max_tokens_per_microbatch": PACKING.train_mb_tokens,
+            "algorithm": PACKING.algorithm,
+        },
+    )
+    bins = [end - start for shard in shards for start, end in shard.micro_batch_indices[0]]
+    assert max(bins) > 1, "some bin must pack several samples for this test to mean anything"
+    step1 = packed_two_workers["step1"]
+    assert len(step1["all_mb_metrics"]["loss"]) == len(bins)
+    torch.testing.assert_close(packed_two_workers["initial_logprobs"], reference["initial_logprobs"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        packed_two_workers["reference_logprobs"], reference["initial_logprobs"], atol=1e-5, rtol=0
+    )
+    expected_loss, expected_norm = reference["steps"][0]
+    assert step1["loss"].item() == pytest.approx(expected_loss, abs=1e-5)
+    assert step1["grad_norm"].item() == pytest.approx(expected_norm, abs=1e-5)
+    assert max_state_diff(packed_two_workers["state1"], reference["states"][0]) <= 1e-5
+    profile = step1["profile"]
+    assert profile.computed_tokens == profile.valid_tokens == int(batch["input_lengths"].sum())
+
+
 def test_bf16_mixed_precision_tracks_fp32(bf16_two_workers: dict, reference: dict) -> None:
     """bf16 compute with fp32 master weights and gradient reduction (measured: logprobs 4e-3, loss 4e-5 relative,
     grad norm 2e-3 relative); refit tensors are the updated weights in bf16."""
@@ -435,20 +489,19 @@ def test_bad_batches_raise_one_clear_error(two_workers: dict) -> None:
             ValueError,
             "tensor_parallel_size=3 must divide the number of workers (2)",
         ),
-        ({"sequence_packing": None}, ValueError, "policy.sequence_packing.enabled: sequence packing is not supported"),
+        (
+            {"sequence_packing": SequencePackingConfig(True, train_mb_tokens=64, logprob_mb_tokens=512)},
+            ValueError,
+            "policy.sequence_packing.train_mb_tokens: 64 is below 512, the cost of a max_total_sequence_length sample "
+            "(rounded up to sequence_length_round=1): it would fit no microbatch",
+        ),
         ({"train_global_batch_size": 7}, ValueError, "policy.train_global_batch_size: must be a multiple of"),
     ],
 )
 def test_bad_config_fails_before_any_worker_starts(
     cluster: RayVirtualCluster, model_path: str, tokenizer: Any, overrides: dict, error: type, message: str
 ) -> None:
-    if "sequence_packing" in overrides:
-        config = policy_config(model_path)
-        config.sequence_packing = replace(
-            config.sequence_packing, enabled=True, train_mb_tokens=64, logprob_mb_tokens=64
-        )
-    else:
-        config = policy_config(model_path, **overrides)
+    config = policy_config(model_path, **overrides)
     with pytest.raises(error) as raised:
         Policy(cluster, config, tokenizer, name_prefix="policy-bad")
     assert message in str(raised.value)

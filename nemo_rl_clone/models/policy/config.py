@@ -131,13 +131,28 @@ class DynamicBatchingConfig:
 
 @dataclass
 class SequencePackingConfig:
-    """NeMo-RL's sequence-packing keys. ``enabled: true`` is refused: the DTensor worker does not train on packed
-    sequences yet (`policy.dynamic_batching` is the supported way to cut padding), so the other keys do nothing."""
+    """Bin-pack samples into microbatches of at most ``*_mb_tokens`` tokens, each run as one row without padding
+    (DTensor backend, see `nemo_rl_clone.models.policy.packed_sequences`)."""
 
     enabled: bool = False
     train_mb_tokens: int | None = None
     logprob_mb_tokens: int | None = None
     algorithm: Literal["modified_first_fit_decreasing", "first_fit_decreasing"] = "modified_first_fit_decreasing"
+    # Each sample's cost in the bin-packing plan, rounded up to a multiple of this. The packed row itself carries no
+    # padding (kernels that need aligned sequence starts are not used), so 1 packs tightest.
+    sequence_length_round: int = 1
+
+    def check(self) -> list[tuple[str, str]]:
+        if not self.enabled:
+            return []
+        problems = [
+            (key, "sequence packing needs a positive token budget per microbatch (e.g. 2048)")
+            for key in ("train_mb_tokens", "logprob_mb_tokens")
+            if getattr(self, key) is None or getattr(self, key) < 1
+        ]
+        if self.sequence_length_round < 1:
+            problems.append(("sequence_length_round", f"must be >= 1, got {self.sequence_length_round}"))
+        return problems
 
 
 REWARD_MODEL_TYPES = ("bradley_terry",)
@@ -278,14 +293,7 @@ def _check_backend(config: PolicyConfig) -> list[tuple[str, str]]:
 def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
     """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored
     (``megatron_cfg``'s own: `nemo_rl_clone.models.policy.megatron_config`)."""
-    problems = []
-    if config.sequence_packing.enabled:
-        problems.append(
-            (
-                "sequence_packing.enabled",
-                "sequence packing is not supported yet by the DTensor worker; use policy.dynamic_batching instead",
-            )
-        )
+    problems = _check_sequence_packing(config)
     if config.dtensor_cfg.sequence_parallel:
         problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))
     size = config.dtensor_cfg.context_parallel_size
@@ -293,4 +301,49 @@ def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
         problems.append(
             ("dtensor_cfg.context_parallel_size", f"context parallelism is not supported yet; set it to 1 (got {size})")
         )
+    return problems
+
+
+def _check_sequence_packing(config: PolicyConfig) -> list[tuple[str, str]]:
+    """What packed training supports: the DTensor backend with SDPA attention, bins that fit a sample."""
+    packing = config.sequence_packing
+    if not packing.enabled:
+        return []
+    if config.megatron_cfg.enabled:
+        return [
+            (
+                "sequence_packing.enabled",
+                "sequence packing is implemented for the DTensor backend only; with megatron_cfg use "
+                "policy.dynamic_batching to cut padding",
+            )
+        ]
+    problems = []
+    if config.dtensor_cfg.tensor_parallel_size != 1:
+        problems.append(
+            (
+                "sequence_packing.enabled",
+                "sequence packing with dtensor_cfg.tensor_parallel_size > 1 is not supported yet; use "
+                "policy.dynamic_batching",
+            )
+        )
+    if config.dtensor_cfg.attn_implementation != "sdpa":
+        problems.append(
+            (
+                "dtensor_cfg.attn_implementation",
+                f"sequence packing runs SDPA attention per packed sample; set it to sdpa (got "
+                f"{config.dtensor_cfg.attn_implementation!r})",
+            )
+        )
+    step = max(packing.sequence_length_round, 1)  # below 1 is reported by SequencePackingConfig.check
+    longest = -(-config.max_total_sequence_length // step) * step
+    for key in ("train_mb_tokens", "logprob_mb_tokens"):
+        budget = getattr(packing, key)
+        if budget is not None and 1 <= budget < longest:
+            problems.append(
+                (
+                    f"sequence_packing.{key}",
+                    f"{budget} is below {longest}, the cost of a max_total_sequence_length sample (rounded up to "
+                    f"sequence_length_round={packing.sequence_length_round}): it would fit no microbatch",
+                )
+            )
     return problems

@@ -42,6 +42,7 @@ from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy import (
     bf16_backward,
     dtensor_parallel,
+    packed_sequences,
     reward_model,
     token_logprob_head,
     train_step,
@@ -96,12 +97,14 @@ class DTensorPolicyWorker(RefitSender):
 
         # fp32 master weights on every rank; FSDP casts to `self.dtype` for compute.
         self.is_reward_model = config.reward_model_cfg.enabled
+        self.packed = config.sequence_packing.enabled  # validation: SDPA attention only
+        attn_implementation = packed_sequences.PACKED_ATTENTION if self.packed else dtensor_cfg.attn_implementation
         with reporting_model_load_errors(model_path):
             if self.is_reward_model:
-                model = reward_model.load_reward_model(model_path, tokenizer.pad_token_id)
+                model = reward_model.load_reward_model(model_path, tokenizer.pad_token_id, attn_implementation)
             else:
                 model = AutoModelForCausalLM.from_pretrained(
-                    model_path, dtype=torch.float32, attn_implementation=dtensor_cfg.attn_implementation
+                    model_path, dtype=torch.float32, attn_implementation=attn_implementation
                 )
         model.config.use_cache = False
         self.selective_head: token_logprob_head.SelectiveLMHead | None = None
@@ -145,24 +148,38 @@ class DTensorPolicyWorker(RefitSender):
             self.load_checkpoint(weights_path, optimizer_path)
 
     # ------------------------------------------------------------------ forward passes
+    def _rows(self, batch: BatchedDataDict) -> packed_sequences.PaddedRows | packed_sequences.PackedRows:
+        return packed_sequences.rows_for(batch["input_ids"], batch.get("input_lengths"), self.packed)
+
+    def _run_model(
+        self, rows: packed_sequences.PaddedRows | packed_sequences.PackedRows, input_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The model's ``.logits`` for ``input_ids`` ``[B, S]``, in that padded layout whether or not it runs packed.
+        Right padding needs no attention mask: the causal mask already keeps every valid position from seeing the
+        padding after it."""
+        output = self.model(input_ids=rows.pack(input_ids), use_cache=False, **rows.model_kwargs())
+        return rows.unpack(output.logits)
+
     def _forward(self, batch: BatchedDataDict) -> torch.Tensor:
         """Next-token logits ``[B, S, V]``, or a reward model's scores ``[B, 1]`` at each row's last valid token
-        (compute dtype). Right padding needs no attention mask: the causal mask already keeps every valid position
-        from seeing the padding after it."""
+        (compute dtype)."""
         input_ids = batch["input_ids"].to(self.device)
         if self.scorer is not None:
-            return self.scorer(input_ids, batch["input_lengths"].to(self.device))
-        return self.model(input_ids=input_ids, use_cache=False).logits
+            return self.scorer(input_ids, batch["input_lengths"].to(self.device), self._rows(batch))
+        return self._run_model(self._rows(batch), input_ids)
 
     def _token_logprobs(self, batch: BatchedDataDict, wanted: torch.Tensor) -> torch.Tensor:
         """``[B, S - 1]`` fp32 next-token logprobs where ``wanted`` ``[B, S - 1]`` is set, 0 elsewhere, projected
         onto the vocabulary at those positions only (needs `selective_head`)."""
         assert self.selective_head is not None
         input_ids = batch["input_ids"].to(self.device)
+        rows = self._rows(batch)
         positions, targets = token_logprob_head.next_token_selection(input_ids, wanted.to(self.device))
         chunk_size = self.cfg.logprob_chunk_size or token_logprob_head.DEFAULT_CHUNK_SIZE
-        with self.selective_head.selecting(positions, targets, chunk_size, self.dtype, self.grad_dtype):
-            return self.model(input_ids=input_ids, use_cache=False).logits[:, :-1]
+        with self.selective_head.selecting(
+            rows.pack(positions), rows.pack(targets), chunk_size, self.dtype, self.grad_dtype
+        ):
+            return self._run_model(rows, input_ids)[:, :-1]
 
     def _loss_input(self, batch: BatchedDataDict, loss_fn: LossFunction) -> torch.Tensor:
         """What ``loss_fn`` reads: token logprobs at its ``token_mask`` positions when it accepts them and the
@@ -283,7 +300,7 @@ class DTensorPolicyWorker(RefitSender):
                 step_loss = torch.zeros((), dtype=torch.float64)
                 for microbatch in train_step.microbatches(batch, mbs):
                     microbatch = microbatch.to(self.device)
-                    profile.count_microbatch(microbatch["input_ids"], microbatch.get("input_lengths"))
+                    profile.count_microbatch(microbatch, self._rows(microbatch).num_tokens)
                     with profile.timed("forward_s", self.device):
                         loss, metrics = loss_fn(
                             self._loss_input(microbatch, loss_fn),

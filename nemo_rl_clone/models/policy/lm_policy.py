@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import ray
@@ -149,7 +149,7 @@ class Policy(ColocatablePolicyInterface):
         self._check_batch(data, ("input_ids", "input_lengths"), method)
         if self.is_reward_model:
             check_input_lengths(data, method)
-        shards, order = self._shard(data, self.cfg.dynamic_batching.logprob_mb_tokens, allow_uneven_shards=True)
+        shards, order = self._shard(data, "logprob", allow_uneven_shards=True)
         results = self._run_sharded(method, shards, {"micro_batch_size": micro_batch_size})
         merged = BatchedDataDict.from_batches(results)
         if order is not None:
@@ -187,7 +187,11 @@ class Policy(ColocatablePolicyInterface):
             raise ValueError(f"train: batch of {data.size} samples is not a multiple of the global batch size {gbs}")
         if self.is_reward_model:
             _check_pairs_stay_together(self.cfg, gbs // self.dp_size, mbs)
-        shards, _ = self._shard(data, self.cfg.dynamic_batching.train_mb_tokens, batch_size=gbs)
+        # A loss reading rows in groups (DPO/Bradley-Terry pairs) declares `rows_per_example`; packing keeps them whole.
+        groups = (
+            {"rows_per_group": getattr(loss_fn, "rows_per_example", 1)} if self.cfg.sequence_packing.enabled else {}
+        )
+        shards, _ = self._shard(data, "train", batch_size=gbs, **groups)
         kwargs = {"loss_fn": loss_fn, "eval_mode": eval_mode, "gbs": gbs, "mbs": mbs}
         results = self._run_sharded("train", shards, kwargs)
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
@@ -306,18 +310,26 @@ class Policy(ColocatablePolicyInterface):
             )
 
     def _shard(
-        self, data: BatchedDataDict, dynamic_mb_tokens: int | None, **kwargs: Any
+        self, data: BatchedDataDict, phase: Literal["train", "logprob"], **kwargs: Any
     ) -> tuple[list[BatchedDataDict], list[int] | None]:
-        """DP shards of ``data``, and with dynamic batching the order that undoes its length sorting."""
-        if not self.cfg.dynamic_batching.enabled:
+        """DP shards of ``data`` and, with dynamic batching or sequence packing (token-bounded microbatches of at
+        most the section's ``<phase>_mb_tokens``), the order that undoes their length sorting."""
+        dynamic, packing = self.cfg.dynamic_batching, self.cfg.sequence_packing
+        if not dynamic.enabled and not packing.enabled:
             return cast(list[BatchedDataDict], data.shard_by_batch_size(self.dp_size, **kwargs)), None
-        dynamic_args = {
-            "input_key": "input_ids",
-            "input_lengths_key": "input_lengths",
-            "max_tokens_per_microbatch": dynamic_mb_tokens,
-            "sequence_length_round": self.cfg.dynamic_batching.sequence_length_round,
-        }
-        sharded = data.shard_by_batch_size(self.dp_size, dynamic_batching_args=dynamic_args, **kwargs)
+        args: dict[str, Any] = {"input_key": "input_ids", "input_lengths_key": "input_lengths"}
+        if dynamic.enabled:
+            budget = dynamic.train_mb_tokens if phase == "train" else dynamic.logprob_mb_tokens
+            args |= {"max_tokens_per_microbatch": budget, "sequence_length_round": dynamic.sequence_length_round}
+            sharded = data.shard_by_batch_size(self.dp_size, dynamic_batching_args=args, **kwargs)
+        else:
+            budget = packing.train_mb_tokens if phase == "train" else packing.logprob_mb_tokens
+            args |= {
+                "max_tokens_per_microbatch": budget,
+                "algorithm": packing.algorithm,
+                "sequence_length_round": packing.sequence_length_round,
+            }
+            sharded = data.shard_by_batch_size(self.dp_size, sequence_packing_args=args, **kwargs)
         return cast(tuple[list[BatchedDataDict], list[int]], sharded)
 
 

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
+from nemo_rl_clone.models.policy.packed_sequences import PackedRows, PaddedRows
+
 # A causal-LM checkpoint has no score head; from_pretrained initialises it from torch's global RNG. Seeding that
 # draw (inside a forked RNG, so nothing else is affected) gives every rank, every run and every resume-from-HF the
 # same head; FSDP2 shards each rank's own copy of a parameter and would otherwise mix heads from different ranks.
@@ -31,7 +33,7 @@ def reward_model_error(method: str) -> RuntimeError:
     )
 
 
-def load_reward_model(model_path: str, pad_token_id: int | None) -> PreTrainedModel:
+def load_reward_model(model_path: str, pad_token_id: int | None, attn_implementation: str = "sdpa") -> PreTrainedModel:
     """``AutoModelForSequenceClassification`` with 1 label, fp32, from a seq-cls or causal-LM checkpoint.
 
     ``pad_token_id`` fills a missing ``config.pad_token_id`` (Hugging Face's forward refuses batches without one;
@@ -39,7 +41,9 @@ def load_reward_model(model_path: str, pad_token_id: int | None) -> PreTrainedMo
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SCORE_HEAD_INIT_SEED)
-        model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=torch.float32)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_path, num_labels=1, dtype=torch.float32, attn_implementation=attn_implementation
+        )
     head = getattr(model, "score", None)
     if not isinstance(head, nn.Linear):
         raise ValueError(
@@ -72,11 +76,15 @@ class LastTokenScorer:
     def _keep_output(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         self._token_scores = output
 
-    def __call__(self, input_ids: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
-        self.model(input_ids=input_ids, use_cache=False)
+    def __call__(
+        self, input_ids: torch.Tensor, input_lengths: torch.Tensor, rows: PaddedRows | PackedRows | None = None
+    ) -> torch.Tensor:
+        """Scores ``[B, 1]`` of right-padded ``input_ids`` ``[B, S]``, run as ``rows`` lays them out (default: as is)."""
+        rows = rows or PaddedRows(input_ids)
+        self.model(input_ids=rows.pack(input_ids), use_cache=False, **rows.model_kwargs())
         token_scores, self._token_scores = self._token_scores, None
         assert token_scores is not None, "the score head did not run"
-        return scores_at_last_valid_token(token_scores, input_lengths)
+        return scores_at_last_valid_token(rows.unpack(token_scores), input_lengths)
 
 
 def check_input_lengths(data: Mapping[str, Any], method: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,9 +55,11 @@ class TrainProfile:
             torch.cuda.synchronize(device)
         setattr(self, field, getattr(self, field) + time.perf_counter() - start)
 
-    def count_microbatch(self, input_ids: torch.Tensor, input_lengths: torch.Tensor | None) -> None:
-        self.computed_tokens += input_ids.numel()
-        self.valid_tokens += int(input_lengths.sum()) if input_lengths is not None else input_ids.numel()
+    def count_microbatch(self, microbatch: Mapping[str, torch.Tensor], computed_tokens: int) -> None:
+        """``computed_tokens``: what the model ran on (rows × columns, or the packed row's length)."""
+        self.computed_tokens += computed_tokens
+        lengths = microbatch.get("input_lengths")
+        self.valid_tokens += int(lengths.sum()) if lengths is not None else microbatch["input_ids"].numel()
 
 
 def merge(profiles: Sequence[TrainProfile]) -> TrainProfile:

@@ -19,10 +19,11 @@ from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, va
 
 
 def microbatches(batch: BatchedDataDict, micro_batch_size: int) -> Iterator[BatchedDataDict]:
-    """The microbatches of one rank's batch: its dynamic-batching plan when it has one, else fixed-size slices."""
+    """The microbatches of one rank's batch: its dynamic-batching or sequence-packing plan when it has one (a
+    packing bin still comes as padded rows; the worker packs them), else fixed-size slices."""
     if batch.microbatch_plan is not None:
-        if batch.microbatch_plan.kind != "dynamic":
-            raise ValueError("the DTensor policy worker supports dynamic batching, not sequence packing")
+        if batch.microbatch_plan.kind == "packing":
+            return batch.make_microbatch_iterator_for_packable_sequences()
         return batch.make_microbatch_iterator_with_dynamic_shapes()
     return batch.make_microbatch_iterator(micro_batch_size)
 
