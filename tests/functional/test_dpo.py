@@ -48,4 +48,5 @@ def test_dpo_starts_at_log2_grows_the_margin_and_resumes(tmp_path):
     # Packed microbatches (each pair kept whole, chosen before rejected, in one row) train as the padded ones.
     packed = assert_trains_alike("dpo", tmp_path / "packed", metrics, *pairs, "policy.sequence_packing.enabled=true")
     assert {packed[step]["performance/train_padding_fraction"] for step in (1, 2, 3)} == {0.0}
-    assert all(metrics[step]["performance/train_padding_fraction"] > 0.1 for step in (1, 2, 3))
+    padding = [metrics[step]["performance/train_padding_fraction"] for step in (1, 2, 3)]
+    assert min(padding) > 0.02, padding  # there was padding to remove, so the equality above means something

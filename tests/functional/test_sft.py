@@ -80,7 +80,8 @@ def test_sft_learns_writes_metrics_and_resumes_exactly(tmp_path):
     # The smoke config packs each microbatch into one row (policy.sequence_packing); padded rows train the same.
     assert {expected[step]["performance/train_padding_fraction"] for step in range(1, 11)} == {0.0}
     padded = assert_trains_alike("sft", tmp_path / "padded", expected, *data, "policy.sequence_packing.enabled=false")
-    assert all(padded[step]["performance/train_padding_fraction"] > 0.1 for step in range(1, 4))
+    padding = [padded[step]["performance/train_padding_fraction"] for step in range(1, 4)]
+    assert min(padding) > 0.02, padding  # there was padding to remove, so the equality above means something
 
     run_entry_point("sft", resumed, *data, "sft.max_num_steps=2")
     assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == ["step_1", "step_2"]

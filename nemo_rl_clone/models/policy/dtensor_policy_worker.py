@@ -327,7 +327,10 @@ class DTensorPolicyWorker(RefitSender):
                 losses.append(step_loss.float())
         if not eval_mode and self.scheduler is not None:
             self.scheduler.step()
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)  # gradients are not needed until the next train call
         dtensor_parallel.reshard(self.model)  # an eval-mode pass leaves the root gathered, see `reshard`
+        worker_setup.release_freed_memory(self.device)
         return {
             "global_loss": torch.stack(losses) if losses else torch.zeros(0),
             "grad_norm": torch.stack(grad_norms).float().cpu() if grad_norms else torch.zeros(0),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import torch
@@ -42,3 +43,16 @@ def backward_dtype(compute_dtype: torch.dtype, backward_precision: str, device: 
     if backward_precision == "bfloat16" or device.type == "cuda" or cpu_has_native_bf16():
         return torch.bfloat16
     return torch.float32
+
+
+def release_freed_memory(device: torch.device) -> None:
+    """Give memory that the step freed back to the system: CUDA's caching allocator on GPU; on CPU, glibc's heap,
+    which keeps a training step's freed activations (~1.2 GB for the main job's SmolLM2 step) mapped otherwise —
+    resident memory a colocated engine and the rest of the machine could use."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim this way
+        pass
