@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 
@@ -52,7 +53,5 @@ def release_freed_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim this way
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim this way
-        pass
