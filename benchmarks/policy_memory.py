@@ -18,7 +18,6 @@ import ctypes
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,13 +44,11 @@ def child(variant: str, steps: int) -> dict[str, float]:
     from nemo_rl_clone.algorithms.loss_functions import NLLLoss
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
+    from nemo_rl_clone.models.policy import worker_setup
     from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
     from nemo_rl_clone.utils.config import load_validated_config
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    worker_setup.set_single_process_env()
     config = load_validated_config(REPO / "configs" / "grpo_smollm2_cpu.yaml", VARIANTS[variant], GRPOMasterConfig)
     model_path = resolve_model_path(config.policy.model_name)
     tokenizer = load_tokenizer(model_path)

@@ -8,12 +8,11 @@ worker builds it, at tensor and pipeline parallel size 1, loaded, and converted 
 from __future__ import annotations
 
 import multiprocessing
-import os
-import socket
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_clone.models.policy import worker_setup
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
@@ -77,7 +76,7 @@ def export_megatron_checkpoint(
     from nemo_rl_clone.models.policy.megatron_policy_worker import MegatronPolicyWorker
 
     tokenizer = load_tokenizer(tokenizer_path)
-    _join_single_process_group()
+    worker_setup.set_single_process_env()
     worker = MegatronPolicyWorker(
         policy,
         tokenizer,
@@ -107,11 +106,3 @@ def export_in_subprocess(*args: Any, **kwargs: Any) -> Path:
     group or Megatron's global parallel state (an evaluation driver, for one)."""
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         return pool.submit(export_megatron_checkpoint, *args, **kwargs).result()
-
-
-def _join_single_process_group() -> None:
-    """This process as rank 0 of a world of 1 (what `MegatronPolicyWorker` joins), on a free local port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

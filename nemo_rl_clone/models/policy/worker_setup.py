@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,15 @@ PRECISION_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+
+
+def set_single_process_env() -> None:
+    """Describe this process as rank 0 of a world of 1 on a free local port, for `init_distributed` (a worker run
+    in-process by an export or a benchmark rather than started by `Policy`)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
 def init_distributed() -> torch.device:
