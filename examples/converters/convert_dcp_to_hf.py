@@ -6,7 +6,9 @@
 The run's ``config.yaml`` names the model (``policy.model_name``), which gives the architecture config. The
 tokenizer is the one saved with the checkpoint (``policy/tokenizer`` next to the weights) when present, else
 ``policy.tokenizer.name`` (or the model's). The weights are written as the run's ``checkpointing.model_save_format``
-(``safetensors``, the default, or ``torch_save``). Runs on one CPU process; no GPU or process group needed.
+(``safetensors``, the default, or ``torch_save``). A LoRA run (``policy.dtensor_cfg.lora_cfg.enabled``) saved only
+its adapters: they are merged into the base model's weights (``convert_lora_to_hf.py --adapter-only`` exports the
+adapter alone). Runs on one CPU process; no GPU or process group needed.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any
 
 from transformers import AutoConfig
 
-from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict, save_consolidated_hf
+from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
+from nemo_rl_clone.models.policy import lora
 from nemo_rl_clone.utils.config import load_config, resolve_to_container
 from nemo_rl_clone.utils.config_validation import ConfigError
 
@@ -40,7 +43,8 @@ def convert_dcp_to_hf(
     model_name = policy.get("model_name")
     if not isinstance(model_name, str):
         raise ConfigError([f"{config_path}: policy.model_name is missing or not a string"])
-    model_config = AutoConfig.from_pretrained(resolve_model_path(model_name))
+    model_path = resolve_model_path(model_name)
+    model_config = AutoConfig.from_pretrained(model_path)
 
     if tokenizer_path is None:
         saved = dcp_ckpt_path.parent / "tokenizer"
@@ -48,7 +52,7 @@ def convert_dcp_to_hf(
         tokenizer_path = saved if saved.is_dir() else Path(tokenizer_name)
     tokenizer = load_tokenizer(str(tokenizer_path))
 
-    state_dict = load_dcp_model_state_dict(dcp_ckpt_path)
+    state_dict = lora.checkpoint_state_dict(dcp_ckpt_path, policy, model_path)
     return save_consolidated_hf(
         state_dict,
         model_config,

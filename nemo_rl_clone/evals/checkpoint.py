@@ -165,8 +165,9 @@ def convert_checkpoint_to_hf(
     steps (``convert_dcp_to_hf.py``, or ``convert_megatron_to_hf.py`` for a Megatron-backend run), as a function."""
     from transformers import AutoConfig
 
-    from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict, save_consolidated_hf
+    from nemo_rl_clone.models.hf_export import save_consolidated_hf
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
+    from nemo_rl_clone.models.policy import lora
     from nemo_rl_clone.models.policy.megatron_export import (
         export_in_subprocess,
         is_megatron_run,
@@ -183,9 +184,10 @@ def convert_checkpoint_to_hf(
     if is_megatron_run(policy_cfg):  # Megatron's distributed checkpoint: rebuilt and converted in a child process
         policy = single_process_policy(policy_cfg, str(step_dir / CONFIG_FILE))
         return export_in_subprocess(policy, weights, out_dir, tokenizer_path, save_format)
-    model_config = AutoConfig.from_pretrained(resolve_model_path(model_name))
+    model_path = resolve_model_path(model_name)
+    model_config = AutoConfig.from_pretrained(model_path)
     tokenizer = load_tokenizer(tokenizer_path)
-    state_dict = load_dcp_model_state_dict(weights)
+    state_dict = lora.checkpoint_state_dict(weights, policy_cfg, model_path)  # LoRA runs saved adapters only
     return save_consolidated_hf(state_dict, model_config, out_dir, tokenizer=tokenizer, save_format=save_format)
 
 

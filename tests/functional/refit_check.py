@@ -27,8 +27,9 @@ GATE = 1.01
 STALE_MIN = 1.05  # one step at lr 1e-2 moves the tiny model's logprobs far more than this
 
 
-def policy_config(model_path: str) -> PolicyConfig:
-    return PolicyConfig(
+def policy_config(model_path: str, lora: bool = False) -> PolicyConfig:
+    """``lora``: train LoRA adapters (dim 8, alpha 32) instead of all weights; the engines then get merged weights."""
+    config = PolicyConfig(
         model_name=model_path,
         train_global_batch_size=4,
         train_micro_batch_size=2,
@@ -40,6 +41,8 @@ def policy_config(model_path: str) -> PolicyConfig:
         ),
         scheduler=None,  # constant LR: the first step takes the full 1e-2
     )
+    config.dtensor_cfg.lora_cfg.enabled = lora
+    return config
 
 
 def generation_config(colocated: bool) -> GenerationConfig:

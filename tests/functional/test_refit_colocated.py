@@ -16,8 +16,9 @@ from tests.functional.refit_check import GATE, STALE_MIN, generation_config, pol
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy_workers", [1, 2])
-def test_colocated_refit_passes_the_logprob_gate(ray_local: None, policy_workers: int) -> None:
+@pytest.mark.parametrize(("policy_workers", "lora"), [(1, False), (2, False), (2, True)], ids=["1", "2", "2-lora"])
+def test_colocated_refit_passes_the_logprob_gate(ray_local: None, policy_workers: int, lora: bool) -> None:
+    """With LoRA the engines receive the base weights with the trained adapters merged in."""
     model_path = resolve_model_path(TINY_LLAMA)
     tokenizer = load_tokenizer(model_path)
     tokenizer.padding_side = "right"
@@ -26,7 +27,9 @@ def test_colocated_refit_passes_the_logprob_gate(ray_local: None, policy_workers
     )
     policy = generation = None
     try:
-        policy = Policy(cluster, policy_config(model_path), tokenizer, name_prefix=f"coloc-policy{policy_workers}")
+        policy = Policy(
+            cluster, policy_config(model_path, lora), tokenizer, name_prefix=f"coloc-policy{policy_workers}"
+        )
         generation = VllmGeneration(
             cluster, generation_config(colocated=True), model_path, name_prefix=f"coloc-vllm{policy_workers}"
         )

@@ -2,12 +2,16 @@
 
 A tiny random model trains on 8 short conversations in the OpenAI-messages JSONL format, one global batch of all 8
 per step: the training loss must fall, 2 steps + restart + 2 steps must equal 4 uninterrupted steps, and the
-smoke config's packed microbatches must train exactly as padded ones.
+smoke config's packed microbatches must train exactly as padded ones. The same with LoRA, plus its exports.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+import yaml
 
 from tests.functional.supervised_runs import (
     assert_checkpoint,
@@ -100,3 +104,64 @@ def test_sft_learns_writes_metrics_and_resumes_exactly(tmp_path):
         assert got[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], abs=1e-5), step
         assert got[step]["train/grad_norm"] == pytest.approx(expected[step]["train/grad_norm"], rel=1e-4), step
         assert got[step]["train/lr"] == pytest.approx(expected[step]["train/lr"], rel=1e-9), step
+
+
+@pytest.mark.slow
+def test_sft_lora_learns_resumes_and_exports(tmp_path):
+    """LoRA (policy.dtensor_cfg.lora_cfg) through the entry point: the loss falls, checkpoints hold only the adapters
+    and resume exactly, and both exports (merged model, peft adapter) compute the same logits."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from nemo_rl_clone.evals.checkpoint import convert_checkpoint_to_hf
+    from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
+    from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
+    from nemo_rl_clone.models.policy.lora import is_adapter_key
+    from tests.functional.supervised_runs import REPO
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight.mkdir(), resumed.mkdir()
+    data = [
+        *fixed_set_overrides(tmp_path),
+        "policy.dtensor_cfg.lora_cfg.enabled=true",
+        "policy.optimizer.kwargs.lr=2e-2",
+    ]
+    run_entry_point("sft", straight, *data, "sft.max_num_steps=4", "checkpointing.enabled=false")
+    expected = read_metrics(run_dirs(straight)[0])
+    losses = [expected[step]["train/loss"] for step in range(1, 5)]
+    assert losses[-1] < losses[0] - 0.5, losses
+
+    run_entry_point("sft", resumed, *data, "sft.max_num_steps=2")
+    step_dir = resumed / "ckpt" / "step_2"
+    assert_checkpoint(step_dir)
+    adapters = load_dcp_model_state_dict(step_dir / "policy" / "weights")
+    assert len(adapters) == 2 * 2 * 7 and all(is_adapter_key(name) for name in adapters)  # A and B, 14 layers
+    run_entry_point("sft", resumed, *data, "sft.max_num_steps=4")
+    first, second = (read_metrics(d) for d in run_dirs(resumed))
+    got = {**first, **second}
+    for step in range(1, 5):
+        assert got[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], abs=1e-5), step
+        assert got[step]["train/grad_norm"] == pytest.approx(expected[step]["train/grad_norm"], rel=1e-4), step
+
+    converter = REPO / "examples" / "converters" / "convert_lora_to_hf.py"
+    args = ["--config", str(step_dir / "config.yaml"), "--dcp-ckpt-path", str(step_dir / "policy" / "weights")]
+    for out, extra in ((tmp_path / "merged", []), (tmp_path / "adapter", ["--adapter-only"])):
+        proc = subprocess.run(
+            [sys.executable, str(converter), *args, "--hf-ckpt-path", str(out), *extra], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    input_ids = torch.tensor([[5, 17, 42, 8, 99, 3, 64, 21]])
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)(input_ids).logits
+        base = AutoModelForCausalLM.from_pretrained(resolve_model_path(TINY_LLAMA), dtype=torch.float32)
+        base_logits = base(input_ids).logits
+        with_adapter = PeftModel.from_pretrained(base, str(tmp_path / "adapter"))(input_ids=input_ids).logits
+    torch.testing.assert_close(with_adapter, merged, atol=1e-5, rtol=0)
+    assert (merged - base_logits).abs().max() > 1e-2  # the adapters moved the model
+    # Evaluating the checkpoint converts it the same way (merged into policy/hf).
+    policy_cfg = yaml.safe_load((step_dir / "config.yaml").read_text())["policy"]
+    evaluated = convert_checkpoint_to_hf(step_dir, policy_cfg, tmp_path / "eval_hf")
+    with torch.no_grad():
+        eval_logits = AutoModelForCausalLM.from_pretrained(evaluated, dtype=torch.float32)(input_ids).logits
+    torch.testing.assert_close(eval_logits, merged, atol=0, rtol=0)

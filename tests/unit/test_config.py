@@ -284,6 +284,76 @@ def test_sequence_packing_validates_on_the_dtensor_backend():
     assert cfg.policy.sequence_packing.enabled and cfg.policy.sequence_packing.train_mb_tokens == 512 * 4
 
 
+LORA_ON = ["policy.dtensor_cfg.lora_cfg.enabled=true"]
+_LORA = "policy.dtensor_cfg.lora_cfg"
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "problem"),
+    [
+        (
+            "grpo_math_1B_megatron.yaml",
+            [],
+            f"{_LORA}.enabled: dtensor_cfg.lora_cfg is the DTensor backend's LoRA; the Megatron backend has no LoRA yet",
+        ),
+        (
+            "grpo_math_1B.yaml",
+            ["policy.dtensor_cfg.tensor_parallel_size=2"],
+            f"{_LORA}.enabled: LoRA with dtensor_cfg.tensor_parallel_size > 1 is not supported yet",
+        ),
+        (
+            "grpo_math_1B.yaml",
+            [f"{_LORA}.dropout=0.1"],
+            f"{_LORA}.dropout_position: dropout on the adapter's output ('post') is not supported (peft drops the "
+            "adapter's input); set dropout_position=pre or dropout=0.0",
+        ),
+        (
+            "grpo_math_1B.yaml",
+            [f"{_LORA}.dropout=1.0", f"{_LORA}.dropout_position=pre"],
+            f"{_LORA}.dropout: must be in [0, 1), got 1.0",
+        ),
+        (
+            "grpo_math_1B.yaml",
+            [f"{_LORA}.target_modules=[q_proj]"],
+            f"{_LORA}.target_modules: match_all_linear=true already targets every linear layer; set "
+            "match_all_linear=false to adapt only target_modules",
+        ),
+        (
+            "grpo_math_1B.yaml",
+            [f"{_LORA}.match_all_linear=false"],
+            f"{_LORA}.target_modules: name the layers to adapt (e.g. [q_proj, v_proj]) or set match_all_linear=true",
+        ),
+        ("grpo_math_1B.yaml", [f"{_LORA}.dim=0"], f"{_LORA}.dim: must be >= 1, got 0"),
+    ],
+    ids=["megatron", "tensor_parallel", "post_dropout", "dropout_range", "targets_and_all_linear", "no_targets", "dim"],
+)
+def test_lora_refusals_name_the_key(config, overrides, problem):
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(REPO / "configs" / config, LORA_ON + overrides, grpo_schema())
+    assert problem in err.value.problems
+
+
+def test_lora_refused_for_reward_models():
+    from nemo_rl_clone.algorithms.rm import RMMasterConfig
+
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(REPO / "configs" / "rm.yaml", [f"++{_LORA}.enabled=true"], RMMasterConfig)
+    assert (
+        f"{_LORA}.enabled: LoRA for reward models (reward_model_cfg.enabled) is not supported yet" in err.value.problems
+    )
+
+
+def test_lora_with_pre_dropout_and_chosen_targets_validates():
+    overrides = [f"{_LORA}.dropout=0.05", f"{_LORA}.dropout_position=pre", f"{_LORA}.match_all_linear=false"]
+    cfg = load_validated_config(
+        REPO / "configs" / "grpo_math_1B.yaml",
+        [*LORA_ON, *overrides, f"{_LORA}.target_modules=[q_proj,v_proj]"],
+        grpo_schema(),
+    )
+    assert cfg.policy.dtensor_cfg.lora_cfg.target_modules == ["q_proj", "v_proj"]
+    assert cfg.policy.dtensor_cfg.lora_cfg.scaling == 32 / 8
+
+
 def test_cli_exits_2_with_one_line_per_problem(capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_config_from_cli(

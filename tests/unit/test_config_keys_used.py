@@ -31,7 +31,7 @@ from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.environments.config import MathEnvConfig
 from nemo_rl_clone.evals.config import EvalMasterConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
-from nemo_rl_clone.models.policy.config import DTensorConfig, RewardModelConfig
+from nemo_rl_clone.models.policy.config import DTensorConfig, LoraConfig, RewardModelConfig
 from nemo_rl_clone.models.policy.megatron_config import (
     MegatronConfig,
     MegatronDDPConfig,
@@ -183,6 +183,8 @@ INERT: dict[tuple[type, str], str] = {
         )
     },
     (MegatronConfig, "linear_ce_fusion_chunk_size"): "configures the fused linear-CE loss, which is refused",
+    (LoraConfig, "use_triton"): "picks NeMo-RL's fused Triton kernel for the same LoRA computation; peft's PyTorch "
+    "layers run here",
     (
         MegatronConfig,
         "force_reconvert_from_hf",

@@ -1,5 +1,5 @@
 """`Policy` with DTensor workers on a real local Ray cluster (gloo, CPU bundles), against a plain single-process
-Hugging Face + AdamW reference written out in this file.
+Hugging Face + AdamW reference (`tests.unit.policy_reference`).
 
 To keep the file fast on 2 cores, each Ray-backed scenario runs once in a module fixture (one Policy each: 2 FSDP
 workers; 1 worker resumed from their checkpoint; dp=2 x tp=2; 2 workers in bf16) and the tests assert on what it
@@ -10,7 +10,6 @@ Tolerances are for fp32: different sharding/microbatching only reorders float su
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +25,19 @@ from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve
 from nemo_rl_clone.models.policy.config import (
     DynamicBatchingConfig,
     OptimizerConfig,
-    PolicyConfig,
     SequencePackingConfig,
 )
 from nemo_rl_clone.models.policy.lm_policy import Policy
-
-TEXTS = [
-    "The capital of France is Paris.",
-    "Two plus two equals four, said the teacher to the class.",
-    "Hello!",
-    "A quick brown fox jumps over the lazy dog near the river bank.",
-    "def add(a, b): return a + b",
-    "Rain.",
-    "Numbers: 1 2 3 4 5 6 7 8",
-    "The end of the story was unexpected.",
-]
-PROMPT_TOKENS = 2  # the first tokens of each row are "prompt": not trained on
-MASKED_SAMPLE = 5  # sample_mask = 0: contributes nothing
-LR, WEIGHT_DECAY, MAX_GRAD_NORM = 1e-3, 0.01, 1.0
+from tests.unit.policy_reference import (
+    LR,
+    MAX_GRAD_NORM,
+    TEXTS,
+    ReferenceTrainer,
+    hf_logprobs,
+    make_batch,
+    max_state_diff,
+    policy_config,
+)
 
 
 # ---------------------------------------------------------------------------- inputs and the reference
@@ -59,77 +53,7 @@ def tokenizer(model_path: str) -> Any:
 
 @pytest.fixture(scope="module")
 def batch(tokenizer: Any) -> BatchedDataDict:
-    """8 right-padded rows of different lengths, token and sample masks."""
-    tokenizer.padding_side = "right"
-    encoded = tokenizer(TEXTS, padding=True, return_tensors="pt")
-    valid = encoded["attention_mask"].bool()
-    positions = torch.arange(valid.shape[1])
-    sample_mask = torch.ones(len(TEXTS))
-    sample_mask[MASKED_SAMPLE] = 0
-    return BatchedDataDict(
-        input_ids=encoded["input_ids"],
-        input_lengths=valid.sum(dim=1),
-        token_mask=(valid & (positions >= PROMPT_TOKENS)).float(),
-        sample_mask=sample_mask,
-    )
-
-
-def policy_config(model_path: str, **overrides: Any) -> PolicyConfig:
-    config = PolicyConfig(
-        model_name=model_path,
-        train_global_batch_size=8,
-        train_micro_batch_size=2,
-        logprob_batch_size=3,
-        precision="float32",
-        max_grad_norm=MAX_GRAD_NORM,
-        optimizer=OptimizerConfig(
-            "torch.optim.AdamW", {"lr": LR, "weight_decay": WEIGHT_DECAY, "betas": [0.9, 0.999], "eps": 1e-8}
-        ),
-    )
-    dtensor_overrides = {k[len("dtensor_") :]: overrides.pop(k) for k in list(overrides) if k.startswith("dtensor_")}
-    config = replace(config, **overrides)
-    config.dtensor_cfg = replace(config.dtensor_cfg, **dtensor_overrides)
-    return config
-
-
-def hf_logprobs(model: torch.nn.Module, data: BatchedDataDict) -> torch.Tensor:
-    """[B, S] policy-layout logprobs from one full-batch forward of a plain HF model."""
-    input_ids = data["input_ids"]
-    with torch.no_grad():
-        logits = model(input_ids=input_ids).logits.float()
-    next_token = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    logprobs = torch.cat([torch.zeros(len(input_ids), 1), next_token], dim=1)
-    positions = torch.arange(input_ids.shape[1])
-    return torch.where(positions < data["input_lengths"][:, None], logprobs, 0.0)
-
-
-class ReferenceTrainer:
-    """Plain HF model + AdamW + NeMo-RL's default LinearLR→ConstantLR schedule, whole batch in one forward."""
-
-    def __init__(self, model_path: str) -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, betas=(0.9, 0.999), eps=1e-8
-        )
-        warmup = torch.optim.lr_scheduler.LinearLR(self.optimizer, start_factor=0.1, end_factor=1.0, total_iters=50)
-        constant = torch.optim.lr_scheduler.ConstantLR(self.optimizer, factor=1.0, total_iters=10_000_000_000)
-        self.scheduler = torch.optim.lr_scheduler.SequentialLR(self.optimizer, [warmup, constant], milestones=[50])
-
-    def step(self, data: BatchedDataDict) -> tuple[float, float]:
-        input_ids = data["input_ids"]
-        logits = self.model(input_ids=input_ids).logits.float()
-        logprobs = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-        mask = data["token_mask"][:, 1:] * data["sample_mask"][:, None]
-        loss = -(logprobs * mask).sum() / mask.sum()
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), MAX_GRAD_NORM)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        self.scheduler.step()
-        return loss.item(), grad_norm.item()
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+    return make_batch(tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -141,11 +65,6 @@ def reference(model_path: str, batch: BatchedDataDict) -> dict[str, Any]:
         steps.append(trainer.step(batch))
         states.append(trainer.state_dict())
     return {"initial_logprobs": initial_logprobs, "steps": steps, "states": states}
-
-
-def max_state_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max((a[name].float() - b[name].float()).abs().max().item() for name in a)
 
 
 # ---------------------------------------------------------------------------- Ray scenarios

@@ -94,6 +94,58 @@ def check_scheduler_entries(entries: list[dict[str, Any]]) -> list[tuple[str, st
 
 
 @dataclass
+class LoraConfig:
+    """``policy.dtensor_cfg.lora_cfg``: LoRA adapters (peft) on linear layers; only the adapters train and are
+    checkpointed, and the engines receive merged weights (see `nemo_rl_clone.models.policy.lora`)."""
+
+    enabled: bool = False
+    # Which linear layers get an adapter: all but the output head (match_all_linear), or those matching
+    # target_modules (a plain name matches the last parts of a module name, e.g. "q_proj"; wildcards the full name).
+    match_all_linear: bool = True
+    target_modules: list[str] = field(default_factory=list)
+    exclude_modules: list[str] = field(default_factory=list)  # same matching; removed from the targets
+    dim: int = 8  # the rank r
+    alpha: int = 32  # the update is scaled by alpha / dim
+    dropout: float = 0.0
+    dropout_position: Literal["pre", "post"] = "post"  # on the adapter's input or output; "post" needs dropout 0
+    lora_A_init: Literal["xavier", "kaiming"] = "xavier"  # lora_B starts at zero either way
+    # NeMo-RL's fused Triton kernel for the same computation; accepted at any value, peft's PyTorch layers run.
+    use_triton: bool = True
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.dim
+
+    def check(self) -> list[tuple[str, str]]:
+        if not self.enabled:
+            return []
+        problems = check_at_least(self, 1, "dim")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(("dropout", f"must be in [0, 1), got {self.dropout}"))
+        elif self.dropout > 0 and self.dropout_position == "post":
+            problems.append(
+                (
+                    "dropout_position",
+                    "dropout on the adapter's output ('post') is not supported (peft drops the adapter's input); set "
+                    "dropout_position=pre or dropout=0.0",
+                )
+            )
+        if self.match_all_linear and self.target_modules:
+            problems.append(
+                (
+                    "target_modules",
+                    "match_all_linear=true already targets every linear layer; set match_all_linear=false to adapt "
+                    "only target_modules",
+                )
+            )
+        if not self.match_all_linear and not self.target_modules:
+            problems.append(
+                ("target_modules", "name the layers to adapt (e.g. [q_proj, v_proj]) or set match_all_linear=true")
+            )
+        return problems
+
+
+@dataclass
 class DTensorConfig:
     enabled: bool = True
     cpu_offload: bool = False
@@ -112,6 +164,7 @@ class DTensorConfig:
     # and optimizer stay fp32). "auto": bfloat16 where the hardware runs it natively (CUDA; CPUs with avx512_bf16
     # or amx_bf16), else float32. Ignored when the whole policy already computes in bf16/fp16.
     backward_precision: Literal["float32", "bfloat16", "auto"] = "float32"
+    lora_cfg: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -293,7 +346,7 @@ def _check_backend(config: PolicyConfig) -> list[tuple[str, str]]:
 def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
     """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored
     (``megatron_cfg``'s own: `nemo_rl_clone.models.policy.megatron_config`)."""
-    problems = _check_sequence_packing(config)
+    problems = _check_sequence_packing(config) + _check_lora(config)
     if config.dtensor_cfg.sequence_parallel:
         problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))
     size = config.dtensor_cfg.context_parallel_size
@@ -301,6 +354,21 @@ def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
         problems.append(
             ("dtensor_cfg.context_parallel_size", f"context parallelism is not supported yet; set it to 1 (got {size})")
         )
+    return problems
+
+
+def _check_lora(config: PolicyConfig) -> list[tuple[str, str]]:
+    """LoRA runs on the DTensor backend's causal LMs, without tensor parallelism (its plan names the plain layers)."""
+    if not config.dtensor_cfg.lora_cfg.enabled:
+        return []
+    key = "dtensor_cfg.lora_cfg.enabled"
+    if config.megatron_cfg.enabled:
+        return [(key, "dtensor_cfg.lora_cfg is the DTensor backend's LoRA; the Megatron backend has no LoRA yet")]
+    problems = []
+    if config.dtensor_cfg.tensor_parallel_size != 1:
+        problems.append((key, "LoRA with dtensor_cfg.tensor_parallel_size > 1 is not supported yet"))
+    if config.reward_model_cfg.enabled:
+        problems.append((key, "LoRA for reward models (reward_model_cfg.enabled) is not supported yet"))
     return problems
 
 

@@ -42,6 +42,7 @@ from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy import (
     bf16_backward,
     dtensor_parallel,
+    lora,
     packed_sequences,
     reward_model,
     token_logprob_head,
@@ -72,7 +73,8 @@ class DTensorPolicyWorker(RefitSender):
         init_optimizer: build the optimizer and scheduler (False for inference-only policies).
         init_reference_model: keep a frozen CPU copy of the initial (Hugging Face) weights for
             `get_reference_policy_logprobs`; it is taken before ``weights_path`` is loaded, so a resumed run keeps
-            the original reference. Ignored for reward models (they have no logprobs).
+            the original reference. Ignored for reward models (they have no logprobs) and with LoRA (the reference
+            is the base model: the adapters switched off).
     """
 
     def __init__(
@@ -107,6 +109,10 @@ class DTensorPolicyWorker(RefitSender):
                     model_path, dtype=torch.float32, attn_implementation=attn_implementation
                 )
         model.config.use_cache = False
+        self.lora = dtensor_cfg.lora_cfg if dtensor_cfg.lora_cfg.enabled else None
+        if self.lora is not None:
+            adapted = lora.apply(model, self.lora)
+            logger.info("rank %d: LoRA adapters (dim %d) on %d linear layers", self.rank, self.lora.dim, len(adapted))
         self.selective_head: token_logprob_head.SelectiveLMHead | None = None
         if (
             dtensor_cfg.logits_at_loss_tokens_only
@@ -131,9 +137,11 @@ class DTensorPolicyWorker(RefitSender):
             cpu_offload=dtensor_cfg.cpu_offload,
         )
         self.num_parameters = sum(param.numel() for param in self.model.parameters())  # DTensors count in full
+        trainable = [param for param in self.model.parameters() if param.requires_grad]
+        self.num_trainable_parameters = sum(param.numel() for param in trainable)
         self.scorer = reward_model.LastTokenScorer(self.model) if self.is_reward_model else None
         self.reference_weights: dict[str, torch.Tensor] | None = None
-        if init_reference_model and not self.is_reward_model:
+        if init_reference_model and not self.is_reward_model and self.lora is None:
             # Kept in CPU memory and copied into the live shards only while reference logprobs are computed.
             self.reference_weights = {
                 name: _local(param).detach().to("cpu", copy=True) for name, param in self.model.named_parameters()
@@ -142,7 +150,7 @@ class DTensorPolicyWorker(RefitSender):
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if init_optimizer:
             assert config.optimizer is not None, "validation refuses policy.optimizer=null with the DTensor backend"
-            self.optimizer = build_optimizer(self.model.parameters(), config.optimizer)
+            self.optimizer = build_optimizer(trainable, config.optimizer)
             self.scheduler = build_scheduler(self.optimizer, config.scheduler)
         if weights_path:
             self.load_checkpoint(weights_path, optimizer_path)
@@ -239,14 +247,19 @@ class DTensorPolicyWorker(RefitSender):
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
-        """``{"reference_logprobs": [B, S]}``: `get_logprobs` under the frozen initial weights."""
+        """``{"reference_logprobs": [B, S]}``: `get_logprobs` under the frozen initial weights (with LoRA: the base
+        model's)."""
         self._require_language_model("get_reference_policy_logprobs")
-        with self._reference_weights_loaded():
+        with self._reference_model():
             logprobs = self.get_logprobs(data, micro_batch_size)["logprobs"]
         return BatchedDataDict({"reference_logprobs": logprobs})
 
     @contextlib.contextmanager
-    def _reference_weights_loaded(self) -> Iterator[None]:
+    def _reference_model(self) -> Iterator[None]:
+        if self.lora is not None:
+            with lora.adapters_disabled(self.model):
+                yield
+            return
         if self.reference_weights is None:
             raise RuntimeError("this policy was created with init_reference_model=False; it has no reference model")
         params = dict(self.model.named_parameters())
@@ -288,7 +301,9 @@ class DTensorPolicyWorker(RefitSender):
         losses, grad_norms = [], []
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
         profile = TrainProfile(
-            num_parameters=self.num_parameters, peak_flops=device_peak_flops(self.device, self.dtype)
+            num_parameters=self.num_parameters,
+            trainable_parameters=self.num_trainable_parameters,
+            peak_flops=device_peak_flops(self.device, self.dtype),
         )
         with torch.set_grad_enabled(not eval_mode):
             for index in range(num_global_batches):
@@ -397,6 +412,8 @@ class DTensorPolicyWorker(RefitSender):
         """``{hf_name: (full shape, dtype)}`` of what `get_full_state_dict_for_refit` returns (local, no collective)."""
         self._require_language_model("prepare_refit_info")
         state = self.model.state_dict()
+        if self.lora is not None:  # what the engines get is merged, under the base model's names
+            state = {lora.base_name(name): t for name, t in state.items() if not lora.is_adapter_key(name)}
         return {
             name: (tensor.shape, self.dtype if tensor.is_floating_point() else tensor.dtype)
             for name, tensor in state.items()
@@ -412,9 +429,17 @@ class DTensorPolicyWorker(RefitSender):
         return {name: tensor.to(self.dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
 
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model in Hugging Face form on rank 0 (empty elsewhere); with LoRA, the adapters merged in."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         with dtensor_parallel.quiet_redistribute_warnings():
-            return cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
+            state = cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
+        return lora.merged_state_dict(state, self.lora.scaling) if self.lora is not None else state
+
+    def _checkpoint_model_state(self) -> dict[str, Any]:
+        """What a checkpoint holds of the model: everything, or with LoRA only the adapters (the frozen base
+        weights come from the model path; torch's ignore_frozen_params would still keep a tied LM head)."""
+        state = get_model_state_dict(self.model)
+        return {k: v for k, v in state.items() if lora.is_adapter_key(k)} if self.lora is not None else state
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(
@@ -429,7 +454,7 @@ class DTensorPolicyWorker(RefitSender):
         optimizer and scheduler; ``tokenizer.save_pretrained(tokenizer_path)``; a consolidated Hugging Face folder
         at ``save_hf_path`` (fp32 master weights, ``save_hf_format`` as `save_consolidated_hf`'s ``save_format``).
         A collective."""
-        dcp.save({"model": get_model_state_dict(self.model)}, checkpoint_id=weights_path)
+        dcp.save({"model": self._checkpoint_model_state()}, checkpoint_id=weights_path)
         if optimizer_path is not None:
             if self.optimizer is None:
                 raise RuntimeError("save_checkpoint: optimizer_path given but this policy has no optimizer")
@@ -452,9 +477,9 @@ class DTensorPolicyWorker(RefitSender):
 
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
         """Load a `save_checkpoint` output, resharded to this run's layout (a collective)."""
-        model_state = {"model": get_model_state_dict(self.model)}
-        dcp.load(model_state, checkpoint_id=weights_path)
-        set_model_state_dict(self.model, model_state["model"])
+        model_state = {"model": self._checkpoint_model_state()}
+        dcp.load(model_state, checkpoint_id=weights_path)  # raises if the checkpoint lacks any of these keys
+        set_model_state_dict(self.model, model_state["model"], options=StateDictOptions(strict=self.lora is None))
         dtensor_parallel.reshard(self.model)
         if optimizer_path is not None and self.optimizer is not None:
             state = self._optimizer_checkpoint_state()

@@ -1,8 +1,9 @@
 """Where a policy's training time goes: forward, backward and optimizer time, padding, achieved FLOP/s and, on known
 GPUs, the fraction of the device's peak (NeMo-RL's ``train_fp_utilization``).
 
-Model FLOPs follow the usual convention: 6 × parameters × tokens per training pass (2 forward, 4 backward), counted
-on the valid tokens only, so padding and recomputation are overhead, not work.
+Model FLOPs follow the usual convention: 6 × parameters × tokens per training pass (2 forward, 2 for the
+activations' gradients, 2 for the weights' gradients), counted on the valid tokens only, so padding and recomputation
+are overhead, not work. Frozen weights (LoRA) get no weight gradients: (4 × parameters + 2 × trainable) × tokens.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class TrainProfile:
     valid_tokens: int = 0  # Σ input lengths of the microbatches
     computed_tokens: int = 0  # Σ rows × columns of the microbatches (padding included)
     num_parameters: int = 0  # of the whole model, not of this rank's shard
+    trainable_parameters: int | None = None  # None: all of them
     peak_flops: float | None = None  # of this rank's device, when known
     num_workers: int = 1  # ranks merged into this profile
 
@@ -86,7 +88,8 @@ def profile_metrics(profile: TrainProfile, training_s: float) -> dict[str, dict[
     if profile.computed_tokens:
         performance["train_padding_fraction"] = 1.0 - profile.valid_tokens / profile.computed_tokens
     if training_s > 0 and profile.num_parameters:
-        flops_per_s = 6.0 * profile.num_parameters * profile.valid_tokens / training_s
+        trainable = profile.num_parameters if profile.trainable_parameters is None else profile.trainable_parameters
+        flops_per_s = (4.0 * profile.num_parameters + 2.0 * trainable) * profile.valid_tokens / training_s
         performance["train_gflops"] = flops_per_s / 1e9
         if profile.peak_flops:
             performance["train_flops_per_gpu"] = flops_per_s / profile.num_workers
