@@ -11,7 +11,14 @@ import math
 
 import pytest
 
-from tests.functional.supervised_runs import assert_trains_alike, pair_overrides, run_cut_and_resumed
+from tests.functional.supervised_runs import (
+    assert_trains_alike,
+    pair_overrides,
+    read_metrics,
+    run_cut_and_resumed,
+    run_dirs,
+    run_entry_point,
+)
 
 
 @pytest.mark.slow
@@ -50,3 +57,21 @@ def test_dpo_starts_at_log2_grows_the_margin_and_resumes(tmp_path):
     assert {packed[step]["performance/train_padding_fraction"] for step in (1, 2, 3)} == {0.0}
     padding = [metrics[step]["performance/train_padding_fraction"] for step in (1, 2, 3)]
     assert min(padding) > 0.02, padding  # there was padding to remove, so the equality above means something
+
+
+@pytest.mark.slow
+def test_dpo_with_lora_measures_against_the_base_model(tmp_path):
+    """With LoRA the reference is the base model (adapters off): step 1 is again exactly log 2, and training the
+    adapters alone grows the margin."""
+    workdir = tmp_path / "lora"
+    workdir.mkdir()
+    pairs = pair_overrides(workdir, "dpo")
+    lora = ["policy.dtensor_cfg.lora_cfg.enabled=true", "policy.optimizer.kwargs.lr=1e-2"]
+    run_entry_point("dpo", workdir, *pairs, *lora, "dpo.max_num_steps=4", "checkpointing.enabled=false")
+    (run_dir,) = run_dirs(workdir)
+    metrics = read_metrics(run_dir)
+    assert metrics[1]["train/loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert metrics[1]["train/reward_margin"] == pytest.approx(0.0, abs=1e-4)
+    margins = [metrics[step]["train/reward_margin"] for step in range(1, 5)]
+    assert margins[-1] > margins[1] > margins[0], margins
+    assert metrics[4]["train/loss"] < metrics[1]["train/loss"] - 0.01, metrics[4]["train/loss"]

@@ -151,6 +151,31 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     assert "accuracy" in json.loads((ckpt / "step_2" / "training_info.json").read_text())["val"]
 
 
+def test_lora_run_refits_merged_weights_against_the_base_reference(tmp_path):
+    """GRPO with LoRA (policy.dtensor_cfg.lora_cfg): the engine generates with the merged weights (the logprob gate
+    holds after updates), the KL term is measured against the base model, and checkpoints hold only adapters."""
+    run_grpo(
+        tmp_path,
+        *LEARNING_MODEL,
+        "policy.dtensor_cfg.lora_cfg.enabled=true",
+        "policy.optimizer.kwargs.lr=1e-3",
+        "loss_fn.reference_policy_kl_penalty=0.05",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.max_num_steps=3",
+        "grpo.val_period=3",
+    )
+    (run_dir,) = run_dirs(tmp_path)
+    metrics = read_metrics(run_dir)
+    check_smoke_metrics(metrics, steps=3)
+    assert metrics[1]["train/kl_penalty"] == pytest.approx(0.0, abs=1e-6)  # fresh adapters: policy == base
+    first_update = next(s for s in (1, 2) if metrics[s]["train/grad_norm"] > 0)
+    for step in range(first_update + 1, 4):
+        assert metrics[step]["train/kl_penalty"] > 1e-6, (step, metrics[step]["train/kl_penalty"])
+    saved = load_dcp_model_state_dict(tmp_path / "ckpt" / "step_3" / "policy" / "weights")
+    assert saved and all(".lora_A." in name or ".lora_B." in name for name in saved)
+
+
 def test_dynamic_sampling_trains_on_groups_with_reward_variance(tmp_path):
     group_size, groups, max_batches = 4, 2, 10
     run_grpo(
