@@ -1,12 +1,15 @@
-"""Peak memory of the DTensor policy worker on the main job's configuration, one knob at a time.
+"""Peak memory and training time of the DTensor policy worker on the main job's configuration, one knob at a time.
 
 Each variant runs in a fresh child process holding one worker in-process (world size 1, the main job's
 ``policy`` section from ``configs/grpo_smollm2_cpu.yaml``, SmolLM2-135M in fp32 with its reference copy and AdamW):
 the logprob pass, the reference-logprob pass and ``--steps`` training calls on a batch shaped like a main-job step
 (32 samples, 38-token prompts, responses of 20–128 tokens: ~3,700 tokens). Reported per variant, in GB of resident
 memory: after loading (weights + reference copy), the peak over the whole child (``ru_maxrss``), and the resident
-size after the last step before and after ``malloc_trim(0)`` (what glibc keeps cached but no longer uses). Prints
-``<variant>_peak_ratio=<variant peak / defaults peak>`` last.
+size after the last step before and after ``malloc_trim(0)`` (what glibc keeps cached but no longer uses), and
+``train_s``, the median wall time of the training calls after the first. Prints
+``<variant>_peak_ratio=<variant peak / defaults peak>`` and ``<variant>_train_time_ratio=<variant / defaults>`` last
+(the ``lora`` variant trains LoRA adapters of dim 8 on every linear layer and keeps no reference copy: the
+reference is the base model with the adapters off).
 
     uv run --no-sync python benchmarks/policy_memory.py [--steps 2] [--variants defaults,full_logits,...]
 """
@@ -18,8 +21,10 @@ import ctypes
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +34,7 @@ VARIANTS = {
     "padded": ["policy.sequence_packing.enabled=false"],
     "activation_checkpointing": ["policy.dtensor_cfg.activation_checkpointing=true"],
     "logprob_chunk_256": ["policy.logprob_chunk_size=256"],
+    "lora": ["policy.dtensor_cfg.lora_cfg.enabled=true"],
 }
 
 
@@ -69,14 +75,23 @@ def child(variant: str, steps: int) -> dict[str, float]:
     )
     worker.get_logprobs(data)
     worker.get_reference_policy_logprobs(data)
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         worker.train(data, NLLLoss())
+        times.append(time.perf_counter() - start)
     after = resident_gb()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     trimmed = resident_gb()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
     worker.shutdown()
-    return {"after_load_gb": loaded, "peak_gb": peak, "after_steps_gb": after, "after_trim_gb": trimmed}
+    return {
+        "after_load_gb": loaded,
+        "peak_gb": peak,
+        "after_steps_gb": after,
+        "after_trim_gb": trimmed,
+        "train_s": statistics.median(times[1:] or times),
+    }
 
 
 def main() -> None:
@@ -104,6 +119,7 @@ def main() -> None:
         for variant in variants:
             if variant != "defaults":
                 print(f"{variant}_peak_ratio={results[variant]['peak_gb'] / results['defaults']['peak_gb']:.2f}")
+                print(f"{variant}_train_time_ratio={results[variant]['train_s'] / results['defaults']['train_s']:.2f}")
 
 
 if __name__ == "__main__":
