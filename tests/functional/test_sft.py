@@ -2,7 +2,8 @@
 
 A tiny random model trains on 8 short conversations in the OpenAI-messages JSONL format, one global batch of all 8
 per step: the training loss must fall, 2 steps + restart + 2 steps must equal 4 uninterrupted steps, and the
-smoke config's packed microbatches must train exactly as padded ones. The same with LoRA, plus its exports.
+smoke config's packed microbatches must train exactly as padded ones, and so must sequences split over 2
+context-parallel workers. The same with LoRA, plus its exports.
 """
 
 from __future__ import annotations
@@ -86,6 +87,13 @@ def test_sft_learns_writes_metrics_and_resumes_exactly(tmp_path):
     padded = assert_trains_alike("sft", tmp_path / "padded", expected, *data, "policy.sequence_packing.enabled=false")
     padding = [padded[step]["performance/train_padding_fraction"] for step in range(1, 4)]
     assert min(padding) > 0.02, padding  # there was padding to remove, so the equality above means something
+    # Each sequence split over 2 context-parallel workers (ring attention) trains as the whole sequence on one.
+    cp = [
+        "policy.sequence_packing.enabled=false",
+        "policy.dtensor_cfg.context_parallel_size=2",
+        "cluster.gpus_per_node=2",
+    ]
+    assert_trains_alike("sft", tmp_path / "context_parallel", padded, *data, *cp)
 
     run_entry_point("sft", resumed, *data, "sft.max_num_steps=2")
     assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == ["step_1", "step_2"]

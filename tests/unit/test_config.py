@@ -354,6 +354,42 @@ def test_lora_with_pre_dropout_and_chosen_targets_validates():
     assert cfg.policy.dtensor_cfg.lora_cfg.scaling == 32 / 8
 
 
+_CP = "policy.dtensor_cfg.context_parallel_size"
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides", "problem"),
+    [
+        (
+            "grpo_math_1B.yaml",
+            [f"{_CP}=2", "policy.dtensor_cfg.tensor_parallel_size=2"],
+            f"{_CP}: context parallelism with dtensor_cfg.tensor_parallel_size > 1 is not supported yet",
+        ),
+        (
+            "grpo_smollm2_cpu.yaml",
+            [f"{_CP}=2"],
+            f"{_CP}: context parallelism with sequence_packing (use policy.dynamic_batching) is not supported yet",
+        ),
+        (
+            "grpo_math_1B_megatron.yaml",
+            [f"{_CP}=2"],
+            f"{_CP}: is the DTensor backend's; with megatron_cfg set it to 1 (got 2)",
+        ),
+        ("grpo_math_1B.yaml", [f"{_CP}=0"], f"{_CP}: must be >= 1, got 0"),
+    ],
+    ids=["tensor_parallel", "packing", "megatron", "zero"],
+)
+def test_context_parallel_refusals_name_the_key(config, overrides, problem):
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(REPO / "configs" / config, overrides, grpo_schema())
+    assert problem in err.value.problems
+
+
+def test_context_parallel_counts_in_the_model_parallel_size():
+    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", [f"{_CP}=2"], grpo_schema())
+    assert cfg.policy.model_parallel_size() == 2
+
+
 def test_cli_exits_2_with_one_line_per_problem(capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_config_from_cli(

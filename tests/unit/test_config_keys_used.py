@@ -83,9 +83,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     (AsyncGRPOConfig, "enabled"): Refusal(True, "async GRPO is not supported yet; set it to false"),
     (GRPOConfig, "batch_multiplier"): Refusal(2, "only 1 is supported yet (got 2)"),
     (DTensorConfig, "sequence_parallel"): Refusal(True, "sequence parallelism is not supported yet; set it to false"),
-    (DTensorConfig, "context_parallel_size"): Refusal(
-        2, "context parallelism is not supported yet; set it to 1 (got 2)"
-    ),
     (MegatronConfig, "enabled"): Refusal(  # with dtensor_cfg off: Megatron is the RM's backend
         True,
         "reward models (reward_model_cfg.enabled) are not supported by the Megatron backend yet; use "

@@ -257,7 +257,7 @@ class PolicyConfig:
         """Workers per model replica (the data-parallel size is workers / this): the backend's TP, or TP × PP."""
         if self.megatron_cfg.enabled and not self.dtensor_cfg.enabled:
             return self.megatron_cfg.tensor_model_parallel_size * self.megatron_cfg.pipeline_model_parallel_size
-        return self.dtensor_cfg.tensor_parallel_size
+        return self.dtensor_cfg.tensor_parallel_size * self.dtensor_cfg.context_parallel_size
 
     def check(self) -> list[tuple[str, str]]:
         problems = _check_unsupported_features(self) + _check_backend(self)
@@ -346,15 +346,28 @@ def _check_backend(config: PolicyConfig) -> list[tuple[str, str]]:
 def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
     """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored
     (``megatron_cfg``'s own: `nemo_rl_clone.models.policy.megatron_config`)."""
-    problems = _check_sequence_packing(config) + _check_lora(config)
+    problems = _check_sequence_packing(config) + _check_lora(config) + _check_context_parallel(config)
     if config.dtensor_cfg.sequence_parallel:
         problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))
-    size = config.dtensor_cfg.context_parallel_size
-    if size != 1:
-        problems.append(
-            ("dtensor_cfg.context_parallel_size", f"context parallelism is not supported yet; set it to 1 (got {size})")
-        )
     return problems
+
+
+def _check_context_parallel(config: PolicyConfig) -> list[tuple[str, str]]:
+    """Context parallelism splits plain causal-LM sequences: not packed rows, TP-sharded layers or a score head."""
+    size = config.dtensor_cfg.context_parallel_size
+    key = "dtensor_cfg.context_parallel_size"
+    if size == 1:
+        return []
+    if size < 1:
+        return [(key, f"must be >= 1, got {size}")]
+    if config.megatron_cfg.enabled:
+        return [(key, f"is the DTensor backend's; with megatron_cfg set it to 1 (got {size})")]
+    unsupported = [
+        (config.dtensor_cfg.tensor_parallel_size > 1, "dtensor_cfg.tensor_parallel_size > 1"),
+        (config.sequence_packing.enabled, "sequence_packing (use policy.dynamic_batching)"),
+        (config.reward_model_cfg.enabled, "reward models (reward_model_cfg.enabled)"),
+    ]
+    return [(key, f"context parallelism with {what} is not supported yet") for refused, what in unsupported if refused]
 
 
 def _check_lora(config: PolicyConfig) -> list[tuple[str, str]]:

@@ -1,7 +1,8 @@
 """FSDP2 + DTensor tensor parallelism for Hugging Face causal LMs, and the helpers that must know about both.
 
-Layout: a 2-D device mesh ``("dp", "tp")``. Tensor parallelism (``parallelize_module``) shards the attention and MLP
-projections of every decoder layer over ``tp``; FSDP2 (``fully_shard``) then shards every parameter over ``dp``, one
+Layout: a 3-D device mesh ``("dp", "cp", "tp")``. Tensor parallelism (``parallelize_module``) shards the attention and
+MLP projections of every decoder layer over ``tp``; context parallelism (`context_parallel`) splits each sequence over
+``cp`` (its ranks hold the same replica); FSDP2 (``fully_shard``) then shards every parameter over ``dp x cp``, one
 FSDP group per decoder layer plus the root (embeddings, final norm, head). Embeddings and the LM head stay
 replicated over ``tp`` (tied embeddings make a vocab-parallel head awkward), so the logits are a plain tensor.
 """
@@ -35,17 +36,27 @@ from nemo_rl_clone.models.policy.optim import import_by_path
 _HF_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
 
-def build_device_mesh(device: torch.device, tensor_parallel_size: int) -> DeviceMesh:
-    """A ``("dp", "tp")`` mesh over the whole world; ranks are laid out dp-major (tp ranks are neighbours)."""
+def build_device_mesh(device: torch.device, tensor_parallel_size: int, context_parallel_size: int = 1) -> DeviceMesh:
+    """A ``("dp", "cp", "tp")`` mesh over the whole world; ranks are laid out dp-major (the cp x tp ranks of one
+    replica are neighbours)."""
     world_size = dist.get_world_size()
-    if tensor_parallel_size < 1 or world_size % tensor_parallel_size:
+    replica = tensor_parallel_size * context_parallel_size
+    if tensor_parallel_size < 1 or context_parallel_size < 1 or world_size % replica:
         raise ValueError(
-            f"policy.dtensor_cfg.tensor_parallel_size={tensor_parallel_size} must divide the number of workers "
-            f"({world_size})"
+            f"policy.dtensor_cfg.tensor_parallel_size={tensor_parallel_size} x context_parallel_size="
+            f"{context_parallel_size} must divide the number of workers ({world_size})"
         )
     return init_device_mesh(
-        device.type, (world_size // tensor_parallel_size, tensor_parallel_size), mesh_dim_names=("dp", "tp")
+        device.type,
+        (world_size // replica, context_parallel_size, tensor_parallel_size),
+        mesh_dim_names=("dp", "cp", "tp"),
     )
+
+
+def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP shards over and reduces gradients across: ``dp``, or ``dp x cp`` flattened (cp ranks compute
+    gradients of different tokens of the same replica)."""
+    return mesh["dp"] if mesh["cp"].size() == 1 else mesh["dp", "cp"]._flatten("dp_cp")
 
 
 def tensor_parallel_plan(model: nn.Module, custom_parallel_plan: str | None = None) -> dict[str, ParallelStyle]:
@@ -124,7 +135,8 @@ def parallelize(
             gradient_checkpointing_kwargs={"use_reentrant": False}
         )
     offload_needs_fsdp = cpu_offload and mesh.device_type != "cpu"
-    if mesh["dp"].size() == 1 and param_dtype == torch.float32 and not offload_needs_fsdp:
+    shard_mesh = fsdp_mesh(mesh)
+    if shard_mesh.size() == 1 and param_dtype == torch.float32 and not offload_needs_fsdp:
         # FSDP over a single data-parallel rank shards nothing and only adds copies: on CPU it made a 135M-param
         # training step 1.4x slower (gather + reduce-scatter buffers every layer). The plain module trains the same.
         return model.to(mesh.device_type)
@@ -135,10 +147,9 @@ def parallelize(
     layers = [module for module in model.modules() if type(module).__name__ in layer_classes]
     if not layers:
         raise ValueError(f"{type(model).__name__} declares no _no_split_modules; cannot find its decoder layers")
-    dp_mesh = mesh["dp"]
     for layer in layers:
-        fully_shard(layer, mesh=dp_mesh, mp_policy=mixed_precision, offload_policy=offload)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mixed_precision, offload_policy=offload)
+        fully_shard(layer, mesh=shard_mesh, mp_policy=mixed_precision, offload_policy=offload)
+    fully_shard(model, mesh=shard_mesh, mp_policy=mixed_precision, offload_policy=offload)
     return model
 
 

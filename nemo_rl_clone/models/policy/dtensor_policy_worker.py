@@ -41,6 +41,7 @@ from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy import (
     bf16_backward,
+    context_parallel,
     dtensor_parallel,
     lora,
     packed_sequences,
@@ -92,7 +93,9 @@ class DTensorPolicyWorker(RefitSender):
         self.device = worker_setup.init_distributed()
         self.rank = dist.get_rank()
         dtensor_cfg = config.dtensor_cfg
-        self.mesh = dtensor_parallel.build_device_mesh(self.device, dtensor_cfg.tensor_parallel_size)
+        self.mesh = dtensor_parallel.build_device_mesh(
+            self.device, dtensor_cfg.tensor_parallel_size, dtensor_cfg.context_parallel_size
+        )
         self.dp_size = self.mesh["dp"].size()
         self.dp_group = self.mesh["dp"].get_group()
         self.dtype = worker_setup.PRECISION_DTYPES[config.precision]
@@ -101,6 +104,10 @@ class DTensorPolicyWorker(RefitSender):
         self.is_reward_model = config.reward_model_cfg.enabled
         self.packed = config.sequence_packing.enabled  # validation: SDPA attention only
         attn_implementation = packed_sequences.PACKED_ATTENTION if self.packed else dtensor_cfg.attn_implementation
+        self.context_parallel: context_parallel.ContextParallel | None = None
+        if dtensor_cfg.context_parallel_size > 1:  # validation: no packing, TP or reward model with it
+            self.context_parallel = context_parallel.ContextParallel(self.mesh["cp"])
+            attn_implementation = context_parallel.ATTENTION
         with reporting_model_load_errors(model_path):
             if self.is_reward_model:
                 model = reward_model.load_reward_model(model_path, tokenizer.pad_token_id, attn_implementation)
@@ -160,13 +167,28 @@ class DTensorPolicyWorker(RefitSender):
         return packed_sequences.rows_for(batch["input_ids"], batch.get("input_lengths"), self.packed)
 
     def _run_model(
-        self, rows: packed_sequences.PaddedRows | packed_sequences.PackedRows, input_ids: torch.Tensor
+        self,
+        rows: packed_sequences.PaddedRows | packed_sequences.PackedRows,
+        input_ids: torch.Tensor,
+        selection: tuple[torch.Tensor, torch.Tensor] | tuple[()] = (),
     ) -> torch.Tensor:
-        """The model's ``.logits`` for ``input_ids`` ``[B, S]``, in that padded layout whether or not it runs packed.
-        Right padding needs no attention mask: the causal mask already keeps every valid position from seeing the
-        padding after it."""
-        output = self.model(input_ids=rows.pack(input_ids), use_cache=False, **rows.model_kwargs())
-        return rows.unpack(output.logits)
+        """The model's ``.logits`` for ``input_ids`` ``[B, S]``, in that padded layout whether it runs packed, split
+        over context-parallel ranks or as is; with ``selection`` (positions, targets ``[B, S]``) the selective head's
+        token logprobs instead. Right padding needs no attention mask: the causal mask already keeps every valid
+        position from seeing the padding after it."""
+        if self.context_parallel is not None:
+            return self.context_parallel.run(self._model_output, [input_ids, *selection])
+        output = self._model_output(rows.pack(input_ids), *(rows.pack(t) for t in selection), **rows.model_kwargs())
+        return rows.unpack(output)
+
+    def _model_output(self, input_ids: torch.Tensor, *selection: torch.Tensor, **model_kwargs: Any) -> torch.Tensor:
+        if not selection:
+            return self.model(input_ids=input_ids, use_cache=False, **model_kwargs).logits
+        assert self.selective_head is not None
+        positions, targets = selection
+        chunk_size = self.cfg.logprob_chunk_size or token_logprob_head.DEFAULT_CHUNK_SIZE
+        with self.selective_head.selecting(positions, targets, chunk_size, self.dtype, self.grad_dtype):
+            return self.model(input_ids=input_ids, use_cache=False, **model_kwargs).logits
 
     def _forward(self, batch: BatchedDataDict) -> torch.Tensor:
         """Next-token logits ``[B, S, V]``, or a reward model's scores ``[B, 1]`` at each row's last valid token
@@ -179,15 +201,9 @@ class DTensorPolicyWorker(RefitSender):
     def _token_logprobs(self, batch: BatchedDataDict, wanted: torch.Tensor) -> torch.Tensor:
         """``[B, S - 1]`` fp32 next-token logprobs where ``wanted`` ``[B, S - 1]`` is set, 0 elsewhere, projected
         onto the vocabulary at those positions only (needs `selective_head`)."""
-        assert self.selective_head is not None
         input_ids = batch["input_ids"].to(self.device)
-        rows = self._rows(batch)
-        positions, targets = token_logprob_head.next_token_selection(input_ids, wanted.to(self.device))
-        chunk_size = self.cfg.logprob_chunk_size or token_logprob_head.DEFAULT_CHUNK_SIZE
-        with self.selective_head.selecting(
-            rows.pack(positions), rows.pack(targets), chunk_size, self.dtype, self.grad_dtype
-        ):
-            return self._run_model(rows, input_ids)[:, :-1]
+        selection = token_logprob_head.next_token_selection(input_ids, wanted.to(self.device))
+        return self._run_model(self._rows(batch), input_ids, selection)[:, :-1]
 
     def _loss_input(self, batch: BatchedDataDict, loss_fn: LossFunction) -> torch.Tensor:
         """What ``loss_fn`` reads: token logprobs at its ``token_mask`` positions when it accepts them and the

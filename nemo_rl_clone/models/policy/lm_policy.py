@@ -38,8 +38,9 @@ MEGATRON_WORKER = "nemo_rl_clone.models.policy.megatron_policy_worker.MegatronPo
 
 
 def _backend(config: PolicyConfig) -> tuple[str, str, int, int]:
-    """(worker class path, tensor-parallel key, tensor-parallel size, pipeline-parallel size) of the backend the
-    config enables (validation guarantees exactly one)."""
+    """(worker class path, key, size of a replica's inner group, pipeline-parallel size) of the backend the config
+    enables (validation guarantees exactly one). The inner group (tensor- or context-parallel ranks) shares each
+    data-parallel shard; it is the sharding's "tensor_parallel" axis."""
     if config.megatron_cfg.enabled:
         mcfg = config.megatron_cfg
         return (
@@ -48,7 +49,10 @@ def _backend(config: PolicyConfig) -> tuple[str, str, int, int]:
             mcfg.tensor_model_parallel_size,
             mcfg.pipeline_model_parallel_size,
         )
-    return DTENSOR_WORKER, "dtensor_cfg.tensor_parallel_size", config.dtensor_cfg.tensor_parallel_size, 1
+    dtensor = config.dtensor_cfg
+    if dtensor.context_parallel_size > 1:  # validation refuses it together with TP: one of the two is 1
+        return DTENSOR_WORKER, "dtensor_cfg.context_parallel_size", dtensor.context_parallel_size, 1
+    return DTENSOR_WORKER, "dtensor_cfg.tensor_parallel_size", dtensor.tensor_parallel_size, 1
 
 
 class Policy(ColocatablePolicyInterface):
