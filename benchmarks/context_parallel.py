@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import statistics
 import time
 from pathlib import Path
@@ -34,8 +33,8 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: A
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
-    from nemo_rl_clone.algorithms.sft import SFTMasterConfig
     from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+    from nemo_rl_clone.algorithms.sft import SFTMasterConfig
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
     from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
@@ -72,9 +71,9 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: A
 
 
 def run_layout(world: int, args: argparse.Namespace) -> dict[str, Any]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from nemo_rl_clone.models.policy.worker_setup import free_local_port
+
+    port = free_local_port()
     context = mp.get_context("spawn")
     results = context.Queue()
     mp.start_processes(_rank, args=(world, port, args, results), nprocs=world, join=True, start_method="spawn")

@@ -19,12 +19,17 @@ PRECISION_DTYPES: dict[str, torch.dtype] = {
 }
 
 
+def free_local_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a process group's ``MASTER_PORT``)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def set_single_process_env() -> None:
     """Describe this process as rank 0 of a world of 1 on a free local port, for `init_distributed` (a worker run
     in-process by an export or a benchmark rather than started by `Policy`)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_local_port()
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
