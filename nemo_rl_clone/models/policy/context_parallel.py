@@ -10,10 +10,12 @@ each shard's gradient over the cp ranks) and put back in sequence order, so loss
 layout they always see. Every cp rank computes the same loss, and its gradients are cp x its own tokens' share;
 FSDP averages over the ``dp x cp`` ranks, so the usual scaling by the DP size still gives the global gradient.
 
-Two things torch 2.13 does not do for us, both measured on CPU/gloo:
+Three things torch 2.13 does not do for us, all measured on CPU/gloo:
 - The CPU SDPA kernel (``aten._scaled_dot_product_flash_attention_for_cpu``) has no context-parallel handler (torch
   registers the CUDA flash, efficient and cuDNN kernels only): `_install_cpu_ring_attention` routes it and its
   backward through torch's own ring-attention templates, as the CUDA kernels are.
+- Its ring-attention handlers are switched off when its context exits, but the backward runs later (after the
+  loss): `ContextParallel.run` switches them back on, and a context-parallel worker keeps them on.
 - Hugging Face builds an explicit mask when position ids are not one run (rank 0 holds two chunks): ring attention
   needs ``is_causal=True`` without a mask, which the `ATTENTION` implementation registered here passes (right
   padding needs no mask: a causal mask already keeps valid positions from seeing the padding after them).

@@ -182,12 +182,13 @@ class DTensorPolicyWorker(RefitSender):
         return rows.unpack(output)
 
     def _model_output(self, input_ids: torch.Tensor, *selection: torch.Tensor, **model_kwargs: Any) -> torch.Tensor:
-        if not selection:
-            return self.model(input_ids=input_ids, use_cache=False, **model_kwargs).logits
-        assert self.selective_head is not None
-        positions, targets = selection
-        chunk_size = self.cfg.logprob_chunk_size or token_logprob_head.DEFAULT_CHUNK_SIZE
-        with self.selective_head.selecting(positions, targets, chunk_size, self.dtype, self.grad_dtype):
+        selecting: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if selection:
+            assert self.selective_head is not None
+            positions, targets = selection
+            chunk_size = self.cfg.logprob_chunk_size or token_logprob_head.DEFAULT_CHUNK_SIZE
+            selecting = self.selective_head.selecting(positions, targets, chunk_size, self.dtype, self.grad_dtype)
+        with selecting:
             return self.model(input_ids=input_ids, use_cache=False, **model_kwargs).logits
 
     def _forward(self, batch: BatchedDataDict) -> torch.Tensor:

@@ -108,6 +108,11 @@ def is_adapter_key(name: str) -> bool:
     return any(part in name for part in _ADAPTER_PARTS)
 
 
+def adapted_modules(adapters: Mapping[str, torch.Tensor]) -> list[str]:
+    """The module names that ``adapters`` (keys ``<module>.lora_A.default.weight`` ...) hold an adapter for, sorted."""
+    return sorted({key.split(_ADAPTER_PARTS[0])[0] for key in adapters if _ADAPTER_PARTS[0] in key})
+
+
 def base_name(name: str) -> str:
     """The Hugging Face name of a base-model key: ``...q_proj.base_layer.weight`` → ``...q_proj.weight``."""
     return name.replace(_BASE_LAYER, ".")
@@ -137,8 +142,7 @@ def merge_adapters(
     ``[out, dim]`` pairs, whose ``<module>.weight`` ``[out, in]`` must be in ``base``.
     """
     merged = dict(base)
-    modules = {key.split(_ADAPTER_PARTS[0])[0] for key in adapters if _ADAPTER_PARTS[0] in key}
-    for module in sorted(modules):
+    for module in adapted_modules(adapters):
         weight_key = f"{module}.weight"
         if weight_key not in merged:
             raise KeyError(f"adapter {module!r} has no base weight {weight_key!r} to merge into")
@@ -166,7 +170,7 @@ def save_peft_adapter(
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    modules = sorted({key.split(_ADAPTER_PARTS[0])[0] for key in adapters if _ADAPTER_PARTS[0] in key})
+    modules = adapted_modules(adapters)
     if not modules:
         raise ValueError("no LoRA adapter weights to save (keys ending in lora_A.default.weight)")
     # peft's saved layout: the PeftModel prefix, no adapter name.
