@@ -1,32 +1,25 @@
 """GRPO: generate → reward → advantages → logprobs → train → sync → validate → checkpoint → log (see docs/grpo.md).
 
-`grpo_train` is the whole step loop and reads top to bottom; building the run lives in `grpo_setup`, the reward
+`grpo_train` is the whole step loop and reads top to bottom; building the run lives in `grpo_setup`, where
+rollouts come from (on demand, or from async GRPO's replay buffer) in `grpo_rollouts` / `async_grpo`, the reward
 arithmetic in `algorithms.utils`, batch plumbing in `grpo_batches`.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo_batches import (
-    aggregate_train_metrics,
-    build_train_batch,
-    combine_rollout_metrics,
-    generation_seeds,
-    print_samples,
-    process_rewards,
-    sample_rows,
-    select_groups,
-)
+from nemo_rl_clone.algorithms.async_grpo import AsyncRollouts
+from nemo_rl_clone.algorithms.grpo_batches import aggregate_train_metrics, build_train_batch, print_samples, sample_rows
+from nemo_rl_clone.algorithms.grpo_rollouts import RolloutSource, SyncRollouts
 from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, save_checkpoint
-from nemo_rl_clone.algorithms.refit import refit_policy_generation
 from nemo_rl_clone.algorithms.run_state import run_validation
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
-from nemo_rl_clone.algorithms.utils import compute_advantages, groups_with_signal
+from nemo_rl_clone.algorithms.utils import compute_advantages
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
-from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
 from nemo_rl_clone.models.policy.train_profile import profile_metrics
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
@@ -35,79 +28,47 @@ from nemo_rl_clone.utils.timer import Timer
 
 
 def grpo_train(c: GRPOComponents) -> None:
-    """Run GRPO steps until ``grpo.max_num_steps``, ``grpo.max_num_epochs`` or the save deadline."""
-    with (
-        StepProgress("GRPO", c.config.grpo.max_num_steps, start_step=c.state.step),
-        stop_on_signals(
-            c.checkpointer,
-            c.state,
-            c.dataloader,
-            lambda: save_checkpoint(c),
-            c.config.checkpointing.sigterm_grace_period_s,
-        ),
-    ):
-        _run_steps(c)
+    """Run GRPO steps until ``grpo.max_num_steps``, ``grpo.max_num_epochs``, the end of the collector's data or the
+    save deadline. Rollouts come from `SyncRollouts`, or `AsyncRollouts` with ``grpo.async_grpo.enabled``."""
+    source: RolloutSource = AsyncRollouts(c) if c.config.grpo.async_grpo.enabled else SyncRollouts(c)
+    try:
+        with (
+            StepProgress("GRPO", c.config.grpo.max_num_steps, start_step=c.state.step),
+            stop_on_signals(
+                c.checkpointer,
+                c.state,
+                source.position,
+                lambda: save_checkpoint(c, source.position),
+                c.config.checkpointing.sigterm_grace_period_s,
+            ),
+        ):
+            _run_steps(c, source)
+    finally:
+        source.close()
 
 
-def _run_steps(c: GRPOComponents) -> None:
+def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
     cfg, state, timer = c.config, c.state, Timer()
-    group_size = cfg.grpo.num_generations_per_prompt
     deadline = SaveDeadline(cfg.checkpointing)
-    weights_stale = state.step > 0  # a resumed policy differs from the model the engines loaded
     if cfg.grpo.val_at_start and state.step == 0 and cfg.grpo.val_period > 0:
-        log_validation(c, step=0)
-    batches = iter(c.dataloader)
-    while state.step < cfg.grpo.max_num_steps and c.dataloader.completed_epochs < cfg.grpo.max_num_epochs:
+        source.validate(0, timer, partial(log_validation, c, 0))
+    while state.step < cfg.grpo.max_num_steps and source.position.completed_epochs < cfg.grpo.max_num_epochs:
         timer.reset()
         step = state.begin_step()
         with timer.time("total_step_time"):
-            # 1-3. prompts × generations, fresh weights in the engines, rollouts (repeated while dynamic sampling
-            # still lacks groups with reward variance).
-            if weights_stale:
-                phase(step, "weight sync")
-                _refit(c, timer)
-                weights_stale = False
-            phase(step, "generation")
-            rollouts, rewards, per_batch_metrics = [], [], []
-            for gen_batch in range(cfg.grpo.dynamic_sampling_max_gen_batches if cfg.grpo.use_dynamic_sampling else 1):
-                prompts = next(batches).repeat_interleave(group_size)
-                prompts["seeds"] = generation_seeds(cfg.grpo.seed, step, gen_batch, prompts.size)
-                with timer.time("generation"):
-                    c.generation.prepare_for_generation()
-                    batch, batch_metrics = run_multi_turn_rollout(
-                        c.generation,
-                        prompts,
-                        c.tokenizer,
-                        c.task_to_env,
-                        max_seq_len=cfg.policy.max_total_sequence_length,
-                        max_rollout_turns=cfg.grpo.max_rollout_turns,
-                    )
-                    c.generation.finish_generation()
-                # 4. reward shaping and scaling
-                batch_rewards = process_rewards(batch, cfg.grpo)
-                rollouts.append(batch)
-                rewards.append(batch_rewards)
-                per_batch_metrics.append(batch_metrics)
-                if not cfg.grpo.use_dynamic_sampling:
-                    break
-                if int(groups_with_signal(torch.cat(rewards), group_size).sum()) >= cfg.grpo.num_prompts_per_step:
-                    break
-            generation_performance = c.generation.take_performance_metrics()
-            rollout_metrics = combine_rollout_metrics(per_batch_metrics, [b.size for b in rollouts])
-            batch = BatchedDataDict.from_batches(rollouts) if len(rollouts) > 1 else rollouts[0]
-            raw_rewards = torch.cat(rewards)
-            sampling_metrics: dict[str, float] = {}
-            if cfg.grpo.use_dynamic_sampling:
-                surplus = int(groups_with_signal(raw_rewards, group_size).sum()) - cfg.grpo.num_prompts_per_step
-                sampling_metrics = {
-                    "dynamic_sampling_num_gen_batches": float(len(rollouts)),
-                    "dynamic_sampling_num_discarded_valid_samples": float(max(0, surplus) * group_size),
-                }
-                batch, raw_rewards = select_groups(batch, raw_rewards, group_size, cfg.grpo.num_prompts_per_step)
+            # 1-4. prompts × generations with fresh (sync) or recent enough (async) weights, rollouts, rewards
+            rollouts = source.next(step, timer)
+            if rollouts is None:
+                console.print(f"[yellow]step {step}: the trajectory collector has no more data; stopping")
+                break
+            batch, raw_rewards = rollouts.batch, rollouts.raw_rewards
 
             # 5. advantages: leave-one-out baseline, normalised by the group std
             advantages = compute_advantages(
-                raw_rewards, group_size, cfg.grpo.use_leave_one_out_baseline, cfg.grpo.normalize_rewards
+                raw_rewards,
+                cfg.grpo.num_generations_per_prompt,
+                cfg.grpo.use_leave_one_out_baseline,
+                cfg.grpo.normalize_rewards,
             )
             train_data = build_train_batch(batch, advantages, c.tokenizer, cfg)
 
@@ -122,42 +83,42 @@ def _run_steps(c: GRPOComponents) -> None:
                     reference = c.policy.get_reference_policy_logprobs(train_data)["reference_logprobs"]
                     train_data["reference_policy_logprobs"] = reference
 
-            # 7. train
+            # 7. train, then hand the engines the new weights (sync: before the next generation; async: now)
             phase(step, "training")
             with timer.time("policy_training"):
                 c.policy.prepare_for_training()
                 train_results = c.policy.train(train_data, c.loss_fn)
                 c.policy.finish_training()
-            weights_stale = True
             state.step = step
             state.total_valid_samples += int(train_data["sample_mask"].sum())
+            source.after_training(step, timer)
 
             # 8. validation (on fresh weights)
             if cfg.grpo.val_period > 0 and step % cfg.grpo.val_period == 0:
-                _refit(c, timer)
-                weights_stale = False
-                log_validation(c, step)
+                source.validate(step, timer, partial(log_validation, c, step))
 
             # 9. checkpoint
             deadline.mark_step()
             stop_for_deadline = deadline.reached()
             is_last = (
                 step >= cfg.grpo.max_num_steps
-                or c.dataloader.completed_epochs >= cfg.grpo.max_num_epochs
+                or source.position.completed_epochs >= cfg.grpo.max_num_epochs
                 or stop_for_deadline
             )
-            metrics = aggregate_train_metrics(train_results, train_data, raw_rewards, advantages, rollout_metrics)
-            metrics.update(sampling_metrics)
+            metrics = aggregate_train_metrics(
+                train_results, train_data, raw_rewards, advantages, rollouts.rollout_metrics
+            )
+            metrics.update(rollouts.sampling_metrics)
             state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
             if should_save(step, cfg.checkpointing, is_last):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
-                    path = save_checkpoint(c)
+                    path = save_checkpoint(c, source.position)
                 console.print(f"[green]step {step}: saved checkpoint {path}")
 
         # 10. log
-        timing = timer.get_timing_metrics("sum")
-        performance = {**_performance(metrics, timing), **generation_performance}
+        timing = {**rollouts.timing, **timer.get_timing_metrics("sum")}
+        performance = {**_performance(metrics, timing), **rollouts.generation_performance}
         if "profile" in train_results:
             profile = profile_metrics(train_results["profile"], timing["policy_training"])
             timing.update(profile["timing"])
@@ -165,6 +126,8 @@ def _run_steps(c: GRPOComponents) -> None:
         c.logger.log_metrics(metrics, step, prefix="train")
         c.logger.log_metrics(performance, step, prefix="performance")
         c.logger.log_metrics(timing, step, prefix="timing/train")
+        if rollouts.extra_metrics:
+            c.logger.log_metrics(rollouts.extra_metrics, step, prefix="async")
         c.logger.log_samples_jsonl(sample_rows(batch, raw_rewards, advantages), step)
         advance(step)
         if stop_for_deadline:
@@ -212,12 +175,6 @@ def log_validation(c: GRPOComponents, step: int) -> None:
     samples: list[dict[str, Any]] = []
     run_validation(lambda: validate(c, samples), c.state, c.logger, step, shown=("accuracy", "avg_length"))
     print_samples(samples, f"step {step}: validation sample")
-
-
-def _refit(c: GRPOComponents, timer: Timer) -> None:
-    buffer_gb = c.config.policy.refit_buffer_size_gb
-    bucket = {"bucket_bytes": int(buffer_gb * 2**30)} if buffer_gb else {}
-    refit_policy_generation(c.policy, c.generation, c.colocated, timer=timer, **bucket)
 
 
 def _performance(metrics: dict[str, float], timing: dict[str, float]) -> dict[str, float]:

@@ -47,12 +47,42 @@ class RewardScalingConfig:
 
 @dataclass
 class AsyncGRPOConfig:
-    """NeMo-RL's async GRPO keys. ``enabled: true`` is refused (not supported yet: every step generates with the
-    current weights), so the other keys do nothing."""
+    """Async GRPO (`nemo_rl_clone.algorithms.async_grpo`): the engines generate the next steps' rollouts while the
+    trainer trains, on rollouts at most ``max_trajectory_age_steps`` training steps old."""
 
     enabled: bool = False
     max_trajectory_age_steps: int = 1
     in_flight_weight_updates: bool = False
+    recompute_kv_cache_after_weight_updates: bool = False
+
+    def check(self) -> list[tuple[str, str]]:
+        if not self.enabled:
+            return []
+        problems = []
+        if self.max_trajectory_age_steps < 1:
+            problems.append(
+                (
+                    "max_trajectory_age_steps",
+                    f"must be >= 1 with async GRPO (got {self.max_trajectory_age_steps}; 0 is synchronous GRPO: set "
+                    "async_grpo.enabled=false)",
+                )
+            )
+        if self.in_flight_weight_updates:
+            problems.append(
+                (
+                    "in_flight_weight_updates",
+                    "weight updates during a rollout batch are not supported yet: the refit waits for the engines' "
+                    "current batch; set it to false",
+                )
+            )
+        if self.recompute_kv_cache_after_weight_updates:
+            problems.append(
+                (
+                    "recompute_kv_cache_after_weight_updates",
+                    "only applies to in-flight weight updates, which are not supported yet; set it to false",
+                )
+            )
+        return problems
 
 
 @dataclass
@@ -89,8 +119,10 @@ class GRPOConfig:
             "max_val_samples",
             "val_batch_size",
         )
-        if self.async_grpo.enabled:
-            problems.append(("async_grpo.enabled", "async GRPO is not supported yet; set it to false"))
+        if self.async_grpo.enabled and self.use_dynamic_sampling:
+            problems.append(
+                ("use_dynamic_sampling", "not supported with async GRPO (one prompt batch per step); set it to false")
+            )
         if self.batch_multiplier != 1:
             problems.append(("batch_multiplier", f"only 1 is supported yet (got {self.batch_multiplier})"))
         if self.use_leave_one_out_baseline and self.num_generations_per_prompt == 1:
@@ -141,6 +173,29 @@ class GRPOMasterConfig:
                     f"exceeds policy.max_total_sequence_length ({self.data.max_input_seq_length} > {self.policy.max_total_sequence_length})",
                 )
             )
+        if self.grpo.async_grpo.enabled:
+            problems += self._check_async()
         if self.policy.reward_model_cfg.enabled:
             problems.append(("policy.reward_model_cfg.enabled", "must be false: GRPO trains a language model"))
+        return problems
+
+    def _check_async(self) -> list[tuple[str, str]]:
+        problems = []
+        generation = self.policy.generation
+        if generation is not None and generation.colocated.enabled:
+            problems.append(
+                (
+                    "grpo.async_grpo.enabled",
+                    "needs policy.generation.colocated.enabled=false: the engines generate while the trainer trains, "
+                    "so they need resources of their own (policy.generation.colocated.resources)",
+                )
+            )
+        if not self.loss_fn.use_importance_sampling_correction:
+            problems.append(
+                (
+                    "loss_fn.use_importance_sampling_correction",
+                    "must be true with async GRPO: it trains on rollouts of older weights, and the loss corrects for "
+                    "that with the engines' logprobs",
+                )
+            )
         return problems

@@ -125,10 +125,14 @@ def _setup_data(
     return loader, val
 
 
-def save_checkpoint(components: GRPOComponents) -> Path:
-    """Write ``step_N`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards."""
+def save_checkpoint(components: GRPOComponents, loader_position: Any = None) -> Path:
+    """Write ``step_N`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards.
+
+    ``loader_position`` is what the prompt loader's saved position is read from (default: the loader itself; async
+    GRPO passes the position of the last trained rollouts, its collector's loader runs ahead)."""
     c = components
-    return save_run_checkpoint(c.checkpointer, c.policy, c.dataloader, c.state, c.config)
+    position = c.dataloader if loader_position is None else loader_position
+    return save_run_checkpoint(c.checkpointer, c.policy, position, c.state, c.config)
 
 
 def _setup_workers(

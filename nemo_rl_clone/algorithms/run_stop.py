@@ -5,6 +5,8 @@
 
 - Ctrl-C: the step in flight is abandoned; debris of a save it cut is removed; one line names the last complete
   checkpoint and the command that resumes; the process exits with 130.
+- A Ray worker dies (an engine, a trainer rank, an environment): one line names it, the last complete checkpoint
+  and the command that resumes; exit code 1.
 - SIGTERM: at the next phase boundary the last *completed* step is saved if no checkpoint holds it yet and the grace
   period leaves time for a save as long as the longest one seen; then one line, and exit code 143. A step in flight
   is dropped: the loader position and RNG states saved are those of its start (`_ResumePoint`), so a resumed run
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import random
+import re
 import shlex
 import signal
 import sys
@@ -70,6 +73,20 @@ class _ResumePoint:
         torch.set_rng_state(torch_state)
 
 
+def worker_death(error: BaseException) -> str | None:
+    """One line naming the Ray worker whose death ``error`` reports (directly or as the cause of another error,
+    e.g. async GRPO's `CollectorError`); None when it is not a worker death."""
+    import ray
+
+    while error is not None and not isinstance(error, ray.exceptions.RayActorError):
+        error = error.__cause__  # type: ignore[assignment]
+    if error is None:
+        return None
+    fields = dict(re.findall(r"^\s*(class_name|name|pid): (\S+)", str(error), flags=re.MULTILINE))
+    who = " ".join(f"{key} {fields[key]}" for key in ("name", "pid") if key in fields) or "unknown"
+    return f"a {fields.get('class_name', 'Ray')} worker died ({who}): {type(error).__name__}"
+
+
 def resume_command() -> str:
     """The command line that started this run: run again, it resumes from the latest checkpoint."""
     script = Path(sys.argv[0])
@@ -114,3 +131,10 @@ def stop_on_signals(
                     note = f"step {state.step} not saved (the grace period left is shorter than a save)"
             print(f"Stopped by SIGTERM ({stop}): {note}; {describe()}", flush=True)
             raise SystemExit(EXIT_CODE[signal.SIGTERM]) from None
+        except Exception as error:
+            died = worker_death(error)
+            if died is None:
+                raise
+            remove_save_debris(checkpointer.checkpoint_dir)
+            print(f"Stopped during step {state.step + 1}: {died}; {describe()}", flush=True)
+            raise SystemExit(1) from None

@@ -85,6 +85,13 @@ class LiveRun:
             if line.startswith(starts_with):
                 return line
 
+    def wait_for_exit(self, timeout_s: float) -> int:
+        """Wait for the run to exit; its remaining output goes to ``lines``. Returns the exit code."""
+        code = self.proc.wait(timeout=timeout_s)
+        while (line := self._queue.get(timeout=30)) is not None:
+            self.lines.append(line)
+        return code
+
     def kill(self) -> None:
         """SIGKILL the run's process group and every process it started (Ray's raylet, workers, engines: some leave
         the group), and wait until all of them are gone."""

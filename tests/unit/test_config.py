@@ -223,6 +223,47 @@ def test_grpo_impossible_combinations():
     assert "grpo.use_leave_one_out_baseline: needs num_generations_per_prompt >= 2" in text
 
 
+ASYNC_CFG = REPO / "configs" / "grpo_smollm2_cpu_async.yaml"
+
+
+def test_async_grpo_recipe_is_non_colocated_with_importance_sampling():
+    cfg = load_validated_config(ASYNC_CFG, [], grpo_schema())
+    assert cfg.grpo.async_grpo.enabled and cfg.grpo.async_grpo.max_trajectory_age_steps == 1
+    assert not cfg.policy.generation.colocated.enabled
+    assert cfg.loss_fn.use_importance_sampling_correction
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        (
+            ["policy.generation.colocated.enabled=true"],
+            "grpo.async_grpo.enabled: needs policy.generation.colocated.enabled=false: the engines generate while the "
+            "trainer trains, so they need resources of their own (policy.generation.colocated.resources)",
+        ),
+        (
+            ["loss_fn.use_importance_sampling_correction=false", "loss_fn.truncated_importance_sampling_ratio=null"],
+            "loss_fn.use_importance_sampling_correction: must be true with async GRPO: it trains on rollouts of older "
+            "weights, and the loss corrects for that with the engines' logprobs",
+        ),
+        (
+            ["grpo.use_dynamic_sampling=true"],
+            "grpo.use_dynamic_sampling: not supported with async GRPO (one prompt batch per step); set it to false",
+        ),
+        (
+            ["grpo.async_grpo.max_trajectory_age_steps=0"],
+            "grpo.async_grpo.max_trajectory_age_steps: must be >= 1 with async GRPO (got 0; 0 is synchronous GRPO: "
+            "set async_grpo.enabled=false)",
+        ),
+    ],
+    ids=["colocated", "no_importance_sampling", "dynamic_sampling", "age_0"],
+)
+def test_async_grpo_refusals(overrides, problem):
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(ASYNC_CFG, overrides, grpo_schema())
+    assert err.value.problems == [problem]
+
+
 PACKING_ON = ["policy.sequence_packing.enabled=true"]
 
 

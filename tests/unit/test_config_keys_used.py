@@ -80,7 +80,19 @@ def megatron(value: Any, message: str) -> Refusal:
 # Megatron's fp8_cfg and peft) covers the section's other keys: they are only meaningful when it
 # is enabled.
 REFUSED: dict[tuple[type, str], Refusal] = {
-    (AsyncGRPOConfig, "enabled"): Refusal(True, "async GRPO is not supported yet; set it to false"),
+    (AsyncGRPOConfig, "in_flight_weight_updates"): Refusal(
+        True,
+        "weight updates during a rollout batch are not supported yet: the refit waits for the engines' current "
+        "batch; set it to false",
+        ("grpo",),
+        (("grpo.async_grpo.enabled", True),),
+    ),
+    (AsyncGRPOConfig, "recompute_kv_cache_after_weight_updates"): Refusal(
+        True,
+        "only applies to in-flight weight updates, which are not supported yet; set it to false",
+        ("grpo",),
+        (("grpo.async_grpo.enabled", True),),
+    ),
     (GRPOConfig, "batch_multiplier"): Refusal(2, "only 1 is supported yet (got 2)"),
     (DTensorConfig, "sequence_parallel"): Refusal(True, "sequence parallelism is not supported yet; set it to false"),
     (MegatronConfig, "enabled"): Refusal(  # with dtensor_cfg off: Megatron is the RM's backend
@@ -151,7 +163,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
 }
 # Sections whose `enabled` refusal above covers every other key in them, and the runs where it does.
 REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
-    AsyncGRPOConfig: tuple(MASTERS),
     MegatronFP8Config: MEGATRON_RUNS,
     MegatronPeftConfig: MEGATRON_RUNS,
     MegatronConfig: ("rm",),

