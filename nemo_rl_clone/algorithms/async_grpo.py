@@ -11,9 +11,11 @@ Staleness is bounded where it is created: the collector starts the rollouts for 
 buffer checks the age again when the trainer takes rollouts and drops (and counts) any that are too old.
 
 After each training step the trainer refits the engines: it waits until the collector's current rollout batch is
-finished (``timing/train/wait_for_engines``), loads the new weights, and the collector goes on with them. The loss
-corrects for the age with importance sampling against the engine's own logprobs
-(``loss_fn.use_importance_sampling_correction``).
+finished (``timing/train/wait_for_engines``), loads the new weights, and the collector goes on with them. With
+``in_flight_weight_updates`` it does not wait: the engines load the weights between two decoding steps of the batch
+in flight, whose requests finish with the new weights on their old KV cache (its rollouts keep the version they
+started with, so their age is an upper bound). The loss corrects for the age with importance sampling against the
+engine's own per-token logprobs (``loss_fn.use_importance_sampling_correction``).
 
 Checkpoints save the prompt loader's position as of the last *trained* rollouts (`TrainedPosition`), not the
 collector's, which runs ahead: rollouts in the buffer are not saved, and a resumed run regenerates them from the same
@@ -131,6 +133,7 @@ class AsyncRollouts:
     def __init__(self, c: GRPOComponents) -> None:
         self.c = c
         self.max_age = c.config.grpo.async_grpo.max_trajectory_age_steps
+        self.in_flight = c.config.grpo.async_grpo.in_flight_weight_updates
         self.buffer = ReplayBuffer(self.max_age)
         self.position = TrainedPosition(c.dataloader)
         self.engine_lock = threading.Lock()  # held by the collector for one rollout batch, by refit and validation
@@ -164,18 +167,21 @@ class AsyncRollouts:
         return rollouts
 
     def after_training(self, step: int, timer: Timer) -> None:
-        """Refit as soon as the engines finish their current rollout batch; the collector continues with version
-        ``step``."""
+        """Refit the engines with version ``step``: at once with in-flight weight updates (the batch in flight goes
+        on with the new weights), else as soon as they finish their current rollout batch."""
         phase(step, "weight sync")
-        with timer.time("wait_for_engines"):
-            self.engine_lock.acquire()
-        try:
+        if self.in_flight:
             refit(self.c, timer)
-            with self._cond:
-                self.weight_version = step
-                self._cond.notify_all()
-        finally:
-            self.engine_lock.release()
+        else:
+            with timer.time("wait_for_engines"):
+                self.engine_lock.acquire()
+            try:
+                refit(self.c, timer)
+            finally:
+                self.engine_lock.release()
+        with self._cond:
+            self.weight_version = step
+            self._cond.notify_all()
 
     def validate(self, step: int, timer: Timer, run: Callable[[], Any]) -> Any:
         with self.engine_lock:  # the engines already hold version ``step`` (refit right after training)

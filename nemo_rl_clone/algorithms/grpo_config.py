@@ -67,19 +67,12 @@ class AsyncGRPOConfig:
                     "async_grpo.enabled=false)",
                 )
             )
-        if self.in_flight_weight_updates:
-            problems.append(
-                (
-                    "in_flight_weight_updates",
-                    "weight updates during a rollout batch are not supported yet: the refit waits for the engines' "
-                    "current batch; set it to false",
-                )
-            )
         if self.recompute_kv_cache_after_weight_updates:
             problems.append(
                 (
                     "recompute_kv_cache_after_weight_updates",
-                    "only applies to in-flight weight updates, which are not supported yet; set it to false",
+                    "not supported yet: requests running during an in-flight weight update go on with their KV "
+                    "cache; set it to false",
                 )
             )
         return problems

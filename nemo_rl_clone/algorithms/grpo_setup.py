@@ -175,7 +175,15 @@ def _setup_workers(
         init_reference_model=config.loss_fn.reference_policy_kl_penalty > 0,
         env_vars=threads,
     )
-    generation = VllmGeneration(gen_cluster, gen_cfg, config.policy.model_name, seed=config.grpo.seed, env_vars=threads)
+    async_grpo = config.grpo.async_grpo
+    generation = VllmGeneration(
+        gen_cluster,
+        gen_cfg,
+        config.policy.model_name,
+        seed=config.grpo.seed,
+        env_vars=threads,
+        weight_updates_during_generation=async_grpo.enabled and async_grpo.in_flight_weight_updates,
+    )
     prepare_refit(policy, generation)
     if not colocated:
         init_refit_collective(policy, generation, train_cluster)

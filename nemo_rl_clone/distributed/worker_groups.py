@@ -59,14 +59,17 @@ class RayWorkerBuilder:
     """Creates actors of the class at ``ray_actor_class_fqn`` with constructor ``*args, **kwargs``.
 
     The class is imported on first use, not when the builder is made. It may be a plain class or already decorated
-    with ``@ray.remote(...)`` (its options, e.g. ``max_concurrency``, are kept). The actor runs in the Python
+    with ``@ray.remote(...)`` (its options, e.g. ``max_concurrency``, are kept); ``ray_actor_options`` add to them. The actor runs in the Python
     executable that `ray_actor_environment` registers for the class.
     """
 
-    def __init__(self, ray_actor_class_fqn: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, ray_actor_class_fqn: str, *args: Any, ray_actor_options: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         self.ray_actor_class_fqn = ray_actor_class_fqn
         self.args = args
         self.kwargs = kwargs
+        self.ray_actor_options = dict(ray_actor_options or {})  # e.g. {"max_concurrency": 2}
 
     @property
     def class_name(self) -> str:
@@ -93,6 +96,7 @@ class RayWorkerBuilder:
         if python != sys.executable:
             runtime_env["py_executable"] = python
         options: dict[str, Any] = {
+            **self.ray_actor_options,
             "num_cpus": num_cpus,
             "num_gpus": num_gpus,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(

@@ -80,16 +80,10 @@ def megatron(value: Any, message: str) -> Refusal:
 # Megatron's fp8_cfg and peft) covers the section's other keys: they are only meaningful when it
 # is enabled.
 REFUSED: dict[tuple[type, str], Refusal] = {
-    (AsyncGRPOConfig, "in_flight_weight_updates"): Refusal(
-        True,
-        "weight updates during a rollout batch are not supported yet: the refit waits for the engines' current "
-        "batch; set it to false",
-        ("grpo",),
-        (("grpo.async_grpo.enabled", True),),
-    ),
     (AsyncGRPOConfig, "recompute_kv_cache_after_weight_updates"): Refusal(
         True,
-        "only applies to in-flight weight updates, which are not supported yet; set it to false",
+        "not supported yet: requests running during an in-flight weight update go on with their KV cache; set it "
+        "to false",
         ("grpo",),
         (("grpo.async_grpo.enabled", True),),
     ),

@@ -73,6 +73,9 @@ class VllmGeneration(GenerationInterface):
         name_prefix: Ray actor names ``{name_prefix}-{rank}``.
         seed: engine ``r`` samples with seed ``seed + r`` (per-sample ``seeds`` in a batch override it).
         env_vars: extra environment for the engine actors (e.g. ``OMP_NUM_THREADS``).
+        weight_updates_during_generation: refits may run while `generate` runs (from another thread of the
+            caller): the new weights are loaded between two engine steps of the batch in flight (async GRPO's
+            ``in_flight_weight_updates``).
 
     Raises:
         ValueError: an invalid or unsupported config, naming the ``policy.generation.*`` key.
@@ -88,6 +91,7 @@ class VllmGeneration(GenerationInterface):
         name_prefix: str = "vllm_policy",
         seed: int = 0,
         env_vars: dict[str, str] | None = None,
+        weight_updates_during_generation: bool = False,
     ) -> None:
         self.cfg = config if isinstance(config, GenerationConfig) else validate_config(config, GenerationConfig)
         _check_config(self.cfg)
@@ -96,7 +100,16 @@ class VllmGeneration(GenerationInterface):
         # vLLM's IPC sockets and rendezvous files go here (one subfolder per engine); removed on shutdown.
         self._tmp_root: Path | None = Path(tempfile.gettempdir()) / f"nrl-vllm-{uuid.uuid4().hex[:8]}"
         register_temp_path(self._tmp_root)  # removed by the reaper if the driver dies before `shutdown`
-        builder = RayWorkerBuilder(VLLM_WORKER, self.cfg, model_path, seed=seed, tmp_root=str(self._tmp_root))
+        builder = RayWorkerBuilder(
+            VLLM_WORKER,
+            self.cfg,
+            model_path,
+            seed=seed,
+            tmp_root=str(self._tmp_root),
+            weight_updates_during_generation=weight_updates_during_generation,
+            # a weight update runs beside the `generate` call it interrupts
+            ray_actor_options={"max_concurrency": 2} if weight_updates_during_generation else None,
+        )
         try:
             self.worker_group = RayWorkerGroup(
                 cluster,

@@ -10,6 +10,12 @@ Weight updates (refit) never load a partial or mismatched set: new weights are f
 reset after every update (stale KV blocks would otherwise be reused: trainer-vs-engine logprob gaps of ~1 instead
 of ~1e-6).
 
+In-flight weight updates (``weight_updates_during_generation``, async GRPO's ``in_flight_weight_updates``): the actor
+runs two calls at once (``max_concurrency=2``) and `generate` drives the engine one step at a time, so that a weight
+update arriving from the trainer is loaded between two steps of the batch in flight instead of waiting for its end.
+Requests already running continue with the new weights on the KV cache the old ones computed (the prefix cache is
+reset as soon as no request runs: new requests never reuse old blocks).
+
 Files: vLLM writes its IPC sockets and ``file://`` rendezvous files to the temp dir; each worker gets a private
 one (``tmp_dir``) that `shutdown` deletes, together with ``/dev/shm`` segments its engine had mapped.
 """
@@ -21,7 +27,9 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -58,9 +66,18 @@ class VllmGenerationWorker:
         model_path: a local Hugging Face folder (or hub id) with the initial weights and tokenizer.
         seed: base seed; this engine uses ``seed + rank`` (sampling without per-sample seeds draws from it).
         tmp_root: this worker's vLLM IPC files go to ``{tmp_root}/rank{rank}``, removed by `shutdown`.
+        weight_updates_during_generation: step the engine in `generate` so that weight updates (from a second
+            concurrent call) land between steps; the actor must allow two concurrent calls.
     """
 
-    def __init__(self, config: GenerationConfig, model_path: str, seed: int = 0, tmp_root: str | None = None) -> None:
+    def __init__(
+        self,
+        config: GenerationConfig,
+        model_path: str,
+        seed: int = 0,
+        tmp_root: str | None = None,
+        weight_updates_during_generation: bool = False,
+    ) -> None:
         self.cfg = config
         self.rank = int(os.environ.get("RANK", "0"))
         self.tmp_dir = _use_private_tmp_dir(os.path.join(tmp_root, f"rank{self.rank}")) if tmp_root else None
@@ -79,15 +96,59 @@ class VllmGenerationWorker:
         self.broken: str | None = None  # set when a load failed half-way: the engine must not serve any more
         self.asleep = False
         self.phase_stats = engine_io.PhaseStats()
+        self.stepwise = weight_updates_during_generation
+        self._engine_turn = threading.Condition()  # one engine step or one weight load at a time
+        self._loads_waiting = 0
+        self._prefix_cache_stale = False
+        self.in_flight_loads = 0  # weight loads that landed while requests were running
 
     # ------------------------------------------------------------------ generation
     def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
         """Generate for this worker's shard (see `VllmGeneration.generate` for keys and shapes)."""
         self._check_serving()
         requests = engine_io.token_requests(data, self.cfg, greedy, self.llm.llm_engine.model_config.max_model_len)
-        outputs = self.llm.generate([r.prompt for r in requests], [r.params for r in requests], use_tqdm=False)
+        prompts, params = [r.prompt for r in requests], [r.params for r in requests]
+        if self.stepwise:
+            outputs = self._generate_stepwise(prompts, params)
+        else:
+            with self._engine_turn:
+                outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.phase_stats.add(outputs)
         return engine_io.assemble_outputs(data, outputs, self.get_pad_token_id())
+
+    def _generate_stepwise(self, prompts: list[Any], params: list[Any]) -> list[Any]:
+        """`LLM.generate`, one engine step per turn of ``_engine_turn``; a waiting weight load goes first."""
+        engine = self.llm.llm_engine
+        with self._engine_turn:
+            self._reset_stale_prefix_cache()
+            self.llm.enqueue(prompts, params, use_tqdm=False)
+        finished: dict[str, Any] = {}
+        while True:
+            with self._engine_turn:
+                self._engine_turn.wait_for(lambda: self._loads_waiting == 0)
+                if not engine.has_unfinished_requests():
+                    self._reset_stale_prefix_cache()
+                    break
+                finished.update((out.request_id, out) for out in engine.step() if out.finished)
+        # As `LLM.generate` orders them: outputs carry the request counter as their id.
+        return sorted(finished.values(), key=lambda out: int(out.request_id))
+
+    def _reset_stale_prefix_cache(self) -> None:
+        if self._prefix_cache_stale and self.llm.reset_prefix_cache():
+            self._prefix_cache_stale = False
+
+    @contextmanager
+    def _load_turn(self) -> Iterator[None]:
+        """The engine between two steps of a batch in flight (at once when none is)."""
+        with self._engine_turn:
+            self._loads_waiting += 1
+        try:
+            with self._engine_turn:
+                yield
+        finally:
+            with self._engine_turn:
+                self._loads_waiting -= 1
+                self._engine_turn.notify_all()
 
     def take_phase_stats(self) -> engine_io.PhaseStats:
         """The prefill/decode stats of the `generate` calls since the last take (then reset)."""
@@ -98,7 +159,8 @@ class VllmGenerationWorker:
         """``{"texts": [str]}``: the continuation of each of ``data["prompts"]`` (stop strings included)."""
         self._check_serving()
         prompts, params = engine_io.text_requests(data, self.cfg, greedy)
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        with self._engine_turn:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
         self.phase_stats.add(outputs)
         return BatchedDataDict({"texts": [out.outputs[0].text for out in outputs]})
 
@@ -171,16 +233,22 @@ class VllmGenerationWorker:
         mismatch = describe_spec_mismatch(expected, got, dtypes=False)
         if mismatch:
             raise RefitError(f"engine rank {self.rank}: {source} refused, previous weights kept: {mismatch}")
-        try:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
-        except Exception as error:
-            # vLLM reloads layer by layer: a failure here can leave some layers updated. Refuse to serve.
-            self.broken = f"{type(error).__name__}: {error}"
-            raise RuntimeError(
-                f"engine rank {self.rank}: loading checked weights failed half-way ({self.broken}); this engine "
-                "no longer serves requests, restart the generation worker group"
-            ) from error
-        self.llm.reset_prefix_cache()  # KV blocks computed with the old weights must never be reused
+        with self._load_turn():
+            try:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+            except Exception as error:
+                # vLLM reloads layer by layer: a failure here can leave some layers updated. Refuse to serve.
+                self.broken = f"{type(error).__name__}: {error}"
+                raise RuntimeError(
+                    f"engine rank {self.rank}: loading checked weights failed half-way ({self.broken}); this engine "
+                    "no longer serves requests, restart the generation worker group"
+                ) from error
+            if self.llm.llm_engine.has_unfinished_requests():
+                self.in_flight_loads += 1
+            # KV blocks computed with the old weights must never be reused; with requests running the reset fails
+            # and is retried as soon as none runs.
+            self._prefix_cache_stale = True
+            self._reset_stale_prefix_cache()
 
     def _with_tied_head(self, items: dict[str, Any]) -> dict[str, Any]:
         """Add ``lm_head.weight`` (a tensor or a spec) from the embedding for tied models: vLLM keeps the OLD head
