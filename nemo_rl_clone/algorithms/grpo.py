@@ -14,13 +14,12 @@ import torch
 
 from nemo_rl_clone.algorithms.async_grpo import AsyncRollouts
 from nemo_rl_clone.algorithms.grpo_batches import aggregate_train_metrics, build_train_batch, print_samples, sample_rows
-from nemo_rl_clone.algorithms.grpo_rollouts import RolloutSource, SyncRollouts
+from nemo_rl_clone.algorithms.grpo_rollouts import RolloutSource, SyncRollouts, roll_out
 from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, save_checkpoint
 from nemo_rl_clone.algorithms.run_state import run_validation
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.algorithms.utils import compute_advantages
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
-from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
 from nemo_rl_clone.models.policy.train_profile import profile_metrics
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
@@ -150,16 +149,7 @@ def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> 
     for start in range(0, count, cfg.grpo.val_batch_size):
         prompts = rl_collate_fn([c.val_dataset[i] for i in range(start, min(count, start + cfg.grpo.val_batch_size))])
         prompts["seeds"] = [cfg.grpo.seed * 100_003 + start + i for i in range(prompts.size)]
-        c.generation.prepare_for_generation()
-        batch, metrics = run_multi_turn_rollout(
-            c.generation,
-            prompts,
-            c.tokenizer,
-            c.task_to_env,
-            max_seq_len=cfg.policy.max_total_sequence_length,
-            max_rollout_turns=cfg.grpo.max_rollout_turns,
-        )
-        c.generation.finish_generation()
+        batch, metrics = roll_out(c, prompts)
         if samples is not None and len(samples) < cfg.logger.num_val_samples_to_print:
             rows = sample_rows(batch, batch["total_reward"])
             samples.extend(rows[: cfg.logger.num_val_samples_to_print - len(samples)])

@@ -69,16 +69,7 @@ def generate_step_rollouts(
         prompts = next(batches).repeat_interleave(group_size)
         prompts["seeds"] = generation_seeds(cfg.grpo.seed, step, gen_batch, prompts.size)
         with timer.time("generation"):
-            c.generation.prepare_for_generation()
-            batch, batch_metrics = run_multi_turn_rollout(
-                c.generation,
-                prompts,
-                c.tokenizer,
-                c.task_to_env,
-                max_seq_len=cfg.policy.max_total_sequence_length,
-                max_rollout_turns=cfg.grpo.max_rollout_turns,
-            )
-            c.generation.finish_generation()
+            batch, batch_metrics = roll_out(c, prompts)
         rollouts.append(batch)
         rewards.append(process_rewards(batch, cfg.grpo))
         per_batch_metrics.append(batch_metrics)
@@ -110,6 +101,22 @@ def generate_step_rollouts(
         loader_state=loader_state,
         num_prompts=batch.size // group_size,
     )
+
+
+def roll_out(c: GRPOComponents, prompts: BatchedDataDict) -> tuple[BatchedDataDict, dict[str, float]]:
+    """One rollout of ``prompts`` (single- or multi-turn) with the engines as they are: (final batch, metrics)."""
+    cfg = c.config
+    c.generation.prepare_for_generation()
+    batch, metrics = run_multi_turn_rollout(
+        c.generation,
+        prompts,
+        c.tokenizer,
+        c.task_to_env,
+        max_seq_len=cfg.policy.max_total_sequence_length,
+        max_rollout_turns=cfg.grpo.max_rollout_turns,
+    )
+    c.generation.finish_generation()
+    return batch, metrics
 
 
 class RolloutSource(Protocol):
