@@ -18,8 +18,11 @@ from nemo_rl_clone.utils.config_validation import config_to_dict
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "grpo_smollm2_cpu.yaml"
 
 
-def main(argv: list[str] | None = None) -> None:
-    config = load_config_from_cli(GRPOMasterConfig, DEFAULT_CONFIG, argv, description="GRPO on math problems.")
+def main(
+    argv: list[str] | None = None, default_config: Path = DEFAULT_CONFIG, description: str = "GRPO on math problems."
+) -> None:
+    """Validate the config (``--config`` or ``default_config`` plus overrides), print it, and train."""
+    config = load_config_from_cli(GRPOMasterConfig, default_config, argv, description=description)
     print_config(config_to_dict(config), title="GRPO config (validated)")
 
     # Heavy imports only after the config is known to be valid: a typo fails in a second, not after torch loads.

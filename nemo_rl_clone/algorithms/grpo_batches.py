@@ -134,12 +134,14 @@ def aggregate_train_metrics(
 def sample_rows(
     batch: BatchedDataDict, rewards: torch.Tensor, advantages: torch.Tensor | None = None
 ) -> list[dict[str, Any]]:
-    """One JSON row per sample: prompt text (every non-assistant message, template markup included), response
-    text, reward, advantage (when given) and the prompt's dataset index."""
+    """One JSON row per sample: prompt text (the messages before the first answer, template markup included),
+    response text (everything from the first answer on: in a multi-turn episode the environment's replies too),
+    reward, advantage (when given) and the prompt's dataset index."""
     rows = []
     for i, log in enumerate(batch["message_log"]):
-        prompt = "".join(m["content"] for m in log if m["role"] != "assistant")
-        response = "".join(m["content"] for m in log if m["role"] == "assistant")
+        first = next((k for k, m in enumerate(log) if m["role"] == "assistant"), len(log))
+        prompt = "".join(m["content"] for m in log[:first])
+        response = "".join(m["content"] for m in log[first:])
         row = {"prompt": prompt, "response": response, "reward": float(rewards[i])}
         if advantages is not None:
             row["advantage"] = float(advantages[i])

@@ -166,6 +166,15 @@ class GRPOMasterConfig:
                     f"exceeds policy.max_total_sequence_length ({self.data.max_input_seq_length} > {self.policy.max_total_sequence_length})",
                 )
             )
+        if self.data.task_name not in self.env:
+            key = "data.env_name" if self.data.env_name else "data.dataset_name"
+            problems.append(
+                (
+                    f"env.{self.data.task_name}",
+                    f"required: this environment scores the rows ({key}: {getattr(self.data, key[5:])!r}); "
+                    f"configured environments: {', '.join(self.env) or 'none'}",
+                )
+            )
         if self.grpo.async_grpo.enabled:
             problems += self._check_async()
         if self.policy.reward_model_cfg.enabled:

@@ -83,7 +83,7 @@ def setup(config: GRPOMasterConfig) -> GRPOComponents:
     model = model_identity(config.policy.model_name, tokenizer, config.policy.backend)
     check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
     init_ray(log_dir=str(log_dir))
-    task_to_env = {name: create_env(name, env_cfg) for name, env_cfg in vars(config.env).items() if env_cfg is not None}
+    task_to_env = {name: create_env(name, env_cfg) for name, env_cfg in config.env.items()}
 
     state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)
 
@@ -109,16 +109,20 @@ def setup(config: GRPOMasterConfig) -> GRPOComponents:
 def _setup_data(
     config: GRPOMasterConfig, tokenizer: Any
 ) -> tuple[StatefulPromptLoader, AllTaskProcessedDataset | None]:
-    loaded = load_dataset_from_config(config.data, seed=config.grpo.seed)
+    loaded = load_dataset_from_config(config.data, seed=config.grpo.seed, env=config.env)
     if loaded.train is None:
         raise DataError(f"data.dataset_name: {loaded.name!r} has no training split (it is an evaluation set)")
-    task_name = "reasoning_gym" if config.data.dataset_name == "reasoning_gym" else "math"
+    env_name = config.data.task_name
     spec = TaskDataSpec(
-        task_name=task_name, prompt_file=config.data.prompt_file, system_prompt_file=config.data.system_prompt_file
+        task_name=env_name, prompt_file=config.data.prompt_file, system_prompt_file=config.data.system_prompt_file
     )
     max_len = config.data.max_input_seq_length
-    train = AllTaskProcessedDataset(loaded.train, tokenizer, spec, max_len)
-    val = AllTaskProcessedDataset(loaded.validation, tokenizer, spec, max_len) if loaded.validation else None
+    train = AllTaskProcessedDataset(loaded.train, tokenizer, spec, max_len, env_name=config.data.env_name)
+    val = (
+        AllTaskProcessedDataset(loaded.validation, tokenizer, spec, max_len, env_name=config.data.env_name)
+        if loaded.validation
+        else None
+    )
     loader = StatefulPromptLoader(
         train, config.grpo.num_prompts_per_step, rl_collate_fn, shuffle=config.data.shuffle, seed=config.grpo.seed
     )

@@ -25,6 +25,22 @@ class ReasoningGymDataConfig:
 
 
 @dataclass
+class SlidingPuzzleDataConfig:
+    """``data.sliding_puzzle``: how many games to generate; the boards follow ``env.sliding_puzzle_game.cfg``."""
+
+    train_size: int = 1000
+    val_size: int = 32
+    seed: int = 42
+
+    def check(self) -> list[tuple[str, str]]:
+        return check_at_least(self, 1, "train_size") + check_at_least(self, 0, "val_size")
+
+
+# The environment (``env.<name>``) that scores each dataset's rows, unless ``data.env_name`` says otherwise.
+DATASET_ENVIRONMENTS = {"reasoning_gym": "reasoning_gym", "sliding_puzzle": "sliding_puzzle_game", "human_eval": "code"}
+
+
+@dataclass
 class DataConfig:
     dataset_name: str = "OpenMathInstruct-2"
     prompt_file: str | None = "examples/prompts/cot.txt"
@@ -41,16 +57,25 @@ class DataConfig:
     # Fraction of the training rows held out for validation; null = the dataset's default.
     split_validation_size: float | None = None
     reasoning_gym: ReasoningGymDataConfig | None = None
+    sliding_puzzle: SlidingPuzzleDataConfig | None = None
+    # The environment (an ``env`` section) that scores every row; null: the dataset's own (math for math sets).
+    env_name: str | None = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(self, 1, "max_input_seq_length") + check_at_least(self, 0, "num_workers")
         if self.dataset_name not in DATASET_NAMES:
             problems.append(("dataset_name", unknown_dataset_message(self.dataset_name)))
-        if (self.dataset_name == "reasoning_gym") != (self.reasoning_gym is not None):
-            problems.append(("reasoning_gym", "must be set exactly when dataset_name is 'reasoning_gym'"))
+        for generated in ("reasoning_gym", "sliding_puzzle"):
+            if (self.dataset_name == generated) != (getattr(self, generated) is not None):
+                problems.append((generated, f"must be set exactly when dataset_name is {generated!r}"))
         if self.split_validation_size is not None and not 0.0 <= self.split_validation_size < 1.0:
             problems.append(("split_validation_size", f"must be in [0, 1), got {self.split_validation_size}"))
         return problems
+
+    @property
+    def task_name(self) -> str:
+        """The environment (``env.<task_name>``) that scores this data's rows."""
+        return self.env_name or DATASET_ENVIRONMENTS.get(self.dataset_name, "math")
 
 
 @dataclass

@@ -17,9 +17,11 @@ from transformers import PreTrainedTokenizerBase
 from nemo_rl_clone.data.interfaces import LLMMessageLogType
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
-VALID_ROLES = ("system", "user", "assistant", "environment")
+VALID_ROLES = ("system", "user", "assistant", "environment", "tool")
 # Chat templates know no "environment" role: observations are rendered as user turns.
 _TEMPLATE_ROLE = {"environment": "user"}
+# Stand-in assistant text for finding where a template closes an assistant turn.
+_PROBE = "PROBE-ASSISTANT-TEXT-7f3a"
 
 
 def get_formatted_message_log(
@@ -120,6 +122,45 @@ def message_from_token_ids(
         raise ValueError(f"token_ids must be 1-D, got shape {tuple(ids.shape)}")
     content = tokenizer.decode(ids.tolist(), skip_special_tokens=skip_special_tokens)
     return {"role": role, "content": content, "token_ids": ids}
+
+
+def observation_message(
+    observation: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase, assistant_ended_with_eos: bool
+) -> dict[str, Any]:
+    """An environment's reply ``{"role", "content"}``, as the next message of a rollout after an assistant turn.
+
+    Its text is what the chat template puts between the assistant's content and the next assistant turn: the rest of
+    the assistant turn's closing (the whole closing, e.g. ``<|im_end|>\n``, when generation stopped on a stop string
+    rather than the end-of-turn token), then the ``role`` message and the assistant header. Encoded on its own and
+    appended as is: the trainer sees exactly the tokens the engine is prompted with next. Roles: ``user``, ``tool``,
+    ``environment`` (rendered as ``user``).
+    """
+    role, content = observation.get("role", "environment"), observation.get("content")
+    if role not in ("user", "tool", "environment") or not isinstance(content, str):
+        raise ValueError(
+            f"an observation must be {{'role': 'user' | 'tool' | 'environment', 'content': str}}, got role {role!r} "
+            f"and content of type {type(content).__name__}"
+        )
+    probe = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}]
+    before = tokenizer.apply_chat_template(probe, tokenize=False)
+    after = tokenizer.apply_chat_template(
+        [*probe, {"role": _TEMPLATE_ROLE.get(role, role), "content": content}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert isinstance(before, str) and isinstance(after, str)  # tokenize=False renders text
+    if not after.startswith(before):
+        raise ValueError(
+            f"the chat template of {tokenizer.name_or_path!r} renders a conversation differently once a {role!r} "
+            "message follows, so observations cannot be appended turn by turn"
+        )
+    closing = before[before.rindex(_PROBE) + len(_PROBE) :]
+    eos = tokenizer.eos_token
+    if assistant_ended_with_eos and eos and closing.startswith(eos):
+        closing = closing[len(eos) :]
+    text = closing + after[len(before) :]
+    token_ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
+    return {"role": role, "content": text, "token_ids": token_ids}
 
 
 def add_loss_mask_to_message_log(

@@ -63,10 +63,66 @@ def reasoning_gym_data_processor(
     )
 
 
+def sliding_puzzle_data_processor(
+    datum: dict[str, Any],
+    task_data_spec: TaskDataSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_length: int,
+    idx: int,
+) -> DatumSpec:
+    """A game row → its first turn; ``extra_env_info = {"board", "moves"}``; generation stops after the move."""
+    from nemo_rl_clone.environments.games.sliding_puzzle import MOVE_STOP_STRINGS
+
+    problem = _required_str(datum, "problem", idx)
+    info = datum.get("extra_env_info")
+    if not isinstance(info, dict) or "board" not in info:
+        raise DataError(f"row {idx}: sliding-puzzle rows need extra_env_info = {{'board': rows}}, got {info!r:.200}")
+    return build_prompt_datum(
+        problem,
+        task_data_spec,
+        tokenizer,
+        max_seq_length,
+        idx,
+        extra_env_info={"board": info["board"], "moves": int(info.get("moves") or 0)},
+        task_name=datum.get("task_name") or "sliding_puzzle_game",
+        stop_strings=list(MOVE_STOP_STRINGS),
+    )
+
+
+def code_data_processor(
+    datum: dict[str, Any],
+    task_data_spec: TaskDataSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_length: int,
+    idx: int,
+) -> DatumSpec:
+    """A code row → prompt with ``extra_env_info = {"task_id", "prompt", "test", "entry_point"}`` (what the code
+    environment runs); ``expected_answer`` is unused: the tests decide."""
+    problem = _required_str(datum, "problem", idx)
+    info = datum.get("extra_env_info")
+    keys = ("prompt", "test", "entry_point")
+    if not isinstance(info, dict) or not all(isinstance(info.get(key), str) and info[key].strip() for key in keys):
+        raise DataError(
+            f"row {idx}: code rows need extra_env_info with non-empty str 'prompt', 'test' and 'entry_point' "
+            f"(and 'task_id'), got {info!r:.200}"
+        )
+    return build_prompt_datum(
+        problem,
+        task_data_spec,
+        tokenizer,
+        max_seq_length,
+        idx,
+        extra_env_info={key: info.get(key) for key in ("task_id", *keys)},
+        task_name=datum.get("task_name") or "code",
+    )
+
+
 # task_name of a row → its processor (see AllTaskProcessedDataset).
 DATA_PROCESSORS: dict[str, TaskDataProcessFn] = {
     "math": math_data_processor,
     "reasoning_gym": reasoning_gym_data_processor,
+    "code": code_data_processor,
+    "sliding_puzzle_game": sliding_puzzle_data_processor,
 }
 
 

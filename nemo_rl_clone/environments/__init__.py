@@ -1,6 +1,9 @@
-"""Environments: registry of environment actor classes and `create_env` to start one.
+"""Environments: registry of the built-in environment actor classes and `create_env` to start any environment.
 
-Kept import-light (no Ray, torch or verifier libraries) so that loading configs never pays for them.
+An ``env.<name>`` config section starts one environment; dataset rows whose ``task_name`` is ``<name>`` are scored
+by it. Built-in names map to the classes below; a user's own environment names its class in its section
+(``env_class``, see `config.CustomEnvConfig` and docs/environments.md). Kept import-light (no Ray, torch or
+verifier libraries) so that loading configs never pays for them.
 """
 
 from __future__ import annotations
@@ -13,35 +16,50 @@ from typing import Any
 ENVIRONMENT_REGISTRY: dict[str, str] = {
     "math": "nemo_rl_clone.environments.math_environment.MathEnvironment",
     "reasoning_gym": "nemo_rl_clone.environments.reasoning_gym_environment.ReasoningGymEnvironment",
+    "sliding_puzzle_game": "nemo_rl_clone.environments.games.sliding_puzzle.SlidingPuzzleEnvironment",
+    "tool_use": "nemo_rl_clone.environments.tool_use_environment.ToolUseEnvironment",
+    "code": "nemo_rl_clone.environments.code_environment.CodeEnvironment",
 }
 
 
 def register_env(name: str, actor_class_fqn: str) -> None:
-    """Makes ``create_env(name, cfg)`` start the ``@ray.remote`` class at ``actor_class_fqn`` (``"pkg.mod.Cls"``)."""
+    """Makes ``create_env(name, cfg)`` start the class at ``actor_class_fqn`` (``"pkg.mod.Cls"``), for code that
+    builds configs in Python; a YAML config names the class in the section instead (``env.<name>.env_class``)."""
     if name in ENVIRONMENT_REGISTRY and ENVIRONMENT_REGISTRY[name] != actor_class_fqn:
         raise ValueError(f"environment {name!r} is already registered as {ENVIRONMENT_REGISTRY[name]}")
     ENVIRONMENT_REGISTRY[name] = actor_class_fqn
 
 
 def create_env(name: str, cfg: Any) -> Any:
-    """Starts the environment actor registered as ``name`` with its config section (e.g. `MathEnvConfig`).
+    """Starts the environment ``name`` with its config section and returns the Ray actor handle at once.
 
-    Returns the Ray actor handle at once; the actor builds its verifier pool in the background and its first
-    method call waits for that. The actor runs in the Python environment `ray_actor_environment` registers for
-    its class (the driver's by default).
+    ``cfg``: a built-in environment's config (e.g. `MathEnvConfig`), or a `CustomEnvConfig` naming a user's class
+    (plain classes are made Ray actors here; the class receives ``cfg.cfg``). Built-in actors build their verifier
+    pools in the background; the first method call waits for that. The actor runs in the Python environment
+    `ray_actor_environment` registers for its class (the driver's by default).
     """
-    if name not in ENVIRONMENT_REGISTRY:
-        raise ValueError(f"unknown environment {name!r}; registered: {', '.join(sorted(ENVIRONMENT_REGISTRY))}")
-    from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_executable
-    from nemo_rl_clone.environments.config import check_env_config
+    import ray
 
-    check_env_config(name, cfg)  # fail here, not as an actor that dies in its constructor
-    fqn = ENVIRONMENT_REGISTRY[name]
+    from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_executable
+    from nemo_rl_clone.environments.config import CustomEnvConfig, check_env_config
+
+    if isinstance(cfg, CustomEnvConfig):
+        fqn, actor_cfg = cfg.env_class, cfg.cfg
+    elif name in ENVIRONMENT_REGISTRY:
+        fqn, actor_cfg = ENVIRONMENT_REGISTRY[name], cfg
+    else:
+        raise ValueError(
+            f"unknown environment {name!r}; registered: {', '.join(sorted(ENVIRONMENT_REGISTRY))}; for your own, "
+            "pass a CustomEnvConfig naming its class"
+        )
+    check_env_config(name, actor_cfg)  # fail here, not as an actor that dies in its constructor
     module_name, _, class_name = fqn.rpartition(".")
     actor_cls = getattr(importlib.import_module(module_name), class_name)
-    # The environment actor only waits on its verifiers: it takes no logical CPU from the cluster's bundles.
+    if not hasattr(actor_cls, "__ray_actor_class__"):
+        actor_cls = ray.remote(actor_cls)
+    # An environment mostly waits on its verifiers or its game logic: it takes no logical CPU from the bundles.
     options: dict[str, Any] = {"num_cpus": 0}
     python = get_actor_python_executable(fqn)
     if python != sys.executable:
         options["runtime_env"] = {"py_executable": python}
-    return actor_cls.options(**options).remote(cfg)
+    return actor_cls.options(**options).remote(actor_cfg)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import importlib
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
+
+from nemo_rl_clone.environments.sandbox import SandboxLimits
+from nemo_rl_clone.utils.config_validation import check_at_least
 
 # Kept equal to answer_extraction.ANSWER_EXTRACTION_METHODS (a unit test checks); spelled out here so the config
 # validator can name the valid values.
@@ -56,9 +62,176 @@ class ReasoningGymEnvConfig:
 
 
 @dataclass
-class EnvConfig:
-    math: MathEnvConfig | None = field(default_factory=MathEnvConfig)
-    reasoning_gym: ReasoningGymEnvConfig | None = None
+class SlidingPuzzleGameConfig:
+    """The puzzles: ``size`` x ``size`` boards, each shuffled by ``shuffle_moves`` random moves from solved."""
+
+    size: int = 3
+    shuffle_moves: int = 4
+
+    def check(self) -> list[tuple[str, str]]:
+        return check_at_least(self, 2, "size") + check_at_least(self, 1, "shuffle_moves")
+
+
+@dataclass
+class SlidingPuzzleCfg:
+    """``max_moves``: moves (turns) an episode may take before it ends unsolved."""
+
+    game_config: SlidingPuzzleGameConfig = field(default_factory=SlidingPuzzleGameConfig)
+    max_moves: int = 8
+
+    def check(self) -> list[tuple[str, str]]:
+        return check_at_least(self, 1, "max_moves")
+
+
+@dataclass
+class SlidingPuzzleEnvConfig:
+    """``env.sliding_puzzle_game`` (NeMo-RL's keys: ``cfg.game_config.{size, shuffle_moves}``, ``cfg.max_moves``)."""
+
+    cfg: SlidingPuzzleCfg = field(default_factory=SlidingPuzzleCfg)
+
+
+@dataclass
+class CodeEnvConfig:
+    """``env.code``: ``num_workers`` scorer actors, each running one program at a time. ``timeout_s``: wall clock
+    per program; the others are the sandbox's limits (`SandboxLimits`); ``python``: the interpreter programs run
+    under (null: found automatically)."""
+
+    num_workers: int = 2
+    timeout_s: float = 10.0
+    cpu_time_s: int = 5
+    memory_mb: int = 512
+    max_processes: int = 8
+    max_output_bytes: int = 65536
+    max_file_mb: int = 16
+    disk_mb: int = 64
+    python: str | None = None
+
+    def sandbox_limits(self) -> SandboxLimits:
+        return SandboxLimits(
+            wall_s=self.timeout_s,
+            cpu_s=self.cpu_time_s,
+            memory_mb=self.memory_mb,
+            max_processes=self.max_processes,
+            max_output_bytes=self.max_output_bytes,
+            max_file_mb=self.max_file_mb,
+            disk_mb=self.disk_mb,
+            python=self.python,
+        )
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = [] if self.num_workers >= 1 else [("num_workers", f"must be >= 1, got {self.num_workers}")]
+        renamed = {"wall_s": "timeout_s", "cpu_s": "cpu_time_s"}
+        return problems + [(renamed.get(key, key), message) for key, message in self.sandbox_limits().check()]
+
+
+TOOLS = ("calculator", "python")
+
+
+@dataclass
+class ToolUseEnvConfig:
+    """``env.tool_use``: the tools the model may call, how many calls an episode may make, how answers are read."""
+
+    tools: list[str] = field(default_factory=lambda: ["calculator"])
+    max_tool_calls: int = 4
+    answer_extraction: AnswerExtraction = "auto"
+    python_timeout_s: float = 5.0  # wall clock of one python tool call (the sandbox's other limits: its defaults)
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = check_at_least(self, 0, "max_tool_calls")
+        if not self.tools or set(self.tools) - set(TOOLS):
+            problems.append(("tools", f"choose from {list(TOOLS)}, got {self.tools}"))
+        if self.python_timeout_s <= 0:
+            problems.append(("python_timeout_s", f"must be > 0, got {self.python_timeout_s}"))
+        return problems
+
+
+@dataclass
+class CustomEnvConfig:
+    """A user's environment: ``env_class`` (``"package.module.Class"``, an `EnvironmentInterface`, plain or
+    ``@ray.remote``) and ``cfg``, its own keys: validated against the class's ``config_class`` dataclass when it has
+    one, else handed over as a dict."""
+
+    env_class: str
+    cfg: Any = None
+
+
+# Built-in environments: the config section each reads (their actor classes: environments.ENVIRONMENT_REGISTRY).
+BUILTIN_ENV_CONFIGS: dict[str, type] = {
+    "math": MathEnvConfig,
+    "reasoning_gym": ReasoningGymEnvConfig,
+    "sliding_puzzle_game": SlidingPuzzleEnvConfig,
+    "tool_use": ToolUseEnvConfig,
+    "code": CodeEnvConfig,
+}
+
+
+class EnvConfig(dict[str, Any]):
+    """``env``: one section per environment, keyed by the name a dataset row's ``task_name`` routes to.
+
+    A built-in name (`BUILTIN_ENV_CONFIGS`) is validated against its schema; any other section names its class with
+    ``env_class`` (`CustomEnvConfig`). A ``null`` section means "not started" (configs switch a default off that
+    way). Without an ``env`` section the math environment runs with its defaults.
+    """
+
+    def __init__(self, sections: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None) -> None:
+        super().__init__({"math": MathEnvConfig()} if sections is None else sections)
+
+    @classmethod
+    def convert_config(
+        cls, value: Any, key: str, convert: Callable[[Any, Any, str], Any], problems: list[str]
+    ) -> EnvConfig | None:
+        if not isinstance(value, Mapping):
+            problems.append(f"{key}: expected a section (mapping) of environments, got {type(value).__name__}")
+            return None
+        sections: dict[str, Any] = {}
+        for name, section in value.items():
+            dotted = f"{key}.{name}"
+            if section is None:
+                continue
+            if isinstance(section, Mapping) and "env_class" in section:
+                sections[name] = _convert_custom(section, dotted, convert, problems)
+            elif name in BUILTIN_ENV_CONFIGS:
+                sections[name] = convert(section, BUILTIN_ENV_CONFIGS[name], dotted)
+            else:
+                near = difflib.get_close_matches(str(name), list(BUILTIN_ENV_CONFIGS), n=1, cutoff=0.6)
+                hint = f" (did you mean {key}.{near[0]}?)" if near else ""
+                problems.append(
+                    f"{dotted}: unknown environment{hint}; built-in: {', '.join(BUILTIN_ENV_CONFIGS)}; for your own, "
+                    f"name its class: {dotted}.env_class: package.module.Class"
+                )
+        return cls(sections)
+
+
+def _convert_custom(
+    section: Mapping[str, Any], key: str, convert: Callable[[Any, Any, str], Any], problems: list[str]
+) -> CustomEnvConfig | None:
+    custom = convert(section, CustomEnvConfig, key)
+    if custom is None:
+        return None
+    try:
+        env_class = load_env_class(custom.env_class)
+    except (ImportError, AttributeError, ValueError) as error:
+        problems.append(f"{key}.env_class: {error}")
+        return None
+    config_class = getattr(env_class, "config_class", None)
+    if config_class is not None:
+        custom.cfg = convert({} if custom.cfg is None else custom.cfg, config_class, f"{key}.cfg")
+    return custom
+
+
+def load_env_class(path: str) -> type:
+    """The class at ``"package.module.Class"``; for a ``@ray.remote`` class, the class it wraps."""
+    module_name, _, class_name = path.rpartition(".")
+    if not module_name:
+        raise ValueError(f"{path!r} is not a class path (package.module.Class)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ImportError(f"cannot import {module_name!r} for {path!r}: {error}") from error
+    if not hasattr(module, class_name):
+        raise AttributeError(f"module {module_name!r} has no {class_name!r}")
+    found = getattr(module, class_name)
+    return getattr(found, "__ray_actor_class__", found)
 
 
 def check_env_config(name: str, cfg: Any) -> None:

@@ -5,7 +5,8 @@ Conventions shared with data and rollouts:
   "environment", "content": str, "token_ids": LongTensor[T]}``; environments read only ``role`` and ``content``;
 - each sample carries a metadata dict (the dataset's ``extra_env_info``), passed to ``step`` and handed back
   (possibly updated) for the next turn;
-- observations are messages without ``token_ids``: the rollout tokenises them.
+- observations are messages without ``token_ids`` (role ``user``, ``tool``, or ``environment``, which templates render
+  as ``user``): the rollout chat-templates them as the next turn and tokenises them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 class EnvironmentReturn(NamedTuple):
     """Result of one `EnvironmentInterface.step` over a batch of B samples.
 
-    observations: B messages ``{"role": "environment", "content": str}`` to append to each conversation.
+    observations: B messages ``{"role": "user" | "tool" | "environment", "content": str}``, the next turn of each
+        conversation (ignored where the episode terminates).
     metadata: B metadata dicts for the next turn.
     next_stop_strings: B stop-string lists for the next generation turn (``None``: the generation config's own).
     rewards: float32[B], this turn's reward per sample.

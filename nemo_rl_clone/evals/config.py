@@ -156,7 +156,7 @@ class EvalMasterConfig:
                 )
             )
         task = self.data.task_name
-        if getattr(self.env, task) is None:
+        if task not in self.env:
             problems.append((f"env.{task}", f"required: it scores data.dataset_name {self.data.dataset_name!r}"))
         problems += check_no_samples_to_print(self.logger, "evaluation")
         return problems

@@ -133,7 +133,7 @@ def _generate_with_engines(
     from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
 
     task = config.data.task_name
-    env = create_env(task, getattr(config.env, task))
+    env = create_env(task, config.env[task])
     use_gpus = torch.cuda.is_available()
     cluster, generation = None, None
     try:

@@ -16,7 +16,11 @@ import ray
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from nemo_rl_clone.data.llm_message_utils import batched_message_log_to_flat_message, message_from_token_ids
+from nemo_rl_clone.data.llm_message_utils import (
+    batched_message_log_to_flat_message,
+    message_from_token_ids,
+    observation_message,
+)
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.generation.interfaces import GenerationInterface
 
@@ -49,7 +53,7 @@ def run_multi_turn_rollout(
         ``[B]`` float, ``truncated`` ``[B]`` bool, ``turns`` ``[B]`` long, ``extracted_answers`` (B answers the
         environment extracted from each sample's last scored turn, ``None`` where it found none); metrics
         ``mean_turns``, ``truncation_rate``, ``mean_generation_length``, ``total_generated_tokens``,
-        ``natural_termination_rate``.
+        ``natural_termination_rate``, and each environment's own metrics of its episodes as ``env/<name>/<metric>``.
     """
     batch = BatchedDataDict(input_batch.copy())
     batch["message_log"] = copy.deepcopy(list(input_batch["message_log"]))
@@ -115,7 +119,11 @@ def run_multi_turn_rollout(
             if truncated[i]:
                 continue
             stop_strings[i] = next_stops
-            batch["message_log"][i].append(_observation_message(observation, tokenizer))
+            last = batch["message_log"][i][-1]["token_ids"]
+            ended_with_eos = len(last) > 0 and int(last[-1]) == tokenizer.eos_token_id
+            message = observation_message(observation, tokenizer, ended_with_eos)
+            message[GENERATION_LOGPROBS] = torch.zeros(len(message["token_ids"]), dtype=torch.float32)
+            batch["message_log"][i].append(message)
 
     batch["total_reward"] = total_reward
     batch["truncated"] = truncated
@@ -129,7 +137,30 @@ def run_multi_turn_rollout(
         "total_generated_tokens": float(generated_tokens),
         "mean_generation_length": generated_tokens / max(1, size),
     }
+    metrics.update(_environment_metrics(batch, task_to_env))
     return batch, metrics
+
+
+def _environment_metrics(batch: BatchedDataDict, task_to_env: Mapping[str, Any]) -> dict[str, float]:
+    """Each environment's own metrics of its episodes (``global_post_process_and_metrics``), as ``env/<name>/*``."""
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, task in enumerate(batch["task_name"]):
+        by_task[task].append(i)
+    futures = {
+        task: task_to_env[task].global_post_process_and_metrics.remote(
+            {
+                "rewards": batch["total_reward"][indices],
+                "turns": batch["turns"][indices],
+                "is_end": ~batch["truncated"][indices],
+            }
+        )
+        for task, indices in by_task.items()
+    }
+    metrics = {}
+    for task, future in futures.items():
+        _, env_metrics = ray.get(future)
+        metrics.update({f"env/{task}/{name}": float(value) for name, value in env_metrics.items()})
+    return metrics
 
 
 def _step_environments(
@@ -158,14 +189,3 @@ def _step_environments(
                 ret.answers[k],
             )
     return results
-
-
-def _observation_message(observation: Mapping[str, Any], tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
-    """The environment's reply as a message of its own tokens (plain encoding: it is input, never trained on)."""
-    token_ids = torch.tensor(tokenizer.encode(observation["content"], add_special_tokens=False), dtype=torch.long)
-    return {
-        "role": observation.get("role", "environment"),
-        "content": observation["content"],
-        "token_ids": token_ids,
-        GENERATION_LOGPROBS: torch.zeros(len(token_ids), dtype=torch.float32),
-    }

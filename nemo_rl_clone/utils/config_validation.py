@@ -9,7 +9,10 @@ Schema conventions:
 - supported field types: bool, int, float (ints accepted), str, Any, Optional[X], Union, Literal, list[X],
   tuple[X, ...], dict[str, X] and nested dataclasses;
 - a dataclass may define ``check(self) -> list[tuple[str, str]]`` returning ``(relative_key, message)`` pairs for
-  impossible combinations; it runs only when the section itself had no type errors.
+  impossible combinations; it runs only when the section itself had no type errors;
+- a section whose keys are open (``env``: one section per environment, named by the user) is a class with a
+  classmethod ``convert_config(value, key, convert, problems)``; ``convert(value, type, dotted_key)`` validates a
+  part of it by these same rules, and the classmethod appends its own problems (full lines) to ``problems``.
 """
 
 from __future__ import annotations
@@ -42,8 +45,17 @@ def validate_config(data: Mapping[str, Any], schema: type[T]) -> T:
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """A validated config (dataclass) as plain nested dicts, e.g. for saving ``config.yaml``."""
-    return dataclasses.asdict(config)
+    """A validated config (dataclass) as plain nested dicts and lists, e.g. for saving ``config.yaml``."""
+    return _plain(dataclasses.asdict(config))
+
+
+def _plain(value: Any) -> Any:
+    # asdict keeps the types of mappings (the open `env` section is a dict subclass), which YAML cannot write.
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 class _Context:
@@ -136,6 +148,8 @@ def _convert(value: Any, tp: Any, key: str, problems: list[str], ctx: _Context) 
     """Check ``value`` against type ``tp``; return the converted value (or None after recording a problem)."""
     if tp is Any:
         return value
+    if isinstance(tp, type) and hasattr(tp, "convert_config"):
+        return tp.convert_config(value, key, lambda v, t, k: _convert(v, t, k, problems, ctx), problems)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _convert_dataclass(value, tp, key, problems, ctx)
     origin, args = typing.get_origin(tp), typing.get_args(tp)

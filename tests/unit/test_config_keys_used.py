@@ -28,7 +28,7 @@ from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
 from nemo_rl_clone.algorithms.grpo_config import AsyncGRPOConfig, GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
-from nemo_rl_clone.environments.config import MathEnvConfig
+from nemo_rl_clone.environments.config import BUILTIN_ENV_CONFIGS, EnvConfig, MathEnvConfig
 from nemo_rl_clone.evals.config import EvalMasterConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
 from nemo_rl_clone.models.policy.config import DTensorConfig, LoraConfig, RewardModelConfig
@@ -203,6 +203,9 @@ def walk(schema: type, prefix: str = "") -> Iterator[tuple[str, type, str, Any]]
         inner = _dataclass_in(hints[field.name])
         if inner is not None:
             yield from walk(inner, dotted)
+        elif hints[field.name] is EnvConfig:  # open sections: every built-in environment's schema
+            for name, section in BUILTIN_ENV_CONFIGS.items():
+                yield from walk(section, f"{dotted}.{name}")
 
 
 class _Reads(ast.NodeVisitor):

@@ -14,6 +14,7 @@ from nemo_rl_clone.data.llm_message_utils import (
     get_keys_from_message_log,
     message_from_token_ids,
     message_log_to_flat_messages,
+    observation_message,
 )
 from nemo_rl_clone.models.huggingface import load_tokenizer
 
@@ -94,7 +95,9 @@ def test_bad_inputs_are_named(tokenizer):
         get_formatted_message_log([], tokenizer, add_generation_prompt=True)
     with pytest.raises(ValueError, match=r"messages\[1\]\['role'\] must be one of"):
         get_formatted_message_log(
-            [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}], tokenizer, add_generation_prompt=True
+            [{"role": "user", "content": "a"}, {"role": "critic", "content": "b"}],
+            tokenizer,
+            add_generation_prompt=True,
         )
     with pytest.raises(ValueError, match=r"messages\[0\]\['content'\] must be a str, got int"):
         get_formatted_message_log([{"role": "user", "content": 3}], tokenizer, add_generation_prompt=True)
@@ -196,3 +199,33 @@ def test_flatten_rejects_misaligned_or_missing_tensors():
 def test_get_keys_from_message_log():
     log = _log(("user", [1]), ("assistant", [2]))
     assert get_keys_from_message_log(log, ["role", "missing"]) == [{"role": "user"}, {"role": "assistant"}]
+
+
+@pytest.mark.parametrize("role", ["user", "tool", "environment"])
+@pytest.mark.parametrize("ended_with_eos", [True, False])
+def test_observations_continue_the_conversation_as_the_template_renders_it(tokenizer, role, ended_with_eos):
+    """Prompt + generated answer + observation, each tokenised on its own, read as the template's rendering of
+    the whole conversation; after a stop string (no end-of-turn token generated) the observation closes the turn."""
+    answer = "I slide <move>8</move>"
+    prompt = get_formatted_message_log([{"role": "user", "content": "Solve it."}], tokenizer, True)
+    generated = tokenizer.encode(answer + (tokenizer.eos_token if ended_with_eos else ""), add_special_tokens=False)
+    observation = observation_message({"role": role, "content": "Solved."}, tokenizer, ended_with_eos)
+    assert observation["role"] == role
+    ids = [*torch.cat([m["token_ids"] for m in prompt]).tolist(), *generated, *observation["token_ids"].tolist()]
+    template_role = "user" if role == "environment" else role
+    conversation = [
+        {"role": "user", "content": "Solve it."},
+        {"role": "assistant", "content": answer},
+        {"role": template_role, "content": "Solved."},
+    ]
+    expected = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(ids) == expected
+    starts = "\n" if ended_with_eos else tokenizer.eos_token + "\n"
+    assert observation["content"].startswith(starts + f"<|im_start|>{template_role}\nSolved.")
+
+
+def test_bad_observations_are_named(tokenizer):
+    with pytest.raises(ValueError, match=r"an observation must be .* got role 'assistant'"):
+        observation_message({"role": "assistant", "content": "x"}, tokenizer, True)
+    with pytest.raises(ValueError, match="content of type NoneType"):
+        observation_message({"role": "user"}, tokenizer, True)

@@ -141,9 +141,10 @@ def test_processed_dataset_routes_rows_by_task(tokenizer):
     assert "\\boxed{}" not in dataset[2]["message_log"][-1]["content"]
 
     with pytest.raises(
-        KeyError, match=r"row 0: no data processor for task_name 'code'; known: \['math', 'reasoning_gym'\]"
+        KeyError,
+        match=r"row 0: no data processor for task_name 'chess'; known: \['code', 'math', 'reasoning_gym', 'sliding",
     ):
-        AllTaskProcessedDataset([{"problem": "p", "task_name": "code"}], tokenizer, specs, 64)[0]
+        AllTaskProcessedDataset([{"problem": "p", "task_name": "chess"}], tokenizer, specs, 64)[0]
     with pytest.raises(KeyError, match=r"row 2: no TaskDataSpec for task_name 'reasoning_gym'"):
         AllTaskProcessedDataset(_rows(), tokenizer, {"math": specs["math"]}, 64)[2]
 

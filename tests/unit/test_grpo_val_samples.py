@@ -29,6 +29,19 @@ def test_sample_rows_without_advantages() -> None:
     assert with_advantages[0]["advantage"] == 0.5
 
 
+def test_multi_turn_rows_keep_the_episode_in_order_after_the_prompt() -> None:
+    log = [
+        {"role": "system", "content": "S."},
+        {"role": "user", "content": "Board 1."},
+        {"role": "assistant", "content": "<move>3</move>"},
+        {"role": "user", "content": "Board 2."},
+        {"role": "assistant", "content": "<move>4</move>"},
+    ]
+    (row,) = sample_rows(BatchedDataDict(message_log=[log], idx=[0]), torch.tensor([1.0]))
+    assert row["prompt"] == "S.Board 1."
+    assert row["response"] == "<move>3</move>Board 2.<move>4</move>"
+
+
 def test_print_samples_prints_prompt_response_and_reward_verbatim(capsys) -> None:
     rows = sample_rows(_batch(), torch.tensor([1.0, 0.0, 0.5]))[:2]
     print_samples(rows, "step 4: validation sample")

@@ -9,7 +9,7 @@ import dataclasses
 import difflib
 import importlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nemo_rl_clone.utils.errors import UserInputError
@@ -26,7 +26,9 @@ _LOADERS: dict[str, str] = {
     "aime2024": "nemo_rl_clone.data.datasets.aime2024:load_aime2024",
     "math500": "nemo_rl_clone.data.datasets.math500:load_math500",
     "reasoning_gym": "nemo_rl_clone.data.datasets.reasoning_gym:load_reasoning_gym",
+    "human_eval": "nemo_rl_clone.data.datasets.human_eval:load_human_eval",
     "local": "nemo_rl_clone.data.datasets.local_math:load_local_math",
+    "sliding_puzzle": "nemo_rl_clone.data.datasets.sliding_puzzle:load_sliding_puzzle",
 }
 DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
 
@@ -66,8 +68,9 @@ def load_dataset_by_name(name: str, **kwargs: Any) -> LoadedDataset:
     return loader(**kwargs)
 
 
-def load_dataset_from_config(data_config: DataConfig, seed: int) -> LoadedDataset:
-    """Load the dataset a ``data`` config section describes; ``seed`` (e.g. ``grpo.seed``) seeds splits.
+def load_dataset_from_config(data_config: DataConfig, seed: int, env: Mapping[str, Any] | None = None) -> LoadedDataset:
+    """Load the dataset a ``data`` config section describes; ``seed`` (e.g. ``grpo.seed``) seeds splits; ``env``
+    (the ``env`` sections) gives generated games their rules (``sliding_puzzle``: ``env.sliding_puzzle_game``).
 
     A set key the dataset does not use (e.g. ``data.split`` for DeepScaler) raises a ``ValueError`` naming it.
     """
@@ -81,6 +84,14 @@ def load_dataset_from_config(data_config: DataConfig, seed: int) -> LoadedDatase
             raise DataError("data.reasoning_gym: required when data.dataset_name is 'reasoning_gym'")
         # The section's fields are the loader's arguments (and carry their own seed).
         options.update(dataclasses.asdict(data_config.reasoning_gym))
+    if name == "sliding_puzzle":
+        game = (env or {}).get("sliding_puzzle_game")
+        if data_config.sliding_puzzle is None or game is None:
+            raise DataError(
+                "data.sliding_puzzle and env.sliding_puzzle_game: both required for dataset 'sliding_puzzle'"
+            )
+        options.update(dataclasses.asdict(data_config.sliding_puzzle))
+        options.update(dataclasses.asdict(game.cfg.game_config))
     accepted = set(inspect.signature(loader).parameters)
     unused = sorted(set(options) - accepted)
     if unused:

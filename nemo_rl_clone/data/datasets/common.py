@@ -172,6 +172,8 @@ class AllTaskProcessedDataset(torch.utils.data.Dataset):
         task_data_specs: prompt specs, one for all tasks or one per ``task_name``.
         max_seq_length: prompts longer than this are truncated and get ``loss_multiplier = 0``.
         processors: ``task_name → processor``; defaults to :data:`DATA_PROCESSORS`.
+        env_name: the environment that scores every row (its ``task_name`` after processing); None keeps the
+            rows' own.
     """
 
     def __init__(
@@ -181,12 +183,14 @@ class AllTaskProcessedDataset(torch.utils.data.Dataset):
         task_data_specs: TaskDataSpec | Mapping[str, TaskDataSpec],
         max_seq_length: int,
         processors: Mapping[str, TaskDataProcessFn] | None = None,
+        env_name: str | None = None,
     ):
         self.rows = rows
         self.tokenizer = tokenizer
         self.task_data_specs = task_data_specs
         self.max_seq_length = max_seq_length
         self.processors = dict(DATA_PROCESSORS if processors is None else processors)
+        self.env_name = env_name
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -207,4 +211,7 @@ class AllTaskProcessedDataset(torch.utils.data.Dataset):
             raise KeyError(
                 f"row {idx}: no TaskDataSpec for task_name {task_name!r}; known: {sorted(self.task_data_specs)}"
             )
-        return processor(row, spec, self.tokenizer, self.max_seq_length, idx)
+        datum = processor(row, spec, self.tokenizer, self.max_seq_length, idx)
+        if self.env_name is not None:
+            datum["task_name"] = self.env_name
+        return datum
