@@ -10,7 +10,6 @@ output is returned.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import sys
 import time
@@ -27,6 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
 from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_executable
 from nemo_rl_clone.distributed.virtual_cluster import BundleSlot, RayVirtualCluster
+from nemo_rl_clone.utils.imports import import_by_path
 
 logger = logging.getLogger(__name__)
 
@@ -36,23 +36,14 @@ _READY_LOG_INTERVAL_S = 60.0
 
 def import_class(fqn: str) -> type:
     """The class (or ``@ray.remote`` actor class) at dotted path ``"pkg.module.Class"``."""
-    module_name, _, class_name = fqn.rpartition(".")
-    if not module_name:
-        raise ValueError(f"actor class path must be 'package.module.Class', got {fqn!r}")
     try:
-        module = importlib.import_module(module_name)
+        return import_by_path(fqn)
     except ImportError as error:
         error.add_note(
             f"while importing actor class {fqn} in the driver: worker modules must import heavy or "
             "environment-specific packages inside methods so that the driver can import the class"
         )
         raise
-    try:
-        return getattr(module, class_name)
-    except AttributeError:
-        raise ImportError(
-            f"module {module_name!r} has no class {class_name!r} (from actor class path {fqn!r})"
-        ) from None
 
 
 class RayWorkerBuilder:

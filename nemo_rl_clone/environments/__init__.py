@@ -8,7 +8,6 @@ verifier libraries) so that loading configs never pays for them.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Any
 
@@ -42,6 +41,7 @@ def create_env(name: str, cfg: Any) -> Any:
 
     from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_executable
     from nemo_rl_clone.environments.config import CustomEnvConfig, check_env_config
+    from nemo_rl_clone.utils.imports import import_by_path
 
     if isinstance(cfg, CustomEnvConfig):
         fqn, actor_cfg = cfg.env_class, cfg.cfg
@@ -53,8 +53,7 @@ def create_env(name: str, cfg: Any) -> Any:
             "pass a CustomEnvConfig naming its class"
         )
     check_env_config(name, actor_cfg)  # fail here, not as an actor that dies in its constructor
-    module_name, _, class_name = fqn.rpartition(".")
-    actor_cls = getattr(importlib.import_module(module_name), class_name)
+    actor_cls = import_by_path(fqn)
     if not hasattr(actor_cls, "__ray_actor_class__"):
         actor_cls = ray.remote(actor_cls)
     # An environment mostly waits on its verifiers or its game logic: it takes no logical CPU from the bundles.

@@ -15,15 +15,13 @@ from __future__ import annotations
 import re
 import secrets
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
 import ray
-import torch
 
 from nemo_rl_clone.environments.config import CodeEnvConfig, check_env_config
-from nemo_rl_clone.environments.interfaces import EnvironmentReturn, check_step_batch, last_assistant_text
 from nemo_rl_clone.environments.sandbox import (
     SandboxLimits,
     SandboxStatus,
@@ -121,26 +119,12 @@ class CodeEnvironment(VerifierPoolEnvironment):
             raise ValueError(f"sample {sample_index}: 'entry_point' must be a function name, got {fields[2]!r}")
         return (response, *fields)
 
-    def step(self, message_log_batch: list[list[dict[str, Any]]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
-        """As `VerifierPoolEnvironment.step`, also counting sandbox statuses; the observation says why code failed."""
-        check_step_batch(message_log_batch, metadata)
-        jobs = [
-            self.make_job(last_assistant_text(log, index), metadata[index], index)
-            for index, log in enumerate(message_log_batch)
-        ]
-        results = self._pool.score(jobs)
-        self._counts["scored"] += len(results)
-        self._counts["extracted"] += sum(result.answer is not None for result in results)
-        self._counts.update(result.status for result in results)
+    def record(self, results: Sequence[VerifierResult]) -> None:
         self._sandbox_counts.update(getattr(result, "sandbox_status", None) or "none" for result in results)
-        return EnvironmentReturn(
-            observations=[{"role": "environment", "content": _feedback(result)} for result in results],
-            metadata=list(metadata),
-            next_stop_strings=[None] * len(results),
-            rewards=torch.tensor([result.reward for result in results], dtype=torch.float32),
-            terminateds=torch.ones(len(results), dtype=torch.bool),
-            answers=[result.answer for result in results],
-        )
+
+    def feedback(self, result: VerifierResult) -> str:
+        """Why code failed: ``Environment: incorrect (error: exit status 1: AssertionError)``."""
+        return "Environment: correct" if result.reward == 1.0 else f"Environment: incorrect ({result.error})"
 
     def global_post_process_and_metrics(self, batch: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, float]]:
         """The pool environment's metrics plus ``sandbox_<status>_rate`` for each sandbox status (`SandboxStatus`)
@@ -152,7 +136,3 @@ class CodeEnvironment(VerifierPoolEnvironment):
                 metrics[f"sandbox_{status}_rate"] = self._sandbox_counts[status] / scored
         self._sandbox_counts.clear()
         return batch, metrics
-
-
-def _feedback(result: VerifierResult) -> str:
-    return "Environment: correct" if result.reward == 1.0 else f"Environment: incorrect ({result.error})"

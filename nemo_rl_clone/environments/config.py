@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import difflib
-import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from nemo_rl_clone.environments.sandbox import SandboxLimits
 from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.imports import import_by_path
 
 # Kept equal to answer_extraction.ANSWER_EXTRACTION_METHODS (a unit test checks); spelled out here so the config
 # validator can name the valid values.
@@ -210,7 +210,7 @@ def _convert_custom(
         return None
     try:
         env_class = load_env_class(custom.env_class)
-    except (ImportError, AttributeError, ValueError) as error:
+    except ImportError as error:
         problems.append(f"{key}.env_class: {error}")
         return None
     config_class = getattr(env_class, "config_class", None)
@@ -221,16 +221,7 @@ def _convert_custom(
 
 def load_env_class(path: str) -> type:
     """The class at ``"package.module.Class"``; for a ``@ray.remote`` class, the class it wraps."""
-    module_name, _, class_name = path.rpartition(".")
-    if not module_name:
-        raise ValueError(f"{path!r} is not a class path (package.module.Class)")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ImportError(f"cannot import {module_name!r} for {path!r}: {error}") from error
-    if not hasattr(module, class_name):
-        raise AttributeError(f"module {module_name!r} has no {class_name!r}")
-    found = getattr(module, class_name)
+    found = import_by_path(path)
     return getattr(found, "__ray_actor_class__", found)
 
 

@@ -226,14 +226,22 @@ class VerifierPoolEnvironment(EnvironmentInterface):
         self._counts["scored"] += len(results)
         self._counts["extracted"] += sum(result.answer is not None for result in results)
         self._counts.update(result.status for result in results)
+        self.record(results)
         return EnvironmentReturn(
-            observations=[{"role": "environment", "content": _feedback(result.reward)} for result in results],
+            observations=[{"role": "environment", "content": self.feedback(result)} for result in results],
             metadata=list(metadata),
             next_stop_strings=[None] * len(results),
             rewards=torch.tensor([result.reward for result in results], dtype=torch.float32),
             terminateds=torch.ones(len(results), dtype=torch.bool),
             answers=[result.answer for result in results],
         )
+
+    def record(self, results: Sequence[VerifierResult]) -> None:
+        """Called with each step's results, for subclasses that count more than the pool's statuses."""
+
+    def feedback(self, result: VerifierResult) -> str:
+        """The observation after a scored answer (logged; the episode ends)."""
+        return _feedback(result.reward)
 
     def global_post_process_and_metrics(self, batch: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, float]]:
         """Metrics of a rolled-out batch plus verifier health since the previous call; the batch is unchanged.

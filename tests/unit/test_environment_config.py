@@ -114,9 +114,9 @@ def test_bad_environment_sections_are_named(user_package: str) -> None:
         "for your own, name its class: env.mth.env_class: package.module.Class",
         "env.a.cfg.volume: unknown key",
         "env.a.cfg.exclamations: must be >= 1, got 0",
-        "env.b.env_class: cannot import 'not_a_module' for 'not_a_module.Env': No module named 'not_a_module'",
-        f"env.c.env_class: module '{user_package}' has no 'Whisper'",
-        "env.d.env_class: 'Shout' is not a class path (package.module.Class)",
+        "env.b.env_class: cannot import 'not_a_module.Env' (module 'not_a_module': No module named 'not_a_module')",
+        f"env.c.env_class: cannot import '{user_package}.Whisper'",
+        "env.d.env_class: 'Shout' is not a dotted class path (package.module.Class)",
         "env.math.num_workrs: unknown key (did you mean env.math.num_workers?)",
     ]
     assert problems({"a": {"env_class": f"{user_package}.Shout", "cfg": {"exclamations": 0}}}) == [

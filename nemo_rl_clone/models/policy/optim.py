@@ -8,14 +8,13 @@ class path or a bad kwarg (``lr: abc``) fails before any worker starts, as one l
 
 from __future__ import annotations
 
-import difflib
-import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from nemo_rl_clone.models.policy.config import OptimizerConfig
+from nemo_rl_clone.utils import imports
 from nemo_rl_clone.utils.errors import UserInputError
 
 
@@ -24,25 +23,13 @@ class OptimizerConfigError(UserInputError, ValueError):
 
 
 def import_by_path(path: str, key: str) -> Any:
-    """The object at dotted ``path`` (e.g. ``torch.optim.AdamW``).
-
-    Raises:
-        ValueError: naming the config ``key`` and, where there is one, the nearest existing name
-            (``policy.optimizer.name: cannot import 'torch.optim.AdamWW' (did you mean torch.optim.AdamW?)``).
-    """
-    module_path, _, attr = path.rpartition(".")
-    if not module_path:
-        raise OptimizerConfigError(f"{key}: {path!r} is not a dotted class path like 'torch.optim.AdamW'")
+    """The object at dotted ``path`` (e.g. ``torch.optim.AdamW``); a `OptimizerConfigError` naming the config
+    ``key`` and, where there is one, the nearest existing name (``policy.optimizer.name: cannot import
+    'torch.optim.AdamWW' (did you mean torch.optim.AdamW?)``)."""
     try:
-        module = importlib.import_module(module_path)
+        return imports.import_by_path(path)
     except ImportError as error:
-        raise OptimizerConfigError(f"{key}: cannot import {path!r} (module {module_path!r}: {error})") from None
-    if hasattr(module, attr):
-        return getattr(module, attr)
-    public = [name for name in dir(module) if not name.startswith("_")]
-    close = difflib.get_close_matches(attr, public, n=1)
-    hint = f" (did you mean {module_path}.{close[0]}?)" if close else ""
-    raise OptimizerConfigError(f"{key}: cannot import {path!r}{hint}")
+        raise OptimizerConfigError(f"{key}: {error}") from None
 
 
 def check_import_paths(optimizer: OptimizerConfig | None, scheduler: Sequence[Mapping[str, Any]] | None) -> None:
