@@ -116,7 +116,12 @@ class Case:
 
 OPENAI = ("data.dataset_name=openai_format", "data.data_path={train}", "data.val_data_path={val}")
 BINARY = ("data.dataset_name=binary_preference", "data.data_path={pairs}", "data.split_validation_size=0.5")
-OMI2 = ("data.dataset_name=OpenMathInstruct-2", "data.reasoning_gym=null", "++data.split_validation_size=0.2")
+OMI2 = (
+    "data.dataset_name=OpenMathInstruct-2",
+    "data.reasoning_gym=null",
+    "env.math={{}}",
+    "++data.split_validation_size=0.2",
+)
 
 CASES = [
     # config validation (typos, wrong types)
@@ -176,7 +181,7 @@ CASES = [
     Case(
         "grpo-evaluation-only-dataset",
         "grpo_math",
-        ("data.dataset_name=local", "data.reasoning_gym=null", "++data.data_path={local_math}"),
+        ("data.dataset_name=local", "data.reasoning_gym=null", "env.math={{}}", "++data.data_path={local_math}"),
         "has no training split",
         _math_files,
     ),
