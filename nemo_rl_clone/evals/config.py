@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nemo_rl_clone.data.config import ReasoningGymDataConfig
+from nemo_rl_clone.data.config import DATASET_ENVIRONMENTS, ReasoningGymDataConfig
 from nemo_rl_clone.data.datasets import DATASET_NAMES, unknown_dataset_message
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
@@ -119,7 +119,7 @@ class EvalDataConfig:
     @property
     def task_name(self) -> str:
         """The environment (``env.<task_name>``) that scores this dataset's answers."""
-        return "reasoning_gym" if self.dataset_name == "reasoning_gym" else "math"
+        return DATASET_ENVIRONMENTS.get(self.dataset_name, "math")
 
 
 @dataclass
