@@ -138,7 +138,8 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
 def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """Roll out the validation prompts once (sampled with fixed per-prompt seeds, so runs compare fairly).
 
-    Returns ``accuracy`` (fraction of responses with reward 1) and ``avg_length`` (generated tokens). ``samples``
+    Returns ``accuracy`` (fraction of responses with reward 1), ``mean_reward`` (what a graded scorer such as a
+    reward model is judged by) and ``avg_length`` (generated tokens). ``samples``
     receives the first ``logger.num_val_samples_to_print`` samples as `sample_rows` rows.
     """
     cfg = c.config
@@ -157,7 +158,11 @@ def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> 
         lengths.append(metrics["mean_generation_length"] * batch.size)
     all_rewards = torch.cat(rewards)
     c.generation.take_performance_metrics()  # validation's generation is not the next training step's
-    return {"accuracy": (all_rewards == 1.0).float().mean().item(), "avg_length": sum(lengths) / count}
+    return {
+        "accuracy": (all_rewards == 1.0).float().mean().item(),
+        "mean_reward": all_rewards.float().mean().item(),
+        "avg_length": sum(lengths) / count,
+    }
 
 
 def log_validation(c: GRPOComponents, step: int) -> None:

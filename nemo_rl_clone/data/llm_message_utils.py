@@ -22,6 +22,7 @@ VALID_ROLES = ("system", "user", "assistant", "environment", "tool")
 _TEMPLATE_ROLE = {"environment": "user"}
 # Stand-in assistant text for finding where a template closes an assistant turn.
 _PROBE = "PROBE-ASSISTANT-TEXT-7f3a"
+_PROBE_CONVERSATION = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}]
 
 
 def get_formatted_message_log(
@@ -141,10 +142,9 @@ def observation_message(
             f"an observation must be {{'role': 'user' | 'tool' | 'environment', 'content': str}}, got role {role!r} "
             f"and content of type {type(content).__name__}"
         )
-    probe = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _PROBE}]
-    before = tokenizer.apply_chat_template(probe, tokenize=False)
+    before = tokenizer.apply_chat_template(_PROBE_CONVERSATION, tokenize=False)
     after = tokenizer.apply_chat_template(
-        [*probe, {"role": _TEMPLATE_ROLE.get(role, role), "content": content}],
+        [*_PROBE_CONVERSATION, {"role": _TEMPLATE_ROLE.get(role, role), "content": content}],
         tokenize=False,
         add_generation_prompt=True,
     )
@@ -154,13 +154,22 @@ def observation_message(
             f"the chat template of {tokenizer.name_or_path!r} renders a conversation differently once a {role!r} "
             "message follows, so observations cannot be appended turn by turn"
         )
-    closing = before[before.rindex(_PROBE) + len(_PROBE) :]
+    text = assistant_turn_closing(tokenizer, assistant_ended_with_eos) + after[len(before) :]
+    token_ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
+    return {"role": role, "content": text, "token_ids": token_ids}
+
+
+def assistant_turn_closing(tokenizer: PreTrainedTokenizerBase, assistant_ended_with_eos: bool) -> str:
+    """What the chat template writes after an assistant message's content (e.g. ``<|im_end|>\n``), less the
+    end-of-sequence token when the generated text already ends with it: appended to a generated turn, it gives the
+    text the template renders for the whole conversation."""
+    rendered = tokenizer.apply_chat_template(_PROBE_CONVERSATION, tokenize=False)
+    assert isinstance(rendered, str)  # tokenize=False renders text
+    closing = rendered[rendered.rindex(_PROBE) + len(_PROBE) :]
     eos = tokenizer.eos_token
     if assistant_ended_with_eos and eos and closing.startswith(eos):
         closing = closing[len(eos) :]
-    text = closing + after[len(before) :]
-    token_ids = torch.tensor(tokenizer.encode(text, add_special_tokens=False), dtype=torch.long)
-    return {"role": role, "content": text, "token_ids": token_ids}
+    return closing
 
 
 def add_loss_mask_to_message_log(

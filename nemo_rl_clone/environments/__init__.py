@@ -18,6 +18,7 @@ ENVIRONMENT_REGISTRY: dict[str, str] = {
     "sliding_puzzle_game": "nemo_rl_clone.environments.games.sliding_puzzle.SlidingPuzzleEnvironment",
     "tool_use": "nemo_rl_clone.environments.tool_use_environment.ToolUseEnvironment",
     "code": "nemo_rl_clone.environments.code_environment.CodeEnvironment",
+    "reward_model": "nemo_rl_clone.environments.reward_model_environment.RewardModelEnvironment",
 }
 
 
@@ -54,10 +55,14 @@ def create_env(name: str, cfg: Any) -> Any:
         )
     check_env_config(name, actor_cfg)  # fail here, not as an actor that dies in its constructor
     actor_cls = import_by_path(fqn)
+    env_cls = getattr(actor_cls, "__ray_actor_class__", actor_cls)
     if not hasattr(actor_cls, "__ray_actor_class__"):
         actor_cls = ray.remote(actor_cls)
     # An environment mostly waits on its verifiers or its game logic: it takes no logical CPU from the bundles.
     options: dict[str, Any] = {"num_cpus": 0}
+    actor_options = getattr(env_cls, "actor_options", None)
+    if callable(actor_options):  # e.g. a GPU for a model-backed environment; may refuse the config here, in the driver
+        options.update(actor_options(actor_cfg))
     python = get_actor_python_executable(fqn)
     if python != sys.executable:
         options["runtime_env"] = {"py_executable": python}

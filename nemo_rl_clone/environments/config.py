@@ -145,6 +145,135 @@ class ToolUseEnvConfig:
         return problems
 
 
+REWARD_MODEL_PRECISIONS = ("float32", "bfloat16")
+_ONE_PROCESS = "the reward-model environment runs its model in one process"
+
+
+@dataclass
+class RewardModelResources:
+    """Where the scoring actor runs: ``gpus_per_node`` GPUs (0: the CPU) on one node."""
+
+    gpus_per_node: int = 0
+    num_nodes: int = 1
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = check_at_least(self, 0, "gpus_per_node")
+        if self.num_nodes != 1:
+            problems.append(("num_nodes", f"{_ONE_PROCESS} on one node; set it to 1 (got {self.num_nodes})"))
+        if self.gpus_per_node > 1:
+            problems.append(("gpus_per_node", f"{_ONE_PROCESS} on one device; set it to 0 or 1"))
+        return problems
+
+
+@dataclass
+class RewardModelTokenizer:
+    """``name``: the scorer's tokenizer (null: the checkpoint's saved tokenizer, else the model's)."""
+
+    name: str | None = None
+
+
+@dataclass
+class RewardModelDTensorConfig:
+    """NeMo-RL builds its reward model as a training policy, so its recipes carry these keys; scoring runs one
+    unsharded forward, so only the values that mean that are accepted."""
+
+    enabled: bool = True
+    _v2: bool = True
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    sequence_parallel: bool = False
+    tensor_parallel_size: int = 1
+    context_parallel_size: int = 1
+    custom_parallel_plan: str | None = None
+
+    def check(self) -> list[tuple[str, str]]:
+        refused = {
+            "enabled": (not self.enabled, "the scorer is a plain (DTensor-backend) model; set it to true"),
+            "activation_checkpointing": (
+                self.activation_checkpointing,
+                "scoring keeps no activations; set it to false",
+            ),
+            "cpu_offload": (self.cpu_offload, "not supported yet; set it to false"),
+            "sequence_parallel": (self.sequence_parallel, f"{_ONE_PROCESS}; set it to false"),
+            "tensor_parallel_size": (self.tensor_parallel_size != 1, f"{_ONE_PROCESS}; set it to 1"),
+            "context_parallel_size": (self.context_parallel_size != 1, f"{_ONE_PROCESS}; set it to 1"),
+            "custom_parallel_plan": (self.custom_parallel_plan is not None, f"{_ONE_PROCESS}; set it to null"),
+        }
+        return [(key, message) for key, (bad, message) in refused.items() if bad]
+
+
+@dataclass
+class RewardModelSwitch:
+    """``enabled``-only sections of NeMo-RL's reward-model config that the scorer does not implement."""
+
+    enabled: bool = False
+
+    def check(self) -> list[tuple[str, str]]:
+        return (
+            [("enabled", "not supported by the reward-model environment yet; set it to false")] if self.enabled else []
+        )
+
+
+@dataclass
+class RewardModelKind:
+    """``env.reward_model.reward_model_cfg``: the model is a Bradley-Terry scorer (one scalar per conversation)."""
+
+    enabled: bool = True
+    reward_model_type: str = "bradley_terry"
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = (
+            [] if self.enabled else [("enabled", "the reward-model environment needs a reward model; set it to true")]
+        )
+        if self.reward_model_type != "bradley_terry":
+            problems.append(("reward_model_type", f"must be one of ['bradley_terry'], got {self.reward_model_type!r}"))
+        return problems
+
+
+@dataclass
+class RewardModelEnvConfig:
+    """``env.reward_model``: a Bradley-Terry reward model scores each finished episode; the reward is its score.
+
+    ``model_name``: a reward model (``*ForSequenceClassification``: a folder, a hub id) or, with ``checkpoint_path``
+    (a ``run_rm.py`` checkpoint: its ``checkpoint_dir`` for the latest step, or a ``step_N`` folder), the base model
+    it was trained from (null: the checkpoint's). ``batch_size``: conversations per forward; ``max_model_len``: the
+    tokens scored per conversation (longer ones keep their last tokens and are counted as truncated).
+    """
+
+    enabled: bool = True
+    model_name: str | None = None
+    checkpoint_path: str | None = None
+    tokenizer: RewardModelTokenizer = field(default_factory=RewardModelTokenizer)
+    precision: str = "float32"
+    batch_size: int = 8
+    max_model_len: int = 2048
+    resources: RewardModelResources = field(default_factory=RewardModelResources)
+    reward_model_cfg: RewardModelKind = field(default_factory=RewardModelKind)
+    dtensor_cfg: RewardModelDTensorConfig = field(default_factory=RewardModelDTensorConfig)
+    dynamic_batching: RewardModelSwitch = field(default_factory=RewardModelSwitch)
+    sequence_packing: RewardModelSwitch = field(default_factory=RewardModelSwitch)
+    # Training keys of NeMo-RL's policy config, present in its recipes; nothing is trained here.
+    max_grad_norm: float | None = None
+    offload_optimizer_for_logprob: bool = False
+    processor: str | None = None
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = check_at_least(self, 1, "batch_size", "max_model_len")
+        if not self.enabled:
+            problems.append(("enabled", "set the section to null to switch the environment off"))
+        if self.model_name is None and self.checkpoint_path is None:
+            problems.append(("model_name", "required: a reward model, or the base model of checkpoint_path"))
+        if self.precision not in REWARD_MODEL_PRECISIONS:
+            problems.append(("precision", f"must be one of {list(REWARD_MODEL_PRECISIONS)}, got {self.precision!r}"))
+        if self.max_grad_norm is not None:
+            problems.append(("max_grad_norm", "the reward model is not trained here; set it to null"))
+        if self.offload_optimizer_for_logprob:
+            problems.append(
+                ("offload_optimizer_for_logprob", "the reward model has no optimizer here; set it to false")
+            )
+        return problems
+
+
 @dataclass
 class CustomEnvConfig:
     """A user's environment: ``env_class`` (``"package.module.Class"``, an `EnvironmentInterface`, plain or
@@ -162,6 +291,7 @@ BUILTIN_ENV_CONFIGS: dict[str, type] = {
     "sliding_puzzle_game": SlidingPuzzleEnvConfig,
     "tool_use": ToolUseEnvConfig,
     "code": CodeEnvConfig,
+    "reward_model": RewardModelEnvConfig,
 }
 
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from nemo_rl_clone.utils.checkpoint import CONFIG_FILE, TRAINING_INFO_FILE
+from nemo_rl_clone.utils.checkpoint import CONFIG_FILE, TRAINING_INFO_FILE, find_checkpoint_step
 from nemo_rl_clone.utils.errors import UserInputError
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -88,26 +88,6 @@ def resolve_eval_model(model_name: str) -> EvalModel:
     if os.path.isdir(resolved):
         _reject_reward_model_folder(Path(resolved))
     return EvalModel(model_path=model_name, tokenizer_path=model_name, description=model_name)
-
-
-def find_checkpoint_step(path: Path) -> Path | None:
-    """The checkpoint step folder ``path`` names: itself (``step_N``), its parent (``step_N/policy``), or the latest
-    complete ``step_N`` inside it (a ``checkpoint_dir``); None when ``path`` is no checkpoint."""
-    if _is_step_dir(path):
-        return path
-    if path.name == "policy" and _is_step_dir(path.parent):
-        return path.parent
-    steps = [
-        (int(m.group(1)), child)
-        for child in path.iterdir()
-        if (m := _STEP_DIR.match(child.name)) and (child / TRAINING_INFO_FILE).is_file() and _is_step_dir(child)
-    ]
-    return max(steps)[1] if steps else None
-
-
-def _is_step_dir(path: Path) -> bool:
-    policy = path / "policy"
-    return (policy / "weights").is_dir() or (policy / "hf" / "config.json").is_file()
 
 
 def _from_checkpoint(step_dir: Path) -> EvalModel:

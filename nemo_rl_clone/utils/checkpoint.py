@@ -434,3 +434,23 @@ def remove_save_debris(checkpoint_dir: Path) -> None:
                     shutil.rmtree(final_dir)
                 os.rename(child, final_dir)
     _fsync_path(checkpoint_dir)
+
+
+def find_checkpoint_step(path: Path) -> Path | None:
+    """The checkpoint step folder ``path`` names: itself (``step_N``), its parent (``step_N/policy``), or the latest
+    complete ``step_N`` inside it (a ``checkpoint_dir``); None when ``path`` is no checkpoint."""
+    if _is_step_dir(path):
+        return path
+    if path.name == "policy" and _is_step_dir(path.parent):
+        return path.parent
+    steps = [
+        (int(m.group(1)), child)
+        for child in path.iterdir()
+        if (m := _STEP_RE.match(child.name)) and (child / TRAINING_INFO_FILE).is_file() and _is_step_dir(child)
+    ]
+    return max(steps)[1] if steps else None
+
+
+def _is_step_dir(path: Path) -> bool:
+    policy = path / "policy"
+    return (policy / "weights").is_dir() or (policy / "hf" / "config.json").is_file()

@@ -28,7 +28,14 @@ from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
 from nemo_rl_clone.algorithms.grpo_config import AsyncGRPOConfig, GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
-from nemo_rl_clone.environments.config import BUILTIN_ENV_CONFIGS, EnvConfig, MathEnvConfig
+from nemo_rl_clone.environments.config import (
+    BUILTIN_ENV_CONFIGS,
+    EnvConfig,
+    MathEnvConfig,
+    RewardModelDTensorConfig,
+    RewardModelEnvConfig,
+    RewardModelKind,
+)
 from nemo_rl_clone.evals.config import EvalMasterConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
 from nemo_rl_clone.models.policy.config import DTensorConfig, LoraConfig, RewardModelConfig
@@ -64,6 +71,7 @@ class Refusal:
 
 # megatron_cfg is checked only when it is the backend; RM refuses the Megatron backend as a whole.
 MEGATRON_RUNS = ("grpo", "sft", "dpo")
+ENV_RUNS = ("grpo", "eval")  # the runs with an env section
 TO_MEGATRON = (("policy.dtensor_cfg.enabled", False), ("policy.optimizer", None), ("policy.scheduler", None))
 MEGATRON = (*TO_MEGATRON, ("policy.megatron_cfg.enabled", True))
 _LOCAL_SPEC = "needs Transformer Engine, and this backend builds Megatron's local (non-TE) layer spec"
@@ -150,6 +158,16 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     # One value is implemented; the key exists so that NeMo-RL configs naming it validate.
     (RewardModelConfig, "reward_model_type"): Refusal("pairwise", "must be one of ['bradley_terry'], got 'pairwise'"),
     (MathEnvConfig, "math_verify_impl"): Refusal("other", "must be one of 'hf_math_verify', got 'other'"),
+    # NeMo-RL's reward-model environment section carries policy-training keys; the scorer accepts their no-op values.
+    (RewardModelKind, "reward_model_type"): Refusal(
+        "pairwise", "must be one of ['bradley_terry'], got 'pairwise'", ENV_RUNS
+    ),
+    (RewardModelDTensorConfig, "sequence_parallel"): Refusal(
+        True, "the reward-model environment runs its model in one process; set it to false", ENV_RUNS
+    ),
+    (RewardModelEnvConfig, "offload_optimizer_for_logprob"): Refusal(
+        True, "the reward model has no optimizer here; set it to false", ENV_RUNS
+    ),
     # Read by GRPO only (it prints validation generations); the other runs have none to print.
     (LoggerConfig, "num_val_samples_to_print"): Refusal(
         2, "only GRPO prints validation samples; {run} has none, set it to 0", ("sft", "dpo", "rm", "eval")
@@ -191,6 +209,9 @@ INERT: dict[tuple[type, str], str] = {
         MegatronConfig,
         "force_reconvert_from_hf",
     ): "conversion runs in memory at every start-up; there is no cache to force",
+    (RewardModelDTensorConfig, "_v2"): "picks NeMo-RL's second DTensor worker; the scorer here is one plain model",
+    (RewardModelEnvConfig, "processor"): "names a data processor in NeMo-RL's recipe, which its environment does not "
+    "read either; data.processor picks the rows' processor",
 }
 
 

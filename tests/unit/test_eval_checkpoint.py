@@ -16,9 +16,10 @@ import yaml
 
 from nemo_rl_clone.data.datasets import load_dataset_by_name
 from nemo_rl_clone.evals import checkpoint as eval_checkpoint
-from nemo_rl_clone.evals.checkpoint import EvalModelError, find_checkpoint_step, resolve_eval_model
+from nemo_rl_clone.evals.checkpoint import EvalModelError, resolve_eval_model
 from nemo_rl_clone.models.hf_export import load_hf_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.utils.checkpoint import find_checkpoint_step
 
 
 @pytest.fixture(scope="module")
