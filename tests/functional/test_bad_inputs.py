@@ -79,7 +79,12 @@ def _model_dirs(tmp: Path) -> dict[str, str]:
     corrupt = tmp / "corrupt_weights"
     shutil.copytree(tiny, corrupt)
     (corrupt / "model.safetensors").write_text("not a safetensors file")
-    return {"empty": str(tmp / "empty_model"), "bad_config": str(tmp / "bad_config"), "corrupt": str(corrupt)}
+    return {
+        "empty": str(tmp / "empty_model"),
+        "bad_config": str(tmp / "bad_config"),
+        "corrupt": str(corrupt),
+        "policy_model": str(tiny),  # a causal LM: no trained score head for a reward-model environment
+    }
 
 
 def _math_files(tmp: Path) -> dict[str, str]:
@@ -191,6 +196,13 @@ CASES = [
         ("data.dataset_name=local", "data.reasoning_gym=null", "env.math={{}}", "data.data_path={no_answer}"),
         "field 'answer'",
         _math_files,
+    ),
+    Case(
+        "grpo-reward-model-is-a-policy",
+        "grpo_math",
+        ("++data.env_name=reward_model", "env.reasoning_gym=null", "++env.reward_model.model_name={policy_model}"),
+        "env.reward_model.model_name",
+        _model_dirs,
     ),
     # batch sizes and cluster shape
     Case(

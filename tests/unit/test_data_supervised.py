@@ -79,6 +79,26 @@ def test_sft_datum_tokens_are_the_chat_template_and_mask_covers_exactly_the_assi
     assert unmasked_text == turns[0] + turns[1] + turns[3]
 
 
+def test_tool_use_transcript_trains_on_the_calls_and_the_answer_not_the_tool_result(tmp_path, tokenizer):
+    transcript = [
+        {"role": "user", "content": "What is 12 * 34?"},
+        {
+            "role": "assistant",
+            "content": '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>',
+        },
+        {"role": "tool", "content": "408"},
+        {"role": "assistant", "content": "<answer>408</answer>"},
+    ]
+    path = _write_jsonl(tmp_path / "tools.jsonl", [{"messages": transcript}])
+    loaded = load_sft_dataset(SFTDataConfig(dataset_name="openai_format", data_path=path, val_data_path=path), 0)
+    assert loaded.train[0]["messages"] == transcript
+    datum = build_sft_datum(transcript, tokenizer, max_seq_length=512, idx=0)
+    ids, mask = _flat(datum["message_log"], "token_ids"), _flat(datum["message_log"], "token_loss_mask")
+    assert ids == _template_ids(tokenizer, transcript)  # the template renders the tool turn itself
+    turns = _templated_turns(tokenizer, transcript)
+    assert tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 1]) == turns[1] + turns[3]
+
+
 def test_long_sft_datum_is_truncated_and_gets_loss_multiplier_zero(tokenizer):
     full = build_sft_datum(MULTI_TURN, tokenizer, max_seq_length=512, idx=0)
     cut = build_sft_datum(MULTI_TURN, tokenizer, max_seq_length=full["length"] - 1, idx=0)

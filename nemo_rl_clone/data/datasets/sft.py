@@ -1,4 +1,4 @@
-"""SFT datasets: rows ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}`` with at least
+"""SFT datasets: rows ``{"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str}, ...]}`` with at least
 one assistant message (the tokens trained on).
 
 Formats (``data.dataset_name``):
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from nemo_rl_clone.data.config import SFTDataConfig
 
 SFT_DATASET_NAMES: tuple[str, ...] = ("squad", "OpenMathInstruct-2", "openai_format", "champ")
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")  # tool: a tool's result in a tool-use transcript
 Messages = list[dict[str, str]]
 # One raw row (and its 0-based index in the source, and the source's name for errors) → a common row, or None to
 # skip it (e.g. a HelpSteer3 tie).
