@@ -39,7 +39,8 @@ class EnvironmentReturn(NamedTuple):
 
 
 class EnvironmentInterface(abc.ABC):
-    """An environment; implementations are Ray actors (``@ray.remote``) and score text only (no model code)."""
+    """An environment; implementations are Ray actors (``@ray.remote``) and score text. They import no model code,
+    except the reward-model environment, whose scorer is a model."""
 
     @abc.abstractmethod
     def step(self, message_log_batch: list[list[dict[str, Any]]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:

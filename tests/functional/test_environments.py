@@ -1,4 +1,5 @@
-"""GRPO runs on other environments: the multi-turn sliding puzzle, and a user's own environment named only in YAML."""
+"""GRPO runs on other environments: the multi-turn sliding puzzle, tool use, code in the sandbox, a reward model, a
+user's own environment named only in YAML, and a multi-turn environment served over HTTP."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import json
 import os
 import subprocess
 import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -167,3 +171,92 @@ def test_grpo_against_a_reward_model_trained_by_run_rm(tmp_path: Path) -> None:
     logged = [s["reward"] for s in samples]
     assert logged == pytest.approx(rescored, abs=1e-4)
     assert len({round(r, 4) for r in logged}) > 1  # graded scores, not a constant
+
+
+def test_tool_use_smoke_scores_every_episode(tmp_path: Path) -> None:
+    run_entry_point("grpo_math", tmp_path, config="grpo_tool_use_smoke.yaml")
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    metrics = read_metrics(run_dir)
+    for step in (1, 2):
+        m = metrics[step]
+        assert m["train/rollout/env/tool_use/calls"] == 0.0, m  # random tokens are no tool call
+        assert m["train/rollout/env/tool_use/mean_turns"] == 1.0
+        assert 1.0 <= m["train/token_mult_prob_error"] <= 1.01
+    assert "validation/accuracy" in metrics[2]
+
+
+class TwoTurnServer(BaseHTTPRequestHandler):
+    """A user's environment server: answers an episode's first turn with a user message, ends it after the second
+    and rewards the second answer by its length (so rewards differ within a group)."""
+
+    requests: ClassVar[list[Any]] = []
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        TwoTurnServer.requests.append(payload)
+        results = []
+        for episode in payload["episodes"]:
+            answers = [m["content"] for m in episode["messages"] if m["role"] == "assistant"]
+            if len(answers) == 1:
+                results.append(
+                    {"reward": 0.0, "done": False, "observation": "Once more, please.", "stop_strings": [" "]}
+                )
+            else:
+                results.append({"reward": min(len(answers[-1]), 40) / 40, "done": True})
+        body = json.dumps({"results": results}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_grpo_with_a_remote_multi_turn_environment(tmp_path: Path) -> None:
+    """Every episode is two turns driven by an HTTP server the test starts: the first answer gets a user reply from
+    the server, the second ends the episode. Generation stops at a space, which the random model writes early, so
+    no turn is cut by the token limit."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), TwoTurnServer)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/step"
+        config = tmp_path / "remote.yaml"
+        config.write_text(
+            textwrap.dedent(
+                f"""\
+                defaults: {REPO / "configs" / "grpo_smoke.yaml"}
+                grpo: {{max_rollout_turns: 2}}
+                policy:
+                  max_total_sequence_length: 160
+                  generation:
+                    stop_strings: [" "]
+                    vllm_cfg: {{max_model_len: 160}}
+                data: {{env_name: my_gym}}
+                env:
+                  reasoning_gym: null
+                  my_gym:
+                    env_class: nemo_rl_clone.environments.remote_environment.RemoteEnvironment
+                    cfg: {{url: "{url}", timeout_s: 30}}
+                """
+            )
+        )
+        args = entry_point_args("grpo_math", tmp_path)
+        args[args.index("--config") + 1] = str(config)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    finally:
+        httpd.shutdown()
+        thread.join()
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    metrics = read_metrics(run_dir)
+    for step in (1, 2):
+        m = metrics[step]
+        assert m["train/rollout/mean_turns"] == 2.0, m
+        assert 1.0 <= m["train/token_mult_prob_error"] <= 1.01  # the server's replies were appended as tokens
+        assert m["train/rollout/env/my_gym/requests"] == 2.0  # one request per turn, for the whole batch
+    second_turns = [r for r in TwoTurnServer.requests if len(r["episodes"][0]["messages"]) > 2]
+    assert second_turns and "Once more, please." in second_turns[0]["episodes"][0]["messages"][-2]["content"]
+    samples = [json.loads(line) for line in (run_dir / "train_data_step1.jsonl").read_text().splitlines()]
+    assert all("<|im_start|>user\nOnce more, please.<|im_end|>" in s["response"] for s in samples)

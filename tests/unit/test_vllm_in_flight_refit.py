@@ -21,7 +21,7 @@ from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
 from tests.unit.test_vllm_refit import engine_vs_reference_gap
 from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, prompt_batch, tiny_config
 
-NEW_TOKENS = 160
+NEW_TOKENS = 288  # a batch long enough (~3 s) that a refit issued at a third of it lands well inside it
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def cluster(ray_local: None) -> Iterator[RayVirtualCluster]:
 
 def test_weights_load_between_steps_of_the_batch_in_flight(cluster: RayVirtualCluster, tokenizer: Any) -> None:
     config = tiny_config(max_new_tokens=NEW_TOKENS)
-    config.vllm_cfg.max_model_len = 192
+    config.vllm_cfg.max_model_len = 320
     generation = VllmGeneration(
         cluster, config, TINY_LLAMA, name_prefix="vllm-in-flight-test", weight_updates_during_generation=True
     )
@@ -67,11 +67,10 @@ def test_weights_load_between_steps_of_the_batch_in_flight(cluster: RayVirtualCl
         refit_policy_generation(trainer, generation, colocated=False)
         refit_done = time.monotonic()
         thread.join(timeout=600)
-        # The update did not wait for the batch: it returned while the batch was still decoding.
+        # For the record only (wall-clock order depends on the machine's load): the token evidence below is the test.
         print(
             f"batch {batch_s:.2f} s; refit done at {refit_done - started:.2f} s, batch at {in_flight['done'] - started:.2f} s"
         )
-        assert refit_done < in_flight["done"], (refit_done, in_flight["done"])
 
         out = in_flight["out"]
         lengths = data["input_lengths"]
@@ -79,7 +78,8 @@ def test_weights_load_between_steps_of_the_batch_in_flight(cluster: RayVirtualCl
             first = int(lengths[row])
             # Decoded before the update: the first tokens are the old weights' (greedy, same prompts).
             assert out["output_ids"][row, first] == old["output_ids"][row, first], row
-        # After it, the new weights decide: logprobs move off the old run's on every row (tokens usually too).
+        # After it, the new weights decide: logprobs move off the old run's on every row (tokens usually too). Had the
+        # update waited for the batch to end, the whole batch would be the old weights' and these would be equal.
         tail = [
             float((out["logprobs"][r, -NEW_TOKENS // 4 :] - old["logprobs"][r, -NEW_TOKENS // 4 :]).abs().max())
             for r in range(data.size)
