@@ -14,6 +14,7 @@ its last ``max_model_len`` tokens are scored (longer conversations are counted i
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -48,13 +49,11 @@ class RewardModelSource:
     model_path: the architecture (and, without ``weights_dir``, the weights) for ``AutoModelForSequenceClassification``.
     tokenizer_path: the tokenizer.
     weights_dir: a ``run_rm.py`` checkpoint's DCP weights loaded over ``model_path``'s, or None.
-    description: for logs.
     """
 
     model_path: str
     tokenizer_path: str
     weights_dir: Path | None
-    description: str
 
 
 def resolve_reward_model(cfg: RewardModelEnvConfig) -> RewardModelSource:
@@ -69,7 +68,7 @@ def resolve_reward_model(cfg: RewardModelEnvConfig) -> RewardModelSource:
             raise RewardModelError(f"{KEY}.model_name: {error}") from None
         _require_score_head(model_path)
         tokenizer = cfg.tokenizer.name or cfg.model_name
-        return RewardModelSource(model_path, tokenizer, None, cfg.model_name)
+        return RewardModelSource(model_path, tokenizer, None)
 
     step_dir = _checkpoint_step(Path(cfg.checkpoint_path).expanduser())
     policy = _checkpoint_policy(step_dir)
@@ -83,10 +82,8 @@ def resolve_reward_model(cfg: RewardModelEnvConfig) -> RewardModelSource:
     tokenizer = cfg.tokenizer.name or (str(saved_tokenizer) if saved_tokenizer.is_dir() else str(trained_from))
     hf_export = step_dir / "policy" / "hf"
     if (hf_export / "config.json").is_file():  # a consolidated export: load it as is
-        return RewardModelSource(str(hf_export), tokenizer, None, f"{step_dir} (its Hugging Face export)")
-    return RewardModelSource(
-        resolve_model_path(str(trained_from)), tokenizer, step_dir / "policy" / "weights", f"{step_dir} (DCP weights)"
-    )
+        return RewardModelSource(str(hf_export), tokenizer, None)
+    return RewardModelSource(resolve_model_path(str(trained_from)), tokenizer, step_dir / "policy" / "weights")
 
 
 def _checkpoint_step(path: Path) -> Path:
@@ -120,8 +117,6 @@ def _require_score_head(model_path: str) -> None:
     config_file = Path(model_path) / "config.json"
     if not config_file.is_file():
         return  # a hub id: from_pretrained reports what it finds
-    import json
-
     architectures = json.loads(config_file.read_text()).get("architectures") or []
     if not any(name.endswith("ForSequenceClassification") for name in architectures):
         raise RewardModelError(
@@ -171,7 +166,6 @@ class RewardModelEnvironment(EnvironmentInterface):
         module: torch.nn.Module = model  # nn.Module's `to` (transformers wraps its own)
         self.model = module.to(device=self.device, dtype=dtype).eval()
         self.scorer = LastTokenScorer(self.model)
-        self.description = source.description
         self._closing = {ended: assistant_turn_closing(self.tokenizer, ended) for ended in (True, False)}
         self._counts = {"scored": 0, "truncated": 0}
         self._score_seconds = 0.0
