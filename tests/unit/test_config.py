@@ -445,9 +445,10 @@ def test_cli_exits_2_with_one_line_per_problem(capsys):
     ]
 
 
-def test_run_grpo_math_typo_exits_2_and_names_the_key():
+@pytest.mark.parametrize("script", ["run_grpo_math.py", "run_grpo.py"])  # run_grpo.py: NeMo-RL's current name
+def test_run_grpo_typo_exits_2_and_names_the_key(script):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "run_grpo_math.py"), "grpo.num_prompts_per_stpe=4"],
+        [sys.executable, str(REPO / "examples" / script), "grpo.num_prompts_per_stpe=4"],
         capture_output=True,
         text=True,
         timeout=300,
