@@ -44,6 +44,21 @@ def validate_config(data: Mapping[str, Any], schema: type[T]) -> T:
     return result
 
 
+def as_config(config: Any, schema: type[T]) -> T:
+    """``config`` as a validated ``schema``: returned as is when it already is one; a plain mapping (NeMo-RL passes
+    its ``MasterConfig`` as a dict) or an OmegaConf config is resolved and validated (:class:`ConfigError` lists
+    every problem)."""
+    if isinstance(config, schema):
+        return config
+    from omegaconf import DictConfig, OmegaConf  # lazy: validation itself does not need OmegaConf
+
+    if isinstance(config, DictConfig):
+        config = OmegaConf.to_container(config, resolve=True)
+    if not isinstance(config, Mapping):
+        raise TypeError(f"expected a {schema.__name__} or a mapping of its keys, got {type(config).__name__}")
+    return validate_config(config, schema)
+
+
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A validated config (dataclass) as plain nested dicts and lists, e.g. for saving ``config.yaml``."""
     return _plain(dataclasses.asdict(config))
