@@ -235,7 +235,8 @@ class VllmGeneration(GenerationInterface):
 def _split(data: BatchedDataDict, parts: int) -> list[BatchedDataDict]:
     """Contiguous pieces whose sizes differ by at most one (empty ones when there are fewer rows than parts)."""
     base, extra = divmod(data.size, parts)
-    pieces, start = [], 0
+    pieces: list[BatchedDataDict] = []
+    start = 0
     for part in range(parts):
         end = start + base + (1 if part < extra else 0)
         pieces.append(data.slice(start, end))
