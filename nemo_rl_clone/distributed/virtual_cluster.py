@@ -254,17 +254,17 @@ class BundleSlot:
 
 
 @ray.remote(num_cpus=0, num_gpus=0)
-def _node_ip_and_free_port(port_range: tuple[int, int] | None = None) -> tuple[str, int]:
+def _node_ip_and_free_port(port_range: tuple[int, int] | None) -> tuple[str, int]:
     """This node's IP and a port free on it: any (the OS picks) or one in ``[low, high)``, tried in random order."""
-    candidates = [0] if port_range is None else random.sample(range(*port_range), port_range[1] - port_range[0])
-    for candidate in candidates:
+    low, high = port_range or (0, 1)  # binding port 0 lets the OS pick a free one
+    for candidate in random.sample(range(low, high), high - low):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("", candidate))
             except OSError:
                 continue
             return ray.util.get_node_ip_address(), sock.getsockname()[1]
-    raise RuntimeError(f"no free port in [{port_range[0]}, {port_range[1]}) on {ray.util.get_node_ip_address()}")
+    raise RuntimeError(f"no free port in [{low}, {high}) on {ray.util.get_node_ip_address()}")
 
 
 class RayVirtualCluster:

@@ -253,10 +253,9 @@ class RayWorkerGroup:
 
     @property
     def dp_size(self) -> int:
-        """Size of the ``data_parallel`` axis (1 when the group has none)."""
-        if "data_parallel" not in self.sharding_annotations.names:
-            return 1
-        return self.sharding_annotations.get_axis_size("data_parallel")
+        """Number of data-parallel shards: by default the size of the ``data_parallel`` axis (1 when the group has
+        none), else the number of ``dp_leader_worker_indices`` given."""
+        return len(self.dp_leader_worker_indices)
 
     def get_dp_leader_worker_idx(self, dp_shard_idx: int) -> int:
         """The rank that owns data-parallel shard ``dp_shard_idx`` (IndexError outside the shards)."""

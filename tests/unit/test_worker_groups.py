@@ -237,7 +237,11 @@ def test_colocated_groups_share_bundles_and_select_slots(ray_local):
     cluster = RayVirtualCluster([1, 1], use_gpus=False, max_colocated_worker_groups=2)
     try:
         per_node = RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), workers_per_node=1)
-        explicit = RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), bundle_indices_list=[(1, [0]), (0, [0])])
+        explicit = RayWorkerGroup(
+            cluster, RayWorkerBuilder(ECHO), bundle_indices_list=[(1, [0]), (0, [0])], dp_leader_worker_indices=[1]
+        )
+        assert explicit.dp_size == 1 and explicit.get_dp_leader_worker_idx(0) == 1
+        assert per_node.dp_size == 2 and per_node.dp_leader_worker_indices == [0, 1]
         keys = ["RANK", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"]
         assert [list(e.values()) for e in ray.get(per_node.run_all_workers_single_data("get_env", keys))] == [
             ["0", "0", "0", "2"],
@@ -265,6 +269,8 @@ def test_colocated_groups_share_bundles_and_select_slots(ray_local):
             ValueError, match=r"must hold every rank 0..1 of worker group 'RankEchoActor' \(2 workers\) exactly once"
         ):
             RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), sharding_annotations=NamedSharding(np.arange(4), ["dp"]))
+        with pytest.raises(ValueError, match=r"dp_leader_worker_indices must be distinct ascending ranks in 0..1"):
+            RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), dp_leader_worker_indices=[1, 0])
         with pytest.raises(ValueError, match=r"got ranks \[0, 5\]"):
             RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), sharding_annotations=NamedSharding([0, 5], ["dp"]))
     finally:
