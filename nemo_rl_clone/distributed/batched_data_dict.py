@@ -34,6 +34,7 @@ _PACKING_KEYS = {"input_key", "input_lengths_key", "max_tokens_per_microbatch", 
 _PACKING_ROUND_ALIAS = "sequence_length_pad_multiple"
 
 DictT = TypeVar("DictT", bound=Mapping[str, Any], default=Mapping[str, Any])
+_BatchT = TypeVar("_BatchT", bound="BatchedDataDict[Any]")
 
 
 class DynamicBatchingArgs(TypedDict):
@@ -222,6 +223,9 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
 
     def select_indices(self, indices: Sequence[int] | torch.Tensor) -> Self:
         """New batch whose sample ``j`` is sample ``indices[j]`` of this one (repeats allowed, no negatives)."""
+        return self._gathered(indices, type(self))
+
+    def _gathered(self, indices: Sequence[int] | torch.Tensor, result_type: type[_BatchT]) -> _BatchT:
         size = self.size
         index = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
         if isinstance(indices, torch.Tensor) and indices.is_floating_point():
@@ -234,7 +238,7 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
                 f"for a batch of size {size}"
             )
         positions = index.tolist()
-        return type(self)(
+        return result_type(
             {
                 key: value.index_select(0, index.to(value.device))
                 if isinstance(value, torch.Tensor)
@@ -436,8 +440,9 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
         piece_sizes = _split_sizes(batch_size, shards) if size else [0] * shards
         offsets = [sum(piece_sizes[:s]) for s in range(shards)]
         return [
-            SlicedDataDict(self).select_indices(
-                [g * batch_size + offsets[s] + k for g in range(num_batches) for k in range(piece_sizes[s])]
+            self._gathered(
+                [g * batch_size + offsets[s] + k for g in range(num_batches) for k in range(piece_sizes[s])],
+                SlicedDataDict,
             )
             for s in range(shards)
         ]
@@ -462,7 +467,7 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
             plans = plan_token_bounded_shards(lengths, shards, batch_size, budget, rounding, algorithm)
         result = []
         for plan in plans:
-            shard = SlicedDataDict(self).select_indices(plan.order)
+            shard = self._gathered(plan.order, SlicedDataDict)
             shard.microbatch_plan = MicrobatchPlan(
                 kind, args["input_key"], args["input_lengths_key"], plan.ranges, plan.tokens
             )

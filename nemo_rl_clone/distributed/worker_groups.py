@@ -301,7 +301,7 @@ class RayWorkerGroup:
         self._check_alive()
         ranks = self._ranks_at_zero(run_rank_0_only_axes)
         named = {f"argument {i}": arg for i, arg in enumerate(args)} | {
-            f"{key}=": value for key, value in kwargs.items()
+            f"keyword {key!r}": value for key, value in kwargs.items()
         }
         if not named:
             raise ValueError(

@@ -213,7 +213,9 @@ def test_nemo_rl_style_keyword_data_calls(dp_group, dp_tp_group):
     assert dp_tp_group.get_dp_leader_worker_idx(1) == 2
     with pytest.raises(IndexError, match="dp_shard_idx 2 is outside"):
         dp_tp_group.get_dp_leader_worker_idx(2)
-    with pytest.raises(ValueError, match=r"data has 1 entries \(scale=\) but worker group 't-dp' calls 2 workers"):
+    with pytest.raises(
+        ValueError, match=r"data has 1 entries \(keyword 'scale'\) but worker group 't-dp' calls 2 workers"
+    ):
         dp_group.run_all_workers_multiple_data("echo", data=["a", "b"], scale=[2])
     with pytest.raises(ValueError, match="data has 3 pieces but axis 'data_parallel' has size 2"):
         dp_group.run_all_workers_sharded_data("echo", data=["a", "b", "c"], in_sharded_axes=["data_parallel"])
@@ -225,6 +227,13 @@ def test_multi_worker_future_nemo_rl_fields(dp_group):
     assert future.get_results(dp_group) == [(1, "z")]  # made outside the group: no group name to check
     assert MultiWorkerFuture(refs, return_from_workers=[1]).get_results() == [(1, "z")]
     assert MultiWorkerFuture(refs).get_results(return_generators_as_proxies=True) == refs
+    # Generator methods: drained flat in rank order, or handed back unconsumed as proxies.
+    future = MultiWorkerFuture(dp_group.run_all_workers_single_data("count_up", 2))
+    assert dp_group.get_all_worker_results(future) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    future = MultiWorkerFuture(dp_group.run_all_workers_single_data("count_up", 3), return_from_workers=[1])
+    (proxy,) = dp_group.get_all_worker_results(future, return_generators_as_proxies=True)
+    assert isinstance(proxy, ray.ObjectRefGenerator)
+    assert [ray.get(ref) for ref in proxy] == [(1, 0), (1, 1), (1, 2)]
 
 
 def test_env_vars_may_not_override_distributed_variables(dp_group):
