@@ -38,6 +38,8 @@ PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 _MAX_RAY_TEMP_DIR_CHARS = 44
 # Ray accepts fractional resources with 4 decimals; rounding *down* keeps n shares of a bundle within the bundle.
 _RESOURCE_PRECISION = 10_000
+# Ports the OS picks are rarely repeated; a repeat of one already handed out is retried this many times.
+_OS_PORT_ATTEMPTS = 20
 
 
 @dataclass
@@ -254,17 +256,27 @@ class BundleSlot:
 
 
 @ray.remote(num_cpus=0, num_gpus=0)
-def _node_ip_and_free_port(port_range: tuple[int, int] | None) -> tuple[str, int]:
-    """This node's IP and a port free on it: any (the OS picks) or one in ``[low, high)``, tried in random order."""
-    low, high = port_range or (0, 1)  # binding port 0 lets the OS pick a free one
-    for candidate in random.sample(range(low, high), high - low):
+def _node_ip_and_free_port(port_range: tuple[int, int] | None, excluded: set[int]) -> tuple[str, int]:
+    """This node's IP and a port free on it and not in ``excluded``: one the OS picks, or one in ``[low, high)``
+    (tried in random order)."""
+    if port_range is None:
+        candidates = [0] * _OS_PORT_ATTEMPTS  # binding port 0 lets the OS pick a free one
+    else:
+        candidates = [port for port in range(*port_range) if port not in excluded]
+        random.shuffle(candidates)
+    for candidate in candidates:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("", candidate))
             except OSError:
                 continue
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
-    raise RuntimeError(f"no free port in [{low}, {high}) on {ray.util.get_node_ip_address()}")
+            port = sock.getsockname()[1]
+            if port not in excluded:
+                return ray.util.get_node_ip_address(), port
+    where = "from the OS" if port_range is None else f"in [{port_range[0]}, {port_range[1]})"
+    raise RuntimeError(
+        f"no free port {where} on {ray.util.get_node_ip_address()} besides the {len(excluded)} already handed out"
+    )
 
 
 class RayVirtualCluster:
@@ -321,6 +333,7 @@ class RayVirtualCluster:
         _check_nemo_rl_extras(
             bundle_ct_per_node_list, port_range_low, port_range_high, segment_size, node_resource_constraints
         )
+        self._handed_out_ports: set[int] = set()
         self.port_range: tuple[int, int] | None = (
             None if port_range_low is None or port_range_high is None else (port_range_low, port_range_high)
         )
@@ -369,14 +382,16 @@ class RayVirtualCluster:
     def get_master_address_and_port(self, placement_group_index: int = 0, bundle_index: int = 0) -> tuple[str, int]:
         """IP of the node holding the given bundle and a port free on it at the time of the call.
 
-        Runs a zero-resource task in that bundle. Every call picks a new port, so colocated worker groups each get
-        their own rendezvous port.
+        Runs a zero-resource task in that bundle. A port is never handed out twice by this cluster, so colocated
+        worker groups each get their own rendezvous port.
         """
         self._check_alive()
         strategy = PlacementGroupSchedulingStrategy(
             self._placement_groups[placement_group_index], placement_group_bundle_index=bundle_index
         )
-        ref = _node_ip_and_free_port.options(scheduling_strategy=strategy).remote(self.port_range)
+        ref = _node_ip_and_free_port.options(scheduling_strategy=strategy).remote(
+            self.port_range, self._handed_out_ports
+        )
         ready, _ = ray.wait([ref], timeout=self.ready_timeout_s)
         if not ready:
             ray.cancel(ref, force=True)
@@ -384,7 +399,9 @@ class RayVirtualCluster:
                 f"{self._label()}: the address probe in placement group {placement_group_index}, bundle "
                 f"{bundle_index} did not run within {self.ready_timeout_s} s"
             )
-        return ray.get(ref)
+        address, port = ray.get(ref)
+        self._handed_out_ports.add(port)
+        return address, port
 
     def get_available_address_and_port(self, pg_idx: int, bundle_idx: int) -> tuple[str, int]:
         """NeMo-RL's name for `get_master_address_and_port` of one bundle."""

@@ -117,7 +117,7 @@ def test_nemo_rl_style_cluster_ports_constraints_and_builder_call(ray_local):
         ports = [port for _, port in cluster.get_available_addresses_and_ports_batch([(0, 0), (0, 1)])]
         ports.append(cluster.get_available_address_and_port(0, 1)[1])
         ports.append(cluster.get_master_address_and_port()[1])
-        assert all(20000 <= port < 20100 for port in ports)
+        assert all(20000 <= port < 20100 for port in ports) and len(set(ports)) == 4  # never handed out twice
         # NeMo-RL's builder call: one actor in a given bundle, options as keyword arguments.
         builder = RayWorkerBuilder(f"{MODULE}.RankEchoActor", tag="direct")
         actor = builder(pg, 1, num_gpus=0, num_cpus=0.5, runtime_env={"env_vars": {"RANK": "7"}})
@@ -128,6 +128,17 @@ def test_nemo_rl_style_cluster_ports_constraints_and_builder_call(ray_local):
             builder(pg, 0, num_gpus=0, bundle_indices=(0, [0, 1]))
     finally:
         assert cluster.shutdown() is True
+
+
+def test_port_range_is_never_handed_out_twice(ray_local):
+    cluster = RayVirtualCluster([1], use_gpus=False, port_range_low=20200, port_range_high=20203)
+    try:
+        ports = {cluster.get_master_address_and_port()[1] for _ in range(3)}
+        assert ports == {20200, 20201, 20202}
+        with pytest.raises(RuntimeError, match=r"no free port in \[20200, 20203\) .* besides the 3 already handed out"):
+            cluster.get_master_address_and_port()
+    finally:
+        cluster.shutdown()
 
 
 def test_unified_placement_group_groups_slots_by_physical_node(ray_local):
