@@ -16,10 +16,11 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from copy import deepcopy
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Generic, Literal, NotRequired, Self, TypedDict
 
 import torch
 import torch.distributed as dist
+from typing_extensions import TypeVar
 
 from nemo_rl_clone.distributed.sequence_packing import (
     PACKING_ALGORITHMS,
@@ -29,6 +30,31 @@ from nemo_rl_clone.distributed.sequence_packing import (
 
 _DYNAMIC_KEYS = {"input_key", "input_lengths_key", "max_tokens_per_microbatch", "sequence_length_round"}
 _PACKING_KEYS = {"input_key", "input_lengths_key", "max_tokens_per_microbatch", "algorithm", "sequence_length_round"}
+# NeMo-RL's name for the packing rounding (each sample's length is padded up to a multiple of it).
+_PACKING_ROUND_ALIAS = "sequence_length_pad_multiple"
+
+DictT = TypeVar("DictT", bound=Mapping[str, Any], default=Mapping[str, Any])
+_BatchT = TypeVar("_BatchT", bound="BatchedDataDict[Any]")
+
+
+class DynamicBatchingArgs(TypedDict):
+    """``dynamic_batching_args`` of `BatchedDataDict.shard_by_batch_size`."""
+
+    max_tokens_per_microbatch: int
+    sequence_length_round: int
+    input_key: str
+    input_lengths_key: str
+
+
+class SequencePackingArgs(TypedDict):
+    """``sequence_packing_args`` of `BatchedDataDict.shard_by_batch_size`; the rounding is given under either name."""
+
+    max_tokens_per_microbatch: int
+    input_key: str
+    input_lengths_key: str
+    algorithm: str
+    sequence_length_pad_multiple: NotRequired[int]
+    sequence_length_round: NotRequired[int]
 
 
 @dataclass(frozen=True)
@@ -51,10 +77,15 @@ class MicrobatchPlan:
     lengths: list[list[int]]
 
 
-class BatchedDataDict(dict[str, Any]):
-    """A dict of tensors ``[B, ...]`` and lists of length ``B`` (see module docstring for validation)."""
+class BatchedDataDict(dict[str, Any], Generic[DictT]):
+    """A dict of tensors ``[B, ...]`` and lists of length ``B`` (see module docstring for validation).
+
+    The type parameter (e.g. ``BatchedDataDict[DatumSpec]``) only documents the expected keys.
+    """
 
     microbatch_plan: MicrobatchPlan | None = None
+    # Keys handed to a model beside its token inputs (Gemma 3 marks image tokens with them); see get_multimodal_dict.
+    ADDITIONAL_OPTIONAL_KEY_TENSORS: ClassVar[list[str]] = ["token_type_ids"]
 
     def __init__(self, data: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), /, **kwargs: Any) -> None:
         super().__init__(data, **kwargs)
@@ -89,13 +120,44 @@ class BatchedDataDict(dict[str, Any]):
     def micro_batch_lengths(self) -> list[list[int]] | None:
         return self.microbatch_plan.lengths if self.microbatch_plan else None
 
-    def copy(self) -> BatchedDataDict:
-        """Shallow copy: a new dict (keeping the microbatch plan) whose values are the same tensor/list objects."""
-        result = BatchedDataDict(self)
+    @property
+    def elem_counts_per_gb(self) -> list[int] | None:
+        """Rows of each global batch in this shard, for a sequence-packing plan (None otherwise)."""
+        plan = self.microbatch_plan
+        if plan is None or plan.kind != "packing":
+            return None
+        return [sum(end - start for start, end in ranges) for ranges in plan.indices]
+
+    @property
+    def data(self) -> Self:
+        """This dict itself (NeMo-RL's container keeps its values in ``.data``)."""
+        return self
+
+    def get_dict(self) -> Self:
+        """This dict itself; mutations show in the batch."""
+        return self
+
+    def get_multimodal_dict(self, as_tensors: bool = False, device: torch.device | str | None = None) -> dict[str, Any]:
+        """The model-specific extra inputs present (keys of ``ADDITIONAL_OPTIONAL_KEY_TENSORS``).
+
+        Multimodal packed tensors (images) are not supported yet, so ``as_tensors`` changes nothing; ``device``
+        moves the returned tensors.
+        """
+        del as_tensors  # only relevant to packed multimodal tensors
+        extras = {key: self[key] for key in self.ADDITIONAL_OPTIONAL_KEY_TENSORS if key in self}
+        if device is not None:
+            extras = {
+                key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in extras.items()
+            }
+        return extras
+
+    def copy(self) -> Self:
+        """Shallow copy: a new dict of the same class (keeping the microbatch plan) whose values are the same tensor/list objects."""
+        result = type(self)(self)
         result.microbatch_plan = self.microbatch_plan
         return result
 
-    def to(self, device: torch.device | str) -> BatchedDataDict:
+    def to(self, device: torch.device | str) -> Self:
         """Move every tensor value to ``device`` in place (list contents are left alone); returns ``self``."""
         for key, value in self.items():
             if isinstance(value, torch.Tensor):
@@ -106,7 +168,7 @@ class BatchedDataDict(dict[str, Any]):
     @classmethod
     def from_batches(
         cls, batches: Sequence[Mapping[str, Any]], pad_value_dict: Mapping[str, Any] | None = None
-    ) -> BatchedDataDict:
+    ) -> Self:
         """Concatenate batches along dim 0.
 
         Tensors of one key must have the same ndim; where their trailing sizes differ, each is right-padded to
@@ -152,15 +214,18 @@ class BatchedDataDict(dict[str, Any]):
         return BatchedDataDict.from_batches(gathered, pad_value_dict)
 
     # ---------------------------------------------------------------- select
-    def slice(self, start: int, end: int) -> BatchedDataDict:
+    def slice(self, start: int, end: int) -> SlicedDataDict:
         """Samples ``start .. end-1`` (requires ``0 <= start <= end <= size``). Tensors are views; lists are new."""
         size = self.size
         if not 0 <= start <= end <= size:
             raise IndexError(f"slice({start}, {end}) is out of range for a batch of size {size}")
-        return BatchedDataDict({key: value[start:end] for key, value in self.items()})
+        return SlicedDataDict({key: value[start:end] for key, value in self.items()})
 
-    def select_indices(self, indices: Sequence[int] | torch.Tensor) -> BatchedDataDict:
+    def select_indices(self, indices: Sequence[int] | torch.Tensor) -> Self:
         """New batch whose sample ``j`` is sample ``indices[j]`` of this one (repeats allowed, no negatives)."""
+        return self._gathered(indices, type(self))
+
+    def _gathered(self, indices: Sequence[int] | torch.Tensor, result_type: type[_BatchT]) -> _BatchT:
         size = self.size
         index = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
         if isinstance(indices, torch.Tensor) and indices.is_floating_point():
@@ -173,7 +238,7 @@ class BatchedDataDict(dict[str, Any]):
                 f"for a batch of size {size}"
             )
         positions = index.tolist()
-        return BatchedDataDict(
+        return result_type(
             {
                 key: value.index_select(0, index.to(value.device))
                 if isinstance(value, torch.Tensor)
@@ -182,7 +247,7 @@ class BatchedDataDict(dict[str, Any]):
             }
         )
 
-    def chunk(self, rank: int, chunks: int) -> BatchedDataDict:
+    def chunk(self, rank: int, chunks: int) -> SlicedDataDict:
         """Contiguous chunk ``rank`` of ``chunks`` near-equal chunks (the first ``size % chunks`` get one extra)."""
         if chunks < 1 or not 0 <= rank < chunks:
             raise ValueError(f"chunk(rank={rank}, chunks={chunks}) needs chunks >= 1 and 0 <= rank < chunks")
@@ -190,12 +255,17 @@ class BatchedDataDict(dict[str, Any]):
         start = sum(sizes[:rank])
         return self.slice(start, start + sizes[rank])
 
-    def get_batch(self, batch_idx: int, batch_size: int) -> BatchedDataDict:
+    def get_batch(self, batch_idx: int, batch_size: int | None = None) -> SlicedDataDict:
         """Samples of global batch ``batch_idx`` (``[batch_idx * batch_size, (batch_idx + 1) * batch_size)``).
 
-        A microbatch plan, if present, is narrowed to that global batch (indices re-based to its start).
+        A microbatch plan, if present, is narrowed to that global batch (indices re-based to its start); with a
+        plan, ``batch_size`` defaults to this shard's rows per global batch.
         """
         size = self.size
+        if batch_size is None:
+            if self.microbatch_plan is None or not self.microbatch_plan.indices:
+                raise ValueError("get_batch: pass batch_size (this batch has no microbatch plan to take it from)")
+            batch_size = size // len(self.microbatch_plan.indices)
         if batch_size < 1:
             raise ValueError(f"get_batch: batch_size must be >= 1, got {batch_size}")
         start, end = batch_idx * batch_size, (batch_idx + 1) * batch_size
@@ -216,7 +286,7 @@ class BatchedDataDict(dict[str, Any]):
             )
         return batch
 
-    def repeat_interleave(self, num_repeats: int) -> BatchedDataDict:
+    def repeat_interleave(self, num_repeats: int) -> Self:
         """Each sample repeated ``num_repeats`` times, adjacent (``[a, b] -> [a, a, b, b]``), e.g. GRPO groups.
 
         List items are deep-copied per repeat so that repeats can be mutated independently (rollouts append to
@@ -225,7 +295,7 @@ class BatchedDataDict(dict[str, Any]):
         if num_repeats < 1:
             raise ValueError(f"repeat_interleave: num_repeats must be >= 1, got {num_repeats}")
         _ = self.size
-        return BatchedDataDict(
+        return type(self)(
             {
                 key: value.repeat_interleave(num_repeats, dim=0)
                 if isinstance(value, torch.Tensor)
@@ -250,8 +320,20 @@ class BatchedDataDict(dict[str, Any]):
         self.update(restored)
         self.microbatch_plan = None
 
+    def truncate_tensors(self, dim: int, truncated_len: int) -> None:
+        """In place, keep the first ``truncated_len`` entries along ``dim`` of every tensor with more than ``dim``
+        dimensions (views, no copy). Raises if a tensor is shorter than ``truncated_len`` along ``dim``."""
+        for key, value in self.items():
+            if isinstance(value, torch.Tensor) and value.ndim > dim:
+                if value.shape[dim] < truncated_len:
+                    raise ValueError(
+                        f"truncate_tensors: {key!r} has {value.shape[dim]} entries along dim {dim}, "
+                        f"fewer than truncated_len={truncated_len}"
+                    )
+                self[key] = value.narrow(dim, 0, truncated_len)
+
     # ---------------------------------------------------------------- microbatches
-    def make_microbatch_iterator(self, microbatch_size: int) -> Iterator[BatchedDataDict]:
+    def make_microbatch_iterator(self, microbatch_size: int) -> Iterator[SlicedDataDict]:
         """Consecutive microbatches of ``microbatch_size`` samples; a last, smaller one holds the remainder."""
         if microbatch_size < 1:
             raise ValueError(f"microbatch_size must be >= 1, got {microbatch_size}")
@@ -259,19 +341,28 @@ class BatchedDataDict(dict[str, Any]):
         for start in range(0, size, microbatch_size):
             yield self.slice(start, min(start + microbatch_size, size))
 
-    def make_microbatch_iterator_with_dynamic_shapes(self) -> Iterator[BatchedDataDict]:
+    def make_microbatch_iterator_with_dynamic_shapes(self, sequence_dim: int = 1) -> Iterator[SlicedDataDict]:
         """Microbatches of a dynamic-batching plan, all global batches in order.
 
-        Each has its sequence dim (dim 1 of every tensor as wide as ``plan.input_key``) truncated to the
-        microbatch's padded length (capped at the stored width). Empty microbatches (0 rows) can occur only
+        Each has its sequence dim (``sequence_dim`` of every tensor as wide there as ``plan.input_key``) truncated
+        to the microbatch's padded length (capped at the stored width). Empty microbatches (0 rows) can occur only
         with uneven shards; they keep every rank's microbatch count equal.
         """
         plan = self._require_plan("dynamic")
         for ranges, lengths in zip(plan.indices, plan.lengths, strict=True):
             for (start, end), length in zip(ranges, lengths, strict=True):
-                yield self._truncated_slice(start, end, length)
+                yield self._truncated_slice(start, end, length, sequence_dim)
 
-    def make_microbatch_iterator_for_packable_sequences(self) -> Iterator[BatchedDataDict]:
+    def get_microbatch_iterator_dynamic_shapes_len(self) -> int:
+        """How many microbatches `make_microbatch_iterator_with_dynamic_shapes` yields."""
+        return sum(len(ranges) for ranges in self._require_plan("dynamic").indices)
+
+    def get_microbatch_iterator_for_packable_sequences_len(self) -> tuple[int, int]:
+        """``(number of bins, largest bin's token total)`` of the sequence-packing plan."""
+        plan = self._require_plan("packing")
+        return sum(len(ranges) for ranges in plan.indices), max(itertools.chain.from_iterable(plan.lengths), default=0)
+
+    def make_microbatch_iterator_for_packable_sequences(self) -> Iterator[SlicedDataDict]:
         """Bins of a sequence-packing plan, all global batches in order, one ``BatchedDataDict`` per bin.
 
         Rows are still padded samples, truncated along the sequence dim to the longest sample in the bin; the
@@ -292,8 +383,8 @@ class BatchedDataDict(dict[str, Any]):
         dynamic_batching_args: Mapping[str, Any] | None = None,
         sequence_packing_args: Mapping[str, Any] | None = None,
         rows_per_group: int = 1,
-    ) -> list[BatchedDataDict] | tuple[list[BatchedDataDict], list[int]]:
-        """Split into ``shards`` data-parallel shards, global batch by global batch.
+    ) -> list[SlicedDataDict] | tuple[list[SlicedDataDict], list[int]]:
+        """Split into ``shards`` data-parallel shards (`SlicedDataDict`), global batch by global batch.
 
         The batch is a sequence of global batches of ``batch_size`` samples (one if ``None``). Each global batch
         is split into ``shards`` pieces and shard ``i`` holds its piece of every global batch, in order, so every
@@ -305,7 +396,7 @@ class BatchedDataDict(dict[str, Any]):
         With ``dynamic_batching_args`` (``input_key``, ``input_lengths_key``, ``max_tokens_per_microbatch``,
         ``sequence_length_round``) or ``sequence_packing_args`` (``input_key``, ``input_lengths_key``,
         ``max_tokens_per_microbatch``, ``algorithm`` in ``PACKING_ALGORITHMS``, optional
-        ``sequence_length_round``, default 1), each global batch is sorted by length and dealt round-robin to
+        ``sequence_length_round`` or its NeMo-RL name ``sequence_length_pad_multiple``, default 1), each global batch is sorted by length and dealt round-robin to
         the shards (balancing tokens per rank). Inside each shard, samples are cut into length-sorted padded
         microbatches of at most ``max_tokens_per_microbatch`` padded tokens, or bin-packed into bins of at most
         that many tokens (each sample costs its length rounded up to ``sequence_length_round``). Every shard
@@ -349,8 +440,9 @@ class BatchedDataDict(dict[str, Any]):
         piece_sizes = _split_sizes(batch_size, shards) if size else [0] * shards
         offsets = [sum(piece_sizes[:s]) for s in range(shards)]
         return [
-            self.select_indices(
-                [g * batch_size + offsets[s] + k for g in range(num_batches) for k in range(piece_sizes[s])]
+            self._gathered(
+                [g * batch_size + offsets[s] + k for g in range(num_batches) for k in range(piece_sizes[s])],
+                SlicedDataDict,
             )
             for s in range(shards)
         ]
@@ -363,7 +455,7 @@ class BatchedDataDict(dict[str, Any]):
         kind: Literal["dynamic", "packing"],
         args: Mapping[str, Any],
         rows_per_group: int = 1,
-    ) -> tuple[list[BatchedDataDict], list[int]]:
+    ) -> tuple[list[SlicedDataDict], list[int]]:
         """Token-bounded sharding; see ``shard_by_batch_size`` and ``plan_token_bounded_shards``."""
         args = _checked_args(args, kind)
         lengths = self._sample_lengths(args["input_lengths_key"], args["input_key"]) if num_batches else []
@@ -375,7 +467,7 @@ class BatchedDataDict(dict[str, Any]):
             plans = plan_token_bounded_shards(lengths, shards, batch_size, budget, rounding, algorithm)
         result = []
         for plan in plans:
-            shard = self.select_indices(plan.order)
+            shard = self._gathered(plan.order, SlicedDataDict)
             shard.microbatch_plan = MicrobatchPlan(
                 kind, args["input_key"], args["input_lengths_key"], plan.ranges, plan.tokens
             )
@@ -410,13 +502,13 @@ class BatchedDataDict(dict[str, Any]):
             )
         return plan
 
-    def _truncated_slice(self, start: int, end: int, length: int) -> BatchedDataDict:
+    def _truncated_slice(self, start: int, end: int, length: int, sequence_dim: int = 1) -> SlicedDataDict:
         assert self.microbatch_plan is not None
-        width = self[self.microbatch_plan.input_key].shape[1]
+        width = self[self.microbatch_plan.input_key].shape[sequence_dim]
         batch = self.slice(start, end)
         for key, value in batch.items():
-            if isinstance(value, torch.Tensor) and value.ndim >= 2 and value.shape[1] == width:
-                batch[key] = value[:, : min(length, width)]
+            if isinstance(value, torch.Tensor) and value.ndim > sequence_dim and value.shape[sequence_dim] == width:
+                batch[key] = value.narrow(sequence_dim, 0, min(length, width))
         return batch
 
 
@@ -435,6 +527,14 @@ def _as_int_list(values: torch.Tensor | list[Any]) -> list[int]:
 
 def _checked_args(args: Mapping[str, Any], kind: Literal["dynamic", "packing"]) -> dict[str, Any]:
     name = "dynamic_batching_args" if kind == "dynamic" else "sequence_packing_args"
+    if kind == "packing" and _PACKING_ROUND_ALIAS in args:
+        args = dict(args)
+        alias = args.pop(_PACKING_ROUND_ALIAS)
+        if args.setdefault("sequence_length_round", alias) != alias:
+            raise ValueError(
+                f"{name}: sequence_length_round={args['sequence_length_round']!r} and its other name "
+                f"{_PACKING_ROUND_ALIAS}={alias!r} disagree; give one"
+            )
     allowed = _DYNAMIC_KEYS if kind == "dynamic" else _PACKING_KEYS
     unknown = sorted(set(args) - allowed)
     missing = sorted(allowed - {"sequence_length_round"} - set(args))
@@ -468,3 +568,7 @@ def _concat_padded(key: str, tensors: list[torch.Tensor], pad_value: Any) -> tor
         out[(slice(row, row + t.shape[0]), *(slice(0, s) for s in t.shape[1:]))] = t
         row += t.shape[0]
     return out
+
+
+class SlicedDataDict(BatchedDataDict[DictT]):
+    """A `BatchedDataDict` that is a slice or shard of a larger batch: what slicing, chunking and sharding return."""

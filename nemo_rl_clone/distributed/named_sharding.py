@@ -18,13 +18,13 @@ class NamedSharding:
     """An N-d array of global ranks with one name per axis.
 
     Args:
-        layout: nested list / array of ints, shape ``(size_0, ..., size_{ndim-1})``, holding every rank
-            ``0 .. N-1`` exactly once (``N`` = number of elements).
+        layout: nested list / array of ints, shape ``(size_0, ..., size_{ndim-1})``, holding distinct
+            non-negative global ranks. A worker group's layout holds every rank ``0 .. N-1``; a sub-layout from
+            `get_ranks` holds the subset of global ranks it selected.
         names: one unique, non-empty axis name per layout dimension, outermost first.
 
     Raises:
-        ValueError: names count differs from ``layout.ndim``, names repeat, or the ranks are not a permutation of
-            ``0 .. N-1``.
+        ValueError: names count differs from ``layout.ndim``, names repeat, or a rank is negative or repeated.
     """
 
     def __init__(self, layout: Any, names: Sequence[str]) -> None:
@@ -45,21 +45,18 @@ class NamedSharding:
         if len(set(names)) != len(names):
             raise ValueError(f"NamedSharding axis names must be unique, got {names}")
         flat = array.reshape(-1)
-        if not np.array_equal(np.sort(flat), np.arange(flat.size)):
-            missing = sorted(set(range(flat.size)) - set(flat.tolist()))
-            values, counts = np.unique(flat, return_counts=True)
-            duplicated = values[counts > 1].tolist()
+        values, counts = np.unique(flat, return_counts=True)
+        duplicated, negative = values[counts > 1].tolist(), values[values < 0].tolist()
+        if duplicated or negative:
             raise ValueError(
-                f"NamedSharding layout must contain every rank 0..{flat.size - 1} exactly once; "
-                f"missing {missing}, duplicated {duplicated}, got {array.tolist()}"
+                f"NamedSharding layout must hold distinct non-negative ranks; duplicated {duplicated}, "
+                f"negative {negative}, got {array.tolist()}"
             )
 
         self._layout = array.astype(np.int64)
         self._layout.setflags(write=False)
         self._names = names
-        # rank -> coordinate tuple; argsort of the flat layout gives each rank's flat position.
-        positions = np.unravel_index(np.argsort(flat), array.shape)
-        self._coords_by_rank = [tuple(int(axis[r]) for axis in positions) for r in range(flat.size)]
+        self._coords_by_rank = {int(rank): tuple(int(i) for i in index) for index, rank in np.ndenumerate(self._layout)}
 
     @property
     def layout(self) -> np.ndarray:
@@ -85,36 +82,74 @@ class NamedSharding:
         """Total number of ranks."""
         return int(self._layout.size)
 
+    def get_axis_index(self, name: str) -> int:
+        """Position of axis ``name`` in `names` (ValueError for an unknown axis)."""
+        try:
+            return self._names.index(name)
+        except ValueError:
+            raise ValueError(f"unknown axis {name!r}; this NamedSharding has axes {self._names}") from None
+
     def get_axis_size(self, name: str) -> int:
-        return int(self._layout.shape[self._axis_index(name)])
+        return int(self._layout.shape[self.get_axis_index(name)])
 
-    def get_worker_coords(self, rank: int) -> dict[str, int]:
-        """Coordinates of global ``rank``: axis name → index along that axis."""
-        rank = operator.index(rank)
-        if not 0 <= rank < self.size:
-            raise ValueError(f"rank {rank} is outside this NamedSharding's ranks 0..{self.size - 1}")
-        return dict(zip(self._names, self._coords_by_rank[rank], strict=True))
+    def contains_worker_id(self, worker_id: int) -> bool:
+        """Whether global rank ``worker_id`` is in this layout."""
+        return operator.index(worker_id) in self._coords_by_rank
 
-    def get_ranks(self, **coords: int) -> int | np.ndarray:
-        """Ranks at the given (possibly partial) coordinates.
+    def get_worker_coords(self, worker_id: int) -> dict[str, int]:
+        """Coordinates of global rank ``worker_id``: axis name → index along that axis."""
+        worker_id = operator.index(worker_id)
+        if worker_id not in self._coords_by_rank:
+            raise ValueError(f"rank {worker_id} is not in this NamedSharding (ranks {self._describe_ranks()})")
+        return dict(zip(self._names, self._coords_by_rank[worker_id], strict=True))
+
+    def get_ranks(self, **kwargs: int) -> NamedSharding | int:
+        """The sub-layout at the given (possibly partial) coordinates.
 
         Returns:
-            An ``int`` when every axis is given. Otherwise an int64 ``np.ndarray`` of global ranks whose
-            dimensions are the axes *not* given, in ``names`` order; e.g. on a ``(dp=2, tp=2)`` layout
-            ``get_ranks(data_parallel=1)`` is ``array([2, 3])`` (the tensor-parallel group of DP rank 1).
+            An ``int`` (the global rank) when every axis is given. Otherwise a `NamedSharding` over the axes *not*
+            given, in `names` order, holding global ranks; e.g. on a ``(dp=2, tp=2)`` layout
+            ``get_ranks(data_parallel=1).layout`` is ``[2, 3]`` (the tensor-parallel group of DP rank 1).
+
+        Raises:
+            ValueError: unknown axis name. IndexError: coordinate outside its axis.
         """
+        selected = self._select_ranks(**kwargs)
+        if isinstance(selected, int):
+            return selected
+        return NamedSharding(selected, [name for name in self._names if name not in kwargs])
+
+    def _select_ranks(self, **coords: int) -> int | np.ndarray:
+        """`get_ranks` with a partial selection as a plain int64 array of global ranks."""
         index: list[int | slice] = [slice(None)] * self.ndim
         for name, value in coords.items():
-            axis = self._axis_index(name)
+            axis = self.get_axis_index(name)
             value = operator.index(value)
             size = self._layout.shape[axis]
             if not 0 <= value < size:
-                raise ValueError(f"coordinate {name}={value} is out of range: axis {name!r} has size {size}")
+                raise IndexError(f"coordinate {name}={value} is out of range: axis {name!r} has size {size}")
             index[axis] = value
         selected = self._layout[tuple(index)]
         if len(coords) == self.ndim:
             return int(selected)
         return np.array(selected)
+
+    def get_ranks_by_coord(self, **coords: int) -> list[int]:
+        """Sorted global ranks whose coordinates match every given ``axis=index``; axes not given match any index.
+
+        A coordinate outside its axis matches nothing (``[]``); an unknown axis name raises ValueError.
+        """
+        for name in coords:
+            self.get_axis_index(name)
+        if any(not 0 <= operator.index(value) < self.get_axis_size(name) for name, value in coords.items()):
+            return []
+        selected = self._select_ranks(**coords)
+        return [selected] if isinstance(selected, int) else sorted(selected.reshape(-1).tolist())
+
+    @staticmethod
+    def is_axis_zero(coords: dict[str, int], axes: Sequence[str]) -> bool:
+        """Whether ``coords`` is 0 on every axis of ``axes`` (an axis missing from ``coords`` counts as 0)."""
+        return all(coords.get(axis, 0) == 0 for axis in axes)
 
     def get_axis_groups(self, name: str) -> list[list[int]]:
         """Partition all ranks into groups that differ only along axis ``name``.
@@ -123,15 +158,13 @@ class NamedSharding:
         ``(dp=2, tp=2)`` layout, ``get_axis_groups("data_parallel")`` is ``[[0, 2], [1, 3]]``: the ranks that
         all-reduce gradients together. Used to build one process group per slice.
         """
-        axis = self._axis_index(name)
+        axis = self.get_axis_index(name)
         moved = np.moveaxis(self._layout, axis, -1)
         return moved.reshape(-1, moved.shape[-1]).tolist()
 
-    def _axis_index(self, name: str) -> int:
-        try:
-            return self._names.index(name)
-        except ValueError:
-            raise ValueError(f"unknown axis {name!r}; this NamedSharding has axes {self._names}") from None
+    def _describe_ranks(self) -> str:
+        ranks = sorted(self._coords_by_rank)
+        return f"0..{len(ranks) - 1}" if ranks == list(range(len(ranks))) else str(ranks)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # numpy unpickles arrays as writable; keep the layout immutable after a trip through Ray.

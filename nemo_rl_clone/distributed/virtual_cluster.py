@@ -13,6 +13,7 @@ import contextlib
 import logging
 import math
 import os
+import random
 import socket
 import time
 from collections import Counter
@@ -25,6 +26,7 @@ from ray._private import services
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES
 from nemo_rl_clone.distributed.reaper import register_temp_path, start_reaper
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.platform import check_torch_build
@@ -36,6 +38,8 @@ PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 _MAX_RAY_TEMP_DIR_CHARS = 44
 # Ray accepts fractional resources with 4 decimals; rounding *down* keeps n shares of a bundle within the bundle.
 _RESOURCE_PRECISION = 10_000
+# Ports the OS picks are rarely repeated; a repeat of one already handed out is retried this many times.
+_OS_PORT_ATTEMPTS = 20
 
 
 @dataclass
@@ -252,11 +256,27 @@ class BundleSlot:
 
 
 @ray.remote(num_cpus=0, num_gpus=0)
-def _node_ip_and_free_port() -> tuple[str, int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+def _node_ip_and_free_port(port_range: tuple[int, int] | None, excluded: set[int]) -> tuple[str, int]:
+    """This node's IP and a port free on it and not in ``excluded``: one the OS picks, or one in ``[low, high)``
+    (tried in random order)."""
+    if port_range is None:
+        candidates = [0] * _OS_PORT_ATTEMPTS  # binding port 0 lets the OS pick a free one
+    else:
+        candidates = [port for port in range(*port_range) if port not in excluded]
+        random.shuffle(candidates)
+    for candidate in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", candidate))
+            except OSError:
+                continue
+            port = sock.getsockname()[1]
+            if port not in excluded:
+                return ray.util.get_node_ip_address(), port
+    where = "from the OS" if port_range is None else f"in [{port_range[0]}, {port_range[1]})"
+    raise RuntimeError(
+        f"no free port {where} on {ray.util.get_node_ip_address()} besides the {len(excluded)} already handed out"
+    )
 
 
 class RayVirtualCluster:
@@ -273,6 +293,11 @@ class RayVirtualCluster:
             packed on one machine; when every node's bundles fill a machine, logical nodes are distinct machines.
             ``"PACK"``, ``"SPREAD"`` or ``"STRICT_SPREAD"`` make one unified placement group of all bundles with that
             Ray strategy; slots are then grouped by the physical node Ray chose.
+        port_range_low, port_range_high: rendezvous ports (`get_master_address_and_port`) are taken from
+            ``[port_range_low, port_range_high)``; give both or neither (default: any free port the OS picks).
+        segment_size: NeMo-RL's NVLink-domain alignment; must be None (not supported yet).
+        node_resource_constraints: one dict of extra Ray resources per logical node, added to each of its bundles
+            (e.g. a custom resource that pins the node to a group of machines).
         ready_timeout_s: how long to wait for the reservation before raising `ResourceInsufficientError`.
 
     Connects to Ray with `init_ray()` if this process is not connected yet.
@@ -291,6 +316,10 @@ class RayVirtualCluster:
         num_gpus_per_node: int = 8,
         name: str = "",
         placement_group_strategy: str = "STRICT_PACK",
+        port_range_low: int | None = None,
+        port_range_high: int | None = None,
+        segment_size: int | None = None,
+        node_resource_constraints: list[dict[str, float]] | None = None,
         ready_timeout_s: float = 180.0,
     ) -> None:
         _check_cluster_args(
@@ -301,6 +330,16 @@ class RayVirtualCluster:
             placement_group_strategy,
             ready_timeout_s,
         )
+        _check_nemo_rl_extras(
+            bundle_ct_per_node_list, port_range_low, port_range_high, segment_size, node_resource_constraints
+        )
+        self._handed_out_ports: set[int] = set()
+        self.port_range: tuple[int, int] | None = (
+            None if port_range_low is None or port_range_high is None else (port_range_low, port_range_high)
+        )
+        self.node_resource_constraints = [
+            dict(c) for c in node_resource_constraints or [{}] * len(bundle_ct_per_node_list)
+        ]
         self.bundle_ct_per_node_list = list(bundle_ct_per_node_list)
         self.use_gpus = use_gpus
         self.max_colocated_worker_groups = max_colocated_worker_groups
@@ -343,14 +382,16 @@ class RayVirtualCluster:
     def get_master_address_and_port(self, placement_group_index: int = 0, bundle_index: int = 0) -> tuple[str, int]:
         """IP of the node holding the given bundle and a port free on it at the time of the call.
 
-        Runs a zero-resource task in that bundle. Every call picks a new port, so colocated worker groups each get
-        their own rendezvous port.
+        Runs a zero-resource task in that bundle. A port is never handed out twice by this cluster, so colocated
+        worker groups each get their own rendezvous port.
         """
         self._check_alive()
         strategy = PlacementGroupSchedulingStrategy(
             self._placement_groups[placement_group_index], placement_group_bundle_index=bundle_index
         )
-        ref = _node_ip_and_free_port.options(scheduling_strategy=strategy).remote()
+        ref = _node_ip_and_free_port.options(scheduling_strategy=strategy).remote(
+            self.port_range, self._handed_out_ports
+        )
         ready, _ = ray.wait([ref], timeout=self.ready_timeout_s)
         if not ready:
             ray.cancel(ref, force=True)
@@ -358,15 +399,32 @@ class RayVirtualCluster:
                 f"{self._label()}: the address probe in placement group {placement_group_index}, bundle "
                 f"{bundle_index} did not run within {self.ready_timeout_s} s"
             )
-        return ray.get(ref)
+        address, port = ray.get(ref)
+        self._handed_out_ports.add(port)
+        return address, port
 
-    def shutdown(self) -> None:
-        """Release the placement groups (actors still in them are killed by Ray); idempotent."""
+    def get_available_address_and_port(self, pg_idx: int, bundle_idx: int) -> tuple[str, int]:
+        """NeMo-RL's name for `get_master_address_and_port` of one bundle."""
+        return self.get_master_address_and_port(pg_idx, bundle_idx)
+
+    def get_available_addresses_and_ports_batch(
+        self, pg_bundle_pairs: list[tuple[int, int]], batch_size: int = 256
+    ) -> list[tuple[str, int]]:
+        """`get_master_address_and_port` for each ``(placement group index, bundle index)``, in order.
+
+        ``batch_size`` is accepted for NeMo-RL's signature; the probes run one after another.
+        """
+        del batch_size  # NeMo-RL bounds its parallel probes with it; ours are sequential
+        return [self.get_master_address_and_port(pg_idx, bundle_idx) for pg_idx, bundle_idx in pg_bundle_pairs]
+
+    def shutdown(self) -> bool:
+        """Release the placement groups (actors still in them are killed by Ray); idempotent. Returns True."""
         if ray.is_initialized():  # otherwise the placement groups went with the Ray cluster
             for pg in self._placement_groups:
                 remove_placement_group(pg)
         self._placement_groups = []
         self._slots = []
+        return True
 
     def _check_alive(self) -> None:
         if not self._placement_groups:
@@ -377,13 +435,17 @@ class RayVirtualCluster:
 
     def _reserve(self) -> list[PlacementGroup]:
         prefix = self.name or "nrl"
+        node_bundles = [
+            [{**self.bundle_resources, **constraints} for _ in range(count)]
+            for count, constraints in zip(self.bundle_ct_per_node_list, self.node_resource_constraints, strict=True)
+        ]
         if self.is_unified:
-            bundles = [dict(self.bundle_resources) for _ in range(self.world_size())]
+            bundles = [bundle for node in node_bundles for bundle in node]
             groups = [placement_group(bundles, strategy=self.placement_group_strategy, name=f"{prefix}-unified")]
         else:
             groups = [
-                placement_group([dict(self.bundle_resources)] * count, strategy="STRICT_PACK", name=f"{prefix}-node{i}")
-                for i, count in enumerate(self.bundle_ct_per_node_list)
+                placement_group(bundles, strategy="STRICT_PACK", name=f"{prefix}-node{i}")
+                for i, bundles in enumerate(node_bundles)
             ]
         try:
             self._wait_until_ready(groups)
@@ -461,6 +523,33 @@ def _format_resources(resources: dict[str, float]) -> str:
     return ", ".join(f"{key} {resources.get(key, 0.0):g}" for key in ("CPU", "GPU"))
 
 
+def _check_nemo_rl_extras(
+    bundle_ct_per_node_list: list[int],
+    port_range_low: int | None,
+    port_range_high: int | None,
+    segment_size: int | None,
+    node_resource_constraints: list[dict[str, float]] | None,
+) -> None:
+    if segment_size is not None:
+        raise ValueError(
+            f"not supported yet: segment_size={segment_size} (NVLink-domain aligned placement); leave it None"
+        )
+    if (port_range_low is None) != (port_range_high is None):
+        raise ValueError(
+            f"give both port_range_low and port_range_high or neither, got {port_range_low} and {port_range_high}"
+        )
+    if port_range_low is not None and port_range_high is not None and not 0 < port_range_low < port_range_high <= 65536:
+        raise ValueError(
+            f"port range [{port_range_low}, {port_range_high}) must satisfy 0 < port_range_low < port_range_high "
+            "<= 65536"
+        )
+    if node_resource_constraints is not None and len(node_resource_constraints) != len(bundle_ct_per_node_list):
+        raise ValueError(
+            f"node_resource_constraints has {len(node_resource_constraints)} entries but bundle_ct_per_node_list "
+            f"has {len(bundle_ct_per_node_list)} nodes; give one dict per node"
+        )
+
+
 def _check_cluster_args(
     bundle_ct_per_node_list: list[int],
     use_gpus: bool,
@@ -490,6 +579,7 @@ def _check_cluster_args(
 
 __all__ = [
     "PLACEMENT_STRATEGIES",
+    "PY_EXECUTABLES",
     "BundleSlot",
     "ClusterConfig",
     "NodeResources",

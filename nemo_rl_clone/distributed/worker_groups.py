@@ -26,12 +26,23 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
 from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_executable
 from nemo_rl_clone.distributed.virtual_cluster import BundleSlot, RayVirtualCluster
+from nemo_rl_clone.distributed.worker_group_dispatch import (
+    MultiWorkerFuture,
+    ShardedDispatchPlan,
+    check_nesting,
+    get_fail_fast,
+    piece_at,
+    plan_sharded_call,
+    plan_sharded_dispatch,
+)
 from nemo_rl_clone.utils.imports import import_by_path
 
 logger = logging.getLogger(__name__)
 
 DISTRIBUTED_ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
 _READY_LOG_INTERVAL_S = 60.0
+# How long `shutdown` waits for each killed actor to be gone before warning.
+_KILL_WAIT_S = 60.0
 
 
 def import_class(fqn: str) -> type:
@@ -80,14 +91,21 @@ class RayWorkerBuilder:
         num_gpus: float,
         env_vars: dict[str, str],
         name: str | None = None,
+        **extra_options: Any,
     ) -> ActorHandle:
-        """Start one actor in bundle ``bundle_index`` of ``placement_group`` (returns at once; see `__ray_ready__`)."""
-        runtime_env: dict[str, Any] = {"env_vars": dict(env_vars)}
+        """Start one actor in bundle ``bundle_index`` of ``placement_group`` (returns at once; see `__ray_ready__`).
+
+        ``extra_options`` are more Ray actor options; they override ``ray_actor_options``. A ``runtime_env`` among
+        them is merged with the worker's (its ``env_vars`` under ``env_vars``).
+        """
+        extra_env = dict(extra_options.pop("runtime_env", None) or {})
+        runtime_env: dict[str, Any] = {**extra_env, "env_vars": {**extra_env.get("env_vars", {}), **env_vars}}
         python = get_actor_python_executable(self.ray_actor_class_fqn)
         if python != sys.executable:
             runtime_env["py_executable"] = python
         options: dict[str, Any] = {
             **self.ray_actor_options,
+            **extra_options,
             "num_cpus": num_cpus,
             "num_gpus": num_gpus,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -98,6 +116,37 @@ class RayWorkerBuilder:
         if name:
             options["name"] = name
         return cast(ActorHandle, self.actor_class.options(**options).remote(*self.args, **self.kwargs))
+
+    def __call__(
+        self,
+        placement_group: PlacementGroup,
+        placement_group_bundle_index: int,
+        num_gpus: float,
+        bundle_indices: tuple[int, list[int]] | None = None,
+        **extra_options: Any,
+    ) -> ActorHandle:
+        """NeMo-RL's form of `create_worker`: ``extra_options`` are Ray actor options (``num_cpus`` defaults to 1).
+
+        ``bundle_indices`` (NeMo-RL's tied multi-bundle workers, handed to a ``configure_worker`` hook) must be None:
+        every worker here owns exactly one bundle.
+        """
+        if bundle_indices is not None:
+            raise NotImplementedError(
+                f"not supported yet: bundle_indices={bundle_indices!r} (tied workers spanning several bundles); "
+                "start one worker per bundle"
+            )
+        extra_env = dict(extra_options.pop("runtime_env", None) or {})
+        env_vars = dict(extra_env.pop("env_vars", None) or {})
+        return self.create_worker(
+            placement_group,
+            placement_group_bundle_index,
+            num_cpus=extra_options.pop("num_cpus", 1),
+            num_gpus=num_gpus,
+            env_vars=env_vars,
+            name=extra_options.pop("name", None),
+            runtime_env=extra_env,
+            **extra_options,
+        )
 
 
 @dataclass(frozen=True)
@@ -111,148 +160,6 @@ class WorkerMetadata:
     bundle_index: int
 
 
-@dataclass(frozen=True)
-class ShardedDispatchPlan:
-    """``worker_data``: rank → its data piece (None for dummy calls), only for the ranks to call, in rank order;
-    ``return_ranks``: ranks whose results are returned, in rank order."""
-
-    worker_data: dict[int, Any]
-    return_ranks: list[int]
-
-
-def plan_sharded_dispatch(
-    sharding: NamedSharding,
-    data: Any,
-    in_sharded_axes: Sequence[str],
-    replicate_on_axes: Sequence[str],
-    output_is_replicated: Sequence[str],
-    make_dummy_calls_to_free_axes: bool = False,
-) -> ShardedDispatchPlan:
-    """Decide which rank gets which piece of ``data``.
-
-    ``data`` is nested, one level per entry of ``in_sharded_axes`` (in that order): ``data[i][j]`` goes to every rank
-    whose coordinate on ``in_sharded_axes[0]`` is ``i`` and on ``in_sharded_axes[1]`` is ``j``, whatever its coordinates
-    on ``replicate_on_axes``. Axes in neither list are *free*: only ranks at coordinate 0 on them are called (the
-    others get ``None`` if ``make_dummy_calls_to_free_axes``, for methods containing collectives). Results are
-    returned from ranks at coordinate 0 on every free axis and every axis in ``output_is_replicated``.
-    """
-    names = sharding.names
-    for argument, axes in (
-        ("in_sharded_axes", in_sharded_axes),
-        ("replicate_on_axes", replicate_on_axes),
-        ("output_is_replicated", output_is_replicated),
-    ):
-        unknown = [axis for axis in axes if axis not in names]
-        if unknown:
-            raise ValueError(f"{argument} names unknown axes {unknown}; the worker group's axes are {names}")
-    both = sorted(set(in_sharded_axes) & set(replicate_on_axes))
-    if both:
-        raise ValueError(f"axes {both} are in both in_sharded_axes and replicate_on_axes; an axis is one or the other")
-    _check_nesting(data, [(axis, sharding.get_axis_size(axis)) for axis in in_sharded_axes], [])
-
-    free_axes = [axis for axis in names if axis not in in_sharded_axes and axis not in replicate_on_axes]
-    worker_data: dict[int, Any] = {}
-    return_ranks: list[int] = []
-    for rank in range(sharding.size):
-        coords = sharding.get_worker_coords(rank)
-        on_free_origin = all(coords[axis] == 0 for axis in free_axes)
-        if on_free_origin:
-            piece = data
-            for axis in in_sharded_axes:
-                piece = piece[coords[axis]]
-            worker_data[rank] = piece
-            if all(coords[axis] == 0 for axis in output_is_replicated):
-                return_ranks.append(rank)
-        elif make_dummy_calls_to_free_axes:
-            worker_data[rank] = None
-    return ShardedDispatchPlan(worker_data=worker_data, return_ranks=return_ranks)
-
-
-def _check_nesting(data: Any, levels: list[tuple[str, int]], index: list[int]) -> None:
-    if not levels:
-        return
-    axis, size = levels[0]
-    where = "data" + "".join(f"[{i}]" for i in index)
-    if not isinstance(data, (list, tuple)):
-        raise ValueError(
-            f"{where} must be a list of {size} pieces for axis {axis!r} (data is nested by in_sharded_axes), "
-            f"got {type(data).__name__}"
-        )
-    if len(data) != size:
-        raise ValueError(f"{where} has {len(data)} pieces but axis {axis!r} has size {size}")
-    for i, piece in enumerate(data):
-        _check_nesting(piece, levels[1:], [*index, i])
-
-
-class MultiWorkerFuture:
-    """Pending results of one call on several workers.
-
-    Args:
-        futures: one ObjectRef per called worker.
-        return_from_workers: ranks whose results `get_results` returns (default: all called workers).
-        worker_ranks: the rank of each future (default ``0 .. len(futures) - 1``).
-        group_name, method_name: for error messages.
-    """
-
-    def __init__(
-        self,
-        futures: list[ray.ObjectRef],
-        return_from_workers: list[int] | None = None,
-        worker_ranks: list[int] | None = None,
-        group_name: str = "",
-        method_name: str = "",
-    ) -> None:
-        self.futures = list(futures)
-        self.worker_ranks = list(worker_ranks) if worker_ranks is not None else list(range(len(self.futures)))
-        if len(self.worker_ranks) != len(self.futures):
-            raise ValueError(f"got {len(self.futures)} futures but {len(self.worker_ranks)} worker ranks")
-        self.return_from_workers = (
-            sorted(return_from_workers) if return_from_workers is not None else sorted(self.worker_ranks)
-        )
-        missing = sorted(set(self.return_from_workers) - set(self.worker_ranks))
-        if missing:
-            raise ValueError(f"return_from_workers {missing} were not called (called ranks: {self.worker_ranks})")
-        self.group_name = group_name
-        self.method_name = method_name
-
-    def get_results(self, worker_group: RayWorkerGroup | None = None) -> list[Any]:
-        """Block until every called worker is done; results of ``return_from_workers`` in rank order.
-
-        A failure of any worker is raised as soon as it happens (not after the workers before it in rank order,
-        which may be blocked in a collective waiting for the failed one), with a note naming its rank.
-        ``worker_group``, if given, must be the group that made this future.
-        """
-        if worker_group is not None and worker_group.name != self.group_name:
-            raise ValueError(f"this future comes from worker group {self.group_name!r}, not {worker_group.name!r}")
-        results = _get_fail_fast(self.futures, self.worker_ranks, f"{self.group_name}.{self.method_name}")
-        by_rank = dict(zip(self.worker_ranks, results, strict=True))
-        return [by_rank[rank] for rank in self.return_from_workers]
-
-
-def _get_fail_fast(
-    refs: list[ray.ObjectRef], ranks: list[int], label: str, log_pending_every_s: float | None = None
-) -> list[Any]:
-    """``ray.get`` of every ref, raising the first failure as soon as it happens (noted with the worker's rank).
-
-    With ``log_pending_every_s``, logs the ranks still pending each time that long passes without progress.
-    """
-    position = {ref: i for i, ref in enumerate(refs)}
-    results: list[Any] = [None] * len(refs)
-    pending = list(refs)
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=log_pending_every_s)
-        if not ready:
-            waiting = sorted(ranks[position[ref]] for ref in pending)
-            logger.warning("%s: workers %s still pending; available: %s", label, waiting, ray.available_resources())
-        for ref in ready:
-            try:
-                results[position[ref]] = ray.get(ref)
-            except ray.exceptions.RayError as error:
-                error.add_note(f"raised by worker rank {ranks[position[ref]]} in {label}")
-                raise
-    return results
-
-
 class RayWorkerGroup:
     """Actors built by ``remote_worker_builder``, one per selected bundle of ``cluster``; rank order = slot order.
 
@@ -264,8 +171,11 @@ class RayWorkerGroup:
         name_prefix: actors are named ``{name_prefix}-{rank}``; also the group's name in messages.
         bundle_indices_list: explicit bundles as ``[(placement_group_index, [bundle_index, ...]), ...]``, one worker
             per listed bundle, ranks in listed order. Exclusive with ``workers_per_node``.
-        sharding_annotations: how ranks map to named axes; default one ``"data_parallel"`` axis over all ranks.
+        sharding_annotations: how ranks map to named axes (its layout must hold every rank ``0 .. N-1``); default
+            one ``"data_parallel"`` axis over all ranks.
         env_vars: extra environment for every worker (may not set the distributed variables).
+        dp_leader_worker_indices: the rank that owns each data-parallel shard, ascending; default: the ranks at
+            coordinate 0 on every axis but ``"data_parallel"`` (see `get_dp_leader_worker_idx`).
 
     The constructor returns when every actor's constructor has finished, and raises (after killing the group) if
     one failed.
@@ -280,9 +190,11 @@ class RayWorkerGroup:
         bundle_indices_list: list[tuple[int, list[int]]] | None = None,
         sharding_annotations: NamedSharding | None = None,
         env_vars: dict[str, str] | None = None,
+        dp_leader_worker_indices: list[int] | None = None,
     ) -> None:
         self.cluster = cluster
         self.builder = remote_worker_builder
+        self.name_prefix = name_prefix
         self.name = name_prefix or remote_worker_builder.class_name
         reserved = sorted(set(env_vars or {}) & set(DISTRIBUTED_ENV_VARS))
         if reserved:
@@ -292,17 +204,20 @@ class RayWorkerGroup:
         world_size = len(slots)
         if sharding_annotations is None:
             sharding_annotations = NamedSharding(np.arange(world_size), ["data_parallel"])
-        if sharding_annotations.size != world_size:
+        ranks = sorted(sharding_annotations.layout.reshape(-1).tolist())
+        if ranks != list(range(world_size)):
             raise ValueError(
-                f"sharding_annotations covers {sharding_annotations.size} ranks but worker group {self.name!r} has "
-                f"{world_size} workers"
+                f"sharding_annotations must hold every rank 0..{world_size - 1} of worker group {self.name!r} "
+                f"({world_size} workers) exactly once, got ranks {ranks}"
             )
         self.sharding_annotations = sharding_annotations
+        self.dp_leader_worker_indices = _dp_leaders(sharding_annotations, dp_leader_worker_indices)
         self.worker_metadata = _assign_ranks(slots)
 
         master_addr, master_port = cluster.get_master_address_and_port(
             slots[0].placement_group_index, slots[0].bundle_index
         )
+        self.master_address, self.master_port = master_addr, master_port
         resources = cluster.resources_per_worker()
         placement_groups = cluster.get_placement_groups()
         self._workers: list[ActorHandle] = []
@@ -338,66 +253,140 @@ class RayWorkerGroup:
 
     @property
     def dp_size(self) -> int:
-        """Size of the ``data_parallel`` axis (1 when the group has none)."""
-        if "data_parallel" not in self.sharding_annotations.names:
-            return 1
-        return self.sharding_annotations.get_axis_size("data_parallel")
+        """Number of data-parallel shards: by default the size of the ``data_parallel`` axis (1 when the group has
+        none), else the number of ``dp_leader_worker_indices`` given."""
+        return len(self.dp_leader_worker_indices)
 
-    def run_single_worker_single_data(self, method: str, worker_idx: int, *args: Any, **kwargs: Any) -> ray.ObjectRef:
-        """Call ``method(*args, **kwargs)`` on worker ``worker_idx`` (its rank)."""
+    def get_dp_leader_worker_idx(self, dp_shard_idx: int) -> int:
+        """The rank that owns data-parallel shard ``dp_shard_idx`` (IndexError outside the shards)."""
+        if not 0 <= dp_shard_idx < len(self.dp_leader_worker_indices):
+            raise IndexError(
+                f"dp_shard_idx {dp_shard_idx} is outside worker group {self.name!r}'s "
+                f"{len(self.dp_leader_worker_indices)} data-parallel shards"
+            )
+        return self.dp_leader_worker_indices[dp_shard_idx]
+
+    def run_single_worker_single_data(
+        self, method_name: str, worker_idx: int, *args: Any, **kwargs: Any
+    ) -> ray.ObjectRef:
+        """Call ``method_name(*args, **kwargs)`` on worker ``worker_idx`` (its rank)."""
         if not 0 <= worker_idx < len(self._workers):
             raise IndexError(f"worker_idx {worker_idx} is outside worker group {self.name!r} (size {self.world_size})")
-        return self._method(worker_idx, method).remote(*args, **kwargs)
+        return self._method(worker_idx, method_name).remote(*args, **kwargs)
 
-    def run_all_workers_single_data(self, method: str, *args: Any, **kwargs: Any) -> list[ray.ObjectRef]:
-        """Call ``method(*args, **kwargs)`` on every worker; refs in rank order."""
-        return [self._method(rank, method).remote(*args, **kwargs) for rank in range(self.world_size)]
+    def run_all_workers_single_data(
+        self, method_name: str, *args: Any, run_rank_0_only_axes: Sequence[str] | None = None, **kwargs: Any
+    ) -> list[ray.ObjectRef]:
+        """Call ``method_name(*args, **kwargs)`` on every worker; refs in rank order.
+
+        ``run_rank_0_only_axes``: call only the workers at coordinate 0 on these axes.
+        """
+        ranks = self._ranks_at_zero(run_rank_0_only_axes)
+        return [self._method(rank, method_name).remote(*args, **kwargs) for rank in ranks]
 
     def run_all_workers_multiple_data(
-        self, method: str, data: Sequence[Any], common_kwargs: dict[str, Any] | None = None
+        self,
+        method_name: str,
+        *args: Sequence[Any],
+        run_rank_0_only_axes: Sequence[str] | None = None,
+        common_kwargs: dict[str, Any] | None = None,
+        **kwargs: Sequence[Any],
     ) -> list[ray.ObjectRef]:
-        """Call ``method(data[rank], **common_kwargs)`` on every worker; refs in rank order."""
+        """Call worker ``i`` with the ``i``-th entry of every argument: ``method_name(args[0][i], ..., key=kwargs[key][i],
+        **common_kwargs)``; refs in rank order.
+
+        ``i`` counts the called workers: all of them, or those at coordinate 0 on ``run_rank_0_only_axes``. Every
+        argument must have one entry per called worker.
+        """
         self._check_alive()
-        if len(data) != self.world_size:
+        ranks = self._ranks_at_zero(run_rank_0_only_axes)
+        named = {f"argument {i}": arg for i, arg in enumerate(args)} | {
+            f"keyword {key!r}": value for key, value in kwargs.items()
+        }
+        if not named:
             raise ValueError(
-                f"data has {len(data)} entries but worker group {self.name!r} has {self.world_size} workers"
+                "run_all_workers_multiple_data needs at least one per-worker argument; use run_all_workers_single_data"
             )
+        for label, values in named.items():
+            if len(values) != len(ranks):
+                raise ValueError(
+                    f"data has {len(values)} entries ({label}) but worker group {self.name!r} calls {len(ranks)} workers"
+                )
         return [
-            self._method(rank, method).remote(data[rank], **(common_kwargs or {})) for rank in range(self.world_size)
+            self._method(rank, method_name).remote(
+                *(arg[i] for arg in args),
+                **{key: value[i] for key, value in kwargs.items()},
+                **(common_kwargs or {}),
+            )
+            for i, rank in enumerate(ranks)
         ]
 
     def run_all_workers_sharded_data(
         self,
-        method: str,
-        data: Any,
-        in_sharded_axes: Sequence[str],
-        replicate_on_axes: Sequence[str],
-        output_is_replicated: Sequence[str],
-        common_kwargs: dict[str, Any] | None = None,
+        method_name: str,
+        *args: Any,
+        in_sharded_axes: Sequence[str] | None = None,
+        replicate_on_axes: Sequence[str] | None = None,
+        output_is_replicated: Sequence[str] | None = None,
         make_dummy_calls_to_free_axes: bool = False,
+        common_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> MultiWorkerFuture:
-        """Call ``method(piece, **common_kwargs)`` on each worker with its piece of ``data`` (see
-        `plan_sharded_dispatch` for the nesting and which results come back)."""
+        """Call ``method_name(*pieces, **piece_kwargs, **common_kwargs)`` on each worker with its piece of every
+        positional and keyword argument; each is nested by ``in_sharded_axes`` (see `plan_sharded_dispatch` for the
+        nesting and which results come back). Dummy calls pass ``None`` for every argument."""
         self._check_alive()
-        plan = plan_sharded_dispatch(
-            self.sharding_annotations,
-            data,
+        sharding = self.sharding_annotations
+        in_sharded_axes = list(in_sharded_axes or [])
+        replicate_on_axes = list(replicate_on_axes or [])
+        plan = plan_sharded_call(
+            sharding,
             in_sharded_axes,
             replicate_on_axes,
-            output_is_replicated,
+            list(output_is_replicated or []),
             make_dummy_calls_to_free_axes,
         )
-        ranks = list(plan.worker_data)
-        futures = [self._method(rank, method).remote(plan.worker_data[rank], **(common_kwargs or {})) for rank in ranks]
+        for i, arg in enumerate(args):
+            check_nesting(arg, sharding, in_sharded_axes, f"argument {i}" if len(args) > 1 else "data")
+        for key, value in kwargs.items():
+            check_nesting(value, sharding, in_sharded_axes, key)
+        # A piece sent to several replicas is serialized once.
+        replicas = int(np.prod([sharding.get_axis_size(axis) for axis in replicate_on_axes]))
+        store: dict[tuple[str | int, tuple[int, ...]], Any] = {}
+
+        def piece(name: str | int, data: Any, index: tuple[int, ...] | None) -> Any:
+            if index is None:
+                return None
+            if replicas == 1:
+                return piece_at(data, index)
+            if (name, index) not in store:
+                store[(name, index)] = ray.put(piece_at(data, index))
+            return store[(name, index)]
+
+        futures = [
+            self._method(rank, method_name).remote(
+                *(piece(i, arg, index) for i, arg in enumerate(args)),
+                **{key: piece(key, value, index) for key, value in kwargs.items()},
+                **(common_kwargs or {}),
+            )
+            for rank, index in plan.worker_index.items()
+        ]
         return MultiWorkerFuture(
-            futures, plan.return_ranks, worker_ranks=ranks, group_name=self.name, method_name=method
+            futures,
+            plan.return_ranks,
+            called_workers=list(plan.worker_index),
+            group_name=self.name,
+            method_name=method_name,
         )
 
-    def get_all_worker_results(self, future: MultiWorkerFuture) -> list[Any]:
-        return future.get_results(self)
+    def get_all_worker_results(
+        self, future_bundle: MultiWorkerFuture, return_generators_as_proxies: bool = False
+    ) -> list[Any]:
+        return future_bundle.get_results(self, return_generators_as_proxies)
 
-    def shutdown(self, cleanup_method: str | None = None, timeout_s: float = 60.0) -> bool:
-        """Call ``cleanup_method()`` on every worker (waiting at most ``timeout_s``), then kill them; idempotent.
+    def shutdown(self, cleanup_method: str | None = None, timeout: float | None = 60.0, force: bool = False) -> bool:
+        """Call ``cleanup_method()`` on every worker (unless ``force``; waiting at most ``timeout`` s, None: no limit),
+        then kill them; idempotent.
 
         Returns False if a cleanup call failed or did not finish in time (the workers are killed anyway).
         """
@@ -407,18 +396,28 @@ class RayWorkerGroup:
             self._workers = []
             return cleanup_method is None
         clean = True
-        if cleanup_method is not None:
-            clean = self._run_cleanup(cleanup_method, timeout_s)
+        if cleanup_method is not None and not force:
+            clean = self._run_cleanup(cleanup_method, timeout)
         for worker in self._workers:
             ray.kill(worker, no_restart=True)
         # ray.kill is asynchronous: wait until the actors are gone so their bundle resources are free for the
         # next group (e.g. an engine restarted on the same colocated bundles).
         for worker in self._workers:
-            _wait_until_dead(worker, timeout_s)
+            _wait_until_dead(worker, _KILL_WAIT_S)
         self._workers = []
         return clean
 
-    def _run_cleanup(self, cleanup_method: str, timeout_s: float) -> bool:
+    def _ranks_at_zero(self, axes: Sequence[str] | None) -> list[int]:
+        """Ranks at coordinate 0 on every axis of ``axes`` (all ranks for None or [])."""
+        for axis in axes or []:
+            self.sharding_annotations.get_axis_index(axis)
+        return [
+            rank
+            for rank in range(self.world_size)
+            if NamedSharding.is_axis_zero(self.sharding_annotations.get_worker_coords(rank), axes or [])
+        ]
+
+    def _run_cleanup(self, cleanup_method: str, timeout_s: float | None) -> bool:
         try:
             refs = [self._method(rank, cleanup_method).remote() for rank in range(self.world_size)]
         except AttributeError as error:
@@ -455,7 +454,7 @@ class RayWorkerGroup:
         refs: list[ray.ObjectRef] = [worker.__ray_ready__.remote() for worker in self._workers]
         label = f"worker group {self.name!r} constructing {self.builder.ray_actor_class_fqn}"
         try:
-            _get_fail_fast(refs, list(range(len(refs))), label, log_pending_every_s=_READY_LOG_INTERVAL_S)
+            get_fail_fast(refs, list(range(len(refs))), label, log_pending_every_s=_READY_LOG_INTERVAL_S)
         except ray.exceptions.RayError as error:
             self.shutdown()
             raise RuntimeError(f"{label}: an actor failed to start (see the cause below)") from error
@@ -516,6 +515,21 @@ def _assign_ranks(slots: list[BundleSlot]) -> list[WorkerMetadata]:
     return metadata
 
 
+def _dp_leaders(sharding: NamedSharding, given: list[int] | None) -> list[int]:
+    if given is None:
+        others = [axis for axis in sharding.names if axis != "data_parallel"]
+        return [
+            rank
+            for rank in range(sharding.size)
+            if NamedSharding.is_axis_zero(sharding.get_worker_coords(rank), others)
+        ]
+    if list(given) != sorted(set(given)) or not all(0 <= rank < sharding.size for rank in given):
+        raise ValueError(
+            f"dp_leader_worker_indices must be distinct ascending ranks in 0..{sharding.size - 1}, got {given}"
+        )
+    return list(given)
+
+
 def _wait_until_dead(actor: Any, timeout_s: float) -> None:
     """Block until calls to a killed actor fail (it is dead), or warn after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -526,3 +540,15 @@ def _wait_until_dead(actor: Any, timeout_s: float) -> None:
             return
         time.sleep(0.05)
     logger.warning("actor %s still answers %.0f s after ray.kill", actor, timeout_s)
+
+
+__all__ = [
+    "DISTRIBUTED_ENV_VARS",
+    "MultiWorkerFuture",
+    "RayWorkerBuilder",
+    "RayWorkerGroup",
+    "ShardedDispatchPlan",
+    "WorkerMetadata",
+    "import_class",
+    "plan_sharded_dispatch",
+]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,11 @@ class RankEchoActor:
 
     def echo(self, data: Any, scale: int = 1) -> tuple[int, Any]:
         return self.rank, data if scale == 1 else [x * scale for x in data]
+
+    def count_up(self, n: int) -> Iterator[tuple[int, int]]:
+        """A generator method: Ray streams its items (the call returns an ``ObjectRefGenerator``)."""
+        for i in range(n):
+            yield self.rank, i
 
     def get_env(self, keys: list[str]) -> dict[str, str | None]:
         return {key: os.environ.get(key) for key in keys}

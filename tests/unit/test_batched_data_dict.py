@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict, SlicedDataDict
 from nemo_rl_clone.distributed.sequence_packing import (
     cut_padded_microbatches,
     first_fit_decreasing,
@@ -55,6 +55,94 @@ def sample_numbers(batch: BatchedDataDict) -> list[int]:
     return [int(s[1:]) for s in batch["sample_id"]]
 
 
+# ------------------------------------------------------------------ NeMo-RL call forms
+def test_nemo_rl_docstring_sharding_example_gives_sliced_dicts() -> None:
+    batch = BatchedDataDict({"problem_id": [0, 0, 1, 1, 2, 2, 3, 3], "arbitrary_data": [1, 2, 3, 4, 5, 6, 7, 8]})
+    shards = batch.shard_by_batch_size(shards=2)
+    assert isinstance(shards, list) and all(type(shard) is SlicedDataDict for shard in shards)
+    assert shards == [
+        {"problem_id": [0, 0, 1, 1], "arbitrary_data": [1, 2, 3, 4]},
+        {"problem_id": [2, 2, 3, 3], "arbitrary_data": [5, 6, 7, 8]},
+    ]
+    shards = batch.shard_by_batch_size(shards=2, batch_size=4)
+    assert shards == [
+        {"problem_id": [0, 0, 2, 2], "arbitrary_data": [1, 2, 5, 6]},
+        {"problem_id": [1, 1, 3, 3], "arbitrary_data": [3, 4, 7, 8]},
+    ]
+    uneven = BatchedDataDict({"problem_id": [0, 1, 2, 3, 4], "arbitrary_data": [10, 11, 12, 13, 14]})
+    assert uneven.shard_by_batch_size(shards=2, allow_uneven_shards=True) == [
+        {"problem_id": [0, 1, 2], "arbitrary_data": [10, 11, 12]},
+        {"problem_id": [3, 4], "arbitrary_data": [13, 14]},
+    ]
+
+
+def test_sliced_types_and_subscripted_annotations() -> None:
+    batch = make_batch([3, 1, 2, 4])
+    assert type(batch.slice(0, 2)) is SlicedDataDict
+    assert type(batch.chunk(rank=1, chunks=2)) is SlicedDataDict
+    assert type(batch.get_batch(batch_idx=1, batch_size=2)) is SlicedDataDict
+    assert all(type(mb) is SlicedDataDict for mb in batch.make_microbatch_iterator(2))
+    assert type(batch.select_indices([0])) is BatchedDataDict and type(batch.repeat_interleave(2)) is BatchedDataDict
+    sliced = batch.slice(0, 4)
+    assert type(sliced.select_indices([1])) is SlicedDataDict and type(sliced.copy()) is SlicedDataDict
+    assert type(SlicedDataDict.from_batches([batch, batch])) is SlicedDataDict
+    assert BatchedDataDict[dict].from_batches([batch]).size == 4  # a type argument, as NeMo-RL annotations use
+    assert batch.data is batch and batch.get_dict() is batch
+    batch.data["extra"] = [0, 1, 2, 3]
+    assert batch["extra"] == [0, 1, 2, 3]
+
+
+def test_truncate_tensors_and_multimodal_dict() -> None:
+    batch = make_batch([3, 1])
+    batch["token_type_ids"] = torch.zeros(2, 3, dtype=torch.long)
+    assert set(batch.get_multimodal_dict()) == {"token_type_ids"}
+    assert batch.get_multimodal_dict(device="cpu")["token_type_ids"].shape == (2, 3)
+    batch.truncate_tensors(dim=1, truncated_len=2)
+    assert batch["input_ids"].tolist() == [[0, 1], [1000, -1]]
+    assert batch["token_type_ids"].shape == (2, 2) and batch["reward"].shape == (2,)  # 1-D tensors untouched
+    with pytest.raises(ValueError, match=r"'input_ids' has 2 entries along dim 1, fewer than truncated_len=5"):
+        batch.truncate_tensors(dim=1, truncated_len=5)
+
+
+def test_nemo_rl_dynamic_batching_iteration_per_global_batch() -> None:
+    batch = make_batch([3, 1, 2, 4, 4, 2, 1, 3])
+    shards, order = batch.shard_by_batch_size(shards=2, batch_size=4, dynamic_batching_args=dynamic_args(4))
+    assert all(type(shard) is SlicedDataDict for shard in shards) and sorted(order) == list(range(8))
+    for shard in shards:
+        for batch_idx in range(2):
+            gb = shard.get_batch(batch_idx)  # batch_size comes from the plan
+            assert type(gb) is SlicedDataDict and gb.size == 2
+            microbatches = list(gb.make_microbatch_iterator_with_dynamic_shapes(sequence_dim=1))
+            assert len(microbatches) == gb.get_microbatch_iterator_dynamic_shapes_len()
+            for mb, length in zip(microbatches, gb.micro_batch_lengths[0], strict=True):
+                assert mb["input_ids"].shape[1] == length and mb.size * length <= 4
+            assert [sample_numbers(mb) for mb in microbatches] == [
+                sample_numbers(gb.slice(s, e)) for s, e in gb.micro_batch_indices[0]
+            ]
+
+
+@pytest.mark.parametrize("name", ["sequence_length_pad_multiple", "sequence_length_round"])
+def test_nemo_rl_sequence_packing_args(name: str) -> None:
+    batch = make_batch([3, 1, 2, 4])
+    args = {**packing_args(8, "modified_first_fit_decreasing"), name: 2}
+    shards, order = batch.shard_by_batch_size(shards=2, sequence_packing_args=args)
+    assert sorted(order) == [0, 1, 2, 3]
+    for shard in shards:
+        bins, largest = shard.get_microbatch_iterator_for_packable_sequences_len()
+        assert bins == len(list(shard.make_microbatch_iterator_for_packable_sequences()))
+        assert largest == max(shard.micro_batch_lengths[0]) <= 8
+        assert shard.elem_counts_per_gb == [shard.size]
+        # each sample costs its length rounded up to 2
+        lengths = shard["input_lengths"].tolist()
+        for (start, end), tokens in zip(shard.micro_batch_indices[0], shard.micro_batch_lengths[0], strict=True):
+            assert tokens == sum((n + 1) // 2 * 2 for n in lengths[start:end])
+    with pytest.raises(ValueError, match="sequence_length_round=4 and its other name sequence_length_pad_multiple=2"):
+        batch.shard_by_batch_size(
+            2, sequence_packing_args={**args, "sequence_length_pad_multiple": 2, "sequence_length_round": 4}
+        )
+    assert make_batch([1]).elem_counts_per_gb is None
+
+
 # ------------------------------------------------------------------ construction and validation
 def test_construction_and_size() -> None:
     batch = make_batch([3, 1, 2])
@@ -82,7 +170,7 @@ def test_invalid_value_types() -> None:
 def test_pickle_keeps_type_values_and_plan() -> None:
     shards, _ = make_batch([3, 1, 2, 4]).shard_by_batch_size(2, dynamic_batching_args=dynamic_args(8))
     clone = pickle.loads(pickle.dumps(shards[1]))
-    assert type(clone) is BatchedDataDict
+    assert type(clone) is SlicedDataDict
     assert clone.microbatch_plan == shards[1].microbatch_plan
     assert torch.equal(clone["input_ids"], shards[1]["input_ids"]) and clone["sample_id"] == shards[1]["sample_id"]
 
@@ -90,7 +178,7 @@ def test_pickle_keeps_type_values_and_plan() -> None:
 def test_copy_is_shallow_and_keeps_plan() -> None:
     shards, _ = make_batch([3, 1]).shard_by_batch_size(1, dynamic_batching_args=dynamic_args(8))
     clone = shards[0].copy()
-    assert type(clone) is BatchedDataDict and clone.microbatch_plan is shards[0].microbatch_plan
+    assert type(clone) is SlicedDataDict and clone.microbatch_plan is shards[0].microbatch_plan
     clone["extra"] = [1, 2]
     assert "extra" not in shards[0]
     assert clone["input_ids"] is shards[0]["input_ids"]

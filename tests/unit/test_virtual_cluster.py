@@ -11,13 +11,17 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group_table
 
+from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES as REGISTRY_PY_EXECUTABLES
 from nemo_rl_clone.distributed.virtual_cluster import (
+    PY_EXECUTABLES,
     BundleSlot,
     ClusterConfig,
     RayVirtualCluster,
     ResourceInsufficientError,
     init_ray,
 )
+from nemo_rl_clone.distributed.worker_groups import RayWorkerBuilder
+from tests.unit.ray_test_actors import MODULE
 
 
 def _pg_state(pg) -> str:
@@ -44,6 +48,16 @@ def test_cluster_config_check_names_bad_keys():
             "placement_group_strategy must be one",
         ),
         ({"bundle_ct_per_node_list": [1], "ready_timeout_s": 0}, "ready_timeout_s must be > 0"),
+        ({"bundle_ct_per_node_list": [1], "segment_size": 2}, "not supported yet: segment_size=2"),
+        ({"bundle_ct_per_node_list": [1], "port_range_low": 1400}, "give both port_range_low and port_range_high"),
+        (
+            {"bundle_ct_per_node_list": [1], "port_range_low": 2000, "port_range_high": 1400},
+            r"port range \[2000, 1400\) must satisfy",
+        ),
+        (
+            {"bundle_ct_per_node_list": [1, 1], "node_resource_constraints": [{}]},
+            "node_resource_constraints has 1 entries but bundle_ct_per_node_list has 2 nodes",
+        ),
     ],
 )
 def test_invalid_arguments_are_rejected_before_touching_ray(kwargs, message):
@@ -81,6 +95,50 @@ def test_per_node_placement_groups_and_master_address(ray_local):
     cluster.shutdown()  # idempotent
     with pytest.raises(RuntimeError, match="was shut down"):
         cluster.get_placement_groups()
+
+
+def test_nemo_rl_style_cluster_ports_constraints_and_builder_call(ray_local):
+    assert PY_EXECUTABLES is REGISTRY_PY_EXECUTABLES
+    node_resource = f"node:{ray.util.get_node_ip_address()}"  # Ray gives every node this resource, amount 1
+    cluster = RayVirtualCluster(
+        bundle_ct_per_node_list=[2],
+        use_gpus=False,
+        max_colocated_worker_groups=1,
+        num_gpus_per_node=1,
+        name="t-nemo",
+        placement_group_strategy="STRICT_PACK",
+        port_range_low=20000,
+        port_range_high=20100,
+        node_resource_constraints=[{node_resource: 0.001}],
+    )
+    try:
+        (pg,) = cluster.get_placement_groups()
+        assert pg.bundle_specs == [{"CPU": 1.0, node_resource: 0.001}] * 2
+        ports = [port for _, port in cluster.get_available_addresses_and_ports_batch([(0, 0), (0, 1)])]
+        ports.append(cluster.get_available_address_and_port(0, 1)[1])
+        ports.append(cluster.get_master_address_and_port()[1])
+        assert all(20000 <= port < 20100 for port in ports) and len(set(ports)) == 4  # never handed out twice
+        # NeMo-RL's builder call: one actor in a given bundle, options as keyword arguments.
+        builder = RayWorkerBuilder(f"{MODULE}.RankEchoActor", tag="direct")
+        actor = builder(pg, 1, num_gpus=0, num_cpus=0.5, runtime_env={"env_vars": {"RANK": "7"}})
+        assert ray.get(actor.echo.remote("hi")) == (7, "hi")
+        assert ray.get(actor.get_tag.remote()) == "direct"
+        ray.kill(actor)
+        with pytest.raises(NotImplementedError, match="not supported yet: bundle_indices"):
+            builder(pg, 0, num_gpus=0, bundle_indices=(0, [0, 1]))
+    finally:
+        assert cluster.shutdown() is True
+
+
+def test_port_range_is_never_handed_out_twice(ray_local):
+    cluster = RayVirtualCluster([1], use_gpus=False, port_range_low=20200, port_range_high=20203)
+    try:
+        ports = {cluster.get_master_address_and_port()[1] for _ in range(3)}
+        assert ports == {20200, 20201, 20202}
+        with pytest.raises(RuntimeError, match=r"no free port in \[20200, 20203\) .* besides the 3 already handed out"):
+            cluster.get_master_address_and_port()
+    finally:
+        cluster.shutdown()
 
 
 def test_unified_placement_group_groups_slots_by_physical_node(ray_local):

@@ -119,7 +119,7 @@ def dp_tp_group(ray_local):
 
 def test_dp_sharded_data_comes_back_in_rank_order(dp_group):
     future = dp_group.run_all_workers_sharded_data(
-        "echo", [[1, 2], [3, 4]], ["data_parallel"], [], [], common_kwargs={"scale": 10}
+        "echo", [[1, 2], [3, 4]], in_sharded_axes=["data_parallel"], common_kwargs={"scale": 10}
     )
     assert isinstance(future, MultiWorkerFuture)
     assert dp_group.get_all_worker_results(future) == [(0, [10, 20]), (1, [30, 40])]
@@ -159,7 +159,9 @@ def test_dp_tp_sharded_with_replicated_tp_output(dp_tp_group, dp_group):
     )
     assert future.get_results(dp_tp_group) == [(0, "p0"), (2, "p1")]
     # Without output replication every worker's result comes back: tp ranks got the same piece.
-    future = dp_tp_group.run_all_workers_sharded_data("echo", ["p0", "p1"], ["data_parallel"], ["tensor_parallel"], [])
+    future = dp_tp_group.run_all_workers_sharded_data(
+        "echo", ["p0", "p1"], in_sharded_axes=["data_parallel"], replicate_on_axes=["tensor_parallel"]
+    )
     assert future.get_results() == [(0, "p0"), (1, "p0"), (2, "p1"), (3, "p1")]
     with pytest.raises(ValueError, match="comes from worker group 'RankEchoActor', not 't-dp'"):
         future.get_results(dp_group)
@@ -169,12 +171,69 @@ def test_single_and_multiple_data_calls(dp_group):
     assert ray.get(dp_group.run_single_worker_single_data("echo", 1, "x")) == (1, "x")
     assert ray.get(dp_group.run_all_workers_multiple_data("echo", ["a", "b"])) == [(0, "a"), (1, "b")]
     assert ray.get(dp_group.run_all_workers_single_data("get_tag")) == ["dp", "dp"]
-    with pytest.raises(ValueError, match="data has 3 entries but worker group 't-dp' has 2 workers"):
+    with pytest.raises(ValueError, match=r"data has 3 entries \(argument 0\) but worker group 't-dp' calls 2 workers"):
         dp_group.run_all_workers_multiple_data("echo", ["a", "b", "c"])
     with pytest.raises(IndexError, match="worker_idx 2 is outside worker group 't-dp'"):
         dp_group.run_single_worker_single_data("echo", 2, "x")
     with pytest.raises(AttributeError, match=r"RankEchoActor \(worker group 't-dp'\) has no method 'train'"):
         dp_group.run_all_workers_single_data("train")
+
+
+def test_nemo_rl_style_keyword_data_calls(dp_group, dp_tp_group):
+    # NeMo-RL passes per-worker data as keyword arguments, nested by in_sharded_axes.
+    future = dp_tp_group.run_all_workers_sharded_data(
+        "echo",
+        data=["p0", "p1"],
+        in_sharded_axes=["data_parallel"],
+        replicate_on_axes=["tensor_parallel"],
+        output_is_replicated=["tensor_parallel"],
+    )
+    assert future.called_workers == [0, 1, 2, 3] and future.return_from_workers == [0, 2]
+    assert dp_tp_group.get_all_worker_results(future_bundle=future) == [(0, "p0"), (2, "p1")]
+    # tensor_parallel is a free axis here: only its coordinate-0 ranks are called, dummies get None.
+    future = dp_tp_group.run_all_workers_sharded_data(
+        "echo", data=["p0", "p1"], in_sharded_axes=["data_parallel"], make_dummy_calls_to_free_axes=True
+    )
+    assert future.called_workers == [0, 1, 2, 3] and future.return_from_workers == [0, 2]
+    assert ray.get(future.futures) == [(0, "p0"), (1, None), (2, "p1"), (3, None)]
+    assert ray.get(dp_group.run_all_workers_multiple_data("echo", data=[[1], [2]], scale=[2, 3])) == [
+        (0, [2]),
+        (1, [6]),
+    ]
+    assert ray.get(dp_group.run_all_workers_multiple_data("echo", data=[[1], [2]], common_kwargs={"scale": 5})) == [
+        (0, [5]),
+        (1, [10]),
+    ]
+    refs = dp_tp_group.run_all_workers_single_data("echo", data="x", run_rank_0_only_axes=["tensor_parallel"])
+    assert ray.get(refs) == [(0, "x"), (2, "x")]
+    refs = dp_tp_group.run_all_workers_multiple_data("echo", data=["a", "b"], run_rank_0_only_axes=["tensor_parallel"])
+    assert ray.get(refs) == [(0, "a"), (2, "b")]
+    assert ray.get(dp_group.run_single_worker_single_data("echo", worker_idx=1, data="y")) == (1, "y")
+    assert dp_tp_group.dp_size == 2 and dp_tp_group.dp_leader_worker_indices == [0, 2]
+    assert dp_tp_group.get_dp_leader_worker_idx(1) == 2
+    with pytest.raises(IndexError, match="dp_shard_idx 2 is outside"):
+        dp_tp_group.get_dp_leader_worker_idx(2)
+    with pytest.raises(
+        ValueError, match=r"data has 1 entries \(keyword 'scale'\) but worker group 't-dp' calls 2 workers"
+    ):
+        dp_group.run_all_workers_multiple_data("echo", data=["a", "b"], scale=[2])
+    with pytest.raises(ValueError, match="data has 3 pieces but axis 'data_parallel' has size 2"):
+        dp_group.run_all_workers_sharded_data("echo", data=["a", "b", "c"], in_sharded_axes=["data_parallel"])
+
+
+def test_multi_worker_future_nemo_rl_fields(dp_group):
+    refs = dp_group.run_all_workers_single_data("echo", "z")
+    future = MultiWorkerFuture(futures=refs, return_from_workers=[1], called_workers=[0, 1])
+    assert future.get_results(dp_group) == [(1, "z")]  # made outside the group: no group name to check
+    assert MultiWorkerFuture(refs, return_from_workers=[1]).get_results() == [(1, "z")]
+    assert MultiWorkerFuture(refs).get_results(return_generators_as_proxies=True) == refs
+    # Generator methods: drained flat in rank order, or handed back unconsumed as proxies.
+    future = MultiWorkerFuture(dp_group.run_all_workers_single_data("count_up", 2))
+    assert dp_group.get_all_worker_results(future) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    future = MultiWorkerFuture(dp_group.run_all_workers_single_data("count_up", 3), return_from_workers=[1])
+    (proxy,) = dp_group.get_all_worker_results(future, return_generators_as_proxies=True)
+    assert isinstance(proxy, ray.ObjectRefGenerator)
+    assert [ray.get(ref) for ref in proxy] == [(1, 0), (1, 1), (1, 2)]
 
 
 def test_env_vars_may_not_override_distributed_variables(dp_group):
@@ -187,7 +246,11 @@ def test_colocated_groups_share_bundles_and_select_slots(ray_local):
     cluster = RayVirtualCluster([1, 1], use_gpus=False, max_colocated_worker_groups=2)
     try:
         per_node = RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), workers_per_node=1)
-        explicit = RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), bundle_indices_list=[(1, [0]), (0, [0])])
+        explicit = RayWorkerGroup(
+            cluster, RayWorkerBuilder(ECHO), bundle_indices_list=[(1, [0]), (0, [0])], dp_leader_worker_indices=[1]
+        )
+        assert explicit.dp_size == 1 and explicit.get_dp_leader_worker_idx(0) == 1
+        assert per_node.dp_size == 2 and per_node.dp_leader_worker_indices == [0, 1]
         keys = ["RANK", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE"]
         assert [list(e.values()) for e in ray.get(per_node.run_all_workers_single_data("get_env", keys))] == [
             ["0", "0", "0", "2"],
@@ -212,9 +275,13 @@ def test_colocated_groups_share_bundles_and_select_slots(ray_local):
         with pytest.raises(ValueError, match="workers_per_node asks for 2 workers on node 0, which has 1 bundles"):
             RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), workers_per_node=2)
         with pytest.raises(
-            ValueError, match="sharding_annotations covers 4 ranks but worker group 'RankEchoActor' has 2"
+            ValueError, match=r"must hold every rank 0..1 of worker group 'RankEchoActor' \(2 workers\) exactly once"
         ):
             RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), sharding_annotations=NamedSharding(np.arange(4), ["dp"]))
+        with pytest.raises(ValueError, match=r"dp_leader_worker_indices must be distinct ascending ranks in 0..1"):
+            RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), dp_leader_worker_indices=[1, 0])
+        with pytest.raises(ValueError, match=r"got ranks \[0, 5\]"):
+            RayWorkerGroup(cluster, RayWorkerBuilder(ECHO), sharding_annotations=NamedSharding([0, 5], ["dp"]))
     finally:
         cluster.shutdown()
 
@@ -228,12 +295,12 @@ def test_failures_surface_with_the_failing_rank(ray_local, tmp_path):
 
         group = RayWorkerGroup(cluster, RayWorkerBuilder(ECHO, marker_dir=str(tmp_path)), name_prefix="t-fail")
         # Rank 1 fails while rank 0 blocks (as in a collective missing its peer): the error must still come out.
-        future = group.run_all_workers_sharded_data("fail_on_rank", [1, 1], ["data_parallel"], [], [])
+        future = group.run_all_workers_sharded_data("fail_on_rank", [1, 1], in_sharded_axes=["data_parallel"])
         with pytest.raises(ValueError, match="rank 1 failed on purpose") as excinfo:
             future.get_results(group)
         assert "raised by worker rank 1 in t-fail.fail_on_rank" in excinfo.value.__notes__
         # Rank 0 is still busy, so its cleanup cannot finish in time; the workers are killed anyway.
-        assert group.shutdown(cleanup_method="cleanup", timeout_s=2.0) is False
+        assert group.shutdown(cleanup_method="cleanup", timeout=2.0) is False
         assert not (tmp_path / "cleanup-0").exists()
     finally:
         cluster.shutdown()

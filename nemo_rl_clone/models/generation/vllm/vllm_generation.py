@@ -228,14 +228,15 @@ class VllmGeneration(GenerationInterface):
     def _run_pieces(self, method: str, pieces: list[BatchedDataDict], **kwargs: Any) -> list[Any]:
         ranks = [rank for rank, piece in enumerate(pieces) if piece.size > 0]
         refs = [self.worker_group.run_single_worker_single_data(method, rank, pieces[rank], **kwargs) for rank in ranks]
-        future = MultiWorkerFuture(refs, worker_ranks=ranks, group_name=self.worker_group.name, method_name=method)
+        future = MultiWorkerFuture(refs, called_workers=ranks, group_name=self.worker_group.name, method_name=method)
         return future.get_results()
 
 
 def _split(data: BatchedDataDict, parts: int) -> list[BatchedDataDict]:
     """Contiguous pieces whose sizes differ by at most one (empty ones when there are fewer rows than parts)."""
     base, extra = divmod(data.size, parts)
-    pieces, start = [], 0
+    pieces: list[BatchedDataDict] = []
+    start = 0
     for part in range(parts):
         end = start + base + (1 if part < extra else 0)
         pieces.append(data.slice(start, end))
