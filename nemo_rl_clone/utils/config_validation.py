@@ -44,6 +44,19 @@ def validate_config(data: Mapping[str, Any], schema: type[T]) -> T:
     return result
 
 
+def section_from_mapping(section: Any, schema: type[T], key: str) -> T:
+    """``section`` as a ``schema`` instance: returned as is when it already is one, else validated from a mapping
+    (NeMo-RL passes config sections as plain dicts). Problems name the full key, e.g. ``checkpointing.enabled``."""
+    if isinstance(section, schema):
+        return section
+    if not isinstance(section, Mapping):
+        raise TypeError(f"{key} must be a {schema.__name__} or a mapping of its keys, got {type(section).__name__}")
+    try:
+        return validate_config(_plain(dict(section)), schema)
+    except ConfigError as err:
+        raise ConfigError([f"{key}.{problem}" for problem in err.problems]) from None
+
+
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A validated config (dataclass) as plain nested dicts and lists, e.g. for saving ``config.yaml``."""
     return _plain(dataclasses.asdict(config))
