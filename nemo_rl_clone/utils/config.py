@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nemo_rl_clone.utils.config_validation import ConfigError, field_default, validate_config
@@ -81,11 +81,19 @@ def load_config_with_inheritance(config_path: str | Path, base_dir: str | Path |
 
 
 def parse_hydra_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
-    """`apply_overrides` under NeMo-RL's name: returns the overridden config; bad overrides raise `OverridesError`."""
+    """`apply_overrides` under NeMo-RL's name, updating ``cfg`` in place and returning it; bad overrides raise
+    `OverridesError` and leave ``cfg`` unchanged."""
     try:
-        return apply_overrides(cfg, overrides)
+        updated = OmegaConf.to_container(apply_overrides(cfg, overrides), resolve=False)
     except ConfigError as err:
         raise OverridesError(err.problems) from None
+    assert isinstance(updated, dict)  # a mapping config stays a mapping
+    with open_dict(cfg):
+        for key in [k for k in cfg if k not in updated]:
+            del cfg[key]
+        for key, value in updated.items():
+            cfg[key] = value  # interpolations stay unresolved strings
+    return cfg
 
 
 def _load(path: Path, chain: tuple[Path, ...], base_dir: Path | None = None) -> DictConfig:

@@ -125,8 +125,14 @@ def test_load_config_with_inheritance_and_base_dir(tmp_path):
 
 def test_parse_hydra_overrides_applies_and_raises_overrides_error():
     cfg = OmegaConf.create({"policy": {"lr": 1e-6, "name": "m"}, "grpo": {"seed": 1}})
+    cfg.grpo.double_seed = "${mul:${grpo.seed},2}"
     out = parse_hydra_overrides(cfg, ["policy.lr=3e-6", "+policy.extra=[1, 2]", "++grpo.seed=7", "~policy.name"])
-    assert OmegaConf.to_container(out) == {"policy": {"lr": 3e-6, "extra": [1, 2]}, "grpo": {"seed": 7}}
+    assert out is cfg  # updated in place, as NeMo-RL does
+    assert OmegaConf.to_container(cfg, resolve=True) == {
+        "policy": {"lr": 3e-6, "extra": [1, 2]},
+        "grpo": {"seed": 7, "double_seed": 14},  # the interpolation survived the update
+    }
+    before = OmegaConf.to_container(cfg)
     with pytest.raises(OverridesError) as info:
         parse_hydra_overrides(cfg, ["policy.lrr=1", "+grpo.seed=2"])
     message = str(info.value)
@@ -134,6 +140,7 @@ def test_parse_hydra_overrides_applies_and_raises_overrides_error():
     assert "did you mean policy.lr?" in message
     assert "override '+grpo.seed=2': grpo.seed already exists" in message
     assert len(info.value.problems) == 2
+    assert OmegaConf.to_container(cfg) == before  # a failed parse changes nothing
     assert isinstance(info.value, Exception) and isinstance(info.value, ConfigError)
 
 
