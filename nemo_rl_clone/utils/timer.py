@@ -88,6 +88,16 @@ class Timer:
             log.debug("%s end elapsed=%.4fs", label, elapsed)
         return elapsed
 
+    def record(self, label: str, elapsed: float, should_log: bool = True) -> None:
+        """Adds a duration measured elsewhere (seconds) to `label`, as if it had been timed here."""
+        if not isinstance(label, str) or not label:
+            raise ValueError(f"Timer label must be a non-empty string, got {label!r}")
+        if not elapsed >= 0:
+            raise ValueError(f"Timer.record: elapsed must be >= 0 seconds, got {elapsed!r}")
+        self._durations.setdefault(label, []).append(float(elapsed))
+        if should_log:
+            log.debug("%s record elapsed=%.4fs", label, elapsed)
+
     def get_durations(self, label: str) -> list[float]:
         """All completed durations of `label` since the last reset, in order (a copy)."""
         if label not in self._durations:

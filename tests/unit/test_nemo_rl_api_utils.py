@@ -271,6 +271,11 @@ def test_timer_reductions_and_shapes_match_recorded_durations():
         timer.start("x")
     with pytest.raises(ValueError, match="'y' is not running"):
         timer.stop("y")
+    timer.record("engine_wait", 1.5)
+    timer.record("engine_wait", 0.5)
+    assert timer.get_timing_metrics("sum")["engine_wait"] == 2.0
+    with pytest.raises(ValueError, match="elapsed must be >= 0"):
+        timer.record("engine_wait", -1.0)
     timer.reset("never_timed")  # a no-op, as in NeMo-RL
     timer.reset()
     assert timer.get_timing_metrics() == {}
