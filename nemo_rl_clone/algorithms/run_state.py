@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
+from nemo_rl_clone.algorithms.utils import set_seed
 from nemo_rl_clone.models.huggingface import resolve_model_path
 from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.errors import UserInputError
@@ -105,10 +106,7 @@ def format_metrics(metrics: Mapping[str, float], shown: tuple[str, ...]) -> str:
     return ", ".join(f"{key} {metrics[key]:.4f}" for key in shown if key in metrics)
 
 
-def set_seeds(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+set_seeds = set_seed  # one seeding routine for every algorithm
 
 
 def model_identity(model_name: str, tokenizer: Any, backend: str = "dtensor") -> dict[str, Any]:

@@ -1,11 +1,27 @@
-"""Small helpers shared by the algorithms: masked reductions, KL estimators, reward processing, step metrics."""
+"""Small helpers shared by the algorithms: masked reductions, KL estimators, reward processing, step metrics, and
+NeMo-RL's ``set_seed`` / ``get_tokenizer`` / ``surpress_user_warnings``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+import functools
+import logging
+import random
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from nemo_rl_clone.models.policy.config import TokenizerConfig
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+KL_TYPES = ("k1", "k2", "k3")
 
 
 def masked_mean(
@@ -41,21 +57,38 @@ def masked_mean(
     return torch.where(denominator != 0, total / safe_denominator, torch.zeros_like(total))
 
 
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float | None = 20.0) -> torch.Tensor:
-    """Per-token k3 estimator of KL(π ‖ π_ref) on tokens sampled from π (Schulman, 2020).
+def calculate_kl(
+    logprobs: torch.Tensor,
+    logprobs_reference: torch.Tensor,
+    kl_type: str = "k3",
+    input_clamp_value: float | None = 20.0,
+    output_clamp_value: float | None = 10.0,
+) -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) on tokens sampled from π (Schulman, 2020), with d = log π_ref − log π:
+    k1 = −d, k2 = d²/2, k3 = e^d − d − 1 (≥ 0, unbiased, low variance).
 
-    k3 = e^d − d − 1 with d = clamp(ref_logprobs − logprobs, −clamp, clamp). It is ≥ 0 everywhere, 0 where
-    the two logprobs agree, and unbiased for KL(π ‖ π_ref) when the tokens come from π. The clamp bounds
-    e^d (and its gradient, which is 0 outside the clamp) for tokens where the two policies disagree wildly.
-
-    Args:
-        logprobs, ref_logprobs: same shape, log π(token) and log π_ref(token).
-        clamp: bound on |d|; None disables it.
+    ``input_clamp_value`` bounds |d| (and so e^d and its gradient) where the policies disagree wildly;
+    ``output_clamp_value`` bounds the estimate itself; None disables either clamp.
     """
-    log_ratio = ref_logprobs - logprobs
-    if clamp is not None:
-        log_ratio = log_ratio.clamp(min=-clamp, max=clamp)
-    return log_ratio.exp() - log_ratio - 1
+    log_ratio = logprobs_reference - logprobs
+    if input_clamp_value is not None:
+        log_ratio = log_ratio.clamp(min=-input_clamp_value, max=input_clamp_value)
+    if kl_type == "k1":
+        kl = -log_ratio
+    elif kl_type == "k2":
+        kl = log_ratio.square() / 2
+    elif kl_type == "k3":
+        kl = log_ratio.exp() - log_ratio - 1
+    else:
+        raise ValueError(f"kl_type must be one of {list(KL_TYPES)}, got {kl_type!r}")
+    if output_clamp_value is not None:
+        kl = kl.clamp(min=-output_clamp_value, max=output_clamp_value)
+    return kl
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float | None = 20.0) -> torch.Tensor:
+    """`calculate_kl`'s k3 with only the input clamp: 0 where the two logprobs agree, gradient 0 outside the clamp."""
+    return calculate_kl(logprobs, ref_logprobs, "k3", input_clamp_value=clamp, output_clamp_value=None)
 
 
 def reduce_train_results(
@@ -181,3 +214,111 @@ def groups_with_signal(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """[B // group_size] bool: groups whose rewards are not all equal (dynamic sampling keeps only these)."""
     groups = rewards.view(-1, group_size)
     return (groups != groups[:, :1]).any(dim=1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NeMo-RL's helpers under their names.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def calculate_baseline_and_std_per_prompt(
+    prompts: torch.Tensor, rewards: torch.Tensor, valid_mask: torch.Tensor, leave_one_out_baseline: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """NeMo-RL's GRPO baseline: samples whose ``prompts`` rows are identical form a group, in any order.
+
+    Only samples with ``valid_mask`` 1 count. Baseline of sample i: the mean reward of the valid samples of its group
+    (without i itself when ``leave_one_out_baseline``: the divisor is then the number of valid samples minus one).
+    Std of sample i: the unbiased std of those same rewards, 0 where it is undefined. A group with at most one valid
+    sample gets baseline = reward and std 0 (no advantage). Unlike `baseline_and_std_per_prompt`, the leave-one-out
+    std differs per sample.
+
+    Args:
+        prompts: [B, S] prompt token ids (any device).
+        rewards: [B] float rewards; the results are on its device and dtype.
+        valid_mask: [B] 0/1.
+    """
+    if rewards.dim() != 1 or prompts.shape[0] != rewards.shape[0] or valid_mask.shape != rewards.shape:
+        raise ValueError(
+            f"prompts [B, S], rewards [B] and valid_mask [B] must agree on B; got {tuple(prompts.shape)}, "
+            f"{tuple(rewards.shape)} and {tuple(valid_mask.shape)}"
+        )
+    device = rewards.device
+    group = torch.unique(prompts, dim=0, return_inverse=True)[1].to(device)
+    valid = valid_mask.to(device=device, dtype=rewards.dtype)
+    in_group = (group[:, None] == group[None, :]).to(rewards.dtype)
+    valid_in_group = in_group @ valid
+    # NeMo-RL divides by the group's valid count (minus one with leave-one-out) for every member, valid or not
+    count = valid_in_group - int(leave_one_out_baseline)
+    others = in_group.fill_diagonal_(0) if leave_one_out_baseline else in_group
+    # weights are exact 0/1, so each sum adds exactly the rewards of the samples it is meant to
+    mean = others @ (rewards * valid) / count
+    mean_square = others @ (rewards.square() * valid) / count
+    std = ((mean_square - mean.square()) * (count / (count - 1))).sqrt().nan_to_num(0)
+    no_signal = valid_in_group <= 1
+    return torch.where(no_signal, rewards, mean), torch.where(no_signal, torch.zeros_like(std), std)
+
+
+def surpress_user_warnings(f: F) -> F:  # NeMo-RL's spelling
+    """Decorator: run ``f`` with ``UserWarning`` silenced."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning)
+            return f(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def mask_out_neg_inf_logprobs(logprobs: torch.Tensor, mask: torch.Tensor, logprobs_name: str) -> torch.Tensor:
+    """``logprobs`` with 0 wherever ``mask`` is 0 or the logprob is infinite (a token outside the training policy's
+    top-k/top-p set); logs how many unmasked tokens were infinite."""
+    infinite = torch.isinf(logprobs)
+    count = int((infinite & mask.bool()).sum())
+    if count:
+        log.warning(
+            "%d/%d valid tokens have infinite %s (top-k/top-p mismatch); masked out",
+            count,
+            int(mask.sum()),
+            logprobs_name,
+        )
+    return torch.where(mask.bool() & ~infinite, logprobs, torch.zeros_like(logprobs))
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's ``random``, numpy and torch (every device)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def get_tokenizer(
+    tokenizer_config: TokenizerConfig | Mapping[str, Any], get_processor: bool = False
+) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``tokenizer_config`` (a `TokenizerConfig` or NeMo-RL's ``{name, chat_template,
+    chat_template_kwargs}`` dict, ``name`` required), with a pad token and the chat template settings applied.
+
+    ``chat_template`` null or ``"default"`` keeps the tokenizer's template, a path ending in ``.jinja`` is read from
+    that file, any other string is the template itself. ``get_processor`` (multimodal processors) is not supported.
+    """
+    from nemo_rl_clone.models.policy.config import TokenizerConfig
+    from nemo_rl_clone.utils.config_validation import as_config
+
+    if get_processor:
+        raise NotImplementedError(
+            "get_tokenizer(get_processor=True) is not supported yet: nemo_rl_clone trains text-only models, which "
+            "need no multimodal processor (call get_tokenizer(config))"
+        )
+    config = as_config(tokenizer_config, TokenizerConfig, key="tokenizer")
+    name = config.name
+    if not name:
+        raise ValueError("tokenizer.name is required: the model name or tokenizer folder to load")
+    template = config.chat_template
+    if template is not None and template.endswith(".jinja"):
+        path = Path(template)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer.chat_template: template file {template!r} not found")
+        config = TokenizerConfig(name, path.read_text(encoding="utf-8"), config.chat_template_kwargs)
+    tokenizer: PreTrainedTokenizerBase = config.load(name)
+    return tokenizer

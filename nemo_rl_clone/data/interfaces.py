@@ -10,14 +10,34 @@ generated and never re-tokenised. Later stages may add per-message tensors of th
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
+
+import torch
+
+from nemo_rl_clone.data.multimodal_utils import PackedTensor
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 LLMMessageLogType = list[dict[str, Any]]
+# NeMo-RL's names for the same shapes: a vision message may also hold PackedTensor values; a flattened log
+# (`message_log_to_flat_messages`) maps each key to one concatenated tensor or a list of per-message values.
+VLMMessageLogType = list[dict[str, str | torch.Tensor | PackedTensor]]
+FlatMessagesType = dict[str, list[Any] | torch.Tensor]
+PathLike = str | os.PathLike[Any]
+
+
+def __getattr__(name: str) -> Any:
+    # NeMo-RL's ``TokenizerType`` alias, resolved on first use so importing this module does not load transformers.
+    if name == "TokenizerType":
+        from transformers import PreTrainedTokenizerBase
+
+        return PreTrainedTokenizerBase
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Relative prompt paths are looked up in the working directory first, then in the project checkout, so the
 # NeMo-RL-style default ``examples/prompts/cot.txt`` works from any directory of a source checkout.
@@ -47,6 +67,17 @@ class DatumSpec(TypedDict):
     stop_strings: NotRequired[list[str] | None]
 
 
+class PreferenceDatumSpec(TypedDict):
+    """One processed preference pair (DPO / reward-model training)."""
+
+    message_log_chosen: LLMMessageLogType
+    message_log_rejected: LLMMessageLogType
+    length_chosen: int
+    length_rejected: int
+    loss_multiplier: float
+    idx: int
+
+
 @dataclass
 class TaskDataSpec:
     """How prompts of one task are built: an optional system prompt and an optional user-prompt template.
@@ -56,7 +87,7 @@ class TaskDataSpec:
     ``system_prompt_file``) or the text itself (``prompt``, ``system_prompt``), not both.
     """
 
-    task_name: str
+    task_name: str | None = None
     prompt_file: str | None = None
     system_prompt_file: str | None = None
     prompt: str | None = field(default=None)
@@ -76,22 +107,40 @@ class TaskDataSpec:
         if self.prompt is not None:
             _check_template(self.prompt, self.prompt_file or "prompt")
 
+    def copy_defaults(self, from_spec: TaskDataSpec) -> None:
+        """Take ``from_spec``'s prompt and system prompt where this spec has none."""
+        if self.prompt is None:
+            self.prompt = from_spec.prompt
+        if self.system_prompt is None:
+            self.system_prompt = from_spec.system_prompt
+
     def format_prompt(self, problem: str) -> str:
         """The user message for ``problem``: the template filled in, or the problem itself without a template."""
         return problem if self.prompt is None else self.prompt.format(problem)
 
 
 class TaskDataProcessFn(Protocol):
-    """Signature of a data processor: one raw row → one :class:`DatumSpec`."""
+    """Signature of a data processor: one raw row → one :class:`DatumSpec`. Called positionally, so an
+    implementation may name its parameters as it likes (NeMo-RL's processors call the row ``datum_dict``)."""
 
     def __call__(
         self,
-        datum: dict[str, Any],
+        datum_dict: dict[str, Any],
         task_data_spec: TaskDataSpec,
         tokenizer: PreTrainedTokenizerBase,
         max_seq_length: int,
         idx: int,
+        /,
     ) -> DatumSpec: ...
+
+
+TaskDataProcessFnCallable = TaskDataProcessFn  # NeMo-RL's name
+
+
+class TaskDataPreProcessFnCallable(Protocol):
+    """Signature of a row pre-processor: one raw row → the row in the shape a processor expects."""
+
+    def __call__(self, datum_dict: dict[str, Any], /) -> dict[str, Any]: ...
 
 
 def resolve_prompt_path(path: str) -> Path:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from nemo_rl_clone.data.interfaces import LLMMessageLogType
+from nemo_rl_clone.data.interfaces import LLMMessageLogType, TaskDataSpec
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
 VALID_ROLES = ("system", "user", "assistant", "environment", "tool")
@@ -26,30 +26,40 @@ _PROBE_CONVERSATION = [{"role": "user", "content": "?"}, {"role": "assistant", "
 
 
 def get_formatted_message_log(
-    messages: Sequence[Mapping[str, str]],
+    message_log: Sequence[Mapping[str, str]],
     tokenizer: PreTrainedTokenizerBase,
-    add_generation_prompt: bool,
+    task_data_spec: TaskDataSpec | None = None,
+    add_bos_token: bool = True,
+    add_eos_token: bool = True,
+    add_generation_prompt: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> LLMMessageLogType:
-    """Chat-template ``messages`` once and split the result into per-message text and tokens.
+    """Chat-template ``message_log`` once and split the result into per-message text and tokens.
 
     Args:
-        messages: ``[{"role", "content"}, ...]`` with roles from :data:`VALID_ROLES`.
+        message_log: ``[{"role", "content"}, ...]`` with roles from :data:`VALID_ROLES`.
         tokenizer: a fast tokenizer with a chat template.
+        task_data_spec: when it has a prompt template, the first user message's content is formatted with it.
+        add_bos_token: prepend the tokenizer's BOS token to the first message unless the template already starts
+            with it (nothing for a tokenizer without one).
+        add_eos_token: append the EOS token to the last message unless it already ends with it (before trailing
+            newlines). Leave it off for prompts: the model continues after the generation prompt.
         add_generation_prompt: append the template's assistant header (to the last message), for prompting.
         chat_template_kwargs: extra keyword arguments for ``apply_chat_template`` (e.g. ``enable_thinking``).
 
     Returns:
         One dict per input message: ``role``, ``content`` (that message's slice of the templated text, including
-        template markup) and ``token_ids`` (1-D long tensor). The ``token_ids`` concatenate to the tokenisation of
-        the whole templated text, so boundary merges can never differ from what the model is prompted with.
+        template markup) and ``token_ids`` (1-D long tensor). Without added BOS/EOS the ``token_ids`` concatenate to
+        the tokenisation of the whole templated text, so boundary merges can never differ from what the model is
+        prompted with.
 
     Raises:
         ValueError: empty ``messages``, a bad role or content, a tokenizer without chat template or offsets, or a
             template whose rendering of a prefix of the conversation is not a prefix of the full rendering.
     """
+    messages = _with_task_prompt(message_log, task_data_spec)
     if not messages:
-        raise ValueError("get_formatted_message_log: messages is empty")
+        raise ValueError("get_formatted_message_log: message_log is empty")
     for i, message in enumerate(messages):
         if message.get("role") not in VALID_ROLES:
             raise ValueError(f"messages[{i}]['role'] must be one of {VALID_ROLES}, got {message.get('role')!r}")
@@ -86,11 +96,11 @@ def get_formatted_message_log(
     token_ids: list[int] = encoding["input_ids"]
     # A token belongs to the message in which it starts.
     owner = [_message_index(start, ends) for start, _ in encoding["offset_mapping"]]
-    message_log: LLMMessageLogType = []
+    formatted: LLMMessageLogType = []
     text_start = 0
     for i, message in enumerate(messages):
         ids = [tok for tok, who in zip(token_ids, owner, strict=True) if who == i]
-        message_log.append(
+        formatted.append(
             {
                 "role": message["role"],
                 "content": full_text[text_start : ends[i]],
@@ -98,7 +108,37 @@ def get_formatted_message_log(
             }
         )
         text_start = ends[i]
-    return message_log
+    if add_bos_token:
+        _add_special_token(formatted[0], tokenizer.bos_token, tokenizer.bos_token_id, at_start=True)
+    if add_eos_token:
+        _add_special_token(formatted[-1], tokenizer.eos_token, tokenizer.eos_token_id, at_start=False)
+    return formatted
+
+
+def _with_task_prompt(
+    messages: Sequence[Mapping[str, str]], task_data_spec: TaskDataSpec | None
+) -> list[Mapping[str, str]]:
+    messages = list(messages)
+    if task_data_spec is None or task_data_spec.prompt is None:
+        return messages
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    if first_user is not None and isinstance(messages[first_user].get("content"), str):
+        message = messages[first_user]
+        messages[first_user] = {**message, "content": task_data_spec.format_prompt(message["content"])}
+    return messages
+
+
+def _add_special_token(message: dict[str, Any], token: str | None, token_id: int | None, at_start: bool) -> None:
+    """Add a BOS (``at_start``) or EOS token to one templated message, text and id together."""
+    if token is None or token_id is None:
+        return
+    text = message["content"]
+    if at_start and not text.startswith(token):
+        message["content"] = token + text
+        message["token_ids"] = torch.cat([torch.tensor([token_id]), message["token_ids"]])
+    elif not at_start and not text.rstrip("\n").endswith(token):
+        message["content"] = text + token
+        message["token_ids"] = torch.cat([message["token_ids"], torch.tensor([token_id])])
 
 
 def _message_index(char_start: int, ends: list[int]) -> int:
@@ -173,22 +213,23 @@ def assistant_turn_closing(tokenizer: PreTrainedTokenizerBase, assistant_ended_w
 
 
 def add_loss_mask_to_message_log(
-    message_log_batch: Sequence[LLMMessageLogType],
+    batch_message_log: Sequence[LLMMessageLogType],
     roles_to_train_on: Sequence[str] = ("assistant",),
     only_unmask_final: bool = False,
 ) -> None:
     """Add ``token_loss_mask`` (1-D long tensor like ``token_ids``) to every message, in place.
 
-    The mask is 1 on messages whose role is in ``roles_to_train_on`` (only the last message of each log when
-    ``only_unmask_final``) and 0 elsewhere.
+    The mask is 1 on messages whose role is in ``roles_to_train_on`` (case-insensitive) and 0 elsewhere; with
+    ``only_unmask_final`` it is 1 on the last message of each log, whatever its role, and 0 elsewhere.
     """
-    unknown = set(roles_to_train_on) - set(VALID_ROLES)
+    roles = {role.lower() for role in roles_to_train_on}
+    unknown = roles - set(VALID_ROLES)
     if unknown:
         raise ValueError(f"roles_to_train_on has unknown roles {sorted(unknown)}; valid roles: {VALID_ROLES}")
-    for sample, message_log in enumerate(message_log_batch):
+    for sample, message_log in enumerate(batch_message_log):
         for i, message in enumerate(message_log):
             token_ids = _token_ids(message, sample, i)
-            trained = message["role"] in roles_to_train_on and (not only_unmask_final or i == len(message_log) - 1)
+            trained = i == len(message_log) - 1 if only_unmask_final else message["role"] in roles
             message["token_loss_mask"] = torch.full_like(token_ids, int(trained))
 
 
@@ -274,6 +315,39 @@ def batched_message_log_to_flat_message(
 def get_keys_from_message_log(message_log: LLMMessageLogType, keys: Sequence[str]) -> LLMMessageLogType:
     """A copy of ``message_log`` keeping only ``keys`` in each message (missing keys are skipped)."""
     return [{k: message[k] for k in keys if k in message} for message in message_log]
+
+
+def message_log_shape(message_log: LLMMessageLogType) -> list[dict[str, Any]]:
+    """Per message, the shape of each tensor value (lists of message logs are described recursively)."""
+    shapes: list[dict[str, Any]] = []
+    for message in message_log:
+        shape: dict[str, Any] = {}
+        for key, value in message.items():
+            if isinstance(value, torch.Tensor):
+                shape[key] = value.shape
+            elif isinstance(value, list):
+                shape[key] = [message_log_shape(item) for item in value]
+        shapes.append(shape)
+    return shapes
+
+
+def get_first_index_that_differs(str1: str, str2: str) -> int:
+    """Index of the first differing character; the shorter length when one string is a prefix of the other."""
+    return next((i for i, (a, b) in enumerate(zip(str1, str2, strict=False)) if a != b), min(len(str1), len(str2)))
+
+
+def remap_dataset_keys(dataset: Any, mapping_dict: Mapping[str, str]) -> Any:
+    """A Hugging Face ``datasets.Dataset`` with columns renamed by ``mapping_dict`` (old -> new); the same
+    dataset when nothing changes. KeyError naming the columns when a mapped column is missing."""
+    renames = {old: new for old, new in mapping_dict.items() if old != new}
+    if not renames:
+        return dataset
+    missing = sorted(set(renames) - set(dataset.column_names))
+    if missing:
+        raise KeyError(
+            f"remap_dataset_keys: columns {missing} are not in the dataset (columns: {dataset.column_names})"
+        )
+    return dataset.rename_columns(renames)
 
 
 def _token_ids(message: Mapping[str, Any], sample: int, index: int) -> torch.Tensor:

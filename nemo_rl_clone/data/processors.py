@@ -148,7 +148,9 @@ def build_prompt_datum(
     if task_data_spec.system_prompt:
         messages.append({"role": "system", "content": task_data_spec.system_prompt})
     messages.append({"role": "user", "content": task_data_spec.format_prompt(problem)})
-    message_log = get_formatted_message_log(messages, tokenizer, add_generation_prompt=True)
+    message_log = get_formatted_message_log(
+        messages, tokenizer, add_bos_token=False, add_eos_token=False, add_generation_prompt=True
+    )
 
     length = sum(len(m["token_ids"]) for m in message_log)
     loss_multiplier = 1.0

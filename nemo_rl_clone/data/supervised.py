@@ -86,7 +86,7 @@ def _templated(
     on, or (None) every assistant message. Returns ``(message_log, length, truncated)``."""
     if max_seq_length < 1:
         raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
-    message_log = get_formatted_message_log(messages, tokenizer, add_generation_prompt=False)
+    message_log = get_formatted_message_log(messages, tokenizer, add_bos_token=False, add_eos_token=False)
     truncated = sum(len(m["token_ids"]) for m in message_log) > max_seq_length
     if truncated:
         _keep_prefix(message_log, max_seq_length, tokenizer)

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 
+# What an environment keeps per sample between turns (NeMo-RL's type parameter); ours are dicts.
+MetadataT = TypeVar("MetadataT")
 
-class EnvironmentReturn(NamedTuple):
+
+class EnvironmentReturn(NamedTuple, Generic[MetadataT]):
     """Result of one `EnvironmentInterface.step` over a batch of B samples.
 
     observations: B messages ``{"role": "user" | "tool" | "environment", "content": str}``, the next turn of each
@@ -27,23 +30,26 @@ class EnvironmentReturn(NamedTuple):
     next_stop_strings: B stop-string lists for the next generation turn (``None``: the generation config's own).
     rewards: float32[B], this turn's reward per sample.
     terminateds: bool[B], True where the episode is over.
-    answers: B extracted answers (``None`` where none was found), for logging.
+    answers: B extracted answers (``None`` where none was found), for logging and cons@k; the whole field may be
+        ``None`` (the default) for an environment that extracts none.
     """
 
     observations: list[dict[str, str]]
-    metadata: list[dict[str, Any]]
+    metadata: list[MetadataT]
     next_stop_strings: list[list[str] | None]
     rewards: torch.Tensor
     terminateds: torch.Tensor
-    answers: list[str | None]
+    answers: list[str | None] | None = None
 
 
-class EnvironmentInterface(abc.ABC):
+class EnvironmentInterface(abc.ABC, Generic[MetadataT]):
     """An environment; implementations are Ray actors (``@ray.remote``) and score text. They import no model code,
     except the reward-model environment, whose scorer is a model."""
 
     @abc.abstractmethod
-    def step(self, message_log_batch: list[list[dict[str, Any]]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
+    def step(
+        self, message_log_batch: list[list[dict[str, Any]]], metadata: list[MetadataT]
+    ) -> EnvironmentReturn[MetadataT]:
         """React to the last assistant turn of each of the B conversations."""
 
     @abc.abstractmethod
@@ -54,7 +60,7 @@ class EnvironmentInterface(abc.ABC):
         document the optional keys they read. Returns the (possibly updated) batch and a flat metrics dict.
         """
 
-    def shutdown(self) -> None:  # noqa: B027 - optional hook, deliberately not abstract
+    def shutdown(self) -> None:  # optional hook, deliberately not abstract
         """Releases helper actors or processes; the default has none."""
 
 

@@ -23,11 +23,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from fractions import Fraction
+from itertools import combinations
 from math import comb
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nemo_rl_clone.evals.config import EvalMasterConfig
+
+if TYPE_CHECKING:
+    import torch
 
 CORRECT_REWARD = 1.0
 
@@ -84,6 +88,58 @@ def score_problems(
     if metric == "cons@k":
         return [cons_at_k(answers[g : g + n], correct[g : g + n], k) for g in groups]
     raise ValueError(f"unknown metric {metric!r}; valid: pass@k, cons@k")
+
+
+def eval_pass_k(rewards: torch.Tensor, num_tests_per_prompt: int, k: int) -> float:
+    """NeMo-RL's pass@k over a batch: the *sum* over problems of `pass_at_k` (divide by the number of problems for
+    the mean). ``rewards`` is [problems * num_tests_per_prompt], grouped by problem; a sample is correct when its
+    reward is 1."""
+    correct = [float(r) >= CORRECT_REWARD for r in _flat_rewards(rewards)]
+    return float(sum(score_problems("pass@k", correct, [None] * len(correct), num_tests_per_prompt, k)))
+
+
+def eval_cons_k(
+    rewards: torch.Tensor, num_tests_per_prompt: int, k: int, extracted_answers: Sequence[str | None]
+) -> float:
+    """NeMo-RL's cons@k over a batch: per problem, the fraction of all size-``k`` subsets of its samples whose
+    majority answer (`majority_vote`) is correct; returns the *sum* over problems. ``rewards`` and
+    ``extracted_answers`` are grouped by problem, ``num_tests_per_prompt`` each. Cost grows as C(n, k) per problem."""
+    flat = _flat_rewards(rewards)
+    n = num_tests_per_prompt
+    if len(extracted_answers) != len(flat) or len(flat) % n:
+        raise ValueError(f"{len(flat)} rewards and {len(extracted_answers)} answers do not form groups of {n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"cons@k needs 1 <= k <= num_tests_per_prompt ({n}), got k={k}")
+    total = 0.0
+    for start in range(0, len(flat), n):
+        correct = [r >= CORRECT_REWARD for r in flat[start : start + n]]
+        answers = extracted_answers[start : start + n]
+        subsets = list(combinations(range(n), k))
+        solved = sum(cons_at_k([answers[i] for i in s], [correct[i] for i in s], k) for s in subsets)
+        total += solved / len(subsets)
+    return total
+
+
+def _flat_rewards(rewards: torch.Tensor | Sequence[float]) -> list[float]:
+    # a tensor (any device) or a plain sequence; torch stays a lazy import of this module
+    values = rewards.detach().cpu().reshape(-1).tolist() if hasattr(rewards, "detach") else list(rewards)
+    return [float(v) for v in values]
+
+
+def setup(master_config: Any, tokenizer: Any, dataset: Any) -> Any:
+    """Not provided: NeMo-RL's evaluation setup builds its vLLM engine and dataloader from a dict config."""
+    raise NotImplementedError(
+        "nemo_rl_clone.evals.eval.setup is not provided: run the whole evaluation with run_evaluation(config) "
+        "(examples/run_eval.py), which sets up the engines and data from an EvalMasterConfig"
+    )
+
+
+def run_env_eval(vllm_generation: Any, dataloader: Any, env: Any, master_config: Any) -> Any:
+    """Not provided: see `setup`."""
+    raise NotImplementedError(
+        "nemo_rl_clone.evals.eval.run_env_eval is not provided: use run_evaluation(config), or generate_and_score "
+        "with a VllmGeneration and environments for a custom loop"
+    )
 
 
 def sample_seeds(seed: int, prompt_indices: Sequence[int], num_tests_per_prompt: int) -> list[int]:

@@ -186,6 +186,6 @@ def _step_environments(
                 ret.next_stop_strings[k],
                 float(ret.rewards[k]),
                 bool(ret.terminateds[k]),
-                ret.answers[k],
+                None if ret.answers is None else ret.answers[k],  # NeMo-RL lets an environment return no answers
             )
     return results

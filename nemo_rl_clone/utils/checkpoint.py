@@ -27,12 +27,15 @@ import os
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from omegaconf import OmegaConf
+
+from nemo_rl_clone.utils.config_validation import as_config
 
 logger = logging.getLogger(__name__)
 
@@ -257,26 +260,52 @@ class CheckpointManager:
 
     Save protocol: ``tmp = init_tmp_checkpoint(step, info, config)``; write files under ``tmp``;
     ``final = finalize_checkpoint(tmp)``. Construction cleans debris left by a crashed predecessor.
+
+    ``cfg`` is a `CheckpointingConfig` or NeMo-RL's plain ``checkpointing`` dict (validated into one; unknown keys
+    are a `ConfigError`). NeMo-RL's attributes (``metric_name``, ``keep_top_k``, ...) read through to ``cfg``.
     """
 
-    def __init__(self, cfg: CheckpointingConfig):
-        self.cfg = cfg
-        self.checkpoint_dir = Path(cfg.checkpoint_dir)
+    def __init__(self, cfg: CheckpointingConfig | Mapping[str, Any]):
+        self.cfg = as_config(cfg, CheckpointingConfig, key="checkpointing")
+        self.checkpoint_dir = Path(self.cfg.checkpoint_dir)
         self._warned_missing_metric = False
         self._recover_debris()
+
+    @property
+    def metric_name(self) -> str | None:
+        return self.cfg.metric_name
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.cfg.higher_is_better
+
+    @property
+    def keep_top_k(self) -> int | None:
+        return self.cfg.keep_top_k
+
+    @property
+    def save_period(self) -> int:
+        return self.cfg.save_period
+
+    @property
+    def save_optimizer(self) -> bool:
+        return bool(getattr(self.cfg, "save_optimizer", True))
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
     def init_tmp_checkpoint(self, step: int, training_info: Mapping[str, Any], run_config: Any | None = None) -> Path:
-        """Create a fresh ``tmp_step_{step}`` holding ``training_info.json`` and ``config.yaml``; return its path.
+        """Create a fresh ``tmp_step_{step}`` holding ``training_info.json`` and ``config.yaml``; return its absolute
+        path.
 
         ``run_config`` (dict, DictConfig or dataclass) is saved resolved; ``config.yaml`` is skipped when None.
+        One-element numpy arrays and tensors in ``training_info`` are stored as their number.
         """
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+        training_info = {key: _as_number(value) for key, value in training_info.items()}
         self._check_metric_type(training_info)
         try:
-            info_text = json.dumps(dict(training_info), indent=2, sort_keys=True)
+            info_text = json.dumps(training_info, indent=2, sort_keys=True)
         except TypeError as e:
             raise TypeError(f"training_info for step {step} is not JSON-serializable: {e}") from e
 
@@ -288,7 +317,7 @@ class CheckpointManager:
         (tmp_dir / TRAINING_INFO_FILE).write_text(info_text)
         if run_config is not None:
             (tmp_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(run_config), resolve=True))
-        return tmp_dir
+        return tmp_dir.absolute()
 
     def finalize_checkpoint(self, tmp_dir: Path | str) -> Path:
         """fsync ``tmp_dir``, atomically rename it to ``step_N`` (replacing a previous ``step_N``), then prune.
@@ -336,18 +365,49 @@ class CheckpointManager:
         ranked = self._ranked_best_first()
         return ranked[0][1] if ranked else None
 
+    @overload
     @staticmethod
-    def load_training_info(path: Path | str) -> dict[str, Any]:
-        """The ``training_info.json`` dict of the checkpoint directory ``path``."""
-        info_path = Path(path) / TRAINING_INFO_FILE
+    def load_training_info(checkpoint_path: Path | str) -> dict[str, Any]: ...
+
+    @overload
+    @staticmethod
+    def load_training_info(checkpoint_path: None = None) -> None: ...
+
+    @staticmethod
+    def load_training_info(checkpoint_path: Path | str | None = None) -> dict[str, Any] | None:
+        """The ``training_info.json`` dict of the checkpoint directory ``checkpoint_path``; None when it is None (a
+        fresh run, as `get_latest_checkpoint_path` returns)."""
+        if checkpoint_path is None:
+            return None
+        info_path = Path(checkpoint_path) / TRAINING_INFO_FILE
         if not info_path.is_file():
-            raise FileNotFoundError(f"{path} is not a complete checkpoint: {TRAINING_INFO_FILE} is missing")
-        return json.loads(info_path.read_text())
+            raise FileNotFoundError(f"{checkpoint_path} is not a complete checkpoint: {TRAINING_INFO_FILE} is missing")
+        info: dict[str, Any] = json.loads(info_path.read_text())
+        return info
+
+    @staticmethod
+    def get_resume_paths(
+        last_checkpoint_path: Path | str | None, *, model_component: str = "policy"
+    ) -> tuple[Path | None, Path | None]:
+        """``(weights, optimizer)`` folders of ``model_component`` in a checkpoint; ``(None, None)`` without one.
+
+        The optimizer path is None (with a warning) when the checkpoint holds no optimizer state, e.g. one saved with
+        ``checkpointing.save_optimizer: false``: the optimizer then starts fresh.
+        """
+        if not last_checkpoint_path:
+            return None, None
+        component = Path(last_checkpoint_path) / model_component
+        optimizer = component / "optimizer"
+        if optimizer.exists():
+            return component / "weights", optimizer
+        warnings.warn(f"no optimizer state at {optimizer}; the optimizer starts fresh", stacklevel=2)
+        return component / "weights", None
 
     # -- retention ------------------------------------------------------------------------------------------------
 
-    def remove_old_checkpoints(self) -> list[Path]:
-        """Apply ``keep_top_k`` and return the removed paths. The latest step is always kept.
+    def remove_old_checkpoints(self, exclude_latest: bool = True) -> list[Path]:
+        """Apply ``keep_top_k`` and return the removed paths. The latest step is kept unless ``exclude_latest`` is
+        False (it then stays only if it ranks among the top k).
 
         ``keep_top_k`` None keeps everything; ``metric_name`` None keeps the k latest; otherwise the k best by the
         metric plus the latest, with checkpoints lacking the metric ranked last.
@@ -359,7 +419,7 @@ class CheckpointManager:
         if not checkpoints:
             return []
         latest_step = checkpoints[-1][0]
-        keep = {step for step, _ in self._ranked_best_first()[:k]} | {latest_step}
+        keep = {step for step, _ in self._ranked_best_first()[:k]} | ({latest_step} if exclude_latest else set())
         removed = []
         for step, path in checkpoints:
             if step not in keep:
@@ -410,6 +470,13 @@ class CheckpointManager:
 
     def _recover_debris(self) -> None:
         remove_save_debris(self.checkpoint_dir)
+
+
+def _as_number(value: Any) -> Any:
+    """A one-element numpy array or tensor (or numpy scalar) as its Python number; anything else unchanged."""
+    if getattr(value, "size", None) == 1 or (callable(getattr(value, "numel", None)) and value.numel() == 1):
+        return value.item()
+    return value
 
 
 def remove_save_debris(checkpoint_dir: Path) -> None:

@@ -5,6 +5,10 @@
 Override forms: ``a.b=v`` (the key must exist), ``+a.b=v`` (add a new key), ``++a.b=v`` (add or override),
 ``~a.b`` (delete). Values are parsed as YAML scalars or lists (``[1, 2]``, ``null``, ``true``, ``1e-6``).
 
+NeMo-RL's names work too: `load_config_with_inheritance`, `parse_hydra_overrides` (raising `OverridesError`),
+`register_omegaconf_resolvers` (``add``, ``sub``, ``mul``, ``div``, ``max``; registered on import) and
+`resolve_path`.
+
 A deleted key is absent, and an absent key takes its schema default. So that ``~`` never silently means "back to
 the default", deleting a key whose schema default is not null is refused, with what to write instead (e.g.
 ``policy.scheduler=null``); ``~`` removes keys inside free-form mappings (``~policy.optimizer.kwargs.weight_decay``)
@@ -23,26 +27,76 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nemo_rl_clone.utils.config_validation import ConfigError, field_default, validate_config
 
 T = TypeVar("T")
 
-OmegaConf.register_resolver("mul", lambda a, b: a * b, replace=True)
+_RESOLVERS: dict[str, Any] = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "max": lambda a, b: max(a, b),
+}
 
 
-def load_config(path: str | Path) -> DictConfig:
+def register_omegaconf_resolvers() -> None:
+    """Register the arithmetic resolvers configs use (``${mul:${a},${b}}``, ...); idempotent."""
+    for name, resolver in _RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_resolver(name, resolver)
+
+
+register_omegaconf_resolvers()
+
+
+class OverridesError(ConfigError):
+    """Bad hydra-style overrides (NeMo-RL's name); ``problems`` has one line per bad override."""
+
+    def __str__(self) -> str:
+        return "Failed to parse Hydra overrides: " + "; ".join(self.problems)
+
+
+def resolve_path(base_path: Path, path: str) -> Path:
+    """``path`` if absolute, else ``base_path / path``."""
+    return Path(path) if Path(path).is_absolute() else Path(base_path) / path
+
+
+def load_config(config_path: str | Path) -> DictConfig:
     """Load a YAML file, merging the files named by its ``defaults:`` key (string or list) first.
 
     Default paths are relative to the file naming them, resolved depth-first; later files win and the file itself
     wins over all of its defaults.
     """
-    return _load(Path(path).resolve(), ())
+    return _load(Path(config_path).resolve(), ())
 
 
-def _load(path: Path, chain: tuple[Path, ...]) -> DictConfig:
+def load_config_with_inheritance(config_path: str | Path, base_dir: str | Path | None = None) -> DictConfig:
+    """`load_config`, with the top file's ``defaults:`` resolved against ``base_dir`` (default: the file's folder);
+    the defaults' own defaults stay relative to their files."""
+    return _load(Path(config_path).resolve(), (), None if base_dir is None else Path(base_dir).resolve())
+
+
+def parse_hydra_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """`apply_overrides` under NeMo-RL's name, updating ``cfg`` in place and returning it; bad overrides raise
+    `OverridesError` and leave ``cfg`` unchanged."""
+    try:
+        updated = OmegaConf.to_container(apply_overrides(cfg, overrides), resolve=False)
+    except ConfigError as err:
+        raise OverridesError(err.problems) from None
+    assert isinstance(updated, dict)  # a mapping config stays a mapping
+    with open_dict(cfg):
+        for key in [k for k in cfg if k not in updated]:
+            del cfg[key]
+        for key, value in updated.items():
+            cfg[key] = value  # interpolations stay unresolved strings
+    return cfg
+
+
+def _load(path: Path, chain: tuple[Path, ...], base_dir: Path | None = None) -> DictConfig:
     if path in chain:
         cycle = " -> ".join(p.name for p in (*chain, path))
         raise ConfigError([f"defaults: inheritance cycle {cycle}"])
@@ -65,7 +119,8 @@ def _load(path: Path, chain: tuple[Path, ...]) -> DictConfig:
         raise ConfigError([f"{path}: defaults must be a path or a list of paths"])
     merged = OmegaConf.create()
     for default in defaults:
-        merged = cast(DictConfig, OmegaConf.merge(merged, _load((path.parent / default).resolve(), (*chain, path))))
+        parent = (resolve_path(base_dir or path.parent, default)).resolve()
+        merged = cast(DictConfig, OmegaConf.merge(merged, _load(parent, (*chain, path))))
     return cast(DictConfig, OmegaConf.merge(merged, cfg))  # merging mappings gives a mapping
 
 

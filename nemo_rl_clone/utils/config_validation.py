@@ -44,10 +44,10 @@ def validate_config(data: Mapping[str, Any], schema: type[T]) -> T:
     return result
 
 
-def as_config(config: Any, schema: type[T]) -> T:
+def as_config(config: Any, schema: type[T], key: str = "") -> T:
     """``config`` as a validated ``schema``: returned as is when it already is one; a plain mapping (NeMo-RL passes
-    its ``MasterConfig`` as a dict) or an OmegaConf config is resolved and validated (:class:`ConfigError` lists
-    every problem)."""
+    its master config and its sections as dicts) or an OmegaConf config is resolved and validated. ``key`` names the
+    section for the problems (``checkpointing`` → ``checkpointing.keep_top_kk: unknown key``)."""
     if isinstance(config, schema):
         return config
     from omegaconf import DictConfig, OmegaConf  # lazy: validation itself does not need OmegaConf
@@ -55,8 +55,14 @@ def as_config(config: Any, schema: type[T]) -> T:
     if isinstance(config, DictConfig):
         config = OmegaConf.to_container(config, resolve=True)
     if not isinstance(config, Mapping):
-        raise TypeError(f"expected a {schema.__name__} or a mapping of its keys, got {type(config).__name__}")
-    return validate_config(config, schema)
+        where = f"{key} must be" if key else "expected"
+        raise TypeError(f"{where} a {schema.__name__} or a mapping of its keys, got {type(config).__name__}")
+    try:
+        return validate_config(_plain(dict(config)), schema)
+    except ConfigError as err:
+        if not key:
+            raise
+        raise ConfigError([f"{key}.{problem}" for problem in err.problems]) from None
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:

@@ -6,7 +6,12 @@ Metric names follow NeMo-RL (`train/loss`, `validation/accuracy`, `timing/train/
 Files written under the run's log dir:
 - `metrics.jsonl`: one JSON object per `log_metrics` call, `{"step": 3, "train/loss": 0.41, ...}`.
 - `train_data_step{N}.jsonl` (or another name): one JSON object per sample, see `log_samples_jsonl`.
+- `plots/<name>_step{N}.png` for each `log_plot` figure.
 - `tensorboard/`, `wandb/`, `mlruns/` when those backends are enabled.
+
+NeMo-RL's calls work unchanged: ``Logger(config["logger"])`` (a plain dict), ``log_metrics(metrics, step, prefix,
+step_metric)``, ``log_batched_dict_as_jsonl``, ``log_string_list_as_jsonl``, ``log_plot``, ``log_histogram``, and the
+module functions `flatten_dict` and `print_message_log_samples`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
+from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.logger_backends import (
     ConsoleBackend,
     GpuMonitor,
@@ -110,20 +116,28 @@ def get_next_experiment_dir(base_dir: str | Path) -> Path:
 class Logger:
     """Fans metrics, hyperparameters and sample dumps out to the enabled backends.
 
-    `log_dir` is the run's directory (already chosen, e.g. by `get_next_experiment_dir`); `cfg.log_dir` is
-    not used here. The console table can be silenced with `quiet=True` or redirected with `console`.
+    `cfg` is a `LoggerConfig` or NeMo-RL's plain ``logger`` dict. `log_dir` is the run's directory (already chosen,
+    e.g. by `get_next_experiment_dir`); without it, `cfg.log_dir` (NeMo-RL's ``Logger(cfg)``). The console table
+    can be silenced with `quiet=True` or redirected with `console`.
     Use as a context manager, or call `finish()` at the end (runs that raised are marked failed in
     wandb/MLflow when used as a context manager).
     """
 
     def __init__(
-        self, cfg: LoggerConfig, log_dir: str | Path, *, quiet: bool = False, console: Console | None = None
+        self,
+        cfg: LoggerConfig | Mapping[str, Any],
+        log_dir: str | Path | None = None,
+        *,
+        quiet: bool = False,
+        console: Console | None = None,
     ) -> None:
+        cfg = as_config(cfg, LoggerConfig, key="logger")
         if cfg.wandb_enabled and cfg.wandb.mode not in WandbBackend.MODES:
             raise ValueError(f"logger.wandb.mode must be one of {list(WandbBackend.MODES)}, got {cfg.wandb.mode!r}")
         self.cfg = cfg
-        self.log_dir = Path(log_dir)
+        self.log_dir = Path(cfg.log_dir if log_dir is None else log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.base_log_dir = str(self.log_dir)  # NeMo-RL's attribute
         self._warned_keys: set[str] = set()
         self._finished = False
         self._last_gpu_step: int | None = None
@@ -148,11 +162,20 @@ class Logger:
             raise
         log.info("Logging to %s (%s)", self.log_dir, ", ".join(type(b).__name__ for b in self._backends))
 
-    def log_metrics(self, metrics: Mapping[str, Any], step: int, prefix: str = "") -> dict[str, int | float]:
+    def log_metrics(
+        self,
+        metrics: Mapping[str, Any],
+        step: int,
+        prefix: str | None = "",
+        step_metric: str | None = None,
+        step_finished: bool = False,
+    ) -> dict[str, int | float]:
         """Logs scalar metrics at `step`; returns what was logged (full keys -> int/float).
 
         Keys become `"<prefix>/<key>"` (prefix "timing/train" -> "timing/train/generation"); nested
-        mappings are joined with "/". Python/numpy/torch scalars and one-element arrays/tensors are
+        mappings are joined with "/". The key named `step_metric` keeps its name unprefixed (NeMo-RL's wandb x-axis
+        metric); every metric is still logged at `step`. `step_finished` (wandb's commit hint in NeMo-RL) changes
+        nothing here: each call is written as it comes. Python/numpy/torch scalars and one-element arrays/tensors are
         accepted (integers stay int, the rest become float); other values are skipped with one warning
         per key. With `monitor_gpus` on a GPU node, the first call of each step also logs
         `gpu_monitoring/gpu{i}/{utilization_pct,memory_used_gib}` at that step.
@@ -161,8 +184,11 @@ class Logger:
         step = _check_step(step)
         if not isinstance(metrics, Mapping):
             raise TypeError(f"log_metrics: metrics must be a mapping of name -> scalar, got {type(metrics).__name__}")
+        prefix = (prefix or "").strip("/")
         flat: dict[str, int | float] = {}
-        for key, value in _flatten(metrics, prefix.strip("/"), "/"):
+        unprefixed = f"{prefix}/{step_metric}" if prefix and step_metric else None
+        for key, value in _flatten(metrics, prefix, "/"):
+            key = step_metric if key == unprefixed and step_metric else key
             if key == "step":
                 raise ValueError("log_metrics: metric key 'step' is reserved (use a prefix, e.g. prefix='train')")
             scalar = to_scalar(value)
@@ -227,6 +253,49 @@ class Logger:
         path.write_text("".join(lines), encoding="utf-8")
         return path
 
+    def log_batched_dict_as_jsonl(self, to_log: Mapping[str, Any], filename: str) -> Path:
+        """Writes one JSON line per sample of a batch (a `BatchedDataDict` or a dict of equal-length columns) to
+        `log_dir/filename` (overwritten), as NeMo-RL does: each value is that sample's one-row slice, plus ``idx``."""
+        from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+        batch = to_log if isinstance(to_log, BatchedDataDict) else BatchedDataDict(to_log)
+        rows = [{**sample, "idx": i} for i, sample in enumerate(batch.make_microbatch_iterator(1))]
+        return self.log_samples_jsonl(rows, step=0, filename=filename.replace("{", "{{").replace("}", "}}"))
+
+    def log_string_list_as_jsonl(self, to_log: Sequence[str], filename: str) -> Path:
+        """Appends each string (already one JSON document) as a line of `log_dir/filename`."""
+        self._check_open()
+        if isinstance(to_log, str) or not all(isinstance(line, str) for line in to_log):
+            raise TypeError("log_string_list_as_jsonl: to_log must be a list of str")
+        path = self.log_dir / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as file:
+            file.writelines(line + "\n" for line in to_log)
+        return path
+
+    def log_plot(self, figure: Any, step: int, name: str) -> Path:
+        """Saves a matplotlib figure as `log_dir/plots/<name>_step<step>.png` (returned) and sends it to the
+        TensorBoard, wandb and MLflow backends that are enabled."""
+        self._check_open()
+        step = _check_step(step)
+        path = self.log_dir / "plots" / f"{name}_step{step}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, bbox_inches="tight")
+        for backend in self._backends:
+            if hasattr(backend, "log_plot"):
+                backend.log_plot(figure, step, name)
+        return path
+
+    def log_histogram(self, histogram: Sequence[float] | torch.Tensor | np.ndarray, step: int, name: str) -> None:
+        """Sends the values' histogram to the TensorBoard and wandb backends that are enabled (the console, JSONL
+        and MLflow sinks have no histogram type; NeMo-RL's TensorBoard and MLflow loggers skip histograms too)."""
+        self._check_open()
+        step = _check_step(step)
+        values = np.asarray(histogram.detach().cpu() if isinstance(histogram, torch.Tensor) else histogram, float)
+        for backend in self._backends:
+            if hasattr(backend, "log_histogram"):
+                backend.log_histogram(values, step, name)
+
     def finish(self, failed: bool = False) -> None:
         """Closes every backend (idempotent). All backends are closed even if one fails; the first error is raised."""
         if self._finished:
@@ -279,17 +348,46 @@ def to_scalar(value: Any) -> int | float | None:
     return None
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str, sep: str) -> list[tuple[str, Any]]:
+def flatten_dict(d: Mapping[str, Any], sep: str = ".", expand_lists: bool = True) -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c": [2, {"d": 3}]}`` -> ``{"a.b": 1, "c.0": 2, "c.1.d": 3}``; with ``expand_lists``
+    False lists stay whole (``"c": [...]``)."""
+    return dict(_flatten(d, "", sep, expand_lists))
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str, sep: str, expand_lists: bool = False) -> list[tuple[str, Any]]:
     items: list[tuple[str, Any]] = []
     for key, value in tree.items():
         if not isinstance(key, str) or not key:
             raise TypeError(f"key {key!r} under {prefix or 'the top level'!r} must be a non-empty string")
         full = f"{prefix}{sep}{key}" if prefix else key
         if isinstance(value, Mapping):
-            items.extend(_flatten(value, full, sep))
+            items.extend(_flatten(value, full, sep, expand_lists))
+        elif expand_lists and isinstance(value, list):
+            items.extend(_flatten({str(i): item for i, item in enumerate(value)}, full, sep, expand_lists))
         else:
             items.append((full, value))
     return items
+
+
+def print_message_log_samples(
+    message_logs: Sequence[Sequence[Mapping[str, Any]]], rewards: Sequence[float], num_samples: int = 5, step: int = 0
+) -> None:
+    """Prints up to ``num_samples`` conversations with their rewards: when there are more, the best and the worst
+    half each (and the median one for an odd count), so both ends of the reward range show."""
+    from nemo_rl_clone.algorithms.grpo_batches import print_samples, sample_rows
+    from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+    if len(message_logs) != len(rewards):
+        raise ValueError(f"print_message_log_samples: {len(message_logs)} message logs but {len(rewards)} rewards")
+    if num_samples <= 0 or not message_logs:
+        return
+    order = sorted(range(len(rewards)), key=lambda i: rewards[i], reverse=True)
+    if len(order) > num_samples:
+        half = num_samples // 2
+        order = order[:half] + order[len(order) - half :] + ([order[len(order) // 2]] if num_samples % 2 else [])
+    picked = BatchedDataDict({"message_log": [message_logs[i] for i in order], "idx": order})
+    rows = sample_rows(picked, torch.tensor([float(rewards[i]) for i in order]))
+    print_samples(rows, f"Step {step} sample")
 
 
 def _to_plain(value: Any) -> Any:

@@ -122,6 +122,14 @@ class TensorboardBackend:
         # create a timestamped sub-run that TensorBoard lists as a separate run).
         self._writer.add_hparams(hparams, {}, run_name=".")
 
+    def log_plot(self, figure: Any, step: int, name: str) -> None:
+        self._writer.add_figure(name, figure, global_step=step, close=False)
+        self._writer.flush()
+
+    def log_histogram(self, values: Any, step: int, name: str) -> None:
+        self._writer.add_histogram(name, values, global_step=step)
+        self._writer.flush()
+
     def finish(self, failed: bool) -> None:
         self._writer.close()
 
@@ -141,6 +149,16 @@ class WandbBackend:
 
     def log_hyperparams(self, flat_params: Mapping[str, Any], params: Mapping[str, Any]) -> None:
         self._run.config.update(dict(params), allow_val_change=True)  # wandb shows nesting natively
+
+    def log_plot(self, figure: Any, step: int, name: str) -> None:
+        import wandb
+
+        self._run.log({name: wandb.Image(figure)}, step=step)
+
+    def log_histogram(self, values: Any, step: int, name: str) -> None:
+        import wandb
+
+        self._run.log({name: wandb.Histogram(values)}, step=step)
 
     def finish(self, failed: bool) -> None:
         self._run.finish(exit_code=1 if failed else 0)
@@ -185,6 +203,9 @@ class MlflowBackend:
         ]
         for start in range(0, len(entries), MAX_PARAMS_TAGS_PER_BATCH):
             self._client.log_batch(self.run_id, params=entries[start : start + MAX_PARAMS_TAGS_PER_BATCH])
+
+    def log_plot(self, figure: Any, step: int, name: str) -> None:
+        self._client.log_figure(self.run_id, figure, f"plots/{name}_step{step}.png")
 
     def finish(self, failed: bool) -> None:
         self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")

@@ -217,7 +217,7 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     with pytest.raises(TypeError, match=r"training_info\['val:accuracy'\] must be a number.*str"):
         manager.init_tmp_checkpoint(1, {"val": {"accuracy": "high"}})
     with pytest.raises(TypeError, match="training_info for step 1 is not JSON-serializable"):
-        manager.init_tmp_checkpoint(1, {"tensor": torch.zeros(1)})
+        manager.init_tmp_checkpoint(1, {"tensor": torch.zeros(2)})
     with pytest.raises(ValueError, match="non-negative int"):
         manager.init_tmp_checkpoint(-1, {})
 

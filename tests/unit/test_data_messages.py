@@ -49,7 +49,9 @@ CONVERSATIONS = {
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 def test_message_tokens_concatenate_to_the_templated_conversation(tokenizer, name, add_generation_prompt):
     messages = CONVERSATIONS[name]
-    log = get_formatted_message_log(messages, tokenizer, add_generation_prompt=add_generation_prompt)
+    log = get_formatted_message_log(
+        messages, tokenizer, add_bos_token=False, add_eos_token=False, add_generation_prompt=add_generation_prompt
+    )
 
     assert [m["role"] for m in log] == [m["role"] for m in messages]
     concatenated = torch.cat([m["token_ids"] for m in log]).tolist()
@@ -71,7 +73,9 @@ def test_environment_role_is_templated_as_a_user_turn(tokenizer):
         {"role": "assistant", "content": "ok"},
         {"role": "environment", "content": "Reward pending. Next move?"},
     ]
-    log = get_formatted_message_log(messages, tokenizer, add_generation_prompt=True)
+    log = get_formatted_message_log(
+        messages, tokenizer, add_bos_token=False, add_eos_token=False, add_generation_prompt=True
+    )
     as_user = [dict(m, role="user") if m["role"] == "environment" else m for m in messages]
     assert log[-1]["role"] == "environment"
     assert log[-1]["content"].startswith("<|im_start|>user\nReward pending.")
@@ -85,26 +89,47 @@ def test_template_that_is_not_prefix_stable_is_rejected(tokenizer):
     )
     messages = CONVERSATIONS["system_user"]
     with pytest.raises(ValueError, match=r"messages\[:1\].*not a prefix"):
-        get_formatted_message_log(messages, tok, add_generation_prompt=False)
+        get_formatted_message_log(messages, tok, add_bos_token=False, add_eos_token=False, add_generation_prompt=False)
     # A single message has no prefix to disagree with.
-    assert len(get_formatted_message_log(messages[:1], tok, add_generation_prompt=False)) == 1
+    assert (
+        len(
+            get_formatted_message_log(
+                messages[:1], tok, add_bos_token=False, add_eos_token=False, add_generation_prompt=False
+            )
+        )
+        == 1
+    )
 
 
 def test_bad_inputs_are_named(tokenizer):
-    with pytest.raises(ValueError, match="messages is empty"):
-        get_formatted_message_log([], tokenizer, add_generation_prompt=True)
+    with pytest.raises(ValueError, match="message_log is empty"):
+        get_formatted_message_log([], tokenizer, add_bos_token=False, add_eos_token=False, add_generation_prompt=True)
     with pytest.raises(ValueError, match=r"messages\[1\]\['role'\] must be one of"):
         get_formatted_message_log(
             [{"role": "user", "content": "a"}, {"role": "critic", "content": "b"}],
             tokenizer,
+            add_bos_token=False,
+            add_eos_token=False,
             add_generation_prompt=True,
         )
     with pytest.raises(ValueError, match=r"messages\[0\]\['content'\] must be a str, got int"):
-        get_formatted_message_log([{"role": "user", "content": 3}], tokenizer, add_generation_prompt=True)
+        get_formatted_message_log(
+            [{"role": "user", "content": 3}],
+            tokenizer,
+            add_bos_token=False,
+            add_eos_token=False,
+            add_generation_prompt=True,
+        )
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = None
     with pytest.raises(ValueError, match="has no chat template"):
-        get_formatted_message_log([{"role": "user", "content": "a"}], tok, add_generation_prompt=True)
+        get_formatted_message_log(
+            [{"role": "user", "content": "a"}],
+            tok,
+            add_bos_token=False,
+            add_eos_token=False,
+            add_generation_prompt=True,
+        )
 
 
 def test_generated_tokens_are_kept_exactly_and_never_retokenised(tokenizer):
@@ -113,7 +138,13 @@ def test_generated_tokens_are_kept_exactly_and_never_retokenised(tokenizer):
     generated = [a[0], b[0], tokenizer.eos_token_id]
     assert tokenizer.encode("ab", add_special_tokens=False) != generated[:2]
 
-    prompt = get_formatted_message_log([{"role": "user", "content": "Say ab"}], tokenizer, add_generation_prompt=True)
+    prompt = get_formatted_message_log(
+        [{"role": "user", "content": "Say ab"}],
+        tokenizer,
+        add_bos_token=False,
+        add_eos_token=False,
+        add_generation_prompt=True,
+    )
     message = message_from_token_ids("assistant", torch.tensor(generated), tokenizer)
     assert message["token_ids"].tolist() == generated
     assert message["content"] == "ab<|im_end|>"
@@ -207,7 +238,13 @@ def test_observations_continue_the_conversation_as_the_template_renders_it(token
     """Prompt + generated answer + observation, each tokenised on its own, read as the template's rendering of
     the whole conversation; after a stop string (no end-of-turn token generated) the observation closes the turn."""
     answer = "I slide <move>8</move>"
-    prompt = get_formatted_message_log([{"role": "user", "content": "Solve it."}], tokenizer, True)
+    prompt = get_formatted_message_log(
+        [{"role": "user", "content": "Solve it."}],
+        tokenizer,
+        add_bos_token=False,
+        add_eos_token=False,
+        add_generation_prompt=True,
+    )
     generated = tokenizer.encode(answer + (tokenizer.eos_token if ended_with_eos else ""), add_special_tokens=False)
     observation = observation_message({"role": role, "content": "Solved."}, tokenizer, ended_with_eos)
     assert observation["role"] == role

@@ -54,7 +54,13 @@ def hf_score(folder: Path, tokenizer: Any, text: str) -> float:
 
 def conversation(tokenizer: Any, question: str, answer: str, ended_with_eos: bool) -> list[dict[str, Any]]:
     """A rollout's message log: the templated prompt, then generated tokens (with the eos when generation ended so)."""
-    prompt = get_formatted_message_log([{"role": "user", "content": question}], tokenizer, add_generation_prompt=True)
+    prompt = get_formatted_message_log(
+        [{"role": "user", "content": question}],
+        tokenizer,
+        add_bos_token=False,
+        add_eos_token=False,
+        add_generation_prompt=True,
+    )
     ids = tokenizer.encode(answer, add_special_tokens=False) + ([tokenizer.eos_token_id] if ended_with_eos else [])
     return [*prompt, message_from_token_ids("assistant", ids, tokenizer)]
 
