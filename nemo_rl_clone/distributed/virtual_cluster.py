@@ -13,6 +13,7 @@ import contextlib
 import logging
 import math
 import os
+import random
 import socket
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_rl_clone.distributed.reaper import register_temp_path, start_reaper
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
 from nemo_rl_clone.utils.platform import check_torch_build
 
 logger = logging.getLogger(__name__)
@@ -44,9 +45,25 @@ class ClusterConfig:
 
     gpus_per_node: int = 1
     num_nodes: int = 1
+    # The ports the worker groups' torch.distributed rendezvous (MASTER_PORT) may use; null: any free port.
+    master_port_range_low: int | None = None
+    master_port_range_high: int | None = None
+    # Nodes per NVLink domain (e.g. 18 for GB200 NVL72), that NeMo-RL keeps each model replica within. Placement
+    # here does not know domains: accepted (and any value is equivalent) while the run fits in one, num_nodes <= it.
+    segment_size: int | None = None
 
     def check(self) -> list[tuple[str, str]]:
-        return check_at_least(self, 1, "gpus_per_node", "num_nodes")
+        problems = check_at_least(self, 1, "gpus_per_node", "num_nodes")
+        problems += check_port_range(self.master_port_range_low, self.master_port_range_high, "master_port_range_low")
+        if self.segment_size is not None and self.segment_size < self.num_nodes:
+            problems.append(
+                (
+                    "segment_size",
+                    f"not supported yet: placing a run of {self.num_nodes} nodes by NVLink segment of "
+                    f"{self.segment_size}; set it to null (or >= num_nodes)",
+                )
+            )
+        return problems
 
 
 def starts_local_ray() -> bool:
@@ -251,12 +268,27 @@ class BundleSlot:
     node_rank: int
 
 
+def pick_free_port(low: int | None = None, high: int | None = None) -> int:
+    """A TCP port free on this machine right now: any (the OS picks) or, given ``low``/``high``, one in
+    ``[low, high]`` tried in random order (so that groups starting together rarely try the same one first).
+
+    Raises:
+        RuntimeError: every port of the range is taken.
+    """
+    candidates = [0] if low is None or high is None else random.sample(range(low, high + 1), high - low + 1)
+    for candidate in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", candidate))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise RuntimeError(f"no free TCP port in {low}..{high} on {socket.gethostname()}")
+
+
 @ray.remote(num_cpus=0, num_gpus=0)
-def _node_ip_and_free_port() -> tuple[str, int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+def _node_ip_and_free_port(low: int | None, high: int | None) -> tuple[str, int]:
+    return ray.util.get_node_ip_address(), pick_free_port(low, high)
 
 
 class RayVirtualCluster:
@@ -274,6 +306,8 @@ class RayVirtualCluster:
             ``"PACK"``, ``"SPREAD"`` or ``"STRICT_SPREAD"`` make one unified placement group of all bundles with that
             Ray strategy; slots are then grouped by the physical node Ray chose.
         ready_timeout_s: how long to wait for the reservation before raising `ResourceInsufficientError`.
+        port_range_low / port_range_high: the ports `get_master_address_and_port` may return (``cluster.
+            master_port_range_low/high``); None: any free port.
 
     Connects to Ray with `init_ray()` if this process is not connected yet.
 
@@ -292,6 +326,8 @@ class RayVirtualCluster:
         name: str = "",
         placement_group_strategy: str = "STRICT_PACK",
         ready_timeout_s: float = 180.0,
+        port_range_low: int | None = None,
+        port_range_high: int | None = None,
     ) -> None:
         _check_cluster_args(
             bundle_ct_per_node_list,
@@ -308,6 +344,7 @@ class RayVirtualCluster:
         self.name = name
         self.placement_group_strategy = placement_group_strategy
         self.ready_timeout_s = ready_timeout_s
+        self.port_range_low, self.port_range_high = port_range_low, port_range_high
         self.bundle_resources: dict[str, float] = {"GPU": 1, "CPU": 1} if use_gpus else {"CPU": 1}
         init_ray()
         self._placement_groups = self._reserve()
@@ -341,7 +378,8 @@ class RayVirtualCluster:
         return {"num_cpus": share, "num_gpus": share if self.use_gpus else 0.0}
 
     def get_master_address_and_port(self, placement_group_index: int = 0, bundle_index: int = 0) -> tuple[str, int]:
-        """IP of the node holding the given bundle and a port free on it at the time of the call.
+        """IP of the node holding the given bundle and a port free on it at the time of the call (in the cluster's
+        port range, if it has one).
 
         Runs a zero-resource task in that bundle. Every call picks a new port, so colocated worker groups each get
         their own rendezvous port.
@@ -350,7 +388,9 @@ class RayVirtualCluster:
         strategy = PlacementGroupSchedulingStrategy(
             self._placement_groups[placement_group_index], placement_group_bundle_index=bundle_index
         )
-        ref = _node_ip_and_free_port.options(scheduling_strategy=strategy).remote()
+        ref = _node_ip_and_free_port.options(scheduling_strategy=strategy).remote(
+            self.port_range_low, self.port_range_high
+        )
         ready, _ = ray.wait([ref], timeout=self.ready_timeout_s)
         if not ready:
             ray.cancel(ref, force=True)

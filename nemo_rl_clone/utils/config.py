@@ -30,7 +30,15 @@ from nemo_rl_clone.utils.config_validation import ConfigError, field_default, va
 
 T = TypeVar("T")
 
-OmegaConf.register_resolver("mul", lambda a, b: a * b, replace=True)
+# NeMo-RL's arithmetic resolvers, e.g. ``${mul:${policy.max_total_sequence_length}, 2}`` (``div`` is true division).
+for _name, _op in {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "max": lambda a, b: max(a, b),
+}.items():
+    OmegaConf.register_resolver(_name, _op, replace=True)
 
 
 def load_config(path: str | Path) -> DictConfig:
