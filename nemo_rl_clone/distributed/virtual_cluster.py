@@ -275,7 +275,10 @@ def pick_free_port(low: int | None = None, high: int | None = None) -> int:
     Raises:
         RuntimeError: every port of the range is taken.
     """
-    candidates = [0] if low is None or high is None else random.sample(range(low, high + 1), high - low + 1)
+    # SystemRandom: workers seeded alike (the run's seed) must not all try the same order.
+    candidates = (
+        [0] if low is None or high is None else random.SystemRandom().sample(range(low, high + 1), high - low + 1)
+    )
     for candidate in candidates:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:

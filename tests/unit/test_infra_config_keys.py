@@ -3,6 +3,8 @@ each one changes what runs. Their refusals are checked in test_config_keys_used.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import socket
 from collections.abc import Iterator
@@ -139,7 +141,8 @@ def test_hf_config_overrides_replace_top_level_keys_and_merge_sub_configs(tmp_pa
 @pytest.fixture(scope="module")
 def policy_run(ray_local: None, module_tmp_path: Path) -> Iterator[dict[str, Any]]:
     """One DTensor worker of the tiny Llama with dtensor_cfg.env_vars and YaRN RoPE through hf_config_overrides: its
-    environment, logprobs, and a checkpoint saved with save_optimizer=false that a new policy resumes from."""
+    environment, logprobs, and a checkpoint saved with save_optimizer=false (and a consolidated torch_save HF folder)
+    that a new policy resumes from."""
     model_path = resolve_model_path(TINY_LLAMA)
     tokenizer = load_tokenizer(model_path)
     config = policy_config(
@@ -153,6 +156,8 @@ def policy_run(ray_local: None, module_tmp_path: Path) -> Iterator[dict[str, Any
             "checkpointing": {
                 "checkpoint_dir": str(module_tmp_path / "ckpt"),
                 "save_optimizer": False,
+                "save_consolidated": True,
+                "model_save_format": "torch_save",
                 "metric_name": None,
             },
         },
@@ -179,7 +184,10 @@ def policy_run(ray_local: None, module_tmp_path: Path) -> Iterator[dict[str, Any
             record["saved"] = save_run_checkpoint(checkpointer, policy, loader, state, run_config)
         finally:
             policy.shutdown()
-        state, weights_path, optimizer_path = restore_run_state(checkpointer, loader, {})
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            state, weights_path, optimizer_path = restore_run_state(checkpointer, loader, {})
+        record["resume_message"] = printed.getvalue()
         record["resumed_paths"] = (weights_path, optimizer_path)
         resumed = Policy(cluster, config, tokenizer, weights_path=weights_path, optimizer_path=optimizer_path)
         try:
@@ -213,13 +221,20 @@ def test_hf_config_overrides_reach_the_policy_model(policy_run: dict[str, Any]) 
 
 
 def test_save_optimizer_false_saves_no_optimizer_state_and_resumes_with_a_fresh_one(
-    policy_run: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    policy_run: dict[str, Any],
 ) -> None:
     saved: Path = policy_run["saved"]
     assert (saved / "policy" / "weights").is_dir()
     assert not (saved / "policy" / "optimizer").exists()
+    # save_consolidated with model_save_format torch_save: a Hugging Face folder with pytorch_model.bin
+    hf_files = {path.name for path in (saved / "policy" / "hf").iterdir()}
+    assert "pytorch_model.bin" in hf_files and "model.safetensors" not in hf_files
     weights_path, optimizer_path = policy_run["resumed_paths"]
     assert weights_path == str(saved / "policy" / "weights") and optimizer_path is None
+    assert (
+        "holds no optimizer state (checkpointing.save_optimizer=false): resuming with a fresh optimizer"
+        in (policy_run["resume_message"])
+    )
     torch.testing.assert_close(policy_run["resumed_logprobs"], policy_run["logprobs"], atol=1e-6, rtol=0)
 
 
