@@ -178,6 +178,8 @@ class DTensorConfig:
     expert_parallel_size: int = 1  # refused != 1
 
     def check(self) -> list[tuple[str, str]]:
+        if not self.enabled:  # NeMo-RL's Megatron recipes carry a disabled dtensor_cfg block that nothing reads
+            return []
         problems = []
         if self.automodel_kwargs:
             problems.append(
