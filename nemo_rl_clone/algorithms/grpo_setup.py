@@ -154,6 +154,8 @@ def _setup_workers(
         max_colocated_worker_groups=2 if colocated else 1,
         num_gpus_per_node=config.cluster.gpus_per_node,
         name="grpo_train",
+        port_range_low=config.cluster.master_port_range_low,
+        port_range_high=config.cluster.master_port_range_high,
     )
     clusters = [train_cluster]
     # On CPU, colocated groups take turns on the same cores: each may use all of them while it runs.
@@ -168,6 +170,8 @@ def _setup_workers(
             use_gpus=use_gpus,
             num_gpus_per_node=resources.gpus_per_node,
             name="grpo_generation",
+            port_range_low=config.cluster.master_port_range_low,
+            port_range_high=config.cluster.master_port_range_high,
         )
         clusters.append(gen_cluster)
     policy = Policy(
@@ -187,6 +191,7 @@ def _setup_workers(
         seed=config.grpo.seed,
         env_vars=threads,
         weight_updates_during_generation=async_grpo.enabled and async_grpo.in_flight_weight_updates,
+        hf_config_overrides=config.policy.hf_config_overrides,
     )
     prepare_refit(policy, generation)
     if not colocated:

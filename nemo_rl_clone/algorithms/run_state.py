@@ -178,7 +178,14 @@ def restore_run_state(
     torch.set_rng_state(extra["rng"]["torch"])
     logger.info("Resuming from %s (step %d)", latest, state.step)
     print(f"Resuming from checkpoint {latest} (step {state.step})")
-    return state, str(latest / "policy" / "weights"), str(latest / "policy" / "optimizer")
+    optimizer = latest / "policy" / "optimizer"
+    if not optimizer.exists():  # saved with checkpointing.save_optimizer=false
+        print(
+            f"Checkpoint {latest} holds no optimizer state (checkpointing.save_optimizer=false): resuming with a fresh "
+            "optimizer and learning-rate schedule"
+        )
+        return state, str(latest / "policy" / "weights"), None
+    return state, str(latest / "policy" / "weights"), str(optimizer)
 
 
 def save_run_checkpoint(
@@ -192,13 +199,13 @@ def save_run_checkpoint(
 
     ``run_config`` (the run's validated config) is saved as the checkpoint's ``config.yaml``; its
     ``checkpointing.save_consolidated`` adds a Hugging Face folder at ``policy/hf`` with
-    ``checkpointing.model_save_format`` weights.
+    ``checkpointing.model_save_format`` weights; ``checkpointing.save_optimizer=false`` leaves the optimizer state out.
     """
     checkpointing = run_config.checkpointing
     tmp = checkpointer.init_tmp_checkpoint(state.step, state.training_info(), config_to_dict(run_config))
     policy.save_checkpoint(
         weights_path=str(tmp / "policy" / "weights"),
-        optimizer_path=str(tmp / "policy" / "optimizer"),
+        optimizer_path=str(tmp / "policy" / "optimizer") if checkpointing.save_optimizer else None,
         tokenizer_path=str(tmp / "policy" / "tokenizer"),
         save_hf_path=str(tmp / "policy" / "hf") if checkpointing.save_consolidated else None,
         save_hf_format=checkpointing.model_save_format,

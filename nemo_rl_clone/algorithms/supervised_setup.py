@@ -95,6 +95,8 @@ def build_supervised_run(
         use_gpus=use_gpus,
         num_gpus_per_node=config.cluster.gpus_per_node,
         name=f"{section}_cluster",
+        port_range_low=config.cluster.master_port_range_low,
+        port_range_high=config.cluster.master_port_range_high,
     )
     # Ray gives CPU actors one thread by default; without a generation engine the workers own all the cores.
     threads = {} if use_gpus else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}

@@ -17,7 +17,7 @@ import random
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES
 from nemo_rl_clone.distributed.reaper import register_temp_path, start_reaper
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
 from nemo_rl_clone.utils.platform import check_torch_build
 
 logger = logging.getLogger(__name__)
@@ -48,9 +48,25 @@ class ClusterConfig:
 
     gpus_per_node: int = 1
     num_nodes: int = 1
+    # The ports the worker groups' torch.distributed rendezvous (MASTER_PORT) may use; null: any free port.
+    master_port_range_low: int | None = None
+    master_port_range_high: int | None = None
+    # Nodes per NVLink domain (e.g. 18 for GB200 NVL72), that NeMo-RL keeps each model replica within. Placement
+    # here does not know domains: accepted (and any value is equivalent) while the run fits in one, num_nodes <= it.
+    segment_size: int | None = None
 
     def check(self) -> list[tuple[str, str]]:
-        return check_at_least(self, 1, "gpus_per_node", "num_nodes")
+        problems = check_at_least(self, 1, "gpus_per_node", "num_nodes")
+        problems += check_port_range(self.master_port_range_low, self.master_port_range_high, "master_port_range_low")
+        if self.segment_size is not None and self.segment_size < self.num_nodes:
+            problems.append(
+                (
+                    "segment_size",
+                    f"not supported yet: placing a run of {self.num_nodes} nodes by NVLink segment of "
+                    f"{self.segment_size}; set it to null (or >= num_nodes)",
+                )
+            )
+        return problems
 
 
 def starts_local_ray() -> bool:
@@ -255,15 +271,21 @@ class BundleSlot:
     node_rank: int
 
 
-@ray.remote(num_cpus=0, num_gpus=0)
-def _node_ip_and_free_port(port_range: tuple[int, int] | None, excluded: set[int]) -> tuple[str, int]:
-    """This node's IP and a port free on it and not in ``excluded``: one the OS picks, or one in ``[low, high)``
-    (tried in random order)."""
-    if port_range is None:
+def pick_free_port(low: int | None = None, high: int | None = None, excluded: Collection[int] = ()) -> int:
+    """A TCP port free on this machine right now and not in ``excluded``: any (the OS picks) or, given
+    ``low``/``high``, one in ``[low, high]`` tried in random order (so that groups starting together rarely try the
+    same one first).
+
+    Raises:
+        RuntimeError: no such port is free.
+    """
+    if low is None or high is None:
         candidates = [0] * _OS_PORT_ATTEMPTS  # binding port 0 lets the OS pick a free one
     else:
-        candidates = [port for port in range(*port_range) if port not in excluded]
-        random.shuffle(candidates)
+        # SystemRandom: workers seeded alike (the run's seed) must not all try the same order.
+        candidates = [
+            p for p in random.SystemRandom().sample(range(low, high + 1), high - low + 1) if p not in excluded
+        ]
     for candidate in candidates:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
@@ -272,11 +294,16 @@ def _node_ip_and_free_port(port_range: tuple[int, int] | None, excluded: set[int
                 continue
             port = sock.getsockname()[1]
             if port not in excluded:
-                return ray.util.get_node_ip_address(), port
-    where = "from the OS" if port_range is None else f"in [{port_range[0]}, {port_range[1]})"
-    raise RuntimeError(
-        f"no free port {where} on {ray.util.get_node_ip_address()} besides the {len(excluded)} already handed out"
-    )
+                return port
+    where = "from the OS" if low is None or high is None else f"in {low}..{high}"
+    raise RuntimeError(f"no free TCP port {where} on {socket.gethostname()} besides {len(excluded)} already taken")
+
+
+@ray.remote(num_cpus=0, num_gpus=0)
+def _node_ip_and_free_port(port_range: tuple[int, int] | None, excluded: set[int]) -> tuple[str, int]:
+    """This node's IP and a port free on it and not in ``excluded``: one the OS picks, or one in ``[low, high)``."""
+    low, high = (None, None) if port_range is None else (port_range[0], port_range[1] - 1)
+    return ray.util.get_node_ip_address(), pick_free_port(low, high, excluded)
 
 
 class RayVirtualCluster:
@@ -380,7 +407,8 @@ class RayVirtualCluster:
         return {"num_cpus": share, "num_gpus": share if self.use_gpus else 0.0}
 
     def get_master_address_and_port(self, placement_group_index: int = 0, bundle_index: int = 0) -> tuple[str, int]:
-        """IP of the node holding the given bundle and a port free on it at the time of the call.
+        """IP of the node holding the given bundle and a port free on it at the time of the call (in the cluster's
+        port range, if it has one).
 
         Runs a zero-resource task in that bundle. A port is never handed out twice by this cluster, so colocated
         worker groups each get their own rendezvous port.

@@ -198,6 +198,8 @@ def _generate_with_engines(
             use_gpus=use_gpus,
             num_gpus_per_node=config.cluster.gpus_per_node,
             name="eval",
+            port_range_low=config.cluster.master_port_range_low,
+            port_range_high=config.cluster.master_port_range_high,
         )
         # Ray gives each CPU actor 1 thread; the engines are all that runs here, so they share every core.
         cores = max(1, (os.cpu_count() or 1) // config.cluster.gpus_per_node)

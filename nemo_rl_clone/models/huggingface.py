@@ -143,6 +143,32 @@ def reporting_model_load_errors(model_path: str, key: str = "policy.model_name")
         ) from None
 
 
+def load_hf_config(model_path: str, overrides: Mapping[str, Any] | None = None) -> PretrainedConfig:
+    """``AutoConfig`` of ``model_path`` with ``policy.hf_config_overrides`` applied, as NeMo-RL applies them: each key
+    replaces the model's value (``rope_scaling`` as a whole, normalised by transformers like a config.json entry),
+    except that a mapping given for a sub-config (e.g. ``text_config``) sets only the keys it names."""
+    overrides = dict(overrides or {})
+    config = AutoConfig.from_pretrained(model_path)
+    nested = {k: v for k, v in overrides.items() if isinstance(getattr(config, k, None), PretrainedConfig)}
+    if len(nested) < len(overrides):
+        flat = {k: v for k, v in overrides.items() if k not in nested}
+        config = AutoConfig.from_pretrained(model_path, **flat)
+    for key, values in nested.items():
+        if not isinstance(values, Mapping):
+            raise ValueError(f"policy.hf_config_overrides.{key}: {key} is a sub-config; give a mapping of its keys")
+        _set_nested(getattr(config, key), values)
+    return config
+
+
+def _set_nested(config: PretrainedConfig, values: Mapping[str, Any]) -> None:
+    for key, value in values.items():
+        current = getattr(config, key, None)
+        if isinstance(current, PretrainedConfig) and isinstance(value, Mapping):
+            _set_nested(current, value)
+        else:
+            setattr(config, key, value)
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """``AutoTokenizer`` for a model name (resolved like `resolve_model_path`) or a tokenizer folder.
 

@@ -70,6 +70,8 @@ class CheckpointingConfig:
     checkpoint_must_save_by: str | None = None
     model_save_format: str = "safetensors"
     save_consolidated: bool = False
+    # False: checkpoints hold no optimizer state (smaller, faster saves); a resumed run starts a fresh optimizer.
+    save_optimizer: bool = True
     # After SIGTERM (a scheduler's warning before SIGKILL) the run has this long to stop at the next phase boundary
     # and save the last completed step; a save that would end later is not started or is abandoned.
     sigterm_grace_period_s: float = 60.0

@@ -267,3 +267,14 @@ def check_at_least(section: Any, minimum: float, *names: str) -> list[tuple[str,
         for name in names
         if getattr(section, name) < minimum
     ]
+
+
+def check_port_range(low: int | None, high: int | None, key: str) -> list[tuple[str, str]]:
+    """``check()`` helper for a ``*_low``/``*_high`` port pair: both null, or 1024 <= low <= high <= 65535."""
+    if low is None and high is None:
+        return []
+    if low is None or high is None:
+        return [(key, "set both ends of the port range, or neither")]
+    if not 1024 <= low <= high <= 65535:
+        return [(key, f"the port range must satisfy 1024 <= low <= high <= 65535, got {low}..{high}")]
+    return []

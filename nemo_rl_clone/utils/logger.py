@@ -20,9 +20,11 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import numbers
 import operator
 import re
+import time
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from nemo_rl_clone.utils.config_validation import as_config
+from nemo_rl_clone.utils.config_validation import as_config, check_at_least
 from nemo_rl_clone.utils.logger_backends import (
     ConsoleBackend,
     GpuMonitor,
@@ -59,7 +61,29 @@ class WandbConfig:
 
 @dataclass
 class TensorboardConfig:
-    pass  # no keys yet; kept so `logger.tensorboard: {}` validates
+    # The event files' folder, relative to the run's log dir (an absolute path is used as is).
+    log_dir: str = "tensorboard"
+
+
+@dataclass
+class SwanlabConfig:
+    """SwanLab's run naming; refused through ``logger.swanlab_enabled`` (the swanlab package is not a dependency)."""
+
+    project: str = "nemo-rl-clone"
+    name: str = "run"
+
+
+@dataclass
+class GpuMonitoringConfig:
+    """``collection_interval``: the fewest seconds between two GPU samples (each is logged at the step it is taken
+    in). ``flush_interval`` is NeMo-RL's period for writing buffered samples; samples here are written when taken,
+    so there is nothing to buffer and any value does the same."""
+
+    collection_interval: float = 10.0
+    flush_interval: float = 10.0
+
+    def check(self) -> list[tuple[str, str]]:
+        return check_at_least(self, 0, "collection_interval", "flush_interval")
 
 
 @dataclass
@@ -77,9 +101,23 @@ class LoggerConfig:
     tensorboard_enabled: bool = False
     mlflow_enabled: bool = False
     monitor_gpus: bool = True
+    swanlab_enabled: bool = False  # refused when true
     wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)
     mlflow: MLflowConfig = field(default_factory=MLflowConfig)
+    swanlab: SwanlabConfig = field(default_factory=SwanlabConfig)
+    gpu_monitoring: GpuMonitoringConfig = field(default_factory=GpuMonitoringConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.swanlab_enabled:
+            return [
+                (
+                    "swanlab_enabled",
+                    "not supported yet: SwanLab logging (swanlab is not installed); use wandb_enabled, "
+                    "tensorboard_enabled or mlflow_enabled",
+                )
+            ]
+        return []
 
 
 def check_no_samples_to_print(logger: LoggerConfig | None, run: str) -> list[tuple[str, str]]:
@@ -141,6 +179,7 @@ class Logger:
         self._warned_keys: set[str] = set()
         self._finished = False
         self._last_gpu_step: int | None = None
+        self._last_gpu_sample_time = -math.inf
         self._backends: list[MetricsBackend] = []
         self._gpu_monitor: GpuMonitor | None = None
         try:
@@ -148,7 +187,7 @@ class Logger:
                 self._backends.append(ConsoleBackend(console))
             self._backends.append(JsonlBackend(self.log_dir / METRICS_FILENAME))
             if cfg.tensorboard_enabled:
-                self._backends.append(TensorboardBackend(self.log_dir / "tensorboard"))
+                self._backends.append(TensorboardBackend(self.log_dir / cfg.tensorboard.log_dir))
             if cfg.wandb_enabled:
                 self._backends.append(WandbBackend(self.log_dir, cfg.wandb.project, cfg.wandb.name, cfg.wandb.mode))
             if cfg.mlflow_enabled:
@@ -177,8 +216,9 @@ class Logger:
         metric); every metric is still logged at `step`. `step_finished` (wandb's commit hint in NeMo-RL) changes
         nothing here: each call is written as it comes. Python/numpy/torch scalars and one-element arrays/tensors are
         accepted (integers stay int, the rest become float); other values are skipped with one warning
-        per key. With `monitor_gpus` on a GPU node, the first call of each step also logs
-        `gpu_monitoring/gpu{i}/{utilization_pct,memory_used_gib}` at that step.
+        per key. With `monitor_gpus` on a GPU node, the first call of a step also logs
+        `gpu_monitoring/gpu{i}/{utilization_pct,memory_used_gib}` at that step, when at least
+        `gpu_monitoring.collection_interval` seconds have passed since the last sample.
         """
         self._check_open()
         step = _check_step(step)
@@ -200,10 +240,15 @@ class Logger:
             flat[key] = scalar
         if flat:
             self._emit(flat, step)
-        if self._gpu_monitor is not None and step != self._last_gpu_step:
-            self._last_gpu_step = step
+        if self._gpu_monitor is not None and self._gpu_sample_due(step):
+            self._last_gpu_step, self._last_gpu_sample_time = step, time.monotonic()
             self._emit({f"gpu_monitoring/{k}": v for k, v in self._gpu_monitor.sample().items()}, step)
         return flat
+
+    def _gpu_sample_due(self, step: int) -> bool:
+        """At most one GPU sample per step, and ``gpu_monitoring.collection_interval`` seconds apart."""
+        elapsed = time.monotonic() - self._last_gpu_sample_time
+        return step != self._last_gpu_step and elapsed >= self.cfg.gpu_monitoring.collection_interval
 
     def log_hyperparams(self, config: Mapping[str, Any] | Any) -> dict[str, Any]:
         """Logs a (nested) config; returns the flattened `{"a.b.c": value}` form given to TensorBoard/MLflow.

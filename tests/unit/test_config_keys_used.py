@@ -28,6 +28,7 @@ from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
 from nemo_rl_clone.algorithms.grpo_config import AsyncGRPOConfig, GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
+from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import (
     BUILTIN_ENV_CONFIGS,
     EnvConfig,
@@ -36,9 +37,17 @@ from nemo_rl_clone.environments.config import (
     RewardModelEnvConfig,
     RewardModelKind,
 )
-from nemo_rl_clone.evals.config import EvalMasterConfig
+from nemo_rl_clone.evals.config import EvalGenerationConfig, EvalMasterConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
-from nemo_rl_clone.models.policy.config import DTensorConfig, LoraConfig, RewardModelConfig
+from nemo_rl_clone.models.policy.config import (
+    DraftConfig,
+    DTensorConfig,
+    LoraConfig,
+    PolicyConfig,
+    RewardModelConfig,
+    RouterReplayConfig,
+    SequencePackingConfig,
+)
 from nemo_rl_clone.models.policy.megatron_config import (
     MegatronConfig,
     MegatronDDPConfig,
@@ -47,7 +56,7 @@ from nemo_rl_clone.models.policy.megatron_config import (
     MegatronPeftConfig,
 )
 from nemo_rl_clone.utils.config_validation import ConfigError, _dataclass_in, validate_config
-from nemo_rl_clone.utils.logger import LoggerConfig
+from nemo_rl_clone.utils.logger import GpuMonitoringConfig, LoggerConfig, SwanlabConfig
 
 PACKAGE = Path(__file__).resolve().parents[2] / "nemo_rl_clone"
 
@@ -168,6 +177,67 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     (RewardModelEnvConfig, "offload_optimizer_for_logprob"): Refusal(
         True, "the reward model has no optimizer here; set it to false", ENV_RUNS
     ),
+    # NeMo-RL infrastructure keys whose feature this library lacks: accepted at their no-op value.
+    (PolicyConfig, "activation_checkpointing_enabled"): Refusal(
+        True,
+        "not supported yet: this top-level switch; use policy.dtensor_cfg.activation_checkpointing (or megatron_cfg's)",
+    ),
+    (PolicyConfig, "dequantize_base_checkpoint"): Refusal(
+        True,
+        "not supported yet: dequantizing an FP8-quantized base checkpoint on load; start from a bf16/fp32 checkpoint",
+    ),
+    (PolicyConfig, "offload_optimizer_for_logprob"): Refusal(
+        True, "not supported yet: moving the optimizer state to CPU during logprob passes; use dtensor_cfg.cpu_offload"
+    ),
+    (PolicyConfig, "quant_cfg"): Refusal("q.yaml", "not supported yet: ModelOpt quantized training; set it to null"),
+    (DraftConfig, "enabled"): Refusal(
+        True, "not supported yet: training a speculative-decoding draft model; set it to false"
+    ),
+    (RouterReplayConfig, "enabled"): Refusal(
+        True, "not supported yet: MoE router replay (the supported models are dense); set it to false"
+    ),
+    (DTensorConfig, "automodel_kwargs"): Refusal(
+        {"force_hf": True},
+        "not supported yet: NeMo Automodel options (['force_hf']); models load through Hugging Face transformers, "
+        "set it to {{}}",  # braces doubled: messages are format strings (see {run} above)
+    ),
+    (DTensorConfig, "dp_replicate_size"): Refusal(
+        2, "not supported yet: HSDP (replicated FSDP groups); set it to 1 (plain FSDP2)"
+    ),
+    (DTensorConfig, "expert_parallel_size"): Refusal(
+        2, "not supported yet: expert parallelism (MoE models); set it to 1"
+    ),
+    (GenerationConfig, "quant_cfg"): Refusal(
+        "q.yaml", "not supported yet: ModelOpt quantized generation; set it to null"
+    ),
+    (GenerationConfig, "real_quant"): Refusal(True, "not supported yet: quantized generation kernels; set it to false"),
+    (VllmConfig, "enable_expert_parallel"): Refusal(
+        True, "not supported yet: expert parallelism (MoE models); set it to false"
+    ),
+    (VllmConfig, "expert_parallel_size"): Refusal(2, "not supported yet: expert parallelism (MoE models); set it to 1"),
+    (VllmConfig, "use_deep_gemm"): Refusal(True, "not supported yet: DeepGEMM FP8 kernels; set it to false"),
+    (VllmConfig, "num_first_layers_in_bf16"): Refusal(
+        1,
+        "not supported yet: FP8 generation (these keep layers in bf16 under precision fp8); set it to 0",
+    ),
+    (VllmConfig, "num_last_layers_in_bf16"): Refusal(
+        1,
+        "not supported yet: FP8 generation (these keep layers in bf16 under precision fp8); set it to 0",
+    ),
+    (VllmConfig, "quantization_ignored_layer_kws"): Refusal(
+        ["a_proj"],
+        "not supported yet: FP8 generation (these exempt layers from quantization); set it to null",
+    ),
+    (LoggerConfig, "swanlab_enabled"): Refusal(
+        True,
+        "not supported yet: SwanLab logging (swanlab is not installed); use wandb_enabled, tensorboard_enabled or "
+        "mlflow_enabled",
+    ),
+    (ClusterConfig, "segment_size"): Refusal(
+        1,
+        "not supported yet: placing a run of 2 nodes by NVLink segment of 1; set it to null (or >= num_nodes)",
+        setup=(("cluster.num_nodes", 2),),
+    ),
     # Read by GRPO only (it prints validation generations); the other runs have none to print.
     (LoggerConfig, "num_val_samples_to_print"): Refusal(
         2, "only GRPO prints validation samples; {run} has none, set it to 0", ("sft", "dpo", "rm", "eval")
@@ -178,6 +248,9 @@ REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
     MegatronFP8Config: MEGATRON_RUNS,
     MegatronPeftConfig: MEGATRON_RUNS,
     MegatronConfig: ("rm",),
+    DraftConfig: tuple(MASTERS),
+    RouterReplayConfig: tuple(MASTERS),
+    SwanlabConfig: tuple(MASTERS),  # through logger.swanlab_enabled
 }
 
 _MOE_ONLY = "MoE only: the Megatron converter builds dense models (Llama, Qwen2), which have no experts or router"
@@ -209,6 +282,18 @@ INERT: dict[tuple[type, str], str] = {
         MegatronConfig,
         "force_reconvert_from_hf",
     ): "conversion runs in memory at every start-up; there is no cache to force",
+    (DTensorConfig, "_v2"): "picks NeMo-RL's second DTensor worker; this library has one DTensor worker",
+    (SequencePackingConfig, "fuse_loss"): "NeMo-RL's choice between one loss call over the packed row and one per "
+    "sample; here packed logprobs are unpacked and the loss runs once per microbatch either way (same numbers)",
+    (PolicyConfig, "generation_batch_size"): "the batch size of NeMo-RL's generation with the policy's own HF model; "
+    "generation runs on vLLM here (generation.backend 'hf' is refused)",
+    (GenerationConfig, "mcore_generation_config"): "read only by the Megatron generation backend, which is refused",
+    (EvalGenerationConfig, "mcore_generation_config"): "read only by the Megatron generation backend, which is refused",
+    (VllmConfig, "enable_vllm_metrics_logger"): "NeMo-RL's periodic log of vLLM's internal gauges; metrics only, "
+    "generation is the same (throughput and timings are logged here instead)",
+    (VllmConfig, "vllm_metrics_logger_interval"): "the period of enable_vllm_metrics_logger",
+    (GpuMonitoringConfig, "flush_interval"): "NeMo-RL's period for writing buffered GPU samples; samples are written "
+    "when taken here",
     (RewardModelDTensorConfig, "_v2"): "picks NeMo-RL's second DTensor worker; the scorer here is one plain model",
     (RewardModelEnvConfig, "processor"): "names a data processor in NeMo-RL's recipe, which its environment does not "
     "read either; data.processor picks the rows' processor",

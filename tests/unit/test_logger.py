@@ -15,6 +15,7 @@ from rich.console import Console
 
 from nemo_rl_clone.utils.logger import (
     METRICS_FILENAME,
+    GpuMonitoringConfig,
     Logger,
     LoggerConfig,
     MLflowConfig,
@@ -241,14 +242,18 @@ def test_monitor_gpus_without_cuda_notes_once_and_logs_only_given_metrics(tmp_pa
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_monitor_gpus_logs_gpu_metrics_once_per_step(tmp_path):
+@pytest.mark.parametrize(("collection_interval", "sampled_steps"), [(0.0, [0, 1]), (1e9, [0])])
+def test_monitor_gpus_logs_gpu_metrics_once_per_step_at_most_every_collection_interval(
+    tmp_path, collection_interval, sampled_steps
+):
     pytest.importorskip("pynvml")
-    with Logger(LoggerConfig(monitor_gpus=True), tmp_path, quiet=True) as logger:
+    cfg = LoggerConfig(monitor_gpus=True, gpu_monitoring=GpuMonitoringConfig(collection_interval=collection_interval))
+    with Logger(cfg, tmp_path, quiet=True) as logger:
         logger.log_metrics({"loss": 1.0}, 0, "train")
         logger.log_metrics({"generation": 1.0}, 0, "timing/train")
         logger.log_metrics({"loss": 1.0}, 1, "train")
     gpu_rows = [row for row in read_jsonl(tmp_path / METRICS_FILENAME) if "gpu_monitoring/gpu0/memory_used_gib" in row]
-    assert [row["step"] for row in gpu_rows] == [0, 1]
+    assert [row["step"] for row in gpu_rows] == sampled_steps
     assert all(0.0 <= row["gpu_monitoring/gpu0/utilization_pct"] <= 100.0 for row in gpu_rows)
 
 

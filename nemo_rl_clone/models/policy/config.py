@@ -165,6 +165,41 @@ class DTensorConfig:
     # or amx_bf16), else float32. Ignored when the whole policy already computes in bf16/fp16.
     backward_precision: Literal["float32", "bfloat16", "auto"] = "float32"
     lora_cfg: LoraConfig = field(default_factory=LoraConfig)
+    # Set in every DTensor policy worker's environment before the model loads (e.g. PYTORCH_CUDA_ALLOC_CONF).
+    env_vars: dict[str, str] | None = None
+    # Release the CUDA caching allocator's unused blocks after every n-th train step (null: never). On CPU there is
+    # no such cache, so it does nothing there.
+    clear_cache_every_n_steps: int | None = None
+    # NeMo-RL's switch between its two DTensor workers; this library has one, so either value runs it.
+    _v2: bool = True
+    # NeMo Automodel's model-building options; refused unless empty (models load through Hugging Face).
+    automodel_kwargs: dict[str, Any] = field(default_factory=dict)
+    dp_replicate_size: int = 1  # HSDP replicas; refused != 1
+    expert_parallel_size: int = 1  # refused != 1
+
+    def check(self) -> list[tuple[str, str]]:
+        if not self.enabled:  # NeMo-RL's Megatron recipes carry a disabled dtensor_cfg block that nothing reads
+            return []
+        problems = []
+        if self.automodel_kwargs:
+            problems.append(
+                (
+                    "automodel_kwargs",
+                    f"not supported yet: NeMo Automodel options ({sorted(self.automodel_kwargs)}); models load "
+                    "through Hugging Face transformers, set it to {}",
+                )
+            )
+        if self.dp_replicate_size != 1:
+            problems.append(
+                ("dp_replicate_size", "not supported yet: HSDP (replicated FSDP groups); set it to 1 (plain FSDP2)")
+            )
+        if self.expert_parallel_size != 1:
+            problems.append(("expert_parallel_size", "not supported yet: expert parallelism (MoE models); set it to 1"))
+        if self.clear_cache_every_n_steps is not None and self.clear_cache_every_n_steps < 1:
+            problems.append(
+                ("clear_cache_every_n_steps", f"must be >= 1 or null (never), got {self.clear_cache_every_n_steps}")
+            )
+        return problems
 
 
 @dataclass
@@ -194,6 +229,9 @@ class SequencePackingConfig:
     # Each sample's cost in the bin-packing plan, rounded up to a multiple of this. The packed row itself carries no
     # padding (kernels that need aligned sequence starts are not used), so 1 packs tightest.
     sequence_length_round: int = 1
+    # NeMo-RL: compute the loss on the packed row in one call rather than per sample. Here the packed logprobs are
+    # unpacked to padded rows and the loss runs once over the microbatch either way: same numbers, so either value.
+    fuse_loss: bool = False
 
     def check(self) -> list[tuple[str, str]]:
         if not self.enabled:
@@ -206,6 +244,37 @@ class SequencePackingConfig:
         if self.sequence_length_round < 1:
             problems.append(("sequence_length_round", f"must be >= 1, got {self.sequence_length_round}"))
         return problems
+
+
+@dataclass
+class DraftConfig:
+    """``policy.draft``: NeMo-RL's speculative-decoding draft model trained beside the policy; refused through
+    ``enabled`` (the other keys configure it and do nothing while it is off)."""
+
+    enabled: bool = False
+    model_name: str | None = None
+    loss_weight: float = 0.1
+    num_layers: int | None = None
+    aux_layer_indices: list[int] | None = None
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.enabled:
+            return [("enabled", "not supported yet: training a speculative-decoding draft model; set it to false")]
+        return []
+
+
+@dataclass
+class RouterReplayConfig:
+    """``policy.router_replay``: replaying the generation engine's MoE routing in training; refused when enabled."""
+
+    enabled: bool = False
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.enabled:
+            return [
+                ("enabled", "not supported yet: MoE router replay (the supported models are dense); set it to false")
+            ]
+        return []
 
 
 REWARD_MODEL_TYPES = ("bradley_terry",)
@@ -247,6 +316,19 @@ class PolicyConfig:
     sequence_packing: SequencePackingConfig = field(default_factory=SequencePackingConfig)
     generation: GenerationConfig | None = field(default_factory=GenerationConfig)
     reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
+    # Set on the Hugging Face model config before the weights load, in the policy and in the vLLM engines (e.g.
+    # ``{rope_scaling: {rope_type: yarn, factor: 4.0}}``); nested sections are merged key by key.
+    hf_config_overrides: dict[str, Any] | None = None
+    # NeMo-RL's batch size for generating with the policy's own Hugging Face model; this library generates with
+    # vLLM only (generation.backend "hf" is refused), so nothing can use it.
+    generation_batch_size: int | None = None
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    # Refused when set: see _check_unsupported_features.
+    activation_checkpointing_enabled: bool = False
+    dequantize_base_checkpoint: bool = False
+    offload_optimizer_for_logprob: bool = False
+    quant_cfg: str | None = None
 
     @property
     def backend(self) -> str:
@@ -349,6 +431,31 @@ def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
     problems = _check_sequence_packing(config) + _check_lora(config) + _check_context_parallel(config)
     if config.dtensor_cfg.sequence_parallel:
         problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))
+    refused = [
+        (
+            config.activation_checkpointing_enabled,
+            "activation_checkpointing_enabled",
+            "this top-level switch; use policy.dtensor_cfg.activation_checkpointing (or megatron_cfg's)",
+        ),
+        (
+            config.dequantize_base_checkpoint,
+            "dequantize_base_checkpoint",
+            "dequantizing an FP8-quantized base checkpoint on load; start from a bf16/fp32 checkpoint",
+        ),
+        (
+            config.offload_optimizer_for_logprob,
+            "offload_optimizer_for_logprob",
+            "moving the optimizer state to CPU during logprob passes; use dtensor_cfg.cpu_offload",
+        ),
+        (config.quant_cfg is not None, "quant_cfg", "ModelOpt quantized training; set it to null"),
+        (
+            bool(config.hf_config_overrides) and config.megatron_cfg.enabled,
+            "hf_config_overrides",
+            "Hugging Face config overrides with the Megatron backend (its converter reads the checkpoint's config); "
+            "use dtensor_cfg",
+        ),
+    ]
+    problems += [(key, f"not supported yet: {why}") for is_set, key, why in refused if is_set]
     return problems
 
 

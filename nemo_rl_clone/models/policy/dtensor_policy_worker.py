@@ -38,7 +38,7 @@ from transformers import (
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction, TokenLogprobs
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
-from nemo_rl_clone.models.huggingface import reporting_model_load_errors
+from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
 from nemo_rl_clone.models.policy import (
     bf16_backward,
     context_parallel,
@@ -109,11 +109,14 @@ class DTensorPolicyWorker(RefitSender):
             self.context_parallel = context_parallel.ContextParallel(self.mesh["cp"])
             attn_implementation = context_parallel.ATTENTION
         with reporting_model_load_errors(model_path):
+            hf_config = load_hf_config(model_path, config.hf_config_overrides)
             if self.is_reward_model:
-                model = reward_model.load_reward_model(model_path, tokenizer.pad_token_id, attn_implementation)
+                model = reward_model.load_reward_model(
+                    model_path, tokenizer.pad_token_id, attn_implementation, hf_config=hf_config
+                )
             else:
                 model = AutoModelForCausalLM.from_pretrained(
-                    model_path, dtype=torch.float32, attn_implementation=attn_implementation
+                    model_path, config=hf_config, dtype=torch.float32, attn_implementation=attn_implementation
                 )
         model.config.use_cache = False
         self.lora = dtensor_cfg.lora_cfg if dtensor_cfg.lora_cfg.enabled else None
@@ -154,6 +157,7 @@ class DTensorPolicyWorker(RefitSender):
                 name: _local(param).detach().to("cpu", copy=True) for name, param in self.model.named_parameters()
             }
         self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizer_steps = 0  # taken by this worker (for dtensor_cfg.clear_cache_every_n_steps)
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if init_optimizer:
             assert config.optimizer is not None, "validation refuses policy.optimizer=null with the DTensor backend"
@@ -355,6 +359,12 @@ class DTensorPolicyWorker(RefitSender):
                         all_mb_metrics[key].append(value)
                 with profile.timed("optimizer_s", self.device):
                     grad_norms.append(self._optimizer_step() if not eval_mode else torch.tensor(0.0))
+                if not eval_mode:
+                    self.optimizer_steps += 1
+                    if worker_setup.clear_cache_due(
+                        self.optimizer_steps, self.cfg.dtensor_cfg.clear_cache_every_n_steps
+                    ):
+                        self._empty_cache()
                 dist.all_reduce(step_loss, group=self.dp_group)
                 losses.append(step_loss.float())
         if not eval_mode and self.scheduler is not None:

@@ -117,8 +117,9 @@ class Policy(ColocatablePolicyInterface):
             init_optimizer=init_optimizer,
             init_reference_model=init_reference_model,
         )
-        if self.cfg.megatron_cfg.enabled and self.cfg.megatron_cfg.env_vars:
-            env_vars = {**self.cfg.megatron_cfg.env_vars, **(env_vars or {})}
+        backend_env = self.cfg.megatron_cfg.env_vars if self.cfg.megatron_cfg.enabled else self.cfg.dtensor_cfg.env_vars
+        if backend_env:
+            env_vars = {**backend_env, **(env_vars or {})}
         self.worker_group = RayWorkerGroup(
             cluster, builder, name_prefix=name_prefix, sharding_annotations=sharding, env_vars=env_vars
         )

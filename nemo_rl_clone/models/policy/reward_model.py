@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, PreTrainedModel
+from transformers import AutoConfig, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
 from nemo_rl_clone.models.policy.packed_sequences import PackedRows, PaddedRows
 
@@ -33,16 +33,24 @@ def reward_model_error(method: str) -> RuntimeError:
     )
 
 
-def load_reward_model(model_path: str, pad_token_id: int | None, attn_implementation: str = "sdpa") -> PreTrainedModel:
-    """``AutoModelForSequenceClassification`` with 1 label, fp32, from a seq-cls or causal-LM checkpoint.
+def load_reward_model(
+    model_path: str,
+    pad_token_id: int | None,
+    attn_implementation: str = "sdpa",
+    hf_config: PretrainedConfig | None = None,
+) -> PreTrainedModel:
+    """``AutoModelForSequenceClassification`` with 1 label, fp32, from a seq-cls or causal-LM checkpoint
+    (``hf_config``: the model's config to build it with, e.g. with ``policy.hf_config_overrides`` applied).
 
     ``pad_token_id`` fills a missing ``config.pad_token_id`` (Hugging Face's forward refuses batches without one;
     the exported config then works for plain transformers users too).
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SCORE_HEAD_INIT_SEED)
+        config = hf_config if hf_config is not None else AutoConfig.from_pretrained(model_path)
+        config.num_labels = 1
         model = AutoModelForSequenceClassification.from_pretrained(
-            model_path, num_labels=1, dtype=torch.float32, attn_implementation=attn_implementation
+            model_path, config=config, dtype=torch.float32, attn_implementation=attn_implementation
         )
     head = getattr(model, "score", None)
     if not isinstance(head, nn.Linear):

@@ -61,6 +61,12 @@ def backward_dtype(compute_dtype: torch.dtype, backward_precision: str, device: 
     return torch.float32
 
 
+def clear_cache_due(optimizer_steps: int, every_n_steps: int | None) -> bool:
+    """Whether ``policy.dtensor_cfg.clear_cache_every_n_steps`` empties the CUDA cache after optimizer step number
+    ``optimizer_steps`` (1-based): every n-th step; never with null."""
+    return every_n_steps is not None and optimizer_steps % every_n_steps == 0
+
+
 def release_freed_memory(device: torch.device) -> None:
     """Give memory that the step freed back to the system: CUDA's caching allocator on GPU; on CPU, glibc's heap,
     which keeps a training step's freed activations (~1.2 GB for the main job's SmolLM2 step) mapped otherwise —

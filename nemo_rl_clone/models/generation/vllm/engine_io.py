@@ -5,9 +5,11 @@ Pure functions (vLLM is imported inside them), shared by the worker and its test
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.virtual_cluster import pick_free_port
 from nemo_rl_clone.distributed.weight_transfer import TensorSpec
 from nemo_rl_clone.models.generation.config import GenerationConfig
 
@@ -42,8 +45,15 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-def engine_kwargs(config: GenerationConfig, model_path: str, seed: int, on_gpu: bool) -> dict[str, Any]:
-    """``vllm.LLM(**kwargs)`` for ``policy.generation``. Prefix caching is on (GRPO repeats each prompt)."""
+def engine_kwargs(
+    config: GenerationConfig,
+    model_path: str,
+    seed: int,
+    on_gpu: bool,
+    hf_config_overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``vllm.LLM(**kwargs)`` for ``policy.generation``, then ``vllm_kwargs`` on top (they win);
+    ``hf_config_overrides`` (``policy.hf_config_overrides``) become vLLM's ``hf_overrides``."""
     vllm_cfg = config.vllm_cfg
     kwargs: dict[str, Any] = {
         "model": model_path,
@@ -53,9 +63,12 @@ def engine_kwargs(config: GenerationConfig, model_path: str, seed: int, on_gpu: 
         "enforce_eager": vllm_cfg.enforce_eager,
         "tensor_parallel_size": vllm_cfg.tensor_parallel_size,
         "pipeline_parallel_size": vllm_cfg.pipeline_parallel_size,
-        "enable_prefix_caching": True,
+        "enable_prefix_caching": vllm_cfg.enable_prefix_caching,
+        "kv_cache_dtype": vllm_cfg.kv_cache_dtype,
         "disable_log_stats": False,  # per-request timestamps for `PhaseStats` (offline mode prints no stats)
     }
+    if hf_config_overrides:
+        kwargs["hf_overrides"] = dict(hf_config_overrides)
     if on_gpu:
         kwargs.update(gpu_memory_utilization=vllm_cfg.gpu_memory_utilization, enable_sleep_mode=True)
         if vllm_cfg.kv_cache_memory_bytes is not None:
@@ -67,7 +80,36 @@ def engine_kwargs(config: GenerationConfig, model_path: str, seed: int, on_gpu: 
         # batch with more prompt tokens than one step schedules would fail. Whole-request prefill avoids it.
         kwargs["enable_chunked_prefill"] = False
         kwargs["max_num_batched_tokens"] = max(vllm_cfg.max_model_len, CPU_MAX_BATCHED_TOKENS)
-    return kwargs
+    return {**kwargs, **config.vllm_kwargs}
+
+
+def check_vllm_kwargs(vllm_kwargs: Mapping[str, Any]) -> None:
+    """ValueError naming each ``policy.generation.vllm_kwargs`` key that is not an argument of vLLM's engine
+    (``vllm.EngineArgs``' fields, or ``vllm.LLM``'s own parameters)."""
+    if not vllm_kwargs:
+        return
+    import vllm
+
+    known = {f.name for f in dataclasses.fields(vllm.EngineArgs)} | set(inspect.signature(vllm.LLM).parameters)
+    unknown = sorted(set(vllm_kwargs) - known)
+    if unknown:
+        raise ValueError(
+            f"policy.generation.vllm_kwargs: {unknown} are not arguments of vLLM {vllm.__version__}'s engine "
+            "(vllm.EngineArgs); check the names against that version"
+        )
+
+
+# vLLM scans upward from VLLM_PORT for each port it opens; this keeps those few ports inside the range too.
+_VLLM_PORT_HEADROOM = 8
+
+
+def engine_env(config: GenerationConfig) -> dict[str, str]:
+    """Environment an engine sets for itself before it starts: with ``port_range_low/high``, ``VLLM_PORT`` at a free
+    port of the range (vLLM opens its rendezvous port there, or the next free one above)."""
+    low, high = config.port_range_low, config.port_range_high
+    if low is None or high is None:
+        return {}
+    return {"VLLM_PORT": str(pick_free_port(low, max(low, high - _VLLM_PORT_HEADROOM)))}
 
 
 def engine_dtype(precision: str) -> str:

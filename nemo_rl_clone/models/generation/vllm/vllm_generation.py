@@ -72,7 +72,8 @@ class VllmGeneration(GenerationInterface):
         model_name: what the policy loads (``policy.model_name``): a folder, a built-in name or a hub id.
         name_prefix: Ray actor names ``{name_prefix}-{rank}``.
         seed: engine ``r`` samples with seed ``seed + r`` (per-sample ``seeds`` in a batch override it).
-        env_vars: extra environment for the engine actors (e.g. ``OMP_NUM_THREADS``).
+        env_vars: extra environment for the engine actors (e.g. ``OMP_NUM_THREADS``), over ``vllm_cfg.env_vars``.
+        hf_config_overrides: ``policy.hf_config_overrides``: the engines' model config gets them, as the policy's.
         weight_updates_during_generation: refits may run while `generate` runs (from another thread of the
             caller): the new weights are loaded between two engine steps of the batch in flight (async GRPO's
             ``in_flight_weight_updates``).
@@ -92,6 +93,7 @@ class VllmGeneration(GenerationInterface):
         seed: int = 0,
         env_vars: dict[str, str] | None = None,
         weight_updates_during_generation: bool = False,
+        hf_config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self.cfg = config if isinstance(config, GenerationConfig) else validate_config(config, GenerationConfig)
         _check_config(self.cfg)
@@ -107,6 +109,7 @@ class VllmGeneration(GenerationInterface):
             seed=seed,
             tmp_root=str(self._tmp_root),
             weight_updates_during_generation=weight_updates_during_generation,
+            hf_config_overrides=dict(hf_config_overrides) if hf_config_overrides else None,
             # a weight update runs beside the `generate` call it interrupts
             ray_actor_options={"max_concurrency": 2} if weight_updates_during_generation else None,
         )
@@ -115,7 +118,11 @@ class VllmGeneration(GenerationInterface):
                 cluster,
                 builder,
                 name_prefix=name_prefix,
-                env_vars={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env_vars or {})},
+                env_vars={
+                    **(self.cfg.vllm_cfg.env_vars or {}),
+                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                    **(env_vars or {}),
+                },
             )
         except BaseException:
             self._remove_tmp_root()
@@ -251,3 +258,4 @@ def _check_config(config: GenerationConfig) -> None:
             "invalid generation config:\n" + "\n".join(f"  policy.generation.{key}: {msg}" for key, msg in problems)
         )
     engine_io.engine_dtype(config.vllm_cfg.precision)
+    engine_io.check_vllm_kwargs(config.vllm_kwargs)

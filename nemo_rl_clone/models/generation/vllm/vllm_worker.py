@@ -68,6 +68,7 @@ class VllmGenerationWorker:
         tmp_root: this worker's vLLM IPC files go to ``{tmp_root}/rank{rank}``, removed by `shutdown`.
         weight_updates_during_generation: step the engine in `generate` so that weight updates (from a second
             concurrent call) land between steps; the actor must allow two concurrent calls.
+        hf_config_overrides: ``policy.hf_config_overrides``, applied to the engine's model config.
     """
 
     def __init__(
@@ -77,15 +78,19 @@ class VllmGenerationWorker:
         seed: int = 0,
         tmp_root: str | None = None,
         weight_updates_during_generation: bool = False,
+        hf_config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self.cfg = config
         self.rank = int(os.environ.get("RANK", "0"))
         self.tmp_dir = _use_private_tmp_dir(os.path.join(tmp_root, f"rank{self.rank}")) if tmp_root else None
         self.on_gpu = torch.cuda.is_available()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.update(engine_io.engine_env(config))
         from vllm import LLM
 
-        self.llm: Any = LLM(**engine_io.engine_kwargs(config, model_path, seed + self.rank, self.on_gpu))
+        self.llm: Any = LLM(
+            **engine_io.engine_kwargs(config, model_path, seed + self.rank, self.on_gpu, hf_config_overrides)
+        )
         # Stats are on for `PhaseStats`' per-request timestamps; their periodic console summary is noise here.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         # From the folder's config: vLLM may rewrite the flag in its own copy (it reports False for tied models).
@@ -112,7 +117,7 @@ class VllmGenerationWorker:
             outputs = self._generate_stepwise(prompts, params)
         else:
             with self._engine_turn:
-                outputs = self.llm.generate(prompts, params, use_tqdm=False)
+                outputs = self.llm.generate(prompts, params, use_tqdm=self.cfg.vllm_cfg.use_tqdm)
         self.phase_stats.add(outputs)
         return engine_io.assemble_outputs(data, outputs, self.get_pad_token_id())
 
@@ -121,7 +126,7 @@ class VllmGenerationWorker:
         engine = self.llm.llm_engine
         with self._engine_turn:
             self._reset_stale_prefix_cache()
-            self.llm.enqueue(prompts, params, use_tqdm=False)
+            self.llm.enqueue(prompts, params, use_tqdm=self.cfg.vllm_cfg.use_tqdm)
         finished: dict[str, Any] = {}
         while True:
             with self._engine_turn:
@@ -160,7 +165,7 @@ class VllmGenerationWorker:
         self._check_serving()
         prompts, params = engine_io.text_requests(data, self.cfg, greedy)
         with self._engine_turn:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            outputs = self.llm.generate(prompts, params, use_tqdm=self.cfg.vllm_cfg.use_tqdm)
         self.phase_stats.add(outputs)
         return BatchedDataDict({"texts": [out.outputs[0].text for out in outputs]})
 
