@@ -135,7 +135,7 @@ def test_port_range_is_never_handed_out_twice(ray_local):
     try:
         ports = {cluster.get_master_address_and_port()[1] for _ in range(3)}
         assert ports == {20200, 20201, 20202}
-        with pytest.raises(RuntimeError, match=r"no free port in \[20200, 20203\) .* besides the 3 already handed out"):
+        with pytest.raises(RuntimeError, match=r"no free TCP port in 20200..20202 on .* besides 3 already taken"):
             cluster.get_master_address_and_port()
     finally:
         cluster.shutdown()
