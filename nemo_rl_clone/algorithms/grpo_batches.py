@@ -28,6 +28,10 @@ _SUMMED_LOSS_METRICS = (
     "kl_penalty",
     "token_mult_prob_error",
     "gen_kl_error",
+    "policy_kl_error",
+    "js_divergence_error",
+    "sampling_importance_ratio",
+    "is_oob_ratio",
     "approx_entropy",
 )
 

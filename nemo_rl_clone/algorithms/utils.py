@@ -41,21 +41,42 @@ def masked_mean(
     return torch.where(denominator != 0, total / safe_denominator, torch.zeros_like(total))
 
 
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float | None = 20.0) -> torch.Tensor:
-    """Per-token k3 estimator of KL(π ‖ π_ref) on tokens sampled from π (Schulman, 2020).
+KL_TYPES = ("k1", "k2", "k3")
 
-    k3 = e^d − d − 1 with d = clamp(ref_logprobs − logprobs, −clamp, clamp). It is ≥ 0 everywhere, 0 where
-    the two logprobs agree, and unbiased for KL(π ‖ π_ref) when the tokens come from π. The clamp bounds
-    e^d (and its gradient, which is 0 outside the clamp) for tokens where the two policies disagree wildly.
 
-    Args:
-        logprobs, ref_logprobs: same shape, log π(token) and log π_ref(token).
-        clamp: bound on |d|; None disables it.
+def calculate_kl(
+    logprobs: torch.Tensor,
+    logprobs_reference: torch.Tensor,
+    kl_type: str = "k3",
+    input_clamp_value: float | None = 20.0,
+    output_clamp_value: float | None = 10.0,
+) -> torch.Tensor:
+    """Per-token estimator of KL(π ‖ π_ref) on tokens sampled from π (Schulman, 2020), NeMo-RL's signature.
+
+    With d = clamp(logprobs_reference − logprobs, ±input_clamp_value):
+    k1 = −d (unbiased, can be negative), k2 = d²/2 (biased, ≥ 0), k3 = e^d − d − 1 (unbiased, ≥ 0); the result is
+    then clamped to ±output_clamp_value. The clamps bound the value and its gradient (0 outside them) for tokens
+    where the two policies disagree wildly; None disables either.
     """
-    log_ratio = ref_logprobs - logprobs
-    if clamp is not None:
-        log_ratio = log_ratio.clamp(min=-clamp, max=clamp)
-    return log_ratio.exp() - log_ratio - 1
+    if kl_type not in KL_TYPES:
+        raise ValueError(f"kl_type must be one of {list(KL_TYPES)}, got {kl_type!r}")
+    log_ratio = logprobs_reference - logprobs
+    if input_clamp_value is not None:
+        log_ratio = log_ratio.clamp(min=-input_clamp_value, max=input_clamp_value)
+    if kl_type == "k1":
+        kl = -log_ratio
+    elif kl_type == "k2":
+        kl = log_ratio.square() / 2
+    else:
+        kl = log_ratio.exp() - log_ratio - 1
+    if output_clamp_value is not None:
+        kl = kl.clamp(min=-output_clamp_value, max=output_clamp_value)
+    return kl
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float | None = 20.0) -> torch.Tensor:
+    """k3 estimator of KL(π ‖ π_ref) with only the input clamp: `calculate_kl(..., "k3", clamp, None)`."""
+    return calculate_kl(logprobs, ref_logprobs, "k3", clamp, None)
 
 
 def reduce_train_results(
