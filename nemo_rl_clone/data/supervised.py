@@ -44,10 +44,21 @@ __all__ = [
 
 
 def build_sft_datum(
-    messages: Sequence[Mapping[str, str]], tokenizer: PreTrainedTokenizerBase, max_seq_length: int, idx: int
+    messages: Sequence[Mapping[str, str]],
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_length: int,
+    idx: int,
+    add_bos: bool = False,
+    add_eos: bool = False,
 ) -> dict[str, Any]:
-    """``{"message_log", "length", "loss_multiplier", "idx"}``; ``token_loss_mask`` is 1 on assistant messages."""
-    message_log, length, truncated = _templated(messages, tokenizer, max_seq_length, first_trained=None)
+    """``{"message_log", "length", "loss_multiplier", "idx"}``; ``token_loss_mask`` is 1 on assistant messages.
+
+    ``add_bos`` / ``add_eos`` (NeMo-RL's ``data.add_bos`` / ``data.add_eos``): start the conversation with the
+    tokenizer's BOS token / end it with its EOS token when the chat template did not already (a tokenizer without
+    that token is left as is)."""
+    message_log, length, truncated = _templated(
+        messages, tokenizer, max_seq_length, first_trained=None, add_bos=add_bos, add_eos=add_eos
+    )
     return {"message_log": message_log, "length": length, "loss_multiplier": 0.0 if truncated else 1.0, "idx": idx}
 
 
@@ -81,12 +92,17 @@ def _templated(
     tokenizer: PreTrainedTokenizerBase,
     max_seq_length: int,
     first_trained: int | None,
+    add_bos: bool = False,
+    add_eos: bool = False,
 ) -> tuple[LLMMessageLogType, int, bool]:
-    """Template, truncate to ``max_seq_length`` and add ``token_loss_mask``: messages from index ``first_trained``
-    on, or (None) every assistant message. Returns ``(message_log, length, truncated)``."""
+    """Template (with BOS / EOS added where missing, see `build_sft_datum`), truncate to ``max_seq_length`` and add
+    ``token_loss_mask``: messages from index ``first_trained`` on, or (None) every assistant message. Returns
+    ``(message_log, length, truncated)``."""
     if max_seq_length < 1:
         raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
     message_log = get_formatted_message_log(messages, tokenizer, add_generation_prompt=False)
+    _add_special_token(message_log[0], tokenizer.bos_token_id if add_bos else None, tokenizer, at_start=True)
+    _add_special_token(message_log[-1], tokenizer.eos_token_id if add_eos else None, tokenizer, at_start=False)
     truncated = sum(len(m["token_ids"]) for m in message_log) > max_seq_length
     if truncated:
         _keep_prefix(message_log, max_seq_length, tokenizer)
@@ -94,6 +110,19 @@ def _templated(
         trained = message["role"] == "assistant" if first_trained is None else i >= first_trained
         message["token_loss_mask"] = torch.full_like(message["token_ids"], int(trained))
     return message_log, sum(len(m["token_ids"]) for m in message_log), truncated
+
+
+def _add_special_token(
+    message: dict[str, Any], token_id: int | None, tokenizer: PreTrainedTokenizerBase, at_start: bool
+) -> None:
+    """Put ``token_id`` first (``at_start``) or last in ``message`` unless it is there already; None: nothing."""
+    ids = message["token_ids"]
+    if token_id is None or (len(ids) and int(ids[0 if at_start else -1]) == token_id):
+        return
+    token = torch.tensor([token_id], dtype=ids.dtype)
+    text = tokenizer.convert_ids_to_tokens(token_id)
+    message["token_ids"] = torch.cat([token, ids] if at_start else [ids, token])
+    message["content"] = text + message["content"] if at_start else message["content"] + text
 
 
 def _keep_prefix(message_log: LLMMessageLogType, max_seq_length: int, tokenizer: PreTrainedTokenizerBase) -> None:
@@ -112,10 +141,11 @@ class _RowDataset(torch.utils.data.Dataset):
 
     required_fields: tuple[str, ...] = ()
 
-    def __init__(self, rows: Rows, tokenizer: PreTrainedTokenizerBase, max_seq_length: int):
+    def __init__(self, rows: Rows, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, **options: Any):
         self.rows = rows
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
+        self.options = options  # datum-building options of the subclass (SFT: add_bos, add_eos)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -137,7 +167,7 @@ class SFTDataset(_RowDataset):
     required_fields = ("messages",)
 
     def build_datum(self, row: Mapping[str, Any], idx: int) -> dict[str, Any]:
-        return build_sft_datum(row["messages"], self.tokenizer, self.max_seq_length, idx)
+        return build_sft_datum(row["messages"], self.tokenizer, self.max_seq_length, idx, **self.options)
 
 
 class PreferenceDataset(_RowDataset):
@@ -152,13 +182,17 @@ class PreferenceDataset(_RowDataset):
 
 
 def build_datasets(
-    dataset_cls: type[_RowDataset], loaded: LoadedDataset, tokenizer: PreTrainedTokenizerBase, cfg: SupervisedDataConfig
+    dataset_cls: type[_RowDataset],
+    loaded: LoadedDataset,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: SupervisedDataConfig,
+    **options: Any,
 ) -> tuple[_RowDataset, _RowDataset | None]:
-    """(train, validation or None) of ``loaded`` as ``dataset_cls`` (:class:`SFTDataset`, :class:`PreferenceDataset`),
-    without the rows longer than ``cfg.max_input_seq_length`` when ``cfg.drop_overlong``."""
+    """(train, validation or None) of ``loaded`` as ``dataset_cls`` (:class:`SFTDataset`, :class:`PreferenceDataset`)
+    built with ``options``, without the rows longer than ``cfg.max_input_seq_length`` when ``cfg.drop_overlong``."""
     splits: list[_RowDataset | None] = []
     for split, rows in (("training", loaded.train), ("validation", loaded.validation)):
-        dataset = None if rows is None else dataset_cls(rows, tokenizer, cfg.max_input_seq_length)
+        dataset = None if rows is None else dataset_cls(rows, tokenizer, cfg.max_input_seq_length, **options)
         if dataset is not None and cfg.drop_overlong:
             dataset = _without_overlong(dataset, split)
         splits.append(dataset)
@@ -174,7 +208,7 @@ def _without_overlong(dataset: _RowDataset, split: str) -> _RowDataset:
         raise DataError(f"data.drop_overlong: all {len(dataset)} {split} rows are longer than {limit}; raise it")
     rows = dataset.rows.select(keep) if isinstance(dataset.rows, datasets.Dataset) else [dataset.rows[i] for i in keep]
     print(f"data.drop_overlong: dropped {len(dataset) - len(keep)} of {len(dataset)} {split} rows longer than {limit}")
-    return type(dataset)(rows, dataset.tokenizer, dataset.max_seq_length)
+    return type(dataset)(rows, dataset.tokenizer, dataset.max_seq_length, **dataset.options)
 
 
 def sft_collate_fn(
