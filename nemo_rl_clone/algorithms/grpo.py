@@ -23,7 +23,7 @@ from nemo_rl_clone.algorithms.grpo_batches import (
 )
 from nemo_rl_clone.algorithms.grpo_rollouts import RolloutSource, SyncRollouts, roll_out
 from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, save_checkpoint
-from nemo_rl_clone.algorithms.run_state import run_validation
+from nemo_rl_clone.algorithms.run_state import run_validation, validates_at_end
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.models.policy.train_profile import profile_metrics
@@ -138,9 +138,8 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
             break
-    last = state.step
-    if cfg.grpo.val_at_end and last > 0 and not (cfg.grpo.val_period > 0 and last % cfg.grpo.val_period == 0):
-        source.validate(last, timer, partial(log_validation, c, last))
+    if validates_at_end(cfg.grpo.val_at_end, cfg.grpo.val_period, state.step):
+        source.validate(state.step, timer, partial(log_validation, c, state.step))
     console.print(f"Done after step {state.step}. Logs: {c.log_dir}  Checkpoints: {cfg.checkpointing.checkpoint_dir}")
 
 

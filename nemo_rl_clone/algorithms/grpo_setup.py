@@ -141,7 +141,10 @@ def _validation_rows(data: DataConfig, own: Any, seed: int) -> Any:
         return own
     rows = own
     if section.dataset_name not in (None, data.dataset_name):
-        other = load_dataset_by_name(section.dataset_name, **seed_argument(section.dataset_name, seed))
+        options: dict[str, Any] = dict(seed_argument(section.dataset_name, seed))
+        if section.data_path is not None:
+            options["data_path"] = section.data_path
+        other = load_dataset_by_name(section.dataset_name, **options)
         rows = other.validation if other.validation is not None else other.train
     if rows is None or section.repeat == 1:
         return rows

@@ -286,10 +286,12 @@ class ClippedPGLossFn:
         elif kind == "tis":
             weights = weights.clamp(max=high)
         elif kind == "icepop":
+            assert low is not None  # ClippedPGLossConfig.check requires it with this type
             kept = ((weights >= low) & (weights <= high)).float()
             metrics["is_oob_ratio"] = masked_mean(1 - kept, mask, global_normalization_factor=global_valid_toks).item()
             weights = weights * kept
         else:  # seq-mask-tis: sequences whose geometric-mean weight is out of bounds train nothing
+            assert low is not None  # as above
             geo_mean = masked_mean(log_weight, token_mask, dim=-1).exp()
             kept = ((geo_mean >= low) & (geo_mean <= high)).float()
             metrics["is_oob_ratio"] = masked_mean(

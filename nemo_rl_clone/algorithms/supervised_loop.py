@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_clone.algorithms.run_state import format_metrics, run_validation, save_run_checkpoint
+from nemo_rl_clone.algorithms.run_state import format_metrics, run_validation, save_run_checkpoint, validates_at_end
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.algorithms.supervised_config import SupervisedAlgorithm
 from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun
@@ -135,6 +135,6 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
             break
-    if loop.val_at_end and state.step > 0 and not (loop.val_period > 0 and state.step % loop.val_period == 0):
+    if validates_at_end(loop.val_at_end, loop.val_period, state.step):
         log_validation(run, state.step)
     console.print(f"Done after step {state.step}. Logs: {run.log_dir}  Checkpoints: {checkpointing.checkpoint_dir}")

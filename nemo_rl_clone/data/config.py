@@ -137,7 +137,11 @@ class NeMoRLDataLayout:
             t = self.train
             flat.update(dataset_name=t.dataset_name, split_validation_size=t.split_validation_size)
             flat.update(data_path=t.data_path, split=None if t.split == "train" else t.split)
-        if self.validation is not None:
+        own_validation = self.validation is not None and self.validation.dataset_name in (
+            None,
+            flat.get("dataset_name"),
+        )
+        if self.validation is not None and own_validation:
             flat.update(val_data_path=self.validation.data_path)
         if self.default is not None:
             flat.update(env_name=self.default.env_name)
@@ -229,7 +233,8 @@ class DataConfig(NeMoRLDataLayout):
 def _check_dataset_name(name: str, names: tuple[str, ...]) -> list[tuple[str, str]]:
     """A name close to a known one is a typo and refused now; other names (NeMo-RL datasets not shipped here)
     validate, and loading the data stops with one line listing the datasets there are."""
-    if name not in names and difflib.get_close_matches(name, names, n=1, cutoff=0.5):
+    typo = difflib.get_close_matches(name, names, n=1, cutoff=0.8) or [n for n in names if n.lower() == name.lower()]
+    if name not in names and typo:
         return [("dataset_name", unknown_dataset_message(name, names))]
     return []
 
