@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -129,3 +131,41 @@ class DPOLossConfig:
             if getattr(self, key) < 0:
                 problems.append((key, f"must be >= 0, got {getattr(self, key)}"))
         return problems
+
+
+class ClippedPGLossDataDict(TypedDict):
+    """The batch keys `ClippedPGLossFn` reads (NeMo-RL's name); ``reference_policy_logprobs`` only with a KL term."""
+
+    input_ids: torch.Tensor
+    advantages: torch.Tensor
+    prev_logprobs: torch.Tensor
+    generation_logprobs: torch.Tensor
+    reference_policy_logprobs: torch.Tensor
+    token_mask: torch.Tensor
+    sample_mask: torch.Tensor
+
+
+class PreferenceLossDataDict(TypedDict):
+    """The batch keys of a preference batch (NeMo-RL's name): rows interleave chosen / rejected."""
+
+    input_ids: torch.Tensor
+    token_mask: torch.Tensor
+    sample_mask: torch.Tensor
+
+
+class DPOLossDataDict(TypedDict):
+    """The batch keys `DPOLossFn` reads (NeMo-RL's name)."""
+
+    input_ids: torch.Tensor
+    reference_policy_logprobs: torch.Tensor
+    token_mask: torch.Tensor
+    sample_mask: torch.Tensor
+
+
+__all__ = [
+    "ClippedPGLossConfig",
+    "ClippedPGLossDataDict",
+    "DPOLossConfig",
+    "DPOLossDataDict",
+    "PreferenceLossDataDict",
+]

@@ -31,19 +31,29 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_rl_clone.algorithms.loss_configs import ClippedPGLossConfig, DPOLossConfig
+from nemo_rl_clone.algorithms.loss_configs import (
+    ClippedPGLossConfig,
+    ClippedPGLossDataDict,
+    DPOLossConfig,
+    DPOLossDataDict,
+    PreferenceLossDataDict,
+)
 from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
 from nemo_rl_clone.distributed.model_utils import LossType, TokenLogprobs, token_logprobs_from_logits
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 __all__ = [
     "ClippedPGLossConfig",
+    "ClippedPGLossDataDict",
     "ClippedPGLossFn",
     "DPOLossConfig",
+    "DPOLossDataDict",
     "DPOLossFn",
     "LossType",
     "NLLLoss",
     "PreferenceLoss",
+    "PreferenceLossDataDict",
+    "calculate_kl",
 ]
 
 Metrics = dict[str, float | int]
@@ -315,8 +325,18 @@ class ClippedPGLossFn:
         return masked_mean(per_sequence, sample_mask, global_normalization_factor=global_valid_seqs)
 
 
+def _sequence_nll(lp: torch.Tensor, mask: torch.Tensor, average: bool) -> torch.Tensor:
+    """[B] −Σ_t lp·mask per row, ÷ the row's mask count (at least 1) when ``average``."""
+    per_row = -torch.where(mask > 0, lp, 0.0).mul(mask).sum(dim=-1)
+    return per_row / mask.sum(dim=-1).clamp(min=1) if average else per_row
+
+
 class NLLLoss:
     """Token-level negative log-likelihood for SFT: −Σ lp·m / global_valid_toks.
+
+    With ``dpo_loss=True`` (NeMo-RL's DPO helper mode, keyword-only here) the loss is instead the [B] per-row
+    −Σ_t lp·m (÷ the row's token count with ``dpo_average_log_probs``); the metrics' ``loss`` is its sum (a number,
+    like every metric here; NeMo-RL puts the tensor there).
 
     Data keys: input_ids, token_mask, sample_mask. Metrics: `loss`, `num_unmasked_tokens` (local Σ m),
     `num_valid_samples` (local Σ sample_mask).
@@ -335,6 +355,9 @@ class NLLLoss:
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
         logprob_chunk_size: int | None = None,
+        *,
+        dpo_loss: bool = False,
+        dpo_average_log_probs: bool = False,
     ) -> tuple[torch.Tensor, Metrics]:
         _require(data, ("input_ids", "token_mask", "sample_mask"), type(self).__name__)
         lp = _policy_logprobs(
@@ -346,9 +369,12 @@ class NLLLoss:
             logprob_chunk_size,
         )
         _, sample_mask, mask = _masks(data, lp)
-        loss = -masked_mean(lp, mask, global_normalization_factor=global_valid_toks)
+        if dpo_loss:
+            loss = _sequence_nll(lp, mask, dpo_average_log_probs)
+        else:
+            loss = -masked_mean(lp, mask, global_normalization_factor=global_valid_toks)
         return loss, {
-            "loss": loss.item(),
+            "loss": loss.sum().item(),
             "num_unmasked_tokens": mask.sum().item(),
             "num_valid_samples": sample_mask.sum().item(),
         }
@@ -405,6 +431,10 @@ class PreferenceLoss:
 
     loss_type = LossType.SEQUENCE_LEVEL
     rows_per_example = 2  # a policy keeps each (chosen, rejected) pair adjacent in one microbatch
+
+    def split_output_tensor(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chosen rows, rejected rows) of an interleaved [2·P, ...] tensor (NeMo-RL's helper)."""
+        return tensor[::2], tensor[1::2]
 
     def __call__(
         self,
@@ -483,9 +513,7 @@ class DPOLossFn:
             rewards, sample_mask, global_valid_seqs, self.cfg.reference_policy_kl_penalty, owner
         )
 
-        sft_per_row = -torch.where(valid, lp, 0.0).sum(dim=-1)
-        if self.cfg.sft_average_log_probs:
-            sft_per_row = sft_per_row / num_tokens
+        sft_per_row = _sequence_nll(lp, token_mask, self.cfg.sft_average_log_probs)
         global_pairs = torch.as_tensor(global_valid_seqs, dtype=torch.float32, device=lp.device) / 2
         sft_loss = masked_mean(sft_per_row[::2], sample_mask[::2], global_normalization_factor=global_pairs)
 

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn
+from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn, NLLLoss, PreferenceLoss
 from nemo_rl_clone.algorithms.utils import calculate_kl
+from nemo_rl_clone.distributed.model_utils import valid_counts
 from tests.unit.test_loss_functions import LOG4, NEMO_RL_LOSS_CFG, call, pg_loss, uniform_batch
 
 D = [1.0, -1.0, 0.0, 2.0]  # d = lp_ref − lp per token
@@ -165,3 +166,25 @@ def test_nemo_rl_v07_loss_defaults_validate():
         "force_on_policy_ratio": False,
     }
     assert ClippedPGLossFn(cfg).cfg.reference_policy_kl_type == "k3"
+
+
+def test_nll_loss_dpo_mode_returns_per_row_sums_or_means():
+    logits, data = uniform_batch([[0.0] * 3, [0.0] * 3], token_mask=[[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    loss_fn = NLLLoss()
+    summed, metrics = call_nll(loss_fn, logits, data, dpo_loss=True)
+    torch.testing.assert_close(summed, torch.tensor([2 * LOG4, 3 * LOG4]))
+    assert metrics["loss"] == pytest.approx(5 * LOG4, abs=1e-5)
+    averaged, _ = call_nll(loss_fn, logits, data, dpo_loss=True, dpo_average_log_probs=True)
+    torch.testing.assert_close(averaged, torch.tensor([LOG4, LOG4]))
+    token_mean, metrics = call_nll(loss_fn, logits, data)
+    assert token_mean.item() == pytest.approx(LOG4, abs=1e-6) and metrics["num_unmasked_tokens"] == 5
+
+
+def call_nll(loss_fn, logits, data, **kwargs):
+    seqs, toks = valid_counts(data)
+    return loss_fn(logits, data, seqs, toks, None, None, None, **kwargs)
+
+
+def test_preference_loss_split_output_tensor():
+    chosen, rejected = PreferenceLoss().split_output_tensor(torch.arange(6))
+    assert chosen.tolist() == [0, 2, 4] and rejected.tolist() == [1, 3, 5]
