@@ -137,11 +137,8 @@ class NeMoRLDataLayout:
             t = self.train
             flat.update(dataset_name=t.dataset_name, split_validation_size=t.split_validation_size)
             flat.update(data_path=t.data_path, split=None if t.split == "train" else t.split)
-        own_validation = self.validation is not None and self.validation.dataset_name in (
-            None,
-            flat.get("dataset_name"),
-        )
-        if self.validation is not None and own_validation:
+        train_name = flat.get("dataset_name") or getattr(self, "dataset_name", None)
+        if self.validation is not None and self.validation.dataset_name in (None, train_name):
             flat.update(val_data_path=self.validation.data_path)
         if self.default is not None:
             flat.update(env_name=self.default.env_name)

@@ -249,6 +249,8 @@ def test_grpo_validation_rows_repeat_and_come_from_another_dataset(tmp_path):
         {"validation": {"dataset_name": "aime2024", "data_path": str(local), "repeat": 2}}, DataConfig
     )
     assert data.val_data_path is None  # the path belongs to the validation dataset, not the training one
+    same_dataset = {"dataset_name": "local", "validation": {"dataset_name": "local", "data_path": "v.jsonl"}}
+    assert validate_config(same_dataset, DataConfig).val_data_path == "v.jsonl"
     rows = _validation_rows(data, own, seed=0)
     assert len(rows) == 2 and rows[0] == rows[1] and rows[0]["problem"] == "q"
 
