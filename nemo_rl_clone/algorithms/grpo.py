@@ -13,12 +13,18 @@ from typing import Any
 import torch
 
 from nemo_rl_clone.algorithms.async_grpo import AsyncRollouts
-from nemo_rl_clone.algorithms.grpo_batches import aggregate_train_metrics, build_train_batch, print_samples, sample_rows
+from nemo_rl_clone.algorithms.grpo_batches import (
+    aggregate_train_metrics,
+    build_train_batch,
+    mask_logprob_mismatch,
+    print_samples,
+    sample_rows,
+    step_advantages,
+)
 from nemo_rl_clone.algorithms.grpo_rollouts import RolloutSource, SyncRollouts, roll_out
 from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, save_checkpoint
-from nemo_rl_clone.algorithms.run_state import run_validation
+from nemo_rl_clone.algorithms.run_state import run_validation, validates_at_end
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
-from nemo_rl_clone.algorithms.utils import compute_advantages
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.models.policy.train_profile import profile_metrics
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
@@ -62,13 +68,8 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
                 break
             batch, raw_rewards = rollouts.batch, rollouts.raw_rewards
 
-            # 5. advantages: leave-one-out baseline, normalised by the group std
-            advantages = compute_advantages(
-                raw_rewards,
-                cfg.grpo.num_generations_per_prompt,
-                cfg.grpo.use_leave_one_out_baseline,
-                cfg.grpo.normalize_rewards,
-            )
+            # 5. advantages: leave-one-out baseline, normalised by the group std, optionally clipped
+            advantages = step_advantages(raw_rewards, cfg.grpo)
             train_data = build_train_batch(batch, advantages, c.tokenizer, cfg)
 
             # 6. logprobs of the pre-update policy (unless the loss takes them on-policy from the training forward)
@@ -76,8 +77,11 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
             phase(step, "logprobs")
             with timer.time("policy_and_reference_logprobs"):
                 c.policy.prepare_for_lp_inference()
-                if not cfg.loss_fn.force_on_policy_ratio:
+                threshold = cfg.grpo.seq_logprob_error_threshold
+                if not cfg.loss_fn.force_on_policy_ratio or threshold is not None:
                     train_data["prev_logprobs"] = c.policy.get_logprobs(train_data)["logprobs"]
+                if threshold is not None:
+                    num_masked = mask_logprob_mismatch(train_data, threshold)
                 if cfg.loss_fn.reference_policy_kl_penalty > 0:
                     reference = c.policy.get_reference_policy_logprobs(train_data)["reference_logprobs"]
                     train_data["reference_policy_logprobs"] = reference
@@ -108,6 +112,8 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
                 train_results, train_data, raw_rewards, advantages, rollouts.rollout_metrics
             )
             metrics.update(rollouts.sampling_metrics)
+            if cfg.grpo.seq_logprob_error_threshold is not None:
+                metrics["num_masked_seqs_by_logprob_error"] = float(num_masked)
             state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
             if should_save(step, cfg.checkpointing, is_last):
                 phase(step, "checkpoint")
@@ -132,6 +138,8 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
             break
+    if validates_at_end(cfg.grpo.val_at_end, cfg.grpo.val_period, state.step):
+        source.validate(state.step, timer, partial(log_validation, c, state.step))
     console.print(f"Done after step {state.step}. Logs: {c.log_dir}  Checkpoints: {cfg.checkpointing.checkpoint_dir}")
 
 

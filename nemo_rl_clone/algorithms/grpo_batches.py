@@ -10,7 +10,9 @@ import torch
 from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.utils import (
     combine_batches,
+    compute_advantages,
     groups_with_signal,
+    masked_mean,
     overlong_penalty,
     reduce_train_results,
     scale_rewards,
@@ -28,6 +30,10 @@ _SUMMED_LOSS_METRICS = (
     "kl_penalty",
     "token_mult_prob_error",
     "gen_kl_error",
+    "policy_kl_error",
+    "js_divergence_error",
+    "sampling_importance_ratio",
+    "is_oob_ratio",
     "approx_entropy",
 )
 
@@ -55,6 +61,27 @@ def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> torch.Tensor:
         s = cfg.reward_scaling
         rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
     return rewards
+
+
+def step_advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
+    """[B] advantages of one step: the group baseline (``adv_estimator``), then clamped into
+    [advantage_clip_low, advantage_clip_high]."""
+    advantages = compute_advantages(rewards, cfg.num_generations_per_prompt, cfg.leave_one_out, cfg.normalize)
+    if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
+        advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
+    return advantages
+
+
+def mask_logprob_mismatch(train_data: BatchedDataDict, threshold: float) -> int:
+    """Zero ``sample_mask`` of the samples whose token_mult_prob_error (mean over their trainable tokens of
+    exp|lp_gen − lp_prev|) exceeds ``threshold``: the trainer and the generator disagree on them too much to trust
+    the importance ratios. Returns how many samples it masked (samples masked already are not counted)."""
+    token_mask = train_data["token_mask"][:, 1:]
+    gap = (train_data["generation_logprobs"][:, 1:] - train_data["prev_logprobs"][:, 1:]).abs()
+    error = masked_mean(torch.where(token_mask > 0, gap, 0.0).exp(), token_mask, dim=-1)
+    drop = (error > threshold) & (train_data["sample_mask"] > 0)
+    train_data["sample_mask"] = torch.where(drop, 0.0, train_data["sample_mask"])
+    return int(drop.sum())
 
 
 def select_groups(

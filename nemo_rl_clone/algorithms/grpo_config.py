@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossConfig
 from nemo_rl_clone.data.config import DataConfig
@@ -22,11 +23,43 @@ class RewardShapingConfig:
     overlong_buffer_length: int = 128
     overlong_buffer_penalty: float = 1.0
     max_response_length: int | None = None
+    stop_properly_penalty_coef: float | None = None
 
     def check(self) -> list[tuple[str, str]]:
+        problems = []
         if self.enabled and self.max_response_length is None:
-            return [("max_response_length", "required when reward_shaping.enabled is true")]
-        return []
+            problems.append(("max_response_length", "required when reward_shaping.enabled is true"))
+        if self.stop_properly_penalty_coef is not None:
+            problems.append(
+                (
+                    "stop_properly_penalty_coef",
+                    "not supported yet: a penalty for responses that did not stop; use grpo.overlong_filtering or "
+                    "the overlong buffer penalty, and set it to null",
+                )
+            )
+        return problems
+
+
+@dataclass
+class AdvEstimatorConfig:
+    """``grpo.adv_estimator``: NeMo-RL's advantage estimator choice. ``grpo`` (the group baseline, optionally
+    leave-one-out, optionally divided by the group std) is the one implemented; its two switches default to
+    ``grpo.normalize_rewards`` / ``grpo.use_leave_one_out_baseline`` and override them when set."""
+
+    name: Literal["grpo", "reinforce_plus_plus"] = "grpo"
+    minus_baseline: bool = True
+    normalize_rewards: bool | None = None
+    use_leave_one_out_baseline: bool | None = None
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.name != "grpo":
+            problems.append(("name", f"not supported yet: the {self.name!r} advantage estimator; use 'grpo'"))
+        if not self.minus_baseline:
+            problems.append(
+                ("minus_baseline", "not supported yet: GRPO always subtracts the group baseline; set it to true")
+            )
+        return problems
 
 
 @dataclass
@@ -96,6 +129,16 @@ class GRPOConfig:
     use_dynamic_sampling: bool = False
     dynamic_sampling_max_gen_batches: int = 10
     batch_multiplier: int = 1
+    val_at_end: bool = False
+    # Advantages are clamped into [advantage_clip_low, advantage_clip_high] (null: that side is open).
+    advantage_clip_low: float | None = None
+    advantage_clip_high: float | None = None
+    invalid_tool_call_advantage: float | None = None
+    malformed_thinking_advantage: float | None = None
+    # Samples whose mean per-token exp|lp_gen − lp_prev| (the token_mult_prob_error of that sequence) exceeds this
+    # train nothing (sample_mask 0); null keeps every sample.
+    seq_logprob_error_threshold: float | None = None
+    adv_estimator: AdvEstimatorConfig = field(default_factory=AdvEstimatorConfig)
     reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
     reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
     async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)
@@ -118,11 +161,61 @@ class GRPOConfig:
             )
         if self.batch_multiplier != 1:
             problems.append(("batch_multiplier", f"only 1 is supported yet (got {self.batch_multiplier})"))
-        if self.use_leave_one_out_baseline and self.num_generations_per_prompt == 1:
+        if self.leave_one_out and self.num_generations_per_prompt == 1:
             problems.append(("use_leave_one_out_baseline", "needs num_generations_per_prompt >= 2"))
+        low, high = self.advantage_clip_low, self.advantage_clip_high
+        if low is not None and high is not None and low > high:
+            problems.append(("advantage_clip_low", f"must be <= advantage_clip_high ({low} > {high})"))
+        for key, what in (
+            ("invalid_tool_call_advantage", "a fixed advantage for samples with an invalid tool call"),
+            ("malformed_thinking_advantage", "a fixed advantage for samples with malformed thinking"),
+        ):
+            if getattr(self, key) is not None:
+                problems.append((key, f"not supported yet: {what}; set it to null"))
+        threshold = self.seq_logprob_error_threshold
+        if threshold is not None and threshold < 1:
+            problems.append(("seq_logprob_error_threshold", f"must be >= 1 (1 is exact agreement), got {threshold}"))
         if self.val_period < 0:
             problems.append(("val_period", f"must be >= 0 (0 disables validation), got {self.val_period}"))
         return problems
+
+    @property
+    def normalize(self) -> bool:
+        """Whether advantages are divided by the group std (``adv_estimator`` overrides the flat key when set)."""
+        value = self.adv_estimator.normalize_rewards
+        return self.normalize_rewards if value is None else value
+
+    @property
+    def leave_one_out(self) -> bool:
+        """Whether the baseline leaves the sample out (``adv_estimator`` overrides the flat key when set)."""
+        value = self.adv_estimator.use_leave_one_out_baseline
+        return self.use_leave_one_out_baseline if value is None else value
+
+
+@dataclass
+class DataPlaneConfig:
+    """NeMo-RL's ``data_plane`` (a Ray-external transfer queue for rollouts). Off here: rollouts move as Ray objects.
+    The other keys configure that queue and only mean something when it is enabled."""
+
+    enabled: bool = False
+    impl: str = "transfer_queue"
+    backend: str = "simple"
+    num_storage_units: int = 2
+    storage_capacity: int = 1_000_000
+    global_segment_size: int = 512 * 2**30
+    local_buffer_size: int = 64 * 2**30
+    claim_meta_poll_interval_s: float = 0.5
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.enabled:
+            return [
+                (
+                    "enabled",
+                    "not supported yet: the transfer-queue data plane; rollouts move between actors through Ray's "
+                    "object store; set it to false",
+                )
+            ]
+        return []
 
 
 @dataclass
@@ -137,9 +230,19 @@ class GRPOMasterConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
+    on_policy_distillation: Any = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
+        if self.on_policy_distillation is not None:
+            problems.append(
+                (
+                    "on_policy_distillation",
+                    "not supported by GRPO runs: on-policy distillation is its own run; use "
+                    "examples/run_distillation_math.py, and set it to null here",
+                )
+            )
         rollout_batch = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
         gbs = self.policy.train_global_batch_size
         if gbs >= 1 and rollout_batch % gbs:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 
 from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
@@ -22,8 +23,9 @@ from nemo_rl_clone.algorithms.run_state import (
     set_seeds,
 )
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
+from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
-from nemo_rl_clone.data.datasets import DataError, load_dataset_from_config
+from nemo_rl_clone.data.datasets import DataError, load_dataset_by_name, load_dataset_from_config, seed_argument
 from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
 from nemo_rl_clone.data.interfaces import TaskDataSpec
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
@@ -109,9 +111,11 @@ def setup(config: GRPOMasterConfig) -> GRPOComponents:
 def _setup_data(
     config: GRPOMasterConfig, tokenizer: Any
 ) -> tuple[StatefulPromptLoader, AllTaskProcessedDataset | None]:
-    loaded = load_dataset_from_config(config.data, seed=config.grpo.seed, env=config.env)
+    seed = config.data.split_seed(config.grpo.seed)
+    loaded = load_dataset_from_config(config.data, seed=seed, env=config.env)
     if loaded.train is None:
         raise DataError(f"data.dataset_name: {loaded.name!r} has no training split (it is an evaluation set)")
+    validation_rows = _validation_rows(config.data, loaded.validation, seed)
     env_name = config.data.task_name
     spec = TaskDataSpec(
         task_name=env_name, prompt_file=config.data.prompt_file, system_prompt_file=config.data.system_prompt_file
@@ -119,14 +123,34 @@ def _setup_data(
     max_len = config.data.max_input_seq_length
     train = AllTaskProcessedDataset(loaded.train, tokenizer, spec, max_len, env_name=config.data.env_name)
     val = (
-        AllTaskProcessedDataset(loaded.validation, tokenizer, spec, max_len, env_name=config.data.env_name)
-        if loaded.validation
+        AllTaskProcessedDataset(validation_rows, tokenizer, spec, max_len, env_name=config.data.env_name)
+        if validation_rows
         else None
     )
     loader = StatefulPromptLoader(
         train, config.grpo.num_prompts_per_step, rl_collate_fn, shuffle=config.data.shuffle, seed=config.grpo.seed
     )
     return loader, val
+
+
+def _validation_rows(data: DataConfig, own: Any, seed: int) -> Any:
+    """The validation rows: the training dataset's own, or those of ``data.validation.dataset_name``; each row
+    ``data.validation.repeat`` times."""
+    section = data.validation
+    if section is None:
+        return own
+    rows = own
+    if section.dataset_name not in (None, data.dataset_name):
+        options: dict[str, Any] = dict(seed_argument(section.dataset_name, seed))
+        if section.data_path is not None:
+            options["data_path"] = section.data_path
+        other = load_dataset_by_name(section.dataset_name, **options)
+        rows = other.validation if other.validation is not None else other.train
+    if rows is None or section.repeat == 1:
+        return rows
+    if isinstance(rows, datasets.Dataset):
+        return datasets.concatenate_datasets([rows] * section.repeat)
+    return list(rows) * section.repeat
 
 
 def save_checkpoint(components: GRPOComponents, loader_position: Any = None) -> Path:

@@ -25,25 +25,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_rl_clone.algorithms.utils import kl_k3, masked_mean
+from nemo_rl_clone.algorithms.loss_configs import (
+    ClippedPGLossConfig,
+    ClippedPGLossDataDict,
+    DPOLossConfig,
+    DPOLossDataDict,
+    PreferenceLossDataDict,
+)
+from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
 from nemo_rl_clone.distributed.model_utils import LossType, TokenLogprobs, token_logprobs_from_logits
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 __all__ = [
     "ClippedPGLossConfig",
+    "ClippedPGLossDataDict",
     "ClippedPGLossFn",
     "DPOLossConfig",
+    "DPOLossDataDict",
     "DPOLossFn",
     "LossType",
     "NLLLoss",
     "PreferenceLoss",
+    "PreferenceLossDataDict",
+    "calculate_kl",
 ]
 
 Metrics = dict[str, float | int]
@@ -66,66 +76,6 @@ def _validated(schema: type[_Config], cfg: Mapping[str, Any] | _Config | None, o
         return validate_config(cfg, schema)
     except ConfigError as error:
         raise ValueError(f"invalid {owner} config:\n" + "\n".join(f"  {line}" for line in error.problems)) from None
-
-
-@dataclass(frozen=True)
-class ClippedPGLossConfig:
-    """`loss_fn` section of a GRPO config (NeMo-RL's keys and defaults)."""
-
-    reference_policy_kl_penalty: float = 0.01
-    ratio_clip_min: float = 0.2
-    ratio_clip_max: float = 0.2
-    ratio_clip_c: float | None = None
-    use_on_policy_kl_approximation: bool = False
-    use_importance_sampling_correction: bool = False
-    truncated_importance_sampling_ratio: float | None = None
-    sequence_level_importance_ratios: bool = False
-    token_level_loss: bool = True
-    disable_ppo_ratio: bool = False
-    # lp_prev := stop-grad(lp). Exact when each rollout batch gets one optimizer step (on-policy), and it spares the
-    # trainer a logprob pass per step; `prev_logprobs` is then not needed.
-    force_on_policy_ratio: bool = False
-
-    def check(self) -> list[tuple[str, str]]:
-        """(key, message) for every impossible value or combination; types are checked by `validate_config`."""
-        problems = []
-        for key in ("ratio_clip_min", "ratio_clip_max", "reference_policy_kl_penalty"):
-            if getattr(self, key) < 0:
-                problems.append((key, f"must be >= 0, got {getattr(self, key)}"))
-        if self.ratio_clip_c is not None and self.ratio_clip_c <= 1:
-            problems.append(
-                ("ratio_clip_c", f"must be > 1 (dual-clip bound on the ratio) or null, got {self.ratio_clip_c}")
-            )
-        tis = self.truncated_importance_sampling_ratio
-        if tis is not None and tis <= 0:
-            problems.append(("truncated_importance_sampling_ratio", f"must be > 0 or null, got {tis}"))
-        if tis is not None and not self.use_importance_sampling_correction:
-            problems.append(("truncated_importance_sampling_ratio", "needs use_importance_sampling_correction=true"))
-        if self.sequence_level_importance_ratios and self.token_level_loss:
-            problems.append(("sequence_level_importance_ratios", "GSPO (true) needs token_level_loss=false"))
-        return problems
-
-
-@dataclass(frozen=True)
-class DPOLossConfig:
-    """`dpo` loss keys of a DPO config (NeMo-RL's names and defaults)."""
-
-    reference_policy_kl_penalty: float = 0.05
-    preference_loss_weight: float = 1.0
-    sft_loss_weight: float = 0.0
-    preference_average_log_probs: bool = False
-    sft_average_log_probs: bool = False
-
-    def check(self) -> list[tuple[str, str]]:
-        """(key, message) for every impossible value; types are checked by `validate_config`."""
-        problems = []
-        if self.reference_policy_kl_penalty <= 0:
-            beta = self.reference_policy_kl_penalty
-            problems.append(("reference_policy_kl_penalty", f"must be > 0 (the DPO β), got {beta}"))
-        for key in ("preference_loss_weight", "sft_loss_weight"):
-            if getattr(self, key) < 0:
-                problems.append((key, f"must be >= 0, got {getattr(self, key)}"))
-        return problems
 
 
 def _require(data: Mapping[str, Any], keys: tuple[str, ...], owner: str) -> None:
@@ -171,20 +121,31 @@ def _masked_diff(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> torch
     return torch.where(valid, a - b, torch.zeros_like(a))
 
 
+def _js_divergence(lp_a: torch.Tensor, lp_b: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of JS(P_a ‖ P_b): ½·k3(P_a ‖ M) + ½·k3(P_b ‖ M) with M = ½(P_a + P_b)."""
+    a = torch.where(valid, lp_a, 0.0)
+    b = torch.where(valid, lp_b, 0.0)
+    log_mix = torch.logaddexp(a, b) - torch.log(torch.tensor(2.0, device=a.device))
+    return 0.5 * (calculate_kl(log_mix, a, "k3", None, None) + calculate_kl(log_mix, b, "k3", None, None))
+
+
 class ClippedPGLossFn:
-    """Clipped policy-gradient loss with a k3 KL penalty: PPO / GRPO / DAPO clip-higher / dual clip / GSPO / REINFORCE.
+    """Clipped policy-gradient loss with a KL penalty: PPO / GRPO / DAPO clip-higher / dual clip / GSPO / REINFORCE.
 
     Per trainable token (lp = current, lp_prev = `prev_logprobs`, lp_gen = `generation_logprobs`):
       r = exp(lp − lp_prev); L = max(−A·r, −A·clip(r, 1 − ratio_clip_min, 1 + ratio_clip_max));
       dual clip (ratio_clip_c = c): L = min(L, −A·c) where A < 0;
       `disable_ppo_ratio` (REINFORCE/RLOO): L = −A·lp;
+      `use_cispo` (CISPO): L = −sg(clip(r, 1 − ratio_clip_min, 1 + ratio_clip_max))·A·lp;
       GSPO (`sequence_level_importance_ratios`): r = exp(mean over the sequence's tokens of (lp − lp_prev)).
     Importance-sampling correction (`use_importance_sampling_correction`): L ← w·L with the detached
-      w = exp(lp_prev − lp_gen) (per sequence with GSPO: exp(Σ_t (lp_prev − lp_gen))); NaN/inf → 0; clamped above
-      at `truncated_importance_sampling_ratio` when set.
-    KL: β·k3 with d = clamp(lp_ref − lp, ±20), β = `reference_policy_kl_penalty`; with
-      `use_on_policy_kl_approximation` each token's k3 is weighted by the detached exp(lp − lp_gen), so the penalty
-      estimates KL(π ‖ π_ref) although the tokens were sampled from π_gen.
+      w = exp(lp_prev − lp_gen) (per sequence with GSPO: exp(Σ_t (lp_prev − lp_gen))); NaN/inf → 0. With
+      `truncated_importance_sampling_ratio` = hi (and `..._ratio_min` = lo): "tis" clamps w at hi; "icepop" zeroes
+      tokens with w ∉ [lo, hi]; "seq-mask-tis" zeroes sequences whose geometric-mean w ∉ [lo, hi].
+    KL: β·KL with the `reference_policy_kl_type` estimator (`calculate_kl`: k1, k2 or k3 of d = lp_ref − lp,
+      d clamped at ±`kl_input_clamp_value`, the estimate at ±`kl_output_clamp_value`), β =
+      `reference_policy_kl_penalty`; with `use_on_policy_kl_approximation` each token's KL is weighted by the
+      detached exp(lp − lp_gen), so the penalty estimates KL(π ‖ π_ref) although the tokens were sampled from π_gen.
     Normalisation: `token_level_loss=true`: Σ(L + kl)·m / global_valid_toks; false: per-sequence token mean,
       summed over valid sequences / global_valid_seqs.
 
@@ -192,8 +153,10 @@ class ClippedPGLossFn:
     the others the token count): `loss`; `probs_ratio` and
     `probs_ratio_clamped` (r and its clip; with `disable_ppo_ratio` both are the unclipped exp(lp − lp_prev));
     `kl_penalty` (the KL term without β; 0 when β = 0); `token_mult_prob_error` (exp|lp_gen − lp_prev|, 1 when the
-    trainer and the generator agree); `gen_kl_error` (k3 with d = lp_prev − lp_gen: an estimate of
-    KL(π_gen ‖ π_prev) from the generator's samples); `approx_entropy` (−exp(lp − lp_gen)·lp: the entropy of π
+    trainer and the generator agree); `gen_kl_error` (the KL estimator, unclamped, with d = lp_prev − lp_gen: an
+    estimate of KL(π_gen ‖ π_prev) from the generator's samples); `policy_kl_error` (the same with d = lp_gen −
+    lp_prev); `js_divergence_error` (k3 estimate of their Jensen-Shannon divergence); `sampling_importance_ratio`
+    (mean w after truncation); `is_oob_ratio` (icepop / seq-mask-tis only: share of tokens / sequences zeroed); `approx_entropy` (−exp(lp − lp_gen)·lp: the entropy of π
     estimated from π_gen's samples); `num_valid_samples` (local Σ sample_mask).
 
     Data keys: input_ids, token_mask, sample_mask, advantages, prev_logprobs, generation_logprobs, and
@@ -240,6 +203,10 @@ class ClippedPGLossFn:
         if cfg.disable_ppo_ratio:
             ratio = clamped_ratio = log_ratio.detach().exp()
             per_token = -advantages * torch.where(valid, lp, 0.0)
+        elif cfg.use_cispo:
+            ratio = log_ratio.exp()
+            clamped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+            per_token = -advantages * clamped_ratio.detach() * torch.where(valid, lp, 0.0)
         else:
             if cfg.sequence_level_importance_ratios:
                 ratio = masked_mean(log_ratio, mask, dim=-1).exp().unsqueeze(-1).expand_as(lp)
@@ -251,13 +218,16 @@ class ClippedPGLossFn:
                 dual_bound = -advantages * cfg.ratio_clip_c
                 per_token = torch.where(advantages < 0, torch.minimum(per_token, dual_bound), per_token)
 
+        is_weights, filter_metrics = self._importance_weights(
+            prev_lp, gen_lp, valid, token_mask, mask, global_valid_toks, sample_mask, global_valid_seqs
+        )
         if cfg.use_importance_sampling_correction:
-            per_token = per_token * self._importance_weights(prev_lp, gen_lp, valid)
+            per_token = per_token * is_weights
 
         kl_per_token = torch.zeros_like(lp)
         if cfg.reference_policy_kl_penalty != 0:
             ref_lp = _shifted(data, "reference_policy_logprobs", lp)
-            kl_per_token = kl_k3(lp, torch.where(valid, ref_lp, lp.detach()))
+            kl_per_token = self._kl(lp, torch.where(valid, ref_lp, lp.detach()))
             if cfg.use_on_policy_kl_approximation:
                 on_policy_weight = _masked_diff(lp, gen_lp, valid).detach().exp()
                 kl_per_token = kl_per_token * torch.nan_to_num(on_policy_weight, nan=0.0, posinf=0.0, neginf=0.0)
@@ -279,21 +249,66 @@ class ClippedPGLossFn:
                 "probs_ratio_clamped": token_metric(clamped_ratio.detach()),
                 "kl_penalty": kl.item(),
                 "token_mult_prob_error": token_metric(gen_gap.abs().exp()),
-                "gen_kl_error": token_metric(kl_k3(gen_lp, torch.where(valid, prev_lp, gen_lp))),
+                "gen_kl_error": token_metric(self._kl(gen_lp, torch.where(valid, prev_lp, gen_lp), clamp=False)),
+                "policy_kl_error": token_metric(self._kl(prev_lp, torch.where(valid, gen_lp, prev_lp), clamp=False)),
+                "js_divergence_error": token_metric(_js_divergence(prev_lp, gen_lp, valid)),
                 "approx_entropy": token_metric(-_masked_diff(lp_detached, gen_lp, valid).exp() * lp_detached),
+                "sampling_importance_ratio": (
+                    masked_mean(is_weights.squeeze(-1), sample_mask, global_normalization_factor=global_valid_seqs)
+                    if cfg.sequence_level_importance_ratios
+                    else masked_mean(is_weights, mask, global_normalization_factor=global_valid_toks)
+                ).item(),
                 "num_valid_samples": sample_mask.sum().item(),
+                **filter_metrics,
             }
         return loss, metrics
 
-    def _importance_weights(self, prev_lp: torch.Tensor, gen_lp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Detached off-policy weights π_prev/π_gen, [B, S-1] (or [B, 1] with GSPO)."""
+    def _kl(self, lp: torch.Tensor, ref_lp: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+        cfg = self.cfg
+        if not clamp:
+            return calculate_kl(lp, ref_lp, cfg.reference_policy_kl_type, None, None)
+        kind, low, high = cfg.reference_policy_kl_type, cfg.kl_input_clamp_value, cfg.kl_output_clamp_value
+        return calculate_kl(lp, ref_lp, kind, low, high)
+
+    def _importance_weights(
+        self,
+        prev_lp: torch.Tensor,
+        gen_lp: torch.Tensor,
+        valid: torch.Tensor,
+        token_mask: torch.Tensor,
+        mask: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+        sample_mask: torch.Tensor,
+        global_valid_seqs: torch.Tensor,
+    ) -> tuple[torch.Tensor, Metrics]:
+        """Detached off-policy weights π_prev/π_gen, [B, S-1] (or [B, 1] with GSPO), after truncation, and the
+        truncation's `is_oob_ratio` metric (share of tokens, or of sequences, it zeroed) for icepop / seq-mask-tis."""
+        cfg = self.cfg
         log_weight = _masked_diff(prev_lp, gen_lp, valid)
-        if self.cfg.sequence_level_importance_ratios:
+        if cfg.sequence_level_importance_ratios:
             log_weight = log_weight.sum(dim=-1, keepdim=True)
         weights = torch.nan_to_num(log_weight.exp(), nan=0.0, posinf=0.0, neginf=0.0)
-        if self.cfg.truncated_importance_sampling_ratio is not None:
-            weights = weights.clamp(max=self.cfg.truncated_importance_sampling_ratio)
-        return weights.detach()
+        high, low = cfg.truncated_importance_sampling_ratio, cfg.truncated_importance_sampling_ratio_min
+        kind = cfg.truncated_importance_sampling_type or "tis"
+        metrics: Metrics = {}
+        if high is None:
+            pass
+        elif kind == "tis":
+            weights = weights.clamp(max=high)
+        elif kind == "icepop":
+            assert low is not None  # ClippedPGLossConfig.check requires it with this type
+            kept = ((weights >= low) & (weights <= high)).float()
+            metrics["is_oob_ratio"] = masked_mean(1 - kept, mask, global_normalization_factor=global_valid_toks).item()
+            weights = weights * kept
+        else:  # seq-mask-tis: sequences whose geometric-mean weight is out of bounds train nothing
+            assert low is not None  # as above
+            geo_mean = masked_mean(log_weight, token_mask, dim=-1).exp()
+            kept = ((geo_mean >= low) & (geo_mean <= high)).float()
+            metrics["is_oob_ratio"] = masked_mean(
+                1 - kept, sample_mask, global_normalization_factor=global_valid_seqs
+            ).item()
+            weights = weights * kept.unsqueeze(-1)
+        return weights.detach(), metrics
 
     def _reduce(
         self,
@@ -310,8 +325,18 @@ class ClippedPGLossFn:
         return masked_mean(per_sequence, sample_mask, global_normalization_factor=global_valid_seqs)
 
 
+def _sequence_nll(lp: torch.Tensor, mask: torch.Tensor, average: bool) -> torch.Tensor:
+    """[B] −Σ_t lp·mask per row, ÷ the row's mask count (at least 1) when ``average``."""
+    per_row = -torch.where(mask > 0, lp, 0.0).mul(mask).sum(dim=-1)
+    return per_row / mask.sum(dim=-1).clamp(min=1) if average else per_row
+
+
 class NLLLoss:
     """Token-level negative log-likelihood for SFT: −Σ lp·m / global_valid_toks.
+
+    With ``dpo_loss=True`` (NeMo-RL's DPO helper mode, keyword-only here) the loss is instead the [B] per-row
+    −Σ_t lp·m (÷ the row's token count with ``dpo_average_log_probs``); the metrics' ``loss`` is its sum (a number,
+    like every metric here; NeMo-RL puts the tensor there).
 
     Data keys: input_ids, token_mask, sample_mask. Metrics: `loss`, `num_unmasked_tokens` (local Σ m),
     `num_valid_samples` (local Σ sample_mask).
@@ -330,6 +355,9 @@ class NLLLoss:
         vocab_parallel_group: dist.ProcessGroup | None = None,
         context_parallel_group: dist.ProcessGroup | None = None,
         logprob_chunk_size: int | None = None,
+        *,
+        dpo_loss: bool = False,
+        dpo_average_log_probs: bool = False,
     ) -> tuple[torch.Tensor, Metrics]:
         _require(data, ("input_ids", "token_mask", "sample_mask"), type(self).__name__)
         lp = _policy_logprobs(
@@ -341,9 +369,12 @@ class NLLLoss:
             logprob_chunk_size,
         )
         _, sample_mask, mask = _masks(data, lp)
-        loss = -masked_mean(lp, mask, global_normalization_factor=global_valid_toks)
+        if dpo_loss:
+            loss = _sequence_nll(lp, mask, dpo_average_log_probs)
+        else:
+            loss = -masked_mean(lp, mask, global_normalization_factor=global_valid_toks)
         return loss, {
-            "loss": loss.item(),
+            "loss": loss.sum().item(),
             "num_unmasked_tokens": mask.sum().item(),
             "num_valid_samples": sample_mask.sum().item(),
         }
@@ -400,6 +431,10 @@ class PreferenceLoss:
 
     loss_type = LossType.SEQUENCE_LEVEL
     rows_per_example = 2  # a policy keeps each (chosen, rejected) pair adjacent in one microbatch
+
+    def split_output_tensor(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chosen rows, rejected rows) of an interleaved [2·P, ...] tensor (NeMo-RL's helper)."""
+        return tensor[::2], tensor[1::2]
 
     def __call__(
         self,
@@ -478,9 +513,7 @@ class DPOLossFn:
             rewards, sample_mask, global_valid_seqs, self.cfg.reference_policy_kl_penalty, owner
         )
 
-        sft_per_row = -torch.where(valid, lp, 0.0).sum(dim=-1)
-        if self.cfg.sft_average_log_probs:
-            sft_per_row = sft_per_row / num_tokens
+        sft_per_row = _sequence_nll(lp, token_mask, self.cfg.sft_average_log_probs)
         global_pairs = torch.as_tensor(global_valid_seqs, dtype=torch.float32, device=lp.device) / 2
         sft_loss = masked_mean(sft_per_row[::2], sample_mask[::2], global_normalization_factor=global_pairs)
 

@@ -30,6 +30,20 @@ from nemo_rl_clone.utils.logger import LoggerConfig
 class SFTConfig(SupervisedLoopConfig):
     """The ``sft`` section: the shared loop keys (NeMo-RL's names and defaults)."""
 
+    only_unmask_final: bool = False
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = super().check()
+        if self.only_unmask_final:
+            problems.append(
+                (
+                    "only_unmask_final",
+                    "not supported yet: training on the final assistant turn only; every assistant turn trains, "
+                    "set it to false",
+                )
+            )
+        return problems
+
 
 def _sft_checkpointing() -> CheckpointingConfig:
     return CheckpointingConfig(checkpoint_dir="results/sft", metric_name="val:val_loss", higher_is_better=False)
@@ -68,8 +82,10 @@ def setup(config: SFTMasterConfig) -> SupervisedRun:
     from nemo_rl_clone.data.supervised import SFTDataset, build_datasets, load_sft_dataset, sft_collate_fn
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
-    loaded = load_sft_dataset(config.data, seed=config.sft.seed)
-    train, val = build_datasets(SFTDataset, loaded, tokenizer, config.data)
+    loaded = load_sft_dataset(config.data, seed=config.data.split_seed(config.sft.seed))
+    train, val = build_datasets(
+        SFTDataset, loaded, tokenizer, config.data, add_bos=config.data.add_bos, add_eos=config.data.add_eos
+    )
     collate = partial(
         sft_collate_fn,
         pad_token_id=tokenizer.pad_token_id,

@@ -8,6 +8,7 @@ as many rows as the config's batch sizes say.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,8 +24,10 @@ from nemo_rl_clone.utils.logger import check_no_samples_to_print
 class SupervisedLoopConfig:
     """Keys shared by the ``sft``, ``dpo`` and ``rm`` sections (NeMo-RL's names and defaults).
 
-    ``val_period`` 0 disables periodic validation; ``val_batches`` <= 0 validates on every full batch of the
-    validation set; ``val_global_batch_size`` / ``val_micro_batch_size`` count examples like the training sizes.
+    ``max_num_steps`` -1 sets no step limit (``max_num_epochs`` ends the run); ``val_period`` 0 disables periodic
+    validation; ``val_batches`` <= 0 (NeMo-RL writes -1) validates on every full batch of the validation set;
+    ``val_at_end`` validates after the last step unless that step was just validated;
+    ``val_global_batch_size`` / ``val_micro_batch_size`` count examples like the training sizes.
     """
 
     max_num_epochs: int = 1
@@ -34,12 +37,18 @@ class SupervisedLoopConfig:
     val_global_batch_size: int = 32
     val_micro_batch_size: int = 1
     val_at_start: bool = True
+    val_at_end: bool = False
     seed: int = 42
 
+    @property
+    def step_limit(self) -> float:
+        """``max_num_steps``, or infinity for -1."""
+        return math.inf if self.max_num_steps == -1 else self.max_num_steps
+
     def check(self) -> list[tuple[str, str]]:
-        problems = check_at_least(
-            self, 1, "max_num_epochs", "max_num_steps", "val_global_batch_size", "val_micro_batch_size"
-        )
+        problems = check_at_least(self, 1, "max_num_epochs", "val_global_batch_size", "val_micro_batch_size")
+        if self.max_num_steps < 1 and self.max_num_steps != -1:
+            problems.append(("max_num_steps", f"must be >= 1, or -1 for no limit, got {self.max_num_steps}"))
         if self.val_period < 0:
             problems.append(("val_period", f"must be >= 0 (0 disables validation), got {self.val_period}"))
         return problems

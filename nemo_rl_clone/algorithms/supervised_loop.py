@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_clone.algorithms.run_state import format_metrics, run_validation, save_run_checkpoint
+from nemo_rl_clone.algorithms.run_state import format_metrics, run_validation, save_run_checkpoint, validates_at_end
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.algorithms.supervised_config import SupervisedAlgorithm
 from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun
@@ -59,7 +59,7 @@ def log_validation(run: SupervisedRun, step: int) -> dict[str, float]:
 
 def supervised_train(run: SupervisedRun) -> None:
     """Train until ``max_num_steps``, ``max_num_epochs`` or ``checkpointing.checkpoint_must_save_by``."""
-    total_steps = min(run.loop.max_num_steps, run.loop.max_num_epochs * run.dataloader.batches_per_epoch)
+    total_steps = int(min(run.loop.step_limit, run.loop.max_num_epochs * run.dataloader.batches_per_epoch))
     with (
         StepProgress(run.algorithm.section.upper(), total_steps, start_step=run.state.step),
         stop_on_signals(
@@ -93,7 +93,7 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
     if loop.val_at_start and state.step == 0:
         log_validation(run, step=0)
     batches = iter(run.dataloader)
-    while state.step < loop.max_num_steps and run.dataloader.completed_epochs < loop.max_num_epochs:
+    while state.step < loop.step_limit and run.dataloader.completed_epochs < loop.max_num_epochs:
         timer.reset()
         step = state.step + 1
         state.val_metrics = {}  # a checkpoint carries the validation metrics of its own step only (keep_top_k)
@@ -115,9 +115,7 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
             deadline.mark_step()
             stop_for_deadline = deadline.reached()
             is_last = (
-                step >= loop.max_num_steps
-                or run.dataloader.completed_epochs >= loop.max_num_epochs
-                or stop_for_deadline
+                step >= loop.step_limit or run.dataloader.completed_epochs >= loop.max_num_epochs or stop_for_deadline
             )
             if should_save(step, checkpointing, is_last):
                 phase(step, "checkpoint")
@@ -137,4 +135,6 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
             break
+    if validates_at_end(loop.val_at_end, loop.val_period, state.step):
+        log_validation(run, state.step)
     console.print(f"Done after step {state.step}. Logs: {run.log_dir}  Checkpoints: {checkpointing.checkpoint_dir}")

@@ -135,7 +135,7 @@ def build_preference_run(config: Any, algorithm: PreferenceAlgorithm) -> Supervi
     )
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
-    loaded = load_preference_dataset(config.data, seed=getattr(config, algorithm.section).seed)
+    loaded = load_preference_dataset(config.data, seed=config.data.split_seed(getattr(config, algorithm.section).seed))
     train, val = build_datasets(PreferenceDataset, loaded, tokenizer, config.data)
     collate = partial(
         preference_collate_fn,

@@ -64,12 +64,15 @@ def calculate_kl(
     input_clamp_value: float | None = 20.0,
     output_clamp_value: float | None = 10.0,
 ) -> torch.Tensor:
-    """Per-token estimate of KL(π ‖ π_ref) on tokens sampled from π (Schulman, 2020), with d = log π_ref − log π:
-    k1 = −d, k2 = d²/2, k3 = e^d − d − 1 (≥ 0, unbiased, low variance).
+    """Per-token estimator of KL(π ‖ π_ref) on tokens sampled from π (Schulman, 2020), NeMo-RL's signature.
 
-    ``input_clamp_value`` bounds |d| (and so e^d and its gradient) where the policies disagree wildly;
-    ``output_clamp_value`` bounds the estimate itself; None disables either clamp.
+    With d = clamp(logprobs_reference − logprobs, ±input_clamp_value):
+    k1 = −d (unbiased, can be negative), k2 = d²/2 (biased, ≥ 0), k3 = e^d − d − 1 (unbiased, ≥ 0); the result is
+    then clamped to ±output_clamp_value. The clamps bound the value and its gradient (0 outside them) for tokens
+    where the two policies disagree wildly; None disables either.
     """
+    if kl_type not in KL_TYPES:
+        raise ValueError(f"kl_type must be one of {list(KL_TYPES)}, got {kl_type!r}")
     log_ratio = logprobs_reference - logprobs
     if input_clamp_value is not None:
         log_ratio = log_ratio.clamp(min=-input_clamp_value, max=input_clamp_value)
@@ -77,18 +80,16 @@ def calculate_kl(
         kl = -log_ratio
     elif kl_type == "k2":
         kl = log_ratio.square() / 2
-    elif kl_type == "k3":
-        kl = log_ratio.exp() - log_ratio - 1
     else:
-        raise ValueError(f"kl_type must be one of {list(KL_TYPES)}, got {kl_type!r}")
+        kl = log_ratio.exp() - log_ratio - 1
     if output_clamp_value is not None:
         kl = kl.clamp(min=-output_clamp_value, max=output_clamp_value)
     return kl
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float | None = 20.0) -> torch.Tensor:
-    """`calculate_kl`'s k3 with only the input clamp: 0 where the two logprobs agree, gradient 0 outside the clamp."""
-    return calculate_kl(logprobs, ref_logprobs, "k3", input_clamp_value=clamp, output_clamp_value=None)
+    """k3 estimator of KL(π ‖ π_ref) with only the input clamp: `calculate_kl(..., "k3", clamp, None)`."""
+    return calculate_kl(logprobs, ref_logprobs, "k3", clamp, None)
 
 
 def reduce_train_results(

@@ -44,10 +44,21 @@ __all__ = [
 
 
 def build_sft_datum(
-    messages: Sequence[Mapping[str, str]], tokenizer: PreTrainedTokenizerBase, max_seq_length: int, idx: int
+    messages: Sequence[Mapping[str, str]],
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_length: int,
+    idx: int,
+    add_bos: bool = False,
+    add_eos: bool = False,
 ) -> dict[str, Any]:
-    """``{"message_log", "length", "loss_multiplier", "idx"}``; ``token_loss_mask`` is 1 on assistant messages."""
-    message_log, length, truncated = _templated(messages, tokenizer, max_seq_length, first_trained=None)
+    """``{"message_log", "length", "loss_multiplier", "idx"}``; ``token_loss_mask`` is 1 on assistant messages.
+
+    ``add_bos`` / ``add_eos`` (NeMo-RL's ``data.add_bos`` / ``data.add_eos``): start the conversation with the
+    tokenizer's BOS token / end it with its EOS token when the chat template did not already (a tokenizer without
+    that token is left as is)."""
+    message_log, length, truncated = _templated(
+        messages, tokenizer, max_seq_length, first_trained=None, add_bos=add_bos, add_eos=add_eos
+    )
     return {"message_log": message_log, "length": length, "loss_multiplier": 0.0 if truncated else 1.0, "idx": idx}
 
 
@@ -81,12 +92,15 @@ def _templated(
     tokenizer: PreTrainedTokenizerBase,
     max_seq_length: int,
     first_trained: int | None,
+    add_bos: bool = False,
+    add_eos: bool = False,
 ) -> tuple[LLMMessageLogType, int, bool]:
-    """Template, truncate to ``max_seq_length`` and add ``token_loss_mask``: messages from index ``first_trained``
-    on, or (None) every assistant message. Returns ``(message_log, length, truncated)``."""
+    """Template (with BOS / EOS added where missing, see `build_sft_datum`), truncate to ``max_seq_length`` and add
+    ``token_loss_mask``: messages from index ``first_trained`` on, or (None) every assistant message. Returns
+    ``(message_log, length, truncated)``."""
     if max_seq_length < 1:
         raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
-    message_log = get_formatted_message_log(messages, tokenizer, add_bos_token=False, add_eos_token=False)
+    message_log = get_formatted_message_log(messages, tokenizer, add_bos_token=add_bos, add_eos_token=add_eos)
     truncated = sum(len(m["token_ids"]) for m in message_log) > max_seq_length
     if truncated:
         _keep_prefix(message_log, max_seq_length, tokenizer)
@@ -112,10 +126,11 @@ class _RowDataset(torch.utils.data.Dataset):
 
     required_fields: tuple[str, ...] = ()
 
-    def __init__(self, rows: Rows, tokenizer: PreTrainedTokenizerBase, max_seq_length: int):
+    def __init__(self, rows: Rows, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, **options: Any):
         self.rows = rows
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
+        self.options = options  # datum-building options of the subclass (SFT: add_bos, add_eos)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -137,7 +152,7 @@ class SFTDataset(_RowDataset):
     required_fields = ("messages",)
 
     def build_datum(self, row: Mapping[str, Any], idx: int) -> dict[str, Any]:
-        return build_sft_datum(row["messages"], self.tokenizer, self.max_seq_length, idx)
+        return build_sft_datum(row["messages"], self.tokenizer, self.max_seq_length, idx, **self.options)
 
 
 class PreferenceDataset(_RowDataset):
@@ -152,13 +167,17 @@ class PreferenceDataset(_RowDataset):
 
 
 def build_datasets(
-    dataset_cls: type[_RowDataset], loaded: LoadedDataset, tokenizer: PreTrainedTokenizerBase, cfg: SupervisedDataConfig
+    dataset_cls: type[_RowDataset],
+    loaded: LoadedDataset,
+    tokenizer: PreTrainedTokenizerBase,
+    cfg: SupervisedDataConfig,
+    **options: Any,
 ) -> tuple[_RowDataset, _RowDataset | None]:
-    """(train, validation or None) of ``loaded`` as ``dataset_cls`` (:class:`SFTDataset`, :class:`PreferenceDataset`),
-    without the rows longer than ``cfg.max_input_seq_length`` when ``cfg.drop_overlong``."""
+    """(train, validation or None) of ``loaded`` as ``dataset_cls`` (:class:`SFTDataset`, :class:`PreferenceDataset`)
+    built with ``options``, without the rows longer than ``cfg.max_input_seq_length`` when ``cfg.drop_overlong``."""
     splits: list[_RowDataset | None] = []
     for split, rows in (("training", loaded.train), ("validation", loaded.validation)):
-        dataset = None if rows is None else dataset_cls(rows, tokenizer, cfg.max_input_seq_length)
+        dataset = None if rows is None else dataset_cls(rows, tokenizer, cfg.max_input_seq_length, **options)
         if dataset is not None and cfg.drop_overlong:
             dataset = _without_overlong(dataset, split)
         splits.append(dataset)
@@ -174,7 +193,7 @@ def _without_overlong(dataset: _RowDataset, split: str) -> _RowDataset:
         raise DataError(f"data.drop_overlong: all {len(dataset)} {split} rows are longer than {limit}; raise it")
     rows = dataset.rows.select(keep) if isinstance(dataset.rows, datasets.Dataset) else [dataset.rows[i] for i in keep]
     print(f"data.drop_overlong: dropped {len(dataset) - len(keep)} of {len(dataset)} {split} rows longer than {limit}")
-    return type(dataset)(rows, dataset.tokenizer, dataset.max_seq_length)
+    return type(dataset)(rows, dataset.tokenizer, dataset.max_seq_length, **dataset.options)
 
 
 def sft_collate_fn(

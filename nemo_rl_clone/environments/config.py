@@ -295,6 +295,13 @@ BUILTIN_ENV_CONFIGS: dict[str, type] = {
 }
 
 
+# NeMo-RL environments with no equivalent here, and what to use instead.
+_NOT_SUPPORTED_ENVS = {
+    "dapo": "NeMo-RL's DAPO math verifier (an exact match of the normalised 'Answer: ...' line); score math rows "
+    "with env.math (math_verify) instead: data.default.env_name: math",
+}
+
+
 class EnvConfig(dict[str, Any]):
     """``env``: one section per environment, keyed by the name a dataset row's ``task_name`` routes to.
 
@@ -322,6 +329,8 @@ class EnvConfig(dict[str, Any]):
                 sections[name] = _convert_custom(section, dotted, convert, problems)
             elif name in BUILTIN_ENV_CONFIGS:
                 sections[name] = convert(section, BUILTIN_ENV_CONFIGS[name], dotted)
+            elif name in _NOT_SUPPORTED_ENVS:
+                problems.append(f"{dotted}: not supported yet: {_NOT_SUPPORTED_ENVS[name]}")
             else:
                 near = difflib.get_close_matches(str(name), list(BUILTIN_ENV_CONFIGS), n=1, cutoff=0.6)
                 hint = f" (did you mean {key}.{near[0]}?)" if near else ""

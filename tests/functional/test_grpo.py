@@ -296,3 +296,26 @@ def test_sigkill_during_checkpoint_then_resume(tmp_path):
     proc = run_grpo(tmp_path, "grpo.max_num_steps=3")
     assert "Resuming from checkpoint" in proc.stdout and "step_1 (step 1)" in proc.stdout
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_1", "step_2", "step_3"]
+
+
+def test_nemo_rl_v07_grpo_keys(tmp_path):
+    """NeMo-RL v0.7.0 keys in a real run: validation only at the end, the per-sequence logprob-error mask (which
+    masks nothing when trainer and engine agree), advantage clipping and the k2 KL estimator."""
+    run_grpo(
+        tmp_path,
+        "grpo.val_period=0",
+        "++grpo.val_at_end=true",
+        "++grpo.seq_logprob_error_threshold=1.5",
+        "++grpo.advantage_clip_low=-0.5",
+        "++grpo.advantage_clip_high=0.5",
+        "++loss_fn.reference_policy_kl_type=k2",
+        "checkpointing.enabled=false",
+    )
+    (run_dir,) = (tmp_path / "logs").iterdir()
+    metrics = read_metrics(run_dir)
+    assert "validation/accuracy" not in metrics[1] and "validation/accuracy" in metrics[2]
+    for step in (1, 2):
+        m = metrics[step]
+        assert m["train/num_masked_seqs_by_logprob_error"] == 0
+        assert -0.5 <= m["train/advantages/min"] <= m["train/advantages/max"] <= 0.5
+        assert m["train/num_valid_samples"] > 0

@@ -173,3 +173,33 @@ def test_sft_lora_learns_resumes_and_exports(tmp_path):
     with torch.no_grad():
         eval_logits = AutoModelForCausalLM.from_pretrained(evaluated, dtype=torch.float32)(input_ids).logits
     torch.testing.assert_close(eval_logits, merged, atol=0, rtol=0)
+
+
+def test_sft_nemo_rl_v07_layout_no_step_limit_and_validation_at_end(tmp_path):
+    """NeMo-RL v0.7.0's nested data layout, ``max_num_steps: -1`` (the epochs end the run) and ``val_at_end``."""
+    rows = [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in CONVERSATIONS
+    ]
+    path = write_jsonl(tmp_path / "chats.jsonl", rows)
+    run_entry_point(
+        "sft",
+        tmp_path,
+        "++data.train.dataset_name=openai_format",
+        f"++data.train.data_path={path}",
+        f"++data.validation.data_path={path}",
+        "++data.add_bos=true",
+        "++data.add_eos=true",
+        "sft.max_num_steps=-1",
+        "sft.max_num_epochs=3",
+        "sft.val_period=2",
+        "++sft.val_at_end=true",
+        "sft.val_global_batch_size=8",
+        "sft.val_micro_batch_size=4",
+        "policy.train_global_batch_size=8",
+        "policy.train_micro_batch_size=4",
+        "checkpointing.enabled=false",
+    )
+    (run_dir,) = run_dirs(tmp_path)
+    metrics = read_metrics(run_dir)
+    assert sorted(step for step, m in metrics.items() if "train/loss" in m) == [1, 2, 3]  # 3 epochs of one batch
+    assert sorted(step for step, m in metrics.items() if "validation/val_loss" in m) == [2, 3]

@@ -25,9 +25,25 @@ from typing import Any
 import pytest
 
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
-from nemo_rl_clone.algorithms.grpo_config import AsyncGRPOConfig, GRPOConfig, GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo_config import (
+    AdvEstimatorConfig,
+    AsyncGRPOConfig,
+    DataPlaneConfig,
+    GRPOConfig,
+    GRPOMasterConfig,
+    RewardShapingConfig,
+)
+from nemo_rl_clone.algorithms.loss_configs import ClippedPGLossConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
-from nemo_rl_clone.algorithms.sft import SFTMasterConfig
+from nemo_rl_clone.algorithms.sft import SFTConfig, SFTMasterConfig
+from nemo_rl_clone.data.config import (
+    DataConfig,
+    DataDefaultsConfig,
+    DataTrainConfig,
+    DataValidationConfig,
+    NeMoRLDataLayout,
+    SFTDataConfig,
+)
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import (
     BUILTIN_ENV_CONFIGS,
@@ -78,6 +94,7 @@ class Refusal:
     setup: tuple[tuple[str, Any], ...] = ()  # other (dotted key, value) the refusal needs, e.g. the Megatron backend
 
 
+DATA_RUNS = ("grpo", "sft", "dpo", "rm")  # the runs whose data section takes NeMo-RL v0.7.0's nested layout
 # megatron_cfg is checked only when it is the backend; RM refuses the Megatron backend as a whole.
 MEGATRON_RUNS = ("grpo", "sft", "dpo")
 ENV_RUNS = ("grpo", "eval")  # the runs with an env section
@@ -105,6 +122,77 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         (("grpo.async_grpo.enabled", True),),
     ),
     (GRPOConfig, "batch_multiplier"): Refusal(2, "only 1 is supported yet (got 2)"),
+    (GRPOConfig, "invalid_tool_call_advantage"): Refusal(
+        -1.0, "not supported yet: a fixed advantage for samples with an invalid tool call; set it to null", ("grpo",)
+    ),
+    (GRPOConfig, "malformed_thinking_advantage"): Refusal(
+        -1.0, "not supported yet: a fixed advantage for samples with malformed thinking; set it to null", ("grpo",)
+    ),
+    (AdvEstimatorConfig, "minus_baseline"): Refusal(
+        False, "not supported yet: GRPO always subtracts the group baseline; set it to true", ("grpo",)
+    ),
+    (RewardShapingConfig, "stop_properly_penalty_coef"): Refusal(
+        0.5,
+        "not supported yet: a penalty for responses that did not stop; use grpo.overlong_filtering or the overlong "
+        "buffer penalty, and set it to null",
+        ("grpo",),
+    ),
+    (ClippedPGLossConfig, "positive_example_nll_weight"): Refusal(
+        0.1, "not supported yet: VAPO's NLL term on positive examples; set it to 0.0", ("grpo",)
+    ),
+    (ClippedPGLossConfig, "use_kl_in_reward"): Refusal(
+        True,
+        "not supported yet: the KL penalty is a loss term here (reference_policy_kl_penalty); set it to false",
+        ("grpo",),
+    ),
+    (DataPlaneConfig, "enabled"): Refusal(
+        True,
+        "not supported yet: the transfer-queue data plane; rollouts move between actors through Ray's object store; "
+        "set it to false",
+        ("grpo",),
+    ),
+    (GRPOMasterConfig, "on_policy_distillation"): Refusal(
+        {"enabled": True},
+        "not supported by GRPO runs: on-policy distillation is its own run; use examples/run_distillation_math.py, "
+        "and set it to null here",
+        ("grpo",),
+    ),
+    (DataTrainConfig, "max_samples"): Refusal(
+        100, "not supported yet: a cap on the training rows; give a smaller data_path, set null", DATA_RUNS
+    ),
+    (DataTrainConfig, "output_key"): Refusal(
+        "output",
+        "not supported yet: 'output'; each dataset reads its own answer column (OpenMathInstruct-2: "
+        "generated_solution); set it to null",
+        DATA_RUNS,
+    ),
+    (DataValidationConfig, "split"): Refusal(
+        "dev",
+        "not supported yet: 'dev'; validation uses the dataset's own validation rows, set 'validation' or null",
+        DATA_RUNS,
+    ),
+    (DataDefaultsConfig, "processor"): Refusal(
+        "my_processor",
+        "not supported yet: 'my_processor'; the dataset picks its processor here (equivalent to "
+        "'math_hf_data_processor', 'math_data_processor', 'sft_processor'); set one of those or null",
+        DATA_RUNS,
+    ),
+    (NeMoRLDataLayout, "use_multiple_dataloader"): Refusal(
+        True, "not supported yet: one dataset trains per run here; set it to false", DATA_RUNS
+    ),
+    (DataConfig, "add_system_prompt"): Refusal(
+        True, "not supported yet: give the system prompt as data.default.system_prompt_file", ("grpo",)
+    ),
+    (SFTDataConfig, "add_generation_prompt"): Refusal(
+        True,
+        "not supported yet: SFT trains on whole conversations, which end with the answer; set it to false",
+        ("sft",),
+    ),
+    (SFTConfig, "only_unmask_final"): Refusal(
+        True,
+        "not supported yet: training on the final assistant turn only; every assistant turn trains, set it to false",
+        ("sft",),
+    ),
     (DTensorConfig, "sequence_parallel"): Refusal(True, "sequence parallelism is not supported yet; set it to false"),
     (MegatronConfig, "enabled"): Refusal(  # with dtensor_cfg off: Megatron is the RM's backend
         True,
@@ -245,6 +333,7 @@ REFUSED: dict[tuple[type, str], Refusal] = {
 }
 # Sections whose `enabled` refusal above covers every other key in them, and the runs where it does.
 REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
+    DataPlaneConfig: ("grpo",),
     MegatronFP8Config: MEGATRON_RUNS,
     MegatronPeftConfig: MEGATRON_RUNS,
     MegatronConfig: ("rm",),

@@ -215,6 +215,16 @@ def test_metrics_hand_values():
     assert metrics["gen_kl_error"] == pytest.approx(sum(math.exp(-g) + g - 1 for g in gen_gap) / 4, abs=1e-6)
     # approx_entropy: −exp(lp − lp_gen)·lp with lp = lp_prev = −log 4
     assert metrics["approx_entropy"] == pytest.approx(sum(math.exp(-g) * LOG4 for g in gen_gap) / 4, abs=1e-6)
+    # policy_kl_error: k3 with d = lp_gen − lp_prev = g
+    assert metrics["policy_kl_error"] == pytest.approx(sum(math.exp(g) - g - 1 for g in gen_gap) / 4, abs=1e-6)
+    # js_divergence_error: ½ Σ_{x ∈ prev, gen} k3 with d = x − log m, m = ½(p_prev + p_gen) (lp_prev = −log 4)
+    js = 0.0
+    for g in gen_gap:
+        lp_prev, lp_gen = -LOG4, -LOG4 + g
+        log_m = math.log(0.5 * math.exp(lp_prev) + 0.5 * math.exp(lp_gen))
+        js += sum(0.5 * (math.exp(x - log_m) - (x - log_m) - 1) for x in (lp_prev, lp_gen))
+    assert metrics["js_divergence_error"] == pytest.approx(js / 4, abs=1e-6)
+    assert metrics["sampling_importance_ratio"] == pytest.approx(sum(math.exp(-g) for g in gen_gap) / 4, abs=1e-6)
     assert metrics["num_valid_samples"] == 1
     assert set(metrics) == {
         "loss",
@@ -223,6 +233,9 @@ def test_metrics_hand_values():
         "kl_penalty",
         "token_mult_prob_error",
         "gen_kl_error",
+        "policy_kl_error",
+        "js_divergence_error",
+        "sampling_importance_ratio",
         "approx_entropy",
         "num_valid_samples",
     }

@@ -68,6 +68,11 @@ def load_dataset_by_name(name: str, **kwargs: Any) -> LoadedDataset:
     return loader(**kwargs)
 
 
+def seed_argument(name: str, seed: int) -> dict[str, int]:
+    """``{"seed": seed}`` when dataset ``name``'s loader takes a seed (for its hold-out), else ``{}``."""
+    return {"seed": seed} if "seed" in inspect.signature(get_dataset_loader(name)).parameters else {}
+
+
 def load_dataset_from_config(data_config: DataConfig, seed: int, env: Mapping[str, Any] | None = None) -> LoadedDataset:
     """Load the dataset a ``data`` config section describes; ``seed`` (e.g. ``grpo.seed``) seeds splits; ``env``
     (the ``env`` sections) gives generated games their rules (``sliding_puzzle``: ``env.sliding_puzzle_game``).
