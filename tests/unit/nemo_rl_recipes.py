@@ -131,6 +131,7 @@ def _base_recipe(algorithm: str, backend: str) -> dict[str, Any]:
         set_dotted(config, "policy.megatron_cfg.enabled", True)
         set_dotted(config, "policy.optimizer", None)
         set_dotted(config, "policy.scheduler", None)
+        set_dotted(config, "policy.megatron_cfg.sequence_parallel", False)  # the table's true is a TP>1 recipe's
     return config
 
 

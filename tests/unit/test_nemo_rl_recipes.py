@@ -60,14 +60,39 @@ def _row_id(row: KeyRow) -> str:
     return row.key
 
 
+# Keys NeMo-RL only accepts together with another one: every recipe that sets the first sets the second too.
+COMPANIONS: dict[str, dict[str, Any]] = {
+    "loss_fn.truncated_importance_sampling_ratio": {"loss_fn.use_importance_sampling_correction": True},
+}
+
+
 def _recipe_setting(row: KeyRow) -> tuple[str, dict[str, Any]]:
-    """The base recipe of the first of the key's algorithms, with the key set at the value the table records.
-    Megatron keys are tried on the Megatron variant, where they take effect."""
+    """The base recipe of the first of the key's algorithms, with the key set at the value the table records, plus
+    the rest of its section where the base has none (an ``env.reward_model`` key comes with the whole section, as in
+    the recipe that has it). Megatron keys, and the null optimizer of Megatron recipes, are tried on the Megatron
+    variant, where they take effect."""
     algorithm = next(a for a in ("grpo", "sft", "dpo", "rm") if a in row.algorithms)
-    backend = "megatron" if row.key.startswith("policy.megatron_cfg.") else "dtensor"
-    config = base_recipe(algorithm, backend)
+    megatron = row.key.startswith("policy.megatron_cfg.") or (row.key == "policy.optimizer" and row.example is None)
+    config = base_recipe(algorithm, "megatron" if megatron else "dtensor")
+    parts = row.key.split(".")
+    section = ".".join(parts[:2]) if parts[0] == "env" else ".".join(parts[:-1])
+    if section and not _has(config, section):
+        for sibling in key_rows():
+            if sibling.key.startswith(section + ".") and algorithm in sibling.algorithms:
+                set_dotted(config, sibling.key, sibling.example)
+    for key, value in COMPANIONS.get(row.key, {}).items():
+        set_dotted(config, key, value)
     set_dotted(config, row.key, row.example)
     return algorithm, config
+
+
+def _has(config: dict[str, Any], key: str) -> bool:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 @pytest.mark.parametrize("row", key_rows(), ids=_row_id)
