@@ -93,7 +93,9 @@ class DistillationLossFn:
         context_parallel_group: dist.ProcessGroup | None = None,
         logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, dict[str, float | int]]:
-        missing = [k for k in ("token_mask", "sample_mask", "teacher_topk_logits", "teacher_topk_indices") if k not in data]
+        missing = [
+            k for k in ("token_mask", "sample_mask", "teacher_topk_logits", "teacher_topk_indices") if k not in data
+        ]
         if missing:
             raise KeyError(f"DistillationLossFn: data is missing {missing} (teacher top-k: Policy.get_topk_logits)")
         if vocab_parallel_group is not None or context_parallel_group is not None:
@@ -162,8 +164,12 @@ def _validated(cfg: DistillationLossConfig | Mapping[str, Any] | None) -> Distil
             raise ValueError("invalid DistillationLossFn config:\n" + "\n".join(f"  {k}: {m}" for k, m in problems))
         return cfg
     if not isinstance(cfg, Mapping):
-        raise TypeError(f"DistillationLossFn config must be a mapping or DistillationLossConfig, got {type(cfg).__name__}")
+        raise TypeError(
+            f"DistillationLossFn config must be a mapping or DistillationLossConfig, got {type(cfg).__name__}"
+        )
     try:
         return validate_config(cfg, DistillationLossConfig)
     except ConfigError as error:
-        raise ValueError("invalid DistillationLossFn config:\n" + "\n".join(f"  {line}" for line in error.problems)) from None
+        raise ValueError(
+            "invalid DistillationLossFn config:\n" + "\n".join(f"  {line}" for line in error.problems)
+        ) from None

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from nemo_rl_clone.algorithms.distillation_config import DistillationMasterConfig
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
 from nemo_rl_clone.algorithms.grpo_config import AsyncGRPOConfig, GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
@@ -67,6 +68,7 @@ MASTERS: dict[str, tuple[type, dict[str, Any]]] = {
     "dpo": (DPOMasterConfig, {"policy": {"max_total_sequence_length": 1024}}),
     "rm": (RMMasterConfig, {"policy": {"max_total_sequence_length": 1024, "reward_model_cfg": {"enabled": True}}}),
     "eval": (EvalMasterConfig, {"logger": {}}),
+    "distillation": (DistillationMasterConfig, {"policy": {"train_global_batch_size": 128}}),
 }
 
 
@@ -80,7 +82,7 @@ class Refusal:
 
 # megatron_cfg is checked only when it is the backend; RM refuses the Megatron backend as a whole.
 MEGATRON_RUNS = ("grpo", "sft", "dpo")
-ENV_RUNS = ("grpo", "eval")  # the runs with an env section
+ENV_RUNS = ("grpo", "eval", "distillation")  # the runs with an env section
 TO_MEGATRON = (("policy.dtensor_cfg.enabled", False), ("policy.optimizer", None), ("policy.scheduler", None))
 MEGATRON = (*TO_MEGATRON, ("policy.megatron_cfg.enabled", True))
 _LOCAL_SPEC = "needs Transformer Engine, and this backend builds Megatron's local (non-TE) layer spec"
@@ -247,7 +249,7 @@ REFUSED: dict[tuple[type, str], Refusal] = {
 REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
     MegatronFP8Config: MEGATRON_RUNS,
     MegatronPeftConfig: MEGATRON_RUNS,
-    MegatronConfig: ("rm",),
+    MegatronConfig: ("rm", "distillation"),  # distillation: refused for the student and the teacher
     DraftConfig: tuple(MASTERS),
     RouterReplayConfig: tuple(MASTERS),
     SwanlabConfig: tuple(MASTERS),  # through logger.swanlab_enabled

@@ -59,7 +59,9 @@ def test_impossible_combinations_name_their_keys() -> None:
         "student's whole samples (64 < 128)"
     ]
     (line,) = problems("+distillation.num_prompts_per_stepp=4")
-    assert line.startswith("distillation.num_prompts_per_stepp: unknown key (did you mean distillation.num_prompts_per_step?")
+    assert line.startswith(
+        "distillation.num_prompts_per_stepp: unknown key (did you mean distillation.num_prompts_per_step?"
+    )
 
 
 def test_megatron_teacher_is_refused_in_one_line() -> None:

@@ -106,7 +106,9 @@ def test_microbatch_shares_sum_to_the_global_mean() -> None:
     fn = DistillationLossFn({"kl_type": "reverse", "zero_outside_topk": True})
     valid_seqs, valid_toks = valid_counts(data)
     whole, _ = fn(logits, data, valid_seqs, valid_toks)
-    parts = [fn(logits[i : i + 1], {k: v[i : i + 1] for k, v in data.items()}, valid_seqs, valid_toks)[0] for i in range(B)]
+    parts = [
+        fn(logits[i : i + 1], {k: v[i : i + 1] for k, v in data.items()}, valid_seqs, valid_toks)[0] for i in range(B)
+    ]
     torch.testing.assert_close(sum(parts), whole, **TOL)
 
 

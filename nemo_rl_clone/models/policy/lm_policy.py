@@ -138,9 +138,7 @@ class Policy(ColocatablePolicyInterface):
         self._require_language_model("get_reference_policy_logprobs")
         return self._logprob_call("get_reference_policy_logprobs", data, micro_batch_size)
 
-    def get_topk_logits(
-        self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None
-    ) -> BatchedDataDict:
+    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
         """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}``: the ``k`` largest next-token logits
         at every position (largest first) and their vocab ids, 0 at positions ``>= input_lengths`` (layout:
         `nemo_rl_clone.models.policy.topk_logits`). Needs ``input_ids`` and ``input_lengths``; sharded like
