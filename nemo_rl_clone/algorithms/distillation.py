@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from nemo_rl_clone.algorithms.distillation_config import DistillationMasterConfig
+from nemo_rl_clone.algorithms.distillation_config import DistillationConfig, DistillationMasterConfig
 from nemo_rl_clone.algorithms.distillation_loss import DistillationLossFn
 from nemo_rl_clone.algorithms.grpo import log_validation
 from nemo_rl_clone.algorithms.grpo_batches import build_train_batch, sample_rows
@@ -29,12 +29,25 @@ from nemo_rl_clone.algorithms.grpo_setup import setup as setup_student_run
 from nemo_rl_clone.algorithms.run_state import save_run_checkpoint
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.algorithms.utils import reduce_train_results
-from nemo_rl_clone.models.huggingface import resolve_model_path
+from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
+
+__all__ = [
+    "DistillationComponents",
+    "DistillationConfig",
+    "DistillationMasterConfig",
+    "MasterConfig",
+    "check_vocab_equality",
+    "distillation_train",
+    "setup",
+]
+
+# NeMo-RL's name for the whole-run schema.
+MasterConfig = DistillationMasterConfig
 
 # NeMo-RL's switch for teachers whose tokenizer differs only in ways the check cannot see past.
 SKIP_TOKENIZER_CHECK_ENV = "NRL_SKIP_DISTILLATION_TOKENIZER_CHECK"
@@ -77,22 +90,39 @@ def setup(config: DistillationMasterConfig) -> DistillationComponents:
 
 
 def check_vocab_match(config: DistillationMasterConfig) -> None:
-    """The student's loss reads the teacher's top-k ids as its own: both tokenizers must map the same tokens to the
-    same ids, and both models must have the same logits width. Raises `UserInputError` (skipped with
-    ``NRL_SKIP_DISTILLATION_TOKENIZER_CHECK=true``)."""
+    """`check_vocab_equality` of a run's student and teacher (their tokenizers as the config names them); skipped
+    with ``NRL_SKIP_DISTILLATION_TOKENIZER_CHECK=true``."""
     if os.environ.get(SKIP_TOKENIZER_CHECK_ENV, "").lower() in ("1", "true", "yes"):
         return
-    student = config.policy.tokenizer.load(config.policy.model_name)
-    teacher = config.teacher.tokenizer.load(config.teacher.model_name)
+    student, teacher = config.policy, config.teacher
+    check_vocab_equality(
+        student.tokenizer.load(student.model_name),
+        student.model_name,
+        teacher.model_name,
+        teacher_tokenizer=teacher.tokenizer.load(teacher.model_name),
+    )
+
+
+def check_vocab_equality(
+    tokenizer: PreTrainedTokenizerBase,
+    student_model_name: str,
+    teacher_model_name: str,
+    teacher_tokenizer: PreTrainedTokenizerBase | None = None,
+) -> None:
+    """The student's loss reads the teacher's top-k ids as its own: both tokenizers must map the same tokens to the
+    same ids, and both models must have the same logits width (``vocab_size``). NeMo-RL's check and signature;
+    ``teacher_tokenizer`` defaults to the teacher model's own. Raises `UserInputError` naming ``teacher.model_name``."""
     hint = f"(set {SKIP_TOKENIZER_CHECK_ENV}=true to skip this check)"
-    if student.get_vocab() != teacher.get_vocab():
+    if teacher_tokenizer is None:
+        teacher_tokenizer = load_tokenizer(teacher_model_name)
+    if tokenizer.get_vocab() != teacher_tokenizer.get_vocab() or len(tokenizer) != len(teacher_tokenizer):
         raise UserInputError(
-            f"teacher.model_name: {config.teacher.model_name!r} has a tokenizer whose token -> id map differs from "
-            f"the student's ({config.policy.model_name!r}); distillation needs a shared vocabulary {hint}"
+            f"teacher.model_name: {teacher_model_name!r} has a tokenizer whose token -> id map differs from the "
+            f"student's ({student_model_name!r}); distillation needs a shared vocabulary {hint}"
         )
     widths = [
-        AutoConfig.from_pretrained(resolve_model_path(section.model_name)).vocab_size
-        for section in (config.policy, config.teacher)
+        AutoConfig.from_pretrained(resolve_model_path(name)).vocab_size
+        for name in (student_model_name, teacher_model_name)
     ]
     if widths[0] != widths[1]:
         raise UserInputError(

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,7 @@ from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.distributed.model_utils import LossType
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
-__all__ = ["DistillationLossConfig", "DistillationLossFn"]
+__all__ = ["DistillationLossConfig", "DistillationLossDataDict", "DistillationLossFn"]
 
 # log of the probability a zero_outside_topk teacher gives every token outside its top-k (NeMo-RL's constant)
 LOG_INFINITESIMAL = -100.0
@@ -56,6 +56,17 @@ class DistillationLossConfig:
         if not 0.0 <= self.mixed_kl_weight <= 1.0:
             return [("mixed_kl_weight", f"must be in [0, 1] (weight of the forward KL), got {self.mixed_kl_weight}")]
         return []
+
+
+class DistillationLossDataDict(TypedDict):
+    """The keys `DistillationLossFn` reads (shapes in the module docstring); NeMo-RL's name."""
+
+    input_ids: torch.Tensor
+    input_lengths: torch.Tensor
+    token_mask: torch.Tensor
+    sample_mask: torch.Tensor
+    teacher_topk_logits: torch.Tensor
+    teacher_topk_indices: torch.Tensor
 
 
 class DistillationLossFn:

@@ -3,13 +3,18 @@ combination is one line naming its key."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+from nemo_rl_clone.algorithms.distillation import check_vocab_equality, check_vocab_match
 from nemo_rl_clone.algorithms.distillation_config import DistillationMasterConfig
+from nemo_rl_clone.models.huggingface import SMOLLM2, TINY_LLAMA, load_tokenizer, resolve_model_path
 from nemo_rl_clone.utils.config import load_validated_config
 from nemo_rl_clone.utils.config_validation import ConfigError
+from nemo_rl_clone.utils.errors import UserInputError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -71,3 +76,23 @@ def test_megatron_teacher_is_refused_in_one_line() -> None:
         "teacher.megatron_cfg.enabled: not supported yet with distillation: the teacher's top-k and the student's "
         "KL loss run on the DTensor backend (dtensor_cfg.enabled=true)"
     ]
+
+
+def test_vocab_check_needs_the_same_token_ids_and_logits_width(tmp_path: Path) -> None:
+    student = load_tokenizer(TINY_LLAMA)
+    check_vocab_equality(student, TINY_LLAMA, SMOLLM2)  # the smoke run's pair: SmolLM2's tokenizer on both sides
+    check_vocab_match(load())
+
+    extended = load_tokenizer(TINY_LLAMA)
+    extended.add_tokens(["<not_in_the_teacher>"])
+    with pytest.raises(UserInputError, match=r"teacher.model_name: 'SmolLM2-135M-Instruct' has a tokenizer whose"):
+        check_vocab_equality(extended, TINY_LLAMA, SMOLLM2)
+
+    wider = tmp_path / "wider"
+    shutil.copytree(resolve_model_path(TINY_LLAMA), wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 64}))
+    with pytest.raises(
+        UserInputError, match=r"the teacher's vocab_size \(49216\) differs from the student's \(49152\)"
+    ):
+        check_vocab_equality(student, TINY_LLAMA, str(wider))
