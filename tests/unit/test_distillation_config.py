@@ -11,6 +11,7 @@ import pytest
 
 from nemo_rl_clone.algorithms.distillation import check_vocab_equality, check_vocab_match
 from nemo_rl_clone.algorithms.distillation_config import DistillationMasterConfig
+from nemo_rl_clone.algorithms.preflight import preflight
 from nemo_rl_clone.models.huggingface import SMOLLM2, TINY_LLAMA, load_tokenizer, resolve_model_path
 from nemo_rl_clone.utils.config import load_validated_config
 from nemo_rl_clone.utils.config_validation import ConfigError
@@ -96,3 +97,17 @@ def test_vocab_check_needs_the_same_token_ids_and_logits_width(tmp_path: Path) -
         UserInputError, match=r"the teacher's vocab_size \(49216\) differs from the student's \(49152\)"
     ):
         check_vocab_equality(student, TINY_LLAMA, str(wider))
+
+
+def test_preflight_checks_the_teacher_model_and_its_parallel_size(tmp_path: Path) -> None:
+    dirs = (f"logger.log_dir={tmp_path / 'logs'}", f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}")
+    preflight(load(*dirs))
+    with pytest.raises(UserInputError) as error:
+        preflight(
+            load(*dirs, f"teacher.model_name={tmp_path / 'missing'}", "teacher.dtensor_cfg.tensor_parallel_size=2")
+        )
+    assert error.value.problems == [
+        f"teacher.model_name: model folder '{tmp_path / 'missing'}' does not exist (a local model folder or a built-in "
+        "model: SmolLM2-135M-Instruct, tiny-random-llama, tiny-random-qwen2, HuggingFaceTB/SmolLM2-135M-Instruct)",
+        "teacher.dtensor_cfg.tensor_parallel_size: 2 must divide the 1 workers of cluster.*",
+    ]
