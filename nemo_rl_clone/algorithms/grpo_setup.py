@@ -70,11 +70,15 @@ class GRPOComponents:
         self.logger.finish()
 
 
-def setup(config: GRPOMasterConfig) -> GRPOComponents:
-    """Build a GRPO run from a validated config; resumes from ``checkpointing.checkpoint_dir`` if it holds one."""
+def setup(config: GRPOMasterConfig, extra_worker_groups: int = 0, run_config: Any = None) -> GRPOComponents:
+    """Build a GRPO run from a validated config; resumes from ``checkpointing.checkpoint_dir`` if it holds one.
+
+    Algorithms built on GRPO's pieces (distillation) pass ``extra_worker_groups`` (more worker groups that will
+    share the training cluster's bundles, e.g. a teacher policy) and ``run_config`` (the config that
+    ``config.yaml`` and the logged hyperparameters hold instead of ``config``)."""
     set_seeds(config.grpo.seed)
     log_dir = get_next_experiment_dir(config.logger.log_dir)
-    resolved = config_to_dict(config)
+    resolved = config_to_dict(config if run_config is None else run_config)
     save_config(resolved, log_dir / "config.yaml")
     run_logger = Logger(config.logger, log_dir)
     run_logger.log_hyperparams(resolved)
@@ -89,7 +93,9 @@ def setup(config: GRPOMasterConfig) -> GRPOComponents:
 
     state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)
 
-    policy, generation, clusters, colocated = _setup_workers(config, tokenizer, weights_path, optimizer_path)
+    policy, generation, clusters, colocated = _setup_workers(
+        config, tokenizer, weights_path, optimizer_path, extra_worker_groups
+    )
     return GRPOComponents(
         config=config,
         tokenizer=tokenizer,
@@ -164,7 +170,11 @@ def save_checkpoint(components: GRPOComponents, loader_position: Any = None) -> 
 
 
 def _setup_workers(
-    config: GRPOMasterConfig, tokenizer: Any, weights_path: str | None, optimizer_path: str | None
+    config: GRPOMasterConfig,
+    tokenizer: Any,
+    weights_path: str | None,
+    optimizer_path: str | None,
+    extra_worker_groups: int = 0,
 ) -> tuple[Policy, VllmGeneration, list[RayVirtualCluster], bool]:
     """Colocated: one cluster, two worker groups time-sharing its bundles. Otherwise a cluster each."""
     use_gpus = torch.cuda.is_available()
@@ -175,7 +185,7 @@ def _setup_workers(
     train_cluster = RayVirtualCluster(
         bundles,
         use_gpus=use_gpus,
-        max_colocated_worker_groups=2 if colocated else 1,
+        max_colocated_worker_groups=(2 if colocated else 1) + extra_worker_groups,
         num_gpus_per_node=config.cluster.gpus_per_node,
         name="grpo_train",
         port_range_low=config.cluster.master_port_range_low,
@@ -183,7 +193,8 @@ def _setup_workers(
     )
     clusters = [train_cluster]
     # On CPU, colocated groups take turns on the same cores: each may use all of them while it runs.
-    threads = {} if use_gpus or not colocated else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    shared = colocated or extra_worker_groups > 0
+    threads = {} if use_gpus or not shared else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
     if colocated:
         gen_cluster = train_cluster
     else:

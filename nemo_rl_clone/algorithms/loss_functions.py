@@ -38,6 +38,11 @@ from nemo_rl_clone.algorithms.loss_configs import (
     DPOLossDataDict,
     PreferenceLossDataDict,
 )
+from nemo_rl_clone.algorithms.distillation_loss import (
+    DistillationLossConfig,
+    DistillationLossDataDict,
+    DistillationLossFn,
+)
 from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
 from nemo_rl_clone.distributed.model_utils import LossType, TokenLogprobs, token_logprobs_from_logits
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
@@ -49,6 +54,9 @@ __all__ = [
     "DPOLossConfig",
     "DPOLossDataDict",
     "DPOLossFn",
+    "DistillationLossConfig",
+    "DistillationLossDataDict",
+    "DistillationLossFn",
     "LossType",
     "NLLLoss",
     "PreferenceLoss",

@@ -32,6 +32,9 @@ def preflight(config: Any) -> None:
     policy = getattr(config, "policy", None)
     if policy is not None:
         problems.extend(_policy_problems(config, policy))
+    teacher = getattr(config, "teacher", None)
+    if teacher is not None:  # distillation's frozen teacher: inference only, on the training workers
+        problems.extend(_teacher_problems(config, teacher))
     if getattr(config, "data", None) is not None:
         from nemo_rl_clone.data.checks import check_data_config
 
@@ -155,6 +158,22 @@ def _attached_cluster_problems(shapes: dict[str, tuple[int, int]], use_gpus: boo
         )
     where = f"the Ray cluster at {ray.get_runtime_context().gcs_address}"
     return check_cluster_shape(nodes, shapes, use_gpus, where)
+
+
+def _teacher_problems(config: Any, teacher: Any) -> list[str]:
+    from nemo_rl_clone.models.huggingface import check_model_source
+
+    problems = []
+    model_problem = check_model_source(teacher.model_name, "teacher.model_name")
+    if model_problem is not None:
+        problems.append(model_problem)
+    workers = config.cluster.gpus_per_node * config.cluster.num_nodes
+    if workers % teacher.model_parallel_size():
+        problems.append(
+            f"teacher.dtensor_cfg.tensor_parallel_size: {teacher.model_parallel_size()} must divide the {workers} "
+            "workers of cluster.*"
+        )
+    return problems
 
 
 def _policy_problems(config: Any, policy: Any) -> list[str]:

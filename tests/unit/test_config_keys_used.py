@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from nemo_rl_clone.algorithms.distillation_config import DistillationMasterConfig
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
 from nemo_rl_clone.algorithms.grpo_config import (
     AdvEstimatorConfig,
@@ -83,6 +84,7 @@ MASTERS: dict[str, tuple[type, dict[str, Any]]] = {
     "dpo": (DPOMasterConfig, {"policy": {"max_total_sequence_length": 1024}}),
     "rm": (RMMasterConfig, {"policy": {"max_total_sequence_length": 1024, "reward_model_cfg": {"enabled": True}}}),
     "eval": (EvalMasterConfig, {"logger": {}}),
+    "distillation": (DistillationMasterConfig, {"policy": {"train_global_batch_size": 128}}),
 }
 
 
@@ -97,7 +99,7 @@ class Refusal:
 DATA_RUNS = ("grpo", "sft", "dpo", "rm")  # the runs whose data section takes NeMo-RL v0.7.0's nested layout
 # megatron_cfg is checked only when it is the backend; RM refuses the Megatron backend as a whole.
 MEGATRON_RUNS = ("grpo", "sft", "dpo")
-ENV_RUNS = ("grpo", "eval")  # the runs with an env section
+ENV_RUNS = ("grpo", "eval", "distillation")  # the runs with an env section
 TO_MEGATRON = (("policy.dtensor_cfg.enabled", False), ("policy.optimizer", None), ("policy.scheduler", None))
 MEGATRON = (*TO_MEGATRON, ("policy.megatron_cfg.enabled", True))
 _LOCAL_SPEC = "needs Transformer Engine, and this backend builds Megatron's local (non-TE) layer spec"
@@ -336,7 +338,7 @@ REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
     DataPlaneConfig: ("grpo",),
     MegatronFP8Config: MEGATRON_RUNS,
     MegatronPeftConfig: MEGATRON_RUNS,
-    MegatronConfig: ("rm",),
+    MegatronConfig: ("rm", "distillation"),  # distillation: refused for the student and the teacher
     DraftConfig: tuple(MASTERS),
     RouterReplayConfig: tuple(MASTERS),
     SwanlabConfig: tuple(MASTERS),  # through logger.swanlab_enabled

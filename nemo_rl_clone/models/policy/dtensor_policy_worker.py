@@ -47,6 +47,7 @@ from nemo_rl_clone.models.policy import (
     packed_sequences,
     reward_model,
     token_logprob_head,
+    topk_logits,
     train_step,
     worker_setup,
 )
@@ -252,6 +253,21 @@ class DTensorPolicyWorker(RefitSender):
             return train_step.pad_to_width(lp, data["input_ids"].shape[1]).cpu()
 
         return BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
+
+    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}`` of this rank's shard (layout:
+        `topk_logits`)."""
+        self._require_language_model("get_topk_logits")
+        topk_logits.check_k(k)
+        width, indices = data["input_ids"].shape[1], []
+
+        def topk(batch: BatchedDataDict) -> torch.Tensor:
+            values, ids = topk_logits.topk_of_logits(self._forward(batch), k, batch["input_lengths"], width)
+            indices.append(ids)
+            return values
+
+        values = self._inference_pass(data, micro_batch_size, topk)
+        return BatchedDataDict({"topk_logits": values, "topk_indices": torch.cat(indices)})
 
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
         """A reward model's ``{"scores": [B] fp32}`` for this rank's shard, each read at ``input_lengths - 1``."""

@@ -34,6 +34,11 @@ class PolicyInterface(ABC):
     ) -> BatchedDataDict:
         """``{"reference_logprobs": [B, S]}`` under the frozen initial weights."""
 
+    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``{"topk_logits": [B, S, k], "topk_indices": [B, S, k]}``: the ``k`` largest next-token logits at every
+        position and their vocab ids (a distillation teacher's output); policies without it raise."""
+        raise NotImplementedError(f"{type(self).__name__} does not provide get_topk_logits")
+
     @abstractmethod
     def train(
         self,

@@ -31,6 +31,7 @@ from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
 from nemo_rl_clone.models.policy.optim import check_import_paths
 from nemo_rl_clone.models.policy.reward_model import check_input_lengths, reward_model_error
+from nemo_rl_clone.models.policy.topk_logits import check_k
 from nemo_rl_clone.utils.config_validation import validate_config
 
 DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
@@ -137,6 +138,20 @@ class Policy(ColocatablePolicyInterface):
         self._require_language_model("get_reference_policy_logprobs")
         return self._logprob_call("get_reference_policy_logprobs", data, micro_batch_size)
 
+    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}``: the ``k`` largest next-token logits
+        at every position (largest first) and their vocab ids, 0 at positions ``>= input_lengths`` (layout:
+        `nemo_rl_clone.models.policy.topk_logits`). Needs ``input_ids`` and ``input_lengths``; sharded like
+        `get_logprobs`. The DTensor backend only: Megatron raises NotImplementedError."""
+        self._require_language_model("get_topk_logits")
+        if self.cfg.megatron_cfg.enabled:
+            raise NotImplementedError(
+                "Policy.get_topk_logits is not supported yet with policy.megatron_cfg.enabled (a distillation "
+                "teacher needs the DTensor backend: megatron_cfg.enabled=false, dtensor_cfg.enabled=true)"
+            )
+        check_k(k)
+        return self._logprob_call("get_topk_logits", data, micro_batch_size, k=k)
+
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
         """A reward model's ``{"scores": [B] fp32}`` (inference): the head at each row's ``input_lengths - 1``.
 
@@ -150,12 +165,14 @@ class Policy(ColocatablePolicyInterface):
             )
         return self._logprob_call("score", data, micro_batch_size)
 
-    def _logprob_call(self, method: str, data: BatchedDataDict, micro_batch_size: int | None) -> BatchedDataDict:
+    def _logprob_call(
+        self, method: str, data: BatchedDataDict, micro_batch_size: int | None, **kwargs: Any
+    ) -> BatchedDataDict:
         self._check_batch(data, ("input_ids", "input_lengths"), method)
         if self.is_reward_model:
             check_input_lengths(data, method)
         shards, order = self._shard(data, "logprob", allow_uneven_shards=True)
-        results = self._run_sharded(method, shards, {"micro_batch_size": micro_batch_size})
+        results = self._run_sharded(method, shards, {"micro_batch_size": micro_batch_size, **kwargs})
         merged = BatchedDataDict.from_batches(results)
         if order is not None:
             merged.reorder_data(order)

@@ -1,0 +1,133 @@
+"""Distillation config: the ``distillation`` section and the whole-run schema that
+``examples/run_distillation_math.py`` validates (NeMo-RL's keys: ``policy`` is the student, ``teacher`` a second,
+frozen policy section)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nemo_rl_clone.algorithms.distillation_loss import DistillationLossConfig
+from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
+from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossConfig
+from nemo_rl_clone.data.config import DataConfig
+from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
+from nemo_rl_clone.environments.config import EnvConfig
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.logger import LoggerConfig
+
+
+@dataclass
+class DistillationConfig:
+    """The step loop's keys (NeMo-RL's names and defaults)."""
+
+    num_prompts_per_step: int = 128
+    num_generations_per_prompt: int = 1
+    max_rollout_turns: int = 1
+    max_num_steps: int = 1000
+    max_num_epochs: int = 10
+    val_period: int = 20
+    val_at_start: bool = False
+    val_at_end: bool = False
+    max_val_samples: int = 512
+    val_batch_size: int = 64
+    topk_logits_k: int = 64
+    seed: int = 42
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = check_at_least(
+            self,
+            1,
+            "num_prompts_per_step",
+            "num_generations_per_prompt",
+            "max_rollout_turns",
+            "max_num_epochs",
+            "max_num_steps",
+            "max_val_samples",
+            "val_batch_size",
+            "topk_logits_k",
+        )
+        if self.val_period < 0:
+            problems.append(("val_period", f"must be >= 0 (0 disables validation), got {self.val_period}"))
+        return problems
+
+
+@dataclass
+class DistillationMasterConfig:
+    """Everything a distillation run reads; each section is validated by its own schema."""
+
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    loss_fn: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    teacher: PolicyConfig = field(default_factory=PolicyConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        # The student's run is a GRPO run without rewards to learn from: its checks (batch sizes, generation,
+        # sequence lengths, environment) apply as they are, under this config's key names.
+        renamed = {"grpo.": "distillation."}
+        problems = [
+            (_rename(key, renamed), message.replace("grpo.", "distillation."))
+            for key, message in self.rollout_view().check()
+        ]
+        for who in ("policy", "teacher"):
+            section: PolicyConfig = getattr(self, who)
+            if section.megatron_cfg.enabled:
+                problems.append(
+                    (
+                        f"{who}.megatron_cfg.enabled",
+                        "not supported yet with distillation: the teacher's top-k and the student's KL loss run on "
+                        "the DTensor backend (dtensor_cfg.enabled=true)",
+                    )
+                )
+            if section.reward_model_cfg.enabled:
+                problems.append((f"{who}.reward_model_cfg.enabled", "must be false: distillation uses language models"))
+        if self.teacher.max_total_sequence_length < self.policy.max_total_sequence_length:
+            problems.append(
+                (
+                    "teacher.max_total_sequence_length",
+                    "must be >= policy.max_total_sequence_length: the teacher scores the student's whole samples "
+                    f"({self.teacher.max_total_sequence_length} < {self.policy.max_total_sequence_length})",
+                )
+            )
+        return problems
+
+    def rollout_view(self) -> GRPOMasterConfig:
+        """This run as the GRPO config whose setup, rollouts, validation and refit it reuses: the student is
+        GRPO's policy, with no reference model and no reward-based loss (advantages are never computed)."""
+        d = self.distillation
+        grpo = GRPOConfig(
+            num_prompts_per_step=d.num_prompts_per_step,
+            num_generations_per_prompt=d.num_generations_per_prompt,
+            max_rollout_turns=d.max_rollout_turns,
+            max_num_epochs=d.max_num_epochs,
+            max_num_steps=d.max_num_steps,
+            val_period=d.val_period,
+            val_at_start=d.val_at_start,
+            max_val_samples=d.max_val_samples,
+            val_batch_size=d.val_batch_size,
+            seed=d.seed,
+            use_leave_one_out_baseline=False,
+        )
+        return GRPOMasterConfig(
+            grpo=grpo,
+            loss_fn=ClippedPGLossConfig(reference_policy_kl_penalty=0.0),
+            policy=self.policy,
+            data=self.data,
+            env=self.env,
+            logger=self.logger,
+            checkpointing=self.checkpointing,
+            cluster=self.cluster,
+        )
+
+
+def _rename(key: str, prefixes: dict[str, str]) -> str:
+    for old, new in prefixes.items():
+        if key.startswith(old):
+            return new + key[len(old) :]
+    return key
