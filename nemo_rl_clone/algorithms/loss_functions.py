@@ -31,17 +31,17 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from nemo_rl_clone.algorithms.distillation_loss import (
+    DistillationLossConfig,
+    DistillationLossDataDict,
+    DistillationLossFn,
+)
 from nemo_rl_clone.algorithms.loss_configs import (
     ClippedPGLossConfig,
     ClippedPGLossDataDict,
     DPOLossConfig,
     DPOLossDataDict,
     PreferenceLossDataDict,
-)
-from nemo_rl_clone.algorithms.distillation_loss import (
-    DistillationLossConfig,
-    DistillationLossDataDict,
-    DistillationLossFn,
 )
 from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
 from nemo_rl_clone.distributed.model_utils import LossType, TokenLogprobs, token_logprobs_from_logits
