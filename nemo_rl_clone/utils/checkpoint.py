@@ -50,6 +50,9 @@ _DEADLINE_RE = re.compile(r"^(\d+):(\d+):(\d+):(\d+)$")
 _DEADLINE_FORMAT_HINT = "expected 'DD:HH:MM:SS' (e.g. '00:03:45:00' = 3 h 45 min after the run starts)"
 
 
+_NEMO_RL_DEFAULT_VAL_SET = "val:validation-default_"
+
+
 @dataclass
 class CheckpointingConfig:
     """The ``checkpointing`` config section (NeMo-RL keys).
@@ -75,6 +78,12 @@ class CheckpointingConfig:
     # After SIGTERM (a scheduler's warning before SIGKILL) the run has this long to stop at the next phase boundary
     # and save the last completed step; a save that would end later is not started or is abandoned.
     sigterm_grace_period_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        # NeMo-RL names validation metrics per validation set, "val:validation-<set>_<metric>"; a run here has one
+        # validation set, which NeMo-RL calls "default": its metric is this run's "val:<metric>".
+        if self.metric_name is not None and self.metric_name.startswith(_NEMO_RL_DEFAULT_VAL_SET):
+            self.metric_name = "val:" + self.metric_name.removeprefix(_NEMO_RL_DEFAULT_VAL_SET)
 
     def check(self) -> list[tuple[str, str]]:
         """Semantic problems as ``(key relative to this section, message)``; empty when valid."""

@@ -66,7 +66,7 @@ BASE_VALUES: dict[str, dict[str, Any]] = {
         "checkpointing.metric_name": "val:val_loss",
     },
     "dpo": {"data.validation": None},
-    "rm": {"data.validation": None},
+    "rm": {"data.validation": None, "checkpointing.save_period": "${rm.val_period}"},
 }
 
 

@@ -96,7 +96,8 @@ class Refusal:
     setup: tuple[tuple[str, Any], ...] = ()  # other (dotted key, value) the refusal needs, e.g. the Megatron backend
 
 
-DATA_RUNS = ("grpo", "sft", "dpo", "rm")  # the runs whose data section takes NeMo-RL v0.7.0's nested layout
+# The runs whose data section takes NeMo-RL v0.7.0's nested layout.
+DATA_RUNS = ("grpo", "sft", "dpo", "rm", "distillation")
 # megatron_cfg is checked only when it is the backend; RM refuses the Megatron backend as a whole.
 MEGATRON_RUNS = ("grpo", "sft", "dpo")
 ENV_RUNS = ("grpo", "eval", "distillation")  # the runs with an env section
@@ -104,8 +105,9 @@ TO_MEGATRON = (("policy.dtensor_cfg.enabled", False), ("policy.optimizer", None)
 MEGATRON = (*TO_MEGATRON, ("policy.megatron_cfg.enabled", True))
 _LOCAL_SPEC = "needs Transformer Engine, and this backend builds Megatron's local (non-TE) layer spec"
 _DENSE_ONLY = "the converter builds dense models only (LlamaForCausalLM, Qwen2ForCausalLM)"
-_NO_MTP = "only applies to multi-token prediction, which is not supported yet"
-_NO_OFFLOAD = "optimizer CPU offload is not supported by the Megatron backend yet"
+_NO_MTP = "only applies to multi-token prediction"
+_NO_OFFLOAD = "optimizer CPU offload in the Megatron backend"
+_YET = "not supported yet: "
 
 
 def megatron(value: Any, message: str) -> Refusal:
@@ -183,7 +185,7 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         True, "not supported yet: one dataset trains per run here; set it to false", DATA_RUNS
     ),
     (DataConfig, "add_system_prompt"): Refusal(
-        True, "not supported yet: give the system prompt as data.default.system_prompt_file", ("grpo",)
+        True, "not supported yet: give the system prompt as data.default.system_prompt_file", ("grpo", "distillation")
     ),
     (SFTDataConfig, "add_generation_prompt"): Refusal(
         True,
@@ -204,53 +206,51 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         TO_MEGATRON,
     ),
     (MegatronConfig, "context_parallel_size"): megatron(
-        2, "context parallelism is not supported yet; set it to 1 (got 2)"
+        2, f"{_YET}context parallelism in the Megatron backend; set it to 1 (got 2)"
     ),
     (MegatronConfig, "expert_model_parallel_size"): megatron(
-        2, f"expert parallelism is for MoE models, and {_DENSE_ONLY}; set it to 1 (got 2)"
+        2, f"{_YET}expert parallelism is for MoE models, and {_DENSE_ONLY}; set it to 1 (got 2)"
     ),
     (MegatronConfig, "expert_tensor_parallel_size"): megatron(
-        2, f"expert parallelism is for MoE models, and {_DENSE_ONLY}; set it to 1 (got 2)"
+        2, f"{_YET}expert parallelism is for MoE models, and {_DENSE_ONLY}; set it to 1 (got 2)"
     ),
     (MegatronConfig, "sequence_parallel"): megatron(
         True,
-        "the local (non-TE) layer spec this backend builds refuses sequence parallelism (its norm needs Transformer "
-        "Engine); set it to false",
+        f"{_YET}the local (non-TE) layer spec this backend builds refuses sequence parallelism (its norm needs "
+        "Transformer Engine); set it to false",
     ),
-    (MegatronConfig, "apply_rope_fusion"): megatron(True, f"{_LOCAL_SPEC}; set it to false"),
     (MegatronConfig, "gradient_accumulation_fusion"): megatron(
         True,
-        "needs Apex's fused_weight_gradient_mlp_cuda kernel, which the linear layers of Megatron's local (non-TE) "
-        "layer spec that this backend builds would call; it is not installed; set it to false",
+        f"{_YET}needs Apex's fused_weight_gradient_mlp_cuda kernel, which the linear layers of Megatron's local "
+        "(non-TE) layer spec that this backend builds would call; it is not installed; set it to false",
     ),
     (MegatronConfig, "use_fused_weighted_squared_relu"): megatron(
-        True, f"is for squared-ReLU MLPs, and {_DENSE_ONLY}, which use SwiGLU; set it to false"
+        True, f"{_YET}is for squared-ReLU MLPs, and {_DENSE_ONLY}, which use SwiGLU; set it to false"
     ),
     (MegatronConfig, "use_linear_ce_fusion_loss"): megatron(
-        True, "the fused linear cross-entropy loss is not supported by the Megatron backend yet; set it to false"
+        True, f"{_YET}the fused linear cross-entropy loss in the Megatron backend; set it to false"
     ),
     (MegatronConfig, "mtp_num_layers"): megatron(
-        1, "multi-token prediction is not supported by the Megatron backend yet; set it to 0 (got 1)"
+        1, f"{_YET}multi-token prediction in the Megatron backend; set it to 0 (got 1)"
     ),
-    (MegatronConfig, "mtp_loss_scaling_factor"): megatron(0.1, f"{_NO_MTP}; set it to 0.0 (got 0.1)"),
-    (MegatronConfig, "mtp_use_repeated_layer"): megatron(True, f"{_NO_MTP}; set it to false"),
-    (MegatronConfig, "mtp_detach_heads"): megatron(True, f"{_NO_MTP}; set it to false"),
+    (MegatronConfig, "mtp_loss_scaling_factor"): megatron(0.1, f"{_YET}{_NO_MTP}; set it to 0.0 (got 0.1)"),
+    (MegatronConfig, "mtp_use_repeated_layer"): megatron(True, f"{_YET}{_NO_MTP}; set it to false"),
+    (MegatronConfig, "mtp_detach_heads"): megatron(True, f"{_YET}{_NO_MTP}; set it to false"),
     (MegatronPeftConfig, "enabled"): megatron(
-        True, "LoRA for the Megatron backend is not supported yet; set it to false"
+        True, f"{_YET}LoRA in the Megatron backend (the DTensor backend has it: dtensor_cfg.lora_cfg); set it to false"
     ),
-    (MegatronFP8Config, "enabled"): megatron(True, f"FP8 training {_LOCAL_SPEC}; set it to false"),
-    (MegatronOptimizerConfig, "use_precision_aware_optimizer"): megatron(True, f"{_LOCAL_SPEC}; set it to false"),
-    (MegatronOptimizerConfig, "optimizer_cpu_offload"): megatron(True, f"{_NO_OFFLOAD}; set it to false"),
-    (MegatronOptimizerConfig, "optimizer_offload_fraction"): megatron(1.0, f"{_NO_OFFLOAD}; set it to 0.0 (got 1.0)"),
+    (MegatronFP8Config, "enabled"): megatron(True, f"{_YET}FP8 training {_LOCAL_SPEC}; set it to false"),
+    (MegatronOptimizerConfig, "optimizer_cpu_offload"): megatron(True, f"{_YET}{_NO_OFFLOAD}; set it to false"),
+    (MegatronOptimizerConfig, "optimizer_offload_fraction"): megatron(
+        1.0, f"{_YET}{_NO_OFFLOAD}; set it to 0.0 (got 1.0)"
+    ),
     (MegatronDDPConfig, "use_custom_fsdp"): megatron(
         True,
-        "Megatron's custom FSDP is not supported; this backend uses Megatron DDP with the distributed optimizer; set "
-        "it to false",
+        f"{_YET}Megatron's custom FSDP; this backend uses Megatron DDP with the distributed optimizer; set it to false",
     ),
     (MegatronDDPConfig, "data_parallel_sharding_strategy"): megatron(
         "no_shard",
-        "only applies to Megatron's custom FSDP, which is not supported; set it to 'optim_grads_params' (got "
-        "'no_shard')",
+        f"{_YET}only applies to Megatron's custom FSDP; set it to 'optim_grads_params' (got 'no_shard')",
     ),
     (GenerationConfig, "backend"): Refusal("hf", "the 'hf' generation backend is not supported yet; use 'vllm'"),
     (VllmConfig, "async_engine"): Refusal(True, "the async vLLM engine is not supported yet; set it to false"),

@@ -84,18 +84,13 @@ def test_megatron_defaults_validate():
             "policy.optimizer=null",
         ),
         (
-            {"scheduler": []},
-            "scheduler: the Megatron backend builds its LR schedule from policy.megatron_cfg.scheduler; set "
-            "policy.scheduler=null",
-        ),
-        (
             {"megatron_cfg": {"attention_backend": "flash"}},
-            "megatron_cfg.attention_backend: 'flash' needs Transformer Engine, and this backend builds Megatron's "
+            "megatron_cfg.attention_backend: not supported yet: 'flash' needs Transformer Engine, and this backend builds Megatron's "
             "local (non-TE) layer spec; use one of ['auto', 'local', 'unfused']",
         ),
         (
             {"megatron_cfg": {"attention_backend": "fused"}},
-            "megatron_cfg.attention_backend: 'fused' needs Transformer Engine, and this backend builds Megatron's "
+            "megatron_cfg.attention_backend: not supported yet: 'fused' needs Transformer Engine, and this backend builds Megatron's "
             "local (non-TE) layer spec; use one of ['auto', 'local', 'unfused']",
         ),
         (
@@ -109,8 +104,8 @@ def test_megatron_defaults_validate():
         ),
         (
             {"megatron_cfg": {"converter_type": "Qwen3ForCausalLM"}},
-            "megatron_cfg.converter_type: must be one of ['LlamaForCausalLM', 'Qwen2ForCausalLM'] (or null: the "
-            "model's architectures[0]), got 'Qwen3ForCausalLM'",
+            "megatron_cfg.converter_type: not supported yet: 'Qwen3ForCausalLM'; the converter builds "
+            "['LlamaForCausalLM', 'Qwen2ForCausalLM'] (or null: the model's architectures[0])",
         ),
         (
             {"megatron_cfg": {"empty_unused_memory_level": 3}},
@@ -377,33 +372,33 @@ policy:
     env_vars: null
 """
 
-# docs/policy.md: what a NeMo-RL Megatron recipe needs to validate here.
-DOCUMENTED_OVERRIDES = [
-    "policy.scheduler=null",
-    "policy.megatron_cfg.apply_rope_fusion=false",
-    "policy.megatron_cfg.optimizer.use_precision_aware_optimizer=false",
-]
 
+def test_nemo_rl_megatron_recipe_validates_unchanged(tmp_path: Path) -> None:
+    """Its TE speed options and inherited DTensor schedule validate; starting the policy says each has no effect."""
+    from nemo_rl_clone.models.policy.lm_policy import _unused_settings
 
-def test_nemo_rl_megatron_recipe_validates_after_the_documented_overrides(tmp_path: Path) -> None:
     recipe = tmp_path / "grpo_math_1B_megatron.yaml"
     recipe.write_text(NEMO_RL_STYLE_RECIPE.format(base=REPO / "configs" / "grpo_math_1B.yaml"))
-    with pytest.raises(ConfigError) as err:
-        load_validated_config(recipe, [], GRPOMasterConfig)
-    assert err.value.problems == [
-        "policy.megatron_cfg.apply_rope_fusion: needs Transformer Engine, and this backend builds Megatron's local "
-        "(non-TE) layer spec; set it to false",
-        "policy.megatron_cfg.optimizer.use_precision_aware_optimizer: needs Transformer Engine, and this backend "
-        "builds Megatron's local (non-TE) layer spec; set it to false",
-        "policy.scheduler: the Megatron backend builds its LR schedule from policy.megatron_cfg.scheduler; set "
-        "policy.scheduler=null",
-    ]
-    config = load_validated_config(recipe, DOCUMENTED_OVERRIDES, GRPOMasterConfig)
+    config = load_validated_config(recipe, [], GRPOMasterConfig)
     megatron = config.policy.megatron_cfg
     assert megatron.enabled and megatron.optimizer.bf16 and megatron.pipeline_dtype == "bfloat16"
     assert megatron.env_vars is None and megatron.peft.lora_dtype == "None"
-    docs = (REPO / "docs" / "policy.md").read_text()
-    assert all(override in docs for override in DOCUMENTED_OVERRIDES)
+    notes = _unused_settings(config.policy)
+    assert [note.split(":")[0].split(" ")[0] for note in notes] == [
+        "policy.megatron_cfg.apply_rope_fusion",
+        "policy.megatron_cfg.optimizer.use_precision_aware_optimizer",
+        "policy.scheduler",
+    ]
+    quiet = load_validated_config(
+        recipe,
+        [
+            "policy.scheduler=null",
+            "policy.megatron_cfg.apply_rope_fusion=false",
+            "policy.megatron_cfg.optimizer.use_precision_aware_optimizer=false",
+        ],
+        GRPOMasterConfig,
+    )
+    assert _unused_settings(quiet.policy) == []
 
 
 @pytest.mark.parametrize(

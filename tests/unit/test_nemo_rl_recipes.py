@@ -63,6 +63,15 @@ def _row_id(row: KeyRow) -> str:
 # Keys NeMo-RL only accepts together with another one: every recipe that sets the first sets the second too.
 COMPANIONS: dict[str, dict[str, Any]] = {
     "loss_fn.truncated_importance_sampling_ratio": {"loss_fn.use_importance_sampling_correction": True},
+    # Uneven pipeline stages: recipes with pipeline parallelism on enough GPUs.
+    "policy.megatron_cfg.num_layers_in_first_pipeline_stage": {
+        "policy.megatron_cfg.pipeline_model_parallel_size": 2,
+        "cluster.gpus_per_node": 2,
+    },
+    "policy.megatron_cfg.num_layers_in_last_pipeline_stage": {
+        "policy.megatron_cfg.pipeline_model_parallel_size": 2,
+        "cluster.gpus_per_node": 2,
+    },
 }
 
 
@@ -72,7 +81,8 @@ def _recipe_setting(row: KeyRow) -> tuple[str, dict[str, Any]]:
     the recipe that has it). Megatron keys, and the null optimizer of Megatron recipes, are tried on the Megatron
     variant, where they take effect."""
     algorithm = next(a for a in ("grpo", "sft", "dpo", "rm") if a in row.algorithms)
-    megatron = row.key.startswith("policy.megatron_cfg.") or (row.key == "policy.optimizer" and row.example is None)
+    megatron = row.key.startswith("policy.megatron_cfg.") and row.key != "policy.megatron_cfg.enabled"
+    megatron |= row.key == "policy.optimizer" and row.example is None
     config = base_recipe(algorithm, "megatron" if megatron else "dtensor")
     parts = row.key.split(".")
     section = ".".join(parts[:2]) if parts[0] == "env" else ".".join(parts[:-1])

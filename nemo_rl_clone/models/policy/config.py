@@ -405,14 +405,6 @@ def _check_backend(config: PolicyConfig) -> list[tuple[str, str]]:
                 "the Megatron backend builds its optimizer from policy.megatron_cfg.optimizer; set policy.optimizer=null",
             )
         )
-    if config.scheduler is not None:
-        problems.append(
-            (
-                "scheduler",
-                "the Megatron backend builds its LR schedule from policy.megatron_cfg.scheduler; set "
-                "policy.scheduler=null",
-            )
-        )
     if config.reward_model_cfg.enabled:
         # The converter builds causal LMs (Llama, Qwen2), not the scalar-head sequence classifier.
         problems.append(

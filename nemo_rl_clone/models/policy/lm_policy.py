@@ -10,6 +10,7 @@ same data and only one of them returns results (the workers hand the last stage'
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, Literal, cast
@@ -29,6 +30,7 @@ from nemo_rl_clone.models.huggingface import check_model_available
 from nemo_rl_clone.models.policy import train_profile
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
+from nemo_rl_clone.models.policy.megatron_config import local_spec_notes
 from nemo_rl_clone.models.policy.optim import check_import_paths
 from nemo_rl_clone.models.policy.reward_model import check_input_lengths, reward_model_error
 from nemo_rl_clone.models.policy.topk_logits import check_k
@@ -36,6 +38,8 @@ from nemo_rl_clone.utils.config_validation import validate_config
 
 DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
 MEGATRON_WORKER = "nemo_rl_clone.models.policy.megatron_policy_worker.MegatronPolicyWorker"
+
+logger = logging.getLogger(__name__)
 
 
 def _backend(config: PolicyConfig) -> tuple[str, str, int, int]:
@@ -92,6 +96,8 @@ class Policy(ColocatablePolicyInterface):
     ) -> None:
         self.cfg = config if isinstance(config, PolicyConfig) else validate_config(config, PolicyConfig)
         _check_config(self.cfg, init_optimizer)
+        for note in _unused_settings(self.cfg):
+            logger.warning(note)
         model_path = check_model_available(self.cfg.model_name)
         world_size = cluster.world_size()
         worker_class, tp_key, tp_size, pp_size = _backend(self.cfg)
@@ -379,3 +385,17 @@ def _check_config(config: PolicyConfig, init_optimizer: bool) -> None:
         )
     if init_optimizer:
         check_import_paths(config.optimizer, config.scheduler)
+
+
+def _unused_settings(config: PolicyConfig) -> list[str]:
+    """Settings of NeMo-RL recipes that validate but have no effect with this config, one log line each."""
+    if not config.megatron_cfg.enabled:
+        return []
+    notes = local_spec_notes(config.megatron_cfg)
+    if config.scheduler is not None:
+        # NeMo-RL's Megatron recipes inherit the DTensor schedule list; its Megatron worker ignores it as well.
+        notes.append(
+            "policy.scheduler is not used by the Megatron backend: its learning-rate schedule is "
+            "policy.megatron_cfg.scheduler (set policy.scheduler=null to silence this)"
+        )
+    return notes

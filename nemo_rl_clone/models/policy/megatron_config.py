@@ -50,7 +50,9 @@ class MegatronOptimizerConfig:
     adam_eps: float = 1e-8
     sgd_momentum: float = 0.9
     use_distributed_optimizer: bool = True  # optimizer state sharded over data-parallel ranks
-    use_precision_aware_optimizer: bool = False  # refused: TE's FusedAdam
+    # TE's FusedAdam with master weights/moments in chosen dtypes; at the default fp32 dtypes the same update as
+    # Megatron's distributed Adam, which runs instead here (no TE): accepted, noted in the log (`local_spec_notes`).
+    use_precision_aware_optimizer: bool = False
     clip_grad: float | None = 1.0  # must equal policy.max_grad_norm; null: no clipping
     optimizer_cpu_offload: bool = False  # refused
     optimizer_offload_fraction: float = 0.0  # refused
@@ -136,7 +138,9 @@ class MegatronConfig:
     pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # null: policy.precision
     sequence_parallel: bool = False  # refused
     attention_backend: str = "auto"
-    apply_rope_fusion: bool = False  # refused
+    apply_rope_fusion: bool = (
+        False  # a fused-kernel speed option: RoPE runs unfused in the local spec (`local_spec_notes`)
+    )
     bias_activation_fusion: bool = True
     gradient_accumulation_fusion: bool = False  # refused
     defer_fp32_logits: bool = False
@@ -168,21 +172,20 @@ class MegatronConfig:
     distributed_data_parallel_config: MegatronDDPConfig = field(default_factory=MegatronDDPConfig)
 
 
-_NOT_YET = "is not supported by the Megatron backend yet"
-_NO_MTP = "only applies to multi-token prediction, which is not supported yet"
+_NOT_YET = "in the Megatron backend"
+_NO_MTP = "only applies to multi-token prediction"
 _NO_OFFLOAD = f"optimizer CPU offload {_NOT_YET}"
 _DDP = "distributed_data_parallel_config"
 
 # (section path relative to megatron_cfg ("" for itself), field) → why a non-default value is refused.
 _REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
-    ("", "context_parallel_size"): "context parallelism is not supported yet",
+    ("", "context_parallel_size"): "context parallelism in the Megatron backend",
     ("", "expert_model_parallel_size"): f"expert parallelism is for MoE models, and {_DENSE_ONLY}",
     ("", "expert_tensor_parallel_size"): f"expert parallelism is for MoE models, and {_DENSE_ONLY}",
     ("", "sequence_parallel"): (
         "the local (non-TE) layer spec this backend builds refuses sequence parallelism (its norm needs "
         "Transformer Engine)"
     ),
-    ("", "apply_rope_fusion"): _LOCAL_SPEC,
     ("", "gradient_accumulation_fusion"): (
         "needs Apex's fused_weight_gradient_mlp_cuda kernel, which the linear layers of Megatron's local (non-TE) "
         "layer spec that this backend builds would call; it is not installed"
@@ -193,16 +196,31 @@ _REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
     ("", "mtp_loss_scaling_factor"): _NO_MTP,
     ("", "mtp_use_repeated_layer"): _NO_MTP,
     ("", "mtp_detach_heads"): _NO_MTP,
-    ("peft", "enabled"): "LoRA for the Megatron backend is not supported yet",
+    ("peft", "enabled"): "LoRA in the Megatron backend (the DTensor backend has it: dtensor_cfg.lora_cfg)",
     ("fp8_cfg", "enabled"): f"FP8 training {_LOCAL_SPEC}",
-    ("optimizer", "use_precision_aware_optimizer"): _LOCAL_SPEC,
     ("optimizer", "optimizer_cpu_offload"): _NO_OFFLOAD,
     ("optimizer", "optimizer_offload_fraction"): _NO_OFFLOAD,
     (_DDP, "use_custom_fsdp"): (
-        "Megatron's custom FSDP is not supported; this backend uses Megatron DDP with the distributed optimizer"
+        "Megatron's custom FSDP; this backend uses Megatron DDP with the distributed optimizer"
     ),
-    (_DDP, "data_parallel_sharding_strategy"): "only applies to Megatron's custom FSDP, which is not supported",
+    (_DDP, "data_parallel_sharding_strategy"): "only applies to Megatron's custom FSDP",
 }
+
+
+def local_spec_notes(cfg: MegatronConfig) -> list[str]:
+    """Accepted speed options the local (non-TE) layer spec has no kernel for, one log line each: the run computes
+    the same result without them (NeMo-RL's recipes turn them on by default)."""
+    notes = []
+    if cfg.apply_rope_fusion:
+        notes.append(
+            "policy.megatron_cfg.apply_rope_fusion: no fused RoPE kernel without Transformer Engine; RoPE runs unfused"
+        )
+    if cfg.optimizer.use_precision_aware_optimizer:
+        notes.append(
+            "policy.megatron_cfg.optimizer.use_precision_aware_optimizer: TE's FusedAdam is not installed; Megatron's "
+            "distributed Adam keeps fp32 master weights and moments (the precision-aware optimizer's default dtypes)"
+        )
+    return notes
 
 
 def check_megatron_config(cfg: MegatronConfig) -> list[tuple[str, str]]:
@@ -222,13 +240,16 @@ def check_megatron_config(cfg: MegatronConfig) -> list[tuple[str, str]]:
         problems.append(
             (
                 "converter_type",
-                f"must be one of {list(CONVERTER_TYPES)} (or null: the model's architectures[0]), got "
-                f"{cfg.converter_type!r}",
+                f"not supported yet: {cfg.converter_type!r}; the converter builds {list(CONVERTER_TYPES)} (or null: "
+                "the model's architectures[0])",
             )
         )
     if cfg.attention_backend in _TE_ATTENTION_BACKENDS:
         problems.append(
-            ("attention_backend", f"{cfg.attention_backend!r} {_LOCAL_SPEC}; use one of {list(ATTENTION_BACKENDS)}")
+            (
+                "attention_backend",
+                f"not supported yet: {cfg.attention_backend!r} {_LOCAL_SPEC}; use one of {list(ATTENTION_BACKENDS)}",
+            )
         )
     elif cfg.attention_backend not in ATTENTION_BACKENDS:
         problems.append(
@@ -257,7 +278,7 @@ def _check_refused(cfg: MegatronConfig) -> list[tuple[str, str]]:
             shown = str(default).lower() if isinstance(default, bool) else repr(default)
             got = "" if isinstance(default, bool) else f" (got {value!r})"
             key = f"{section}.{name}" if section else name
-            problems.append((key, f"{reason}; set it to {shown}{got}"))
+            problems.append((key, f"not supported yet: {reason}; set it to {shown}{got}"))
     return problems
 
 
