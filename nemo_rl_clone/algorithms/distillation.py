@@ -12,6 +12,7 @@ so the two algorithms sample, validate and resume the same way. Environment rewa
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
+from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
@@ -67,9 +69,11 @@ class DistillationComponents:
         self.run.shutdown()
 
 
-def setup(config: DistillationMasterConfig) -> DistillationComponents:
-    """Build a distillation run from a validated config; resumes the student from ``checkpointing.checkpoint_dir``
-    if it holds a checkpoint (the teacher always loads ``teacher.model_name``)."""
+def setup(config: DistillationMasterConfig | Mapping[str, Any]) -> DistillationComponents:
+    """Build a distillation run from a config (validated here when given as NeMo-RL's plain dict); resumes the
+    student from ``checkpointing.checkpoint_dir`` if it holds a checkpoint (the teacher always loads
+    ``teacher.model_name``)."""
+    config = as_config(config, DistillationMasterConfig)
     check_vocab_match(config)  # before Ray starts: a mismatch is one line, not a failed run
     run = setup_student_run(config.rollout_view(), extra_worker_groups=1, run_config=config)
     try:

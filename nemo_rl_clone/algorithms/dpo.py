@@ -13,10 +13,12 @@ summed policy − reference logprobs of a response, without β), the same under 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_clone.algorithms.loss_functions import DPOLossConfig, DPOLossFn
+from nemo_rl_clone.algorithms.run_state import RunState
 from nemo_rl_clone.algorithms.supervised_config import (
     PreferenceAlgorithm,
     SupervisedLoopConfig,
@@ -29,6 +31,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 _LOSS_KEYS = tuple(DPOLossConfig.__dataclass_fields__)
@@ -100,10 +103,16 @@ class DPOAlgorithm(PreferenceAlgorithm):
         return batch
 
 
-def setup(config: DPOMasterConfig) -> SupervisedRun:
+def setup(config: DPOMasterConfig | Mapping[str, Any]) -> SupervisedRun:
     """Tokenizer, preference data, logger, policy with a frozen reference; resumes from the latest checkpoint."""
+    config = as_config(config, DPOMasterConfig)  # NeMo-RL passes its master config as a dict
     return build_preference_run(config, DPOAlgorithm(DPOLossFn(config.dpo.loss_config())))
 
 
 def dpo_train(run: SupervisedRun) -> None:
     supervised_train(run)
+
+
+# NeMo-RL's names: `from nemo_rl_clone.algorithms.dpo import MasterConfig, setup, dpo_train`.
+MasterConfig = DPOMasterConfig
+DPOSaveState = RunState

@@ -21,8 +21,9 @@ from nemo_rl_clone.algorithms.grpo_batches import (
     sample_rows,
     step_advantages,
 )
+from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.grpo_rollouts import RolloutSource, SyncRollouts, roll_out
-from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, save_checkpoint
+from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, GRPOState, save_checkpoint, setup
 from nemo_rl_clone.algorithms.run_state import run_validation, validates_at_end
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
@@ -30,6 +31,11 @@ from nemo_rl_clone.models.policy.train_profile import profile_metrics
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
+
+# NeMo-RL's names: `from nemo_rl_clone.algorithms.grpo import MasterConfig, setup, grpo_train`.
+MasterConfig = GRPOMasterConfig
+GRPOSaveState = GRPOState
+__all__ = ["GRPOConfig", "GRPOSaveState", "MasterConfig", "grpo_train", "setup", "validate"]
 
 
 def grpo_train(c: GRPOComponents) -> None:

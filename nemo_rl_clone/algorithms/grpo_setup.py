@@ -4,6 +4,7 @@ checkpoint state (restored from the latest checkpoint when there is one)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
 from nemo_rl_clone.utils.config import save_config
-from nemo_rl_clone.utils.config_validation import config_to_dict
+from nemo_rl_clone.utils.config_validation import as_config, config_to_dict
 from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
 
 # GRPO's checkpointed state is the run state every algorithm shares.
@@ -70,12 +71,16 @@ class GRPOComponents:
         self.logger.finish()
 
 
-def setup(config: GRPOMasterConfig, extra_worker_groups: int = 0, run_config: Any = None) -> GRPOComponents:
-    """Build a GRPO run from a validated config; resumes from ``checkpointing.checkpoint_dir`` if it holds one.
+def setup(
+    config: GRPOMasterConfig | Mapping[str, Any], extra_worker_groups: int = 0, run_config: Any = None
+) -> GRPOComponents:
+    """Build a GRPO run from a config (validated here when given as NeMo-RL's plain dict); resumes from
+    ``checkpointing.checkpoint_dir`` if it holds one.
 
     Algorithms built on GRPO's pieces (distillation) pass ``extra_worker_groups`` (more worker groups that will
     share the training cluster's bundles, e.g. a teacher policy) and ``run_config`` (the config that
     ``config.yaml`` and the logged hyperparameters hold instead of ``config``)."""
+    config = as_config(config, GRPOMasterConfig)
     set_seeds(config.grpo.seed)
     log_dir = get_next_experiment_dir(config.logger.log_dir)
     resolved = config_to_dict(config if run_config is None else run_config)

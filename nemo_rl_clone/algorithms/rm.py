@@ -11,9 +11,12 @@ rejected), ``timing/train/*``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from nemo_rl_clone.algorithms.loss_functions import PreferenceLoss
+from nemo_rl_clone.algorithms.run_state import RunState
 from nemo_rl_clone.algorithms.supervised_config import (
     PreferenceAlgorithm,
     SupervisedLoopConfig,
@@ -25,6 +28,7 @@ from nemo_rl_clone.data.config import PreferenceDataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -61,10 +65,16 @@ class RMAlgorithm(PreferenceAlgorithm):
     validation_metric_names = _RM_METRICS
 
 
-def setup(config: RMMasterConfig) -> SupervisedRun:
+def setup(config: RMMasterConfig | Mapping[str, Any]) -> SupervisedRun:
     """Tokenizer, preference data, logger, reward model; resumes from the latest checkpoint."""
+    config = as_config(config, RMMasterConfig)  # NeMo-RL passes its master config as a dict
     return build_preference_run(config, RMAlgorithm(PreferenceLoss()))
 
 
 def rm_train(run: SupervisedRun) -> None:
     supervised_train(run)
+
+
+# NeMo-RL's names: `from nemo_rl_clone.algorithms.rm import MasterConfig, setup, rm_train`.
+MasterConfig = RMMasterConfig
+RMSaveState = RunState

@@ -8,10 +8,13 @@ Metrics: ``train/{loss, grad_norm, lr, num_valid_samples, num_unmasked_tokens}``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+from nemo_rl_clone.algorithms.run_state import RunState
 from nemo_rl_clone.algorithms.supervised_config import (
     SupervisedAlgorithm,
     SupervisedLoopConfig,
@@ -23,6 +26,7 @@ from nemo_rl_clone.data.config import SFTDataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -77,8 +81,9 @@ class SFTAlgorithm(SupervisedAlgorithm):
         return renamed
 
 
-def setup(config: SFTMasterConfig) -> SupervisedRun:
+def setup(config: SFTMasterConfig | Mapping[str, Any]) -> SupervisedRun:
     """Tokenizer, datasets, logger, policy; resumes from ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
+    config = as_config(config, SFTMasterConfig)  # NeMo-RL passes its master config as a dict
     from nemo_rl_clone.data.supervised import SFTDataset, build_datasets, load_sft_dataset, sft_collate_fn
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
@@ -96,3 +101,8 @@ def setup(config: SFTMasterConfig) -> SupervisedRun:
 
 def sft_train(run: SupervisedRun) -> None:
     supervised_train(run)
+
+
+# NeMo-RL's names: `from nemo_rl_clone.algorithms.sft import MasterConfig, setup, sft_train`.
+MasterConfig = SFTMasterConfig
+SFTSaveState = RunState
