@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_clone.utils.config import load_config, resolve_to_container
+from nemo_rl_clone.utils.config import load_config, load_validated_config, resolve_to_container
 from nemo_rl_clone.utils.config_validation import ConfigError, as_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,9 +30,8 @@ def test_nemo_rl_names_are_exported(name: str) -> None:
     assert module.MasterConfig.__name__ == schema_name
     # A dict (what NeMo-RL's scripts pass) validates to the same config the YAML loader builds.
     plain = resolve_to_container(load_config(REPO / "configs" / recipe))
-    assert as_config(plain, module.MasterConfig) == as_config(
-        yaml.safe_load(yaml.safe_dump(plain)), module.MasterConfig
-    )
+    from_yaml = load_validated_config(REPO / "configs" / recipe, [], module.MasterConfig)
+    assert as_config(plain, module.MasterConfig) == from_yaml
     with pytest.raises(ConfigError) as err:
         module.setup({**plain, section: {**plain[section], "max_num_stpes": 3}})
     assert f"{section}.max_num_stpes: unknown key" in err.value.problems[0]
