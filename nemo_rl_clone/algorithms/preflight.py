@@ -106,11 +106,8 @@ def _directory_problems(config: Any) -> list[str]:
 def _cluster_problems(config: Any) -> list[str]:
     import torch
 
-    from nemo_rl_clone.distributed.virtual_cluster import (
-        check_local_cluster_fits,
-        check_ray_port_free,
-        starts_local_ray,
-    )
+    from nemo_rl_clone.distributed.ports import check_ray_port_free
+    from nemo_rl_clone.distributed.virtual_cluster import check_local_cluster_fits, starts_local_ray
 
     shapes = _worker_shapes(config)
     use_gpus = torch.cuda.is_available()  # as the setups decide it

@@ -13,11 +13,9 @@ import contextlib
 import logging
 import math
 import os
-import random
-import socket
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from ray._private import services
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from nemo_rl_clone.distributed.ports import pick_free_port
 from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES
 from nemo_rl_clone.distributed.reaper import register_temp_path, start_reaper
 from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
@@ -39,7 +38,6 @@ _MAX_RAY_TEMP_DIR_CHARS = 44
 # Ray accepts fractional resources with 4 decimals; rounding *down* keeps n shares of a bundle within the bundle.
 _RESOURCE_PRECISION = 10_000
 # Ports the OS picks are rarely repeated; a repeat of one already handed out is retried this many times.
-_OS_PORT_ATTEMPTS = 20
 
 
 @dataclass
@@ -165,21 +163,6 @@ def _summarize_nodes(nodes: list[NodeResources]) -> str:
     return ", ".join(f"{count} x (CPU {cpus:g}, GPU {gpus:g})" for (cpus, gpus), count in sizes.most_common())
 
 
-def check_ray_port_free() -> str | None:
-    """One line if ``RAY_GCS_SERVER_PORT`` (the port Ray's head binds when it starts here) is taken or invalid."""
-    value = os.environ.get("RAY_GCS_SERVER_PORT")
-    if not value:
-        return None
-    if not value.isdigit() or not 0 < int(value) < 65536:
-        return f"RAY_GCS_SERVER_PORT={value!r}: not a port number"
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("", int(value)))
-        except OSError as error:
-            return f"RAY_GCS_SERVER_PORT={value}: the port is already in use on this machine ({error.strerror})"
-    return None
-
-
 class ResourceInsufficientError(RuntimeError):
     """The placement groups asked for could not be reserved within the readiness timeout."""
 
@@ -269,34 +252,6 @@ class BundleSlot:
     placement_group_index: int
     bundle_index: int
     node_rank: int
-
-
-def pick_free_port(low: int | None = None, high: int | None = None, excluded: Collection[int] = ()) -> int:
-    """A TCP port free on this machine right now and not in ``excluded``: any (the OS picks) or, given
-    ``low``/``high``, one in ``[low, high]`` tried in random order (so that groups starting together rarely try the
-    same one first).
-
-    Raises:
-        RuntimeError: no such port is free.
-    """
-    if low is None or high is None:
-        candidates = [0] * _OS_PORT_ATTEMPTS  # binding port 0 lets the OS pick a free one
-    else:
-        # SystemRandom: workers seeded alike (the run's seed) must not all try the same order.
-        candidates = [
-            p for p in random.SystemRandom().sample(range(low, high + 1), high - low + 1) if p not in excluded
-        ]
-    for candidate in candidates:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("", candidate))
-            except OSError:
-                continue
-            port = sock.getsockname()[1]
-            if port not in excluded:
-                return port
-    where = "from the OS" if low is None or high is None else f"in {low}..{high}"
-    raise RuntimeError(f"no free TCP port {where} on {socket.gethostname()} besides {len(excluded)} already taken")
 
 
 @ray.remote(num_cpus=0, num_gpus=0)
@@ -615,7 +570,6 @@ __all__ = [
     "ResourceInsufficientError",
     "check_cluster_shape",
     "check_local_cluster_fits",
-    "check_ray_port_free",
     "init_ray",
     "ray_node_resources",
     "starts_local_ray",

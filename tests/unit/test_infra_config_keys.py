@@ -20,7 +20,8 @@ from transformers import AutoModelForCausalLM, LlavaConfig
 from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, save_run_checkpoint
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
-from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, pick_free_port
+from nemo_rl_clone.distributed.ports import pick_free_port
+from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
 from nemo_rl_clone.models.generation.vllm import VllmGeneration, engine_io
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_hf_config, load_tokenizer, resolve_model_path

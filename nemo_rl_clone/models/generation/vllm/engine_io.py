@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.virtual_cluster import pick_free_port
+from nemo_rl_clone.distributed.ports import pick_free_port
 from nemo_rl_clone.distributed.weight_transfer import TensorSpec
 from nemo_rl_clone.models.generation.config import GenerationConfig
 
