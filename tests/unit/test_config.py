@@ -522,7 +522,9 @@ def test_optimizer_is_unset_with_null_not_tilde():
 
 
 def _schema_of(path: Path) -> type:
-    """The master config of the entry point that runs ``path`` (by its name: grpo*, sft*, dpo*, rm*, evals/*)."""
+    """The master config of the entry point that runs ``path`` (by its name: grpo*, sft*, dpo*, rm*, distillation*,
+    evals/*)."""
+    from nemo_rl_clone.algorithms.distillation_config import DistillationMasterConfig
     from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
     from nemo_rl_clone.algorithms.rm import RMMasterConfig
     from nemo_rl_clone.algorithms.sft import SFTMasterConfig
@@ -530,7 +532,8 @@ def _schema_of(path: Path) -> type:
 
     relative = path.relative_to(REPO / "configs").as_posix()
     schemas = {"evals/": EvalMasterConfig, "grpo": grpo_schema(), "sft": SFTMasterConfig}
-    for prefix, schema in {**schemas, "dpo": DPOMasterConfig, "rm": RMMasterConfig}.items():
+    schemas |= {"dpo": DPOMasterConfig, "rm": RMMasterConfig, "distillation": DistillationMasterConfig}
+    for prefix, schema in schemas.items():
         if relative.startswith(prefix):
             return schema
     raise AssertionError(f"configs/{relative}: no entry point runs it; name it after its run")
