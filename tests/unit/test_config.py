@@ -277,8 +277,8 @@ PACKING_ON = ["policy.sequence_packing.enabled=true"]
                 "policy.optimizer=null",
                 "policy.scheduler=null",
             ],
-            "policy.sequence_packing.enabled: sequence packing is implemented for the DTensor backend only; with "
-            "megatron_cfg use policy.dynamic_batching to cut padding",
+            "policy.sequence_packing.enabled: not supported yet: sequence packing with the Megatron backend (the "
+            "DTensor backend packs); with megatron_cfg use policy.dynamic_batching to cut padding",
         ),
         (
             ["policy.dtensor_cfg.tensor_parallel_size=2"],

@@ -493,8 +493,8 @@ def _check_sequence_packing(config: PolicyConfig) -> list[tuple[str, str]]:
         return [
             (
                 "sequence_packing.enabled",
-                "sequence packing is implemented for the DTensor backend only; with megatron_cfg use "
-                "policy.dynamic_batching to cut padding",
+                "not supported yet: sequence packing with the Megatron backend (the DTensor backend packs); with "
+                "megatron_cfg use policy.dynamic_batching to cut padding",
             )
         ]
     problems = []
