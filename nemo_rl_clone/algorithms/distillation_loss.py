@@ -34,9 +34,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from nemo_rl_clone.algorithms.loss_configs import validated_loss_config
 from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.distributed.model_utils import LossType
-from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 __all__ = ["DistillationLossConfig", "DistillationLossDataDict", "DistillationLossFn"]
 
@@ -87,7 +87,7 @@ class DistillationLossFn:
     loss_type = LossType.TOKEN_LEVEL
 
     def __init__(self, cfg: DistillationLossConfig | Mapping[str, Any] | None = None) -> None:
-        self.cfg = _validated(cfg)
+        self.cfg = validated_loss_config(DistillationLossConfig, cfg, "DistillationLossFn")
         self.kl_type = self.cfg.kl_type
         self.mixed_kl_weight = self.cfg.mixed_kl_weight
         self.zero_outside_topk = self.cfg.zero_outside_topk
@@ -164,23 +164,3 @@ def kl_terms(
         mass_rest = 1.0 - student_p.sum(-1)
         reverse = reverse + neg_entropy_rest - LOG_INFINITESIMAL * mass_rest
     return forward, reverse
-
-
-def _validated(cfg: DistillationLossConfig | Mapping[str, Any] | None) -> DistillationLossConfig:
-    if cfg is None:
-        return DistillationLossConfig()
-    if isinstance(cfg, DistillationLossConfig):
-        problems = cfg.check()
-        if problems:
-            raise ValueError("invalid DistillationLossFn config:\n" + "\n".join(f"  {k}: {m}" for k, m in problems))
-        return cfg
-    if not isinstance(cfg, Mapping):
-        raise TypeError(
-            f"DistillationLossFn config must be a mapping or DistillationLossConfig, got {type(cfg).__name__}"
-        )
-    try:
-        return validate_config(cfg, DistillationLossConfig)
-    except ConfigError as error:
-        raise ValueError(
-            "invalid DistillationLossFn config:\n" + "\n".join(f"  {line}" for line in error.problems)
-        ) from None

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict, TypeVar
 
 import torch
+
+from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 
 @dataclass(frozen=True)
@@ -169,3 +173,24 @@ __all__ = [
     "DPOLossDataDict",
     "PreferenceLossDataDict",
 ]
+
+
+_Config = TypeVar("_Config")
+
+
+def validated_loss_config(schema: type[_Config], cfg: Mapping[str, Any] | _Config | None, owner: str) -> _Config:
+    """`cfg` (a NeMo-RL config mapping, an OmegaConf DictConfig or the dataclass itself) checked against `schema`.
+
+    Missing keys take the defaults. Raises one ValueError listing every unknown key (with the nearest valid name),
+    wrong type and impossible combination, one line each.
+    """
+    if cfg is None:
+        cfg = schema()
+    if isinstance(cfg, schema):
+        cfg = dataclasses.asdict(cfg)  # type: ignore[call-overload]  # every schema here is a dataclass
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"{owner} config must be a mapping or {schema.__name__}, got {type(cfg).__name__}")
+    try:
+        return validate_config(cfg, schema)
+    except ConfigError as error:
+        raise ValueError(f"invalid {owner} config:\n" + "\n".join(f"  {line}" for line in error.problems)) from None

@@ -23,9 +23,8 @@ Call contract (NeMo-RL's), shared by all four:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,10 +41,10 @@ from nemo_rl_clone.algorithms.loss_configs import (
     DPOLossConfig,
     DPOLossDataDict,
     PreferenceLossDataDict,
+    validated_loss_config,
 )
 from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
 from nemo_rl_clone.distributed.model_utils import LossType, TokenLogprobs, token_logprobs_from_logits
-from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 __all__ = [
     "ClippedPGLossConfig",
@@ -65,25 +64,6 @@ __all__ = [
 ]
 
 Metrics = dict[str, float | int]
-_Config = TypeVar("_Config")
-
-
-def _validated(schema: type[_Config], cfg: Mapping[str, Any] | _Config | None, owner: str) -> _Config:
-    """`cfg` (a NeMo-RL config mapping, an OmegaConf DictConfig or the dataclass itself) checked against `schema`.
-
-    Missing keys take the defaults. Raises one ValueError listing every unknown key (with the nearest valid name),
-    wrong type and impossible combination, one line each.
-    """
-    if cfg is None:
-        cfg = schema()
-    if isinstance(cfg, schema):
-        cfg = dataclasses.asdict(cfg)  # type: ignore[call-overload]  # every schema here is a dataclass
-    if not isinstance(cfg, Mapping):
-        raise TypeError(f"{owner} config must be a mapping or {schema.__name__}, got {type(cfg).__name__}")
-    try:
-        return validate_config(cfg, schema)
-    except ConfigError as error:
-        raise ValueError(f"invalid {owner} config:\n" + "\n".join(f"  {line}" for line in error.problems)) from None
 
 
 def _require(data: Mapping[str, Any], keys: tuple[str, ...], owner: str) -> None:
@@ -174,7 +154,7 @@ class ClippedPGLossFn:
     accepts_token_logprobs = True  # reads the logits only as next-token logprobs at token_mask positions
 
     def __init__(self, cfg: Mapping[str, Any] | ClippedPGLossConfig | None = None) -> None:
-        self.cfg = _validated(ClippedPGLossConfig, cfg, "ClippedPGLossFn")
+        self.cfg = validated_loss_config(ClippedPGLossConfig, cfg, "ClippedPGLossFn")
         self.loss_type = LossType.TOKEN_LEVEL if self.cfg.token_level_loss else LossType.SEQUENCE_LEVEL
 
     def __call__(
@@ -487,7 +467,7 @@ class DPOLossFn:
     accepts_token_logprobs = True
 
     def __init__(self, cfg: Mapping[str, Any] | DPOLossConfig | None = None) -> None:
-        self.cfg = _validated(DPOLossConfig, cfg, "DPOLossFn")
+        self.cfg = validated_loss_config(DPOLossConfig, cfg, "DPOLossFn")
 
     def __call__(
         self,
