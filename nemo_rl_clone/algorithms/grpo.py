@@ -24,6 +24,7 @@ from nemo_rl_clone.algorithms.grpo_batches import (
 from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.grpo_rollouts import RolloutSource, SyncRollouts, roll_out
 from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, GRPOState, save_checkpoint, setup
+from nemo_rl_clone.algorithms.monitors import CollapseMonitors
 from nemo_rl_clone.algorithms.run_state import run_validation, validates_at_end
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
@@ -61,6 +62,7 @@ def grpo_train(c: GRPOComponents) -> None:
 def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
     cfg, state, timer = c.config, c.state, Timer()
     deadline = SaveDeadline(cfg.checkpointing)
+    monitors = CollapseMonitors(cfg.monitors, cfg.grpo.num_generations_per_prompt)
     if cfg.grpo.val_at_start and state.step == 0 and cfg.grpo.val_period > 0:
         source.validate(0, timer, partial(log_validation, c, 0))
     while state.step < cfg.grpo.max_num_steps and source.position.completed_epochs < cfg.grpo.max_num_epochs:
@@ -139,6 +141,8 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
         c.logger.log_metrics(timing, step, prefix="timing/train")
         if rollouts.extra_metrics:
             c.logger.log_metrics(rollouts.extra_metrics, step, prefix="async")
+        # collapse warnings and monitor/* metrics from this step's metrics and validation (docs/monitors.md)
+        c.logger.log_metrics(monitors.update(step, metrics, raw_rewards, state.val_metrics), step, prefix="monitor")
         c.logger.log_samples_jsonl(sample_rows(batch, raw_rewards, advantages), step)
         advance(step)
         if stop_for_deadline:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossConfig
+from nemo_rl_clone.algorithms.monitors import MonitorsConfig
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
@@ -231,6 +232,8 @@ class GRPOMasterConfig:
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
+    # Not a NeMo-RL section: collapse warnings and monitor/* metrics (docs/monitors.md).
+    monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
     on_policy_distillation: Any = None
 
     def check(self) -> list[tuple[str, str]]:
