@@ -54,6 +54,9 @@ def check_smoke_metrics(metrics: dict[int, dict[str, float]], steps: int) -> Non
             "performance/generation_tokens_per_sec",
         ):
             assert key in m, (step, key, sorted(m))
+        # The collapse monitors (docs/monitors.md) report their alerts and the zero-variance group share every step.
+        monitors = ("entropy", "kl", "clip", "mismatch", "length", "zero_variance", "reward_vs_validation")
+        assert {f"monitor/{name}_alert" for name in monitors} | {"monitor/zero_variance_group_fraction"} <= set(m), m
         # The trainer's logprobs of the sampled tokens agree with the engine's (the refit correctness gate of docs/generation_and_refit.md).
         assert 1.0 <= m["train/token_mult_prob_error"] <= 1.01, m["train/token_mult_prob_error"]
     assert "validation/accuracy" in metrics[steps]
