@@ -239,10 +239,10 @@ class SpikeMonitor:
         value = self.statistic(metrics)
         if value is None:
             return None
-        cfg = self.cfg
-        median = statistics.median(self.history) if self.history else value
-        ratio = value / max(median, _TINY) if self.history else 1.0
-        spike = len(self.history) >= self.min_history and value > cfg.floor and value > cfg.factor * median
+        cfg, seen = self.cfg, len(self.history)
+        median = statistics.median(self.history) if seen else value
+        ratio = value / max(median, _TINY) if seen else 1.0
+        spike = seen >= self.min_history and value > cfg.floor and value > cfg.factor * median
         over_bound = cfg.bound is not None and value > cfg.bound
         self.history.append(value)
         result = Observation({f"{self.name}_ratio": ratio, **({self.name: value} if self.log_value else {})})
@@ -251,7 +251,7 @@ class SpikeMonitor:
             why = (
                 f"above {key}.bound {cfg.bound}"
                 if over_bound
-                else f"{ratio:.1f}x its median {median:.4g} over the last {len(self.history) - 1} steps "
+                else f"{ratio:.1f}x its median {median:.4g} over the last {seen} steps "
                 f"(above {key}.factor {cfg.factor} and {key}.floor {cfg.floor})"
             )
             result.alert, result.message = True, f"{self.describe} {value:.4g} is {why}. {self.advice}"

@@ -76,6 +76,9 @@ def test_kl_spike_needs_a_multiple_of_the_recent_median_and_the_floor():
         "monitors.kl.factor 5.0 and monitors.kl.floor 0.05). The policy is leaving the reference fast: lower the "
         "learning rate, raise loss_fn.reference_policy_kl_penalty, or resume from an earlier checkpoint."
     ]
+    windowed = run_series([{"kl_penalty": v} for v in (0.01, 0.01, 0.01, 0.01, 0.02, 0.03, 0.2)], config={"window": 3})
+    assert alert_steps(windowed, "kl") == [7]  # median of the previous 3 steps: 0.02
+    assert "0.2 is 10.0x its median 0.02 over the last 3 steps" in windowed[6][1][0]
     # 10x the median but under the floor; a spike before baseline_steps of history; a zero KL (no KL term)
     assert alert_steps(run_series([{"kl_penalty": v} for v in (0.001, 0.001, 0.001, 0.01)]), "kl") == []
     assert alert_steps(run_series([{"kl_penalty": v} for v in (0.01, 0.5, 0.01)]), "kl") == []
