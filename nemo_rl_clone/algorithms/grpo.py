@@ -62,7 +62,7 @@ def grpo_train(c: GRPOComponents) -> None:
 def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
     cfg, state, timer = c.config, c.state, Timer()
     deadline = SaveDeadline(cfg.checkpointing)
-    monitors = CollapseMonitors(cfg.monitors, cfg.grpo.num_generations_per_prompt)
+    monitors = CollapseMonitors(cfg.monitors, cfg.grpo.num_generations_per_prompt, state.monitors)
     if cfg.grpo.val_at_start and state.step == 0 and cfg.grpo.val_period > 0:
         source.validate(0, timer, partial(log_validation, c, 0))
     while state.step < cfg.grpo.max_num_steps and source.position.completed_epochs < cfg.grpo.max_num_epochs:
@@ -123,6 +123,9 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
             if cfg.grpo.seq_logprob_error_threshold is not None:
                 metrics["num_masked_seqs_by_logprob_error"] = float(num_masked)
             state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
+            # collapse monitors on this step's metrics and validation (docs/monitors.md); their history is checkpointed
+            monitor_metrics = monitors.update(step, metrics, raw_rewards, state.val_metrics)
+            state.monitors = monitors.state_dict()
             if should_save(step, cfg.checkpointing, is_last):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
@@ -141,8 +144,7 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
         c.logger.log_metrics(timing, step, prefix="timing/train")
         if rollouts.extra_metrics:
             c.logger.log_metrics(rollouts.extra_metrics, step, prefix="async")
-        # collapse warnings and monitor/* metrics from this step's metrics and validation (docs/monitors.md)
-        c.logger.log_metrics(monitors.update(step, metrics, raw_rewards, state.val_metrics), step, prefix="monitor")
+        c.logger.log_metrics(monitor_metrics, step, prefix="monitor")
         c.logger.log_samples_jsonl(sample_rows(batch, raw_rewards, advantages), step)
         advance(step)
         if stop_for_deadline:

@@ -24,6 +24,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -194,7 +195,19 @@ class _Baseline:
         return value / max(baseline, _TINY), baseline, ready
 
 
-class EntropyMonitor:
+class _BaselineState:
+    """Checkpoint state of a monitor whose only history is its early-run baseline."""
+
+    baseline: _Baseline
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"baseline": list(self.baseline.values)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.baseline.values = [float(v) for v in state["baseline"]][: self.baseline.steps]
+
+
+class EntropyMonitor(_BaselineState):
     name = "entropy"
 
     def __init__(self, cfg: EntropyMonitorConfig, baseline_steps: int) -> None:
@@ -235,6 +248,12 @@ class SpikeMonitor:
         self.history: deque[float] = deque(maxlen=window)
         self.min_history, self.describe, self.advice, self.log_value = min_history, describe, advice, log_value
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.history.extend(float(v) for v in state["history"])
+
     def observe(self, metrics: Mapping[str, float], validation: Mapping[str, float]) -> Observation | None:
         value = self.statistic(metrics)
         if value is None:
@@ -258,7 +277,7 @@ class SpikeMonitor:
         return result
 
 
-class LengthMonitor:
+class LengthMonitor(_BaselineState):
     name = "length"
 
     def __init__(self, cfg: LengthMonitorConfig, baseline_steps: int) -> None:
@@ -296,6 +315,12 @@ class ZeroVarianceMonitor:
     def __init__(self, cfg: ZeroVarianceMonitorConfig) -> None:
         self.cfg = cfg
 
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # no history: each step is judged alone
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
     def observe(self, metrics: Mapping[str, float], validation: Mapping[str, float]) -> Observation | None:
         if "zero_variance_group_fraction" not in metrics:
             return None
@@ -321,6 +346,19 @@ class RewardValidationMonitor:
         # (mean training reward since the previous validation, validation metric) per validation
         self.records: deque[tuple[float, float]] = deque(maxlen=cfg.num_validations)
         self.trends = (0.0, 0.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rewards_since_validation": list(self.rewards_since_validation),
+            "records": [list(record) for record in self.records],
+            "trends": list(self.trends),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.rewards_since_validation = [float(v) for v in state["rewards_since_validation"]]
+        self.records.extend((float(reward), float(value)) for reward, value in state["records"])
+        reward_trend, validation_trend = state["trends"]
+        self.trends = (float(reward_trend), float(validation_trend))
 
     def observe(self, metrics: Mapping[str, float], validation: Mapping[str, float]) -> Observation | None:
         cfg = self.cfg
@@ -422,12 +460,26 @@ def zero_variance_group_fraction(rewards: torch.Tensor, group_size: int) -> floa
 
 class CollapseMonitors:
     """The run's monitors with their history. ``observe`` is the pure step (metrics in, metrics and warnings out);
-    ``update`` is what the GRPO loop calls: it adds the zero-variance share and prints the warnings."""
+    ``update`` is what the GRPO loop calls: it adds the zero-variance share and prints the warnings. ``state``
+    (a `state_dict`, kept in the run's checkpoints) resumes the histories of a previous run."""
 
-    def __init__(self, cfg: MonitorsConfig, group_size: int) -> None:
+    def __init__(self, cfg: MonitorsConfig, group_size: int, state: Mapping[str, Any] | None = None) -> None:
         self.monitors = build_monitors(cfg)
         self.group_size = group_size
         self.alerting = {monitor.name: False for monitor in self.monitors}
+        state = state or {}
+        saved, alerting = state.get("monitors", {}), state.get("alerting", {})
+        for monitor in self.monitors:  # a monitor the saved run did not have starts afresh
+            if monitor.name in saved:
+                monitor.load_state_dict(saved[monitor.name])
+                self.alerting[monitor.name] = bool(alerting.get(monitor.name, False))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain lists and numbers (JSON): the monitors' histories and which of them are alerting."""
+        return {
+            "alerting": dict(self.alerting),
+            "monitors": {monitor.name: monitor.state_dict() for monitor in self.monitors},
+        }
 
     def observe(
         self, step: int, metrics: Mapping[str, float], validation: Mapping[str, float]

@@ -60,6 +60,7 @@ class RunState:
     val_metrics: dict[str, float] = field(default_factory=dict)
     train_metrics: dict[str, float] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
+    monitors: dict[str, Any] = field(default_factory=dict)  # GRPO's collapse monitors (`CollapseMonitors.state_dict`)
 
     def begin_step(self) -> int:
         """Start the next step and return its number. Forgets the last validation's metrics: a checkpoint saved on a
@@ -74,6 +75,7 @@ class RunState:
             "val": dict(self.val_metrics),
             "train": dict(self.train_metrics),
             "model": dict(self.model),
+            "monitors": dict(self.monitors),
         }
 
     @classmethod
@@ -83,6 +85,7 @@ class RunState:
             total_valid_samples=int(info.get("total_valid_samples", 0)),
             val_metrics=dict(info.get("val", {})),
             train_metrics=dict(info.get("train", {})),
+            monitors=dict(info.get("monitors", {})),
         )
 
 

@@ -3,6 +3,7 @@ per entry into the alert state), its threshold validation, and silence when disa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 
 from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.monitors import CollapseMonitors, MonitorsConfig, zero_variance_group_fraction
+from nemo_rl_clone.algorithms.run_state import RunState
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 ALL_ALERTS = {
@@ -268,3 +270,39 @@ def test_unknown_monitor_key_is_refused():
     with pytest.raises(ConfigError) as err:
         validate_config({"monitors": {"entropy": {"min_ration": 0.2}}}, GRPOMasterConfig)
     assert len(err.value.problems) == 1 and err.value.problems[0].startswith("monitors.entropy.min_ration: unknown key")
+
+
+def test_a_resumed_run_continues_the_monitors_history_from_its_checkpoint():
+    """The monitors' state goes through training_info.json (`RunState.monitors`): resumed after step 5, a run warns
+    and logs exactly as an uninterrupted one."""
+    series = [
+        {
+            "approx_entropy": entropy,
+            "kl_penalty": kl,
+            "token_mult_prob_error": 1.002,
+            "rollout/mean_generation_length": 100.0,
+            "reward": 0.1 * step,
+            "zero_variance_group_fraction": 0.9 if step in (4, 5, 6) else 0.5,
+        }
+        for step, (entropy, kl) in enumerate(
+            zip([1.0] * 4 + [0.5, 0.2, 0.2, 0.9, 0.1], [0.01] * 7 + [0.3, 0.01], strict=True), 1
+        )
+    ]
+    validations = {3: {"accuracy": 0.5}, 6: {"accuracy": 0.47}, 9: {"accuracy": 0.4}}
+    cfg = MonitorsConfig()
+    straight = CollapseMonitors(cfg, 4)
+    expected = [straight.observe(step, m, validations.get(step, {})) for step, m in enumerate(series, start=1)]
+    first = CollapseMonitors(cfg, 4)
+    resumed_results = [first.observe(step, series[step - 1], validations.get(step, {})) for step in range(1, 6)]
+    state = RunState(step=5, monitors=first.state_dict())
+    restored = RunState.from_training_info(json.loads(json.dumps(state.training_info())))
+    resumed = CollapseMonitors(cfg, 4, restored.monitors)
+    resumed_results += [resumed.observe(step, series[step - 1], validations.get(step, {})) for step in range(6, 10)]
+    assert resumed_results == expected
+    # the uninterrupted run fired entropy (6, 9), KL (8), zero variance (4 only: it kept alerting through 6) and
+    # reward-vs-validation (9): after the resume none is repeated or lost
+    assert warnings_by_step(expected).keys() == {4, 6, 8, 9}
+    assert [w.split(": ")[1] for w in expected[8][1]] == [
+        "monitor entropy collapse",
+        "monitor reward up, validation down",
+    ]
