@@ -14,8 +14,8 @@ compares it with a threshold relative to the run's own history, and reports a 0/
 - ``reward_vs_validation``: over the last ``num_validations`` validations, the mean training reward rose while the
   validation ``metric`` fell by more than ``min_drop``.
 
-A monitor warns when it enters the alert state, and again only after it cleared. What each one means and what to do
-about it: docs/monitors.md.
+A monitor warns when it enters the alert state, and again only after it cleared. The histories are checkpointed with
+the run (``RunState.monitors``). What each monitor means and what to do about it: docs/monitors.md.
 """
 
 from __future__ import annotations
@@ -504,6 +504,8 @@ class CollapseMonitors:
     def update(
         self, step: int, metrics: Mapping[str, float], rewards: torch.Tensor, validation: Mapping[str, float]
     ) -> dict[str, float]:
+        """`observe` one GRPO step, with the share of zero-variance groups among the trained ``rewards``; print each
+        warning as one yellow line; return the ``monitor/*`` metrics to log (none when all monitors are off)."""
         if not self.monitors:
             return {}
         fraction = zero_variance_group_fraction(rewards, self.group_size)
