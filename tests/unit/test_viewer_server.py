@@ -15,7 +15,7 @@ import pytest
 
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.viewer.run_logs import find_run
-from nemo_rl_clone.viewer.server import serving_in_background
+from nemo_rl_clone.viewer.server import ViewerServer, serving_in_background
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -128,6 +128,13 @@ def test_bad_log_dirs_are_named(tmp_path: Path) -> None:
     (tmp_path / "exp_1").mkdir()
     with pytest.raises(UserInputError, match=r"no metrics.jsonl or train_data_step\*.jsonl in .* \(1 exp_N folders"):
         find_run(tmp_path)
+
+
+def test_a_taken_port_is_named(log_dir: Path) -> None:
+    with serving_in_background(find_run(log_dir)) as server:
+        port = server.server_address[1]
+        with pytest.raises(UserInputError, match=rf"^cannot serve on 127.0.0.1:{port}: "):
+            ViewerServer(find_run(log_dir), "127.0.0.1", port)
 
 
 def _viewer(*args: str) -> subprocess.Popen:

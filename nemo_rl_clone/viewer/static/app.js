@@ -15,6 +15,7 @@ const GAP_SATURATION = 1.0;  // |trainer − generation logprob| at which the co
 
 const state = { run: null, metrics: {}, rows: [], step: null };
 const $ = (id) => document.getElementById(id);
+const escapeHtml = (value) => String(value).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 
 async function getJson(url) {
   const response = await fetch(url, { cache: "no-store" });
@@ -127,11 +128,11 @@ function sampleCard(row, showPrompt) {
   card.dataset.reward = row.reward;
   const meta = document.createElement("div");
   meta.className = "meta";
-  const parts = [`<b>reward ${row.reward}</b>`];
+  const parts = [`<b>reward ${escapeHtml(row.reward)}</b>`];
   if (row.advantage !== undefined) parts.push(`advantage ${Number(row.advantage.toFixed(4))}`);
   if (row.tokens) parts.push(`${row.tokens.length} tokens`);
   if (row.gap) parts.push(`|logprob gap| max ${row.gap.max} · mean ${row.gap.mean}`);
-  if (showPrompt) parts.push(`prompt idx ${row.idx}`);
+  if (showPrompt) parts.push(`prompt idx ${escapeHtml(row.idx)}`);
   meta.innerHTML = parts.join(" · ");
   if (row.reward === 1) meta.insertAdjacentHTML("beforeend", ' <span class="badge correct">correct</span>');
   if (row.truncated) meta.insertAdjacentHTML("beforeend", ' <span class="badge truncated">truncated</span>');

@@ -15,13 +15,13 @@ function formatNumber(value, span = Math.abs(value)) {
   if (value === 0) return "0";
   const magnitude = Math.abs(value);
   if (magnitude >= 1e5 || magnitude < 1e-4) return value.toExponential(2);
-  const decimals = Math.min(8, Math.max(0, Math.ceil(-Math.log10(span || magnitude)) + 2));
+  const decimals = Math.min(8, Math.max(0, Math.ceil(-Math.log10(span || magnitude)) + 1));
   return String(Number(value.toFixed(decimals)));
 }
 
 // series: [{name, points: [[step, value], ...]}]; markStep: the step shown below (a vertical line), or null.
 function linePlot(title, series, markStep) {
-  const width = 300, height = 160, left = 44, right = 8, top = 8, bottom = 22;
+  const width = 330, height = 160, left = 72, right = 8, top = 8, bottom = 22;
   const all = series.flatMap((s) => s.points);
   let [xMin, xMax] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
   let [yMin, yMax] = [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
