@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_clone.viewer.chromium import dump_dom, find_chromium
+from nemo_rl_clone.viewer.run_logs import find_run
+from nemo_rl_clone.viewer.server import serving_in_background
 from tests.functional.supervised_runs import REPO, run_dirs, run_entry_point
 from tools.podman_base_image import PrerequisiteError, install_packages
 
@@ -106,6 +109,9 @@ def test_page_shows_the_runs_steps_samples_and_plots(chromium, smoke_logs, viewe
         samples = dom[dom.index('<main id="samples">') :]  # the legend has token spans too
         token_spans = len(re.findall(r'<span class="tok[ "]', samples))
         assert token_spans == sum(len(row["tokens"]) for row in rows)
+        # Gap colour on every trained token, grey (no colour) on the others.
+        assert samples.count('style="background') == sum(sum(row["loss_mask"]) for row in rows)
+        assert samples.count('class="tok masked"') == sum(row["loss_mask"].count(0) for row in rows)
         assert set(re.findall(r'<figure class="plot" data-title="([^"]+)"', dom)) == PLOT_TITLES
         assert dom.count("<polyline") >= len(PLOT_TITLES)
         assert "No gap colouring" not in dom  # the run computed the trainer's logprobs
@@ -116,6 +122,29 @@ def test_page_shows_the_runs_steps_samples_and_plots(chromium, smoke_logs, viewe
     assert _summary(dom)["shown"] == str(truncated)
     assert dom.count('class="sample"') == truncated
     assert dom.count('class="badge truncated"') == truncated
+
+
+def test_rows_without_trainer_logprobs_or_tokens_still_show(chromium, smoke_logs, tmp_path) -> None:
+    """The main job's rows (no trainer logprobs: force_on_policy_ratio) and an older run's rows (text only)."""
+    (source,) = run_dirs(smoke_logs.parent)
+    run_dir = tmp_path / "exp_1"
+    run_dir.mkdir()
+    shutil.copy(source / "metrics.jsonl", run_dir)
+    rows = _rows(source, 1)
+    on_policy = [{k: v for k, v in row.items() if k != "trainer_logprobs"} for row in rows]
+    text_only = [{k: row[k] for k in ("prompt", "response", "reward", "advantage", "idx")} for row in rows]
+    for step, step_rows in ((1, on_policy), (2, text_only)):
+        (run_dir / f"train_data_step{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in step_rows))
+    with serving_in_background(find_run(tmp_path)) as server:
+        on_policy_dom = dump_dom(f"{server.url}?step=1")
+        text_dom = dump_dom(f"{server.url}?step=2")
+    assert "No gap colouring: this run did not compute the trainer's logprobs" in on_policy_dom
+    samples = on_policy_dom[on_policy_dom.index('<main id="samples">') :]
+    assert 'style="background' not in samples and "|logprob gap|" not in samples
+    assert len(re.findall(r'<span class="tok[ "]', samples)) == sum(len(row["tokens"]) for row in rows)
+    assert "These rows carry text only" in text_dom
+    assert text_dom.count('class="plain"') == len(rows) and 'class="tok' not in text_dom.split('<main id="samples">')[1]
+    assert _summary(text_dom)["samples"] == str(len(rows))
 
 
 def test_screenshot_has_content(chromium, smoke_logs, tmp_path) -> None:
