@@ -221,7 +221,9 @@ def _run_steps(c: DistillationComponents) -> None:
         run.logger.log_metrics(metrics, step, prefix="train")
         run.logger.log_metrics(_performance(metrics, timing), step, prefix="performance")
         run.logger.log_metrics(timing, step, prefix="timing/train")
-        run.logger.log_samples_jsonl(sample_rows(rollouts.batch, rollouts.raw_rewards), step)
+        run.logger.log_samples_jsonl(
+            sample_rows(rollouts.batch, rollouts.raw_rewards, None, run.tokenizer, train_data), step
+        )
         console.print(
             f"step {step}: loss {metrics['loss']:.4f}, forward KL {metrics['kl_forward']:.4f}, "
             f"reverse KL {metrics['kl_reverse']:.4f}, reward {metrics['reward']:.3f}"

@@ -145,7 +145,7 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
         if rollouts.extra_metrics:
             c.logger.log_metrics(rollouts.extra_metrics, step, prefix="async")
         c.logger.log_metrics(monitor_metrics, step, prefix="monitor")
-        c.logger.log_samples_jsonl(sample_rows(batch, raw_rewards, advantages), step)
+        c.logger.log_samples_jsonl(sample_rows(batch, raw_rewards, advantages, c.tokenizer, train_data), step)
         advance(step)
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
