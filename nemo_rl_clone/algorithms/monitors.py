@@ -9,8 +9,8 @@ compares it with a threshold relative to the run's own history, and reports a 0/
   ``monitors.window`` steps and above ``floor``, or above ``bound`` at any time;
 - ``length``: the mean response length outside [``min_ratio``, ``max_ratio``] × its early-run value, or the share
   of responses cut at the token limit above ``max_truncation_rate``;
-- ``zero_variance``: the share of prompt groups whose rewards are all equal (no advantage, no gradient) above
-  ``max_fraction``;
+- ``zero_variance``: the share of prompt groups whose rewards are all equal (no advantage, no gradient), averaged
+  over the last ``num_steps`` steps, above ``max_fraction``;
 - ``reward_vs_validation``: over the last ``num_validations`` validations, the mean training reward rose while the
   validation ``metric`` fell by more than ``min_drop``.
 
@@ -113,15 +113,24 @@ class LengthMonitorConfig:
 
 @dataclass
 class ZeroVarianceMonitorConfig:
-    """More than ``max_fraction`` of the step's prompt groups have all-equal rewards."""
+    """Over the last ``num_steps`` steps, more than ``max_fraction`` of the prompt groups had all-equal rewards.
+
+    Judged on a mean over steps because one step holds few groups (the main job: 8), so a single step's share
+    jumps by 1/8 at a time and would flip the alert on and off."""
 
     enabled: bool = True
     max_fraction: float = 0.8
+    num_steps: int = 5
 
     def check(self) -> list[tuple[str, str]]:
+        problems = []
         if not 0 < self.max_fraction < 1:
-            return [("max_fraction", f"must be in (0, 1) (set enabled: false to turn it off), got {self.max_fraction}")]
-        return []
+            problems.append(
+                ("max_fraction", f"must be in (0, 1) (set enabled: false to turn it off), got {self.max_fraction}")
+            )
+        if self.num_steps < 1:
+            problems.append(("num_steps", f"must be >= 1, got {self.num_steps}"))
+        return problems
 
 
 @dataclass
@@ -314,25 +323,28 @@ class ZeroVarianceMonitor:
 
     def __init__(self, cfg: ZeroVarianceMonitorConfig) -> None:
         self.cfg = cfg
+        self.history: deque[float] = deque(maxlen=cfg.num_steps)
 
     def state_dict(self) -> dict[str, Any]:
-        return {}  # no history: each step is judged alone
+        return {"history": list(self.history)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass
+        self.history.extend(float(v) for v in state.get("history", []))
 
     def observe(self, metrics: Mapping[str, float], validation: Mapping[str, float]) -> Observation | None:
         if "zero_variance_group_fraction" not in metrics:
             return None
         fraction = metrics["zero_variance_group_fraction"]
-        result = Observation({"zero_variance_group_fraction": fraction})
-        if fraction > self.cfg.max_fraction:
+        self.history.append(fraction)
+        mean = statistics.fmean(self.history)
+        result = Observation({"zero_variance_group_fraction": fraction, "zero_variance_group_fraction_mean": mean})
+        if len(self.history) == self.cfg.num_steps and mean > self.cfg.max_fraction:
             result.alert = True
             result.message = (
-                f"zero-variance groups: {fraction:.0%} of the prompt groups have all-equal rewards (above "
-                f"monitors.zero_variance.max_fraction {self.cfg.max_fraction}); GRPO learns nothing from them. Use "
-                "data of a difficulty the model sometimes solves, raise grpo.num_generations_per_prompt, or turn on "
-                "grpo.use_dynamic_sampling."
+                f"zero-variance groups: over the last {self.cfg.num_steps} steps {mean:.0%} of the prompt groups "
+                f"had all-equal rewards (above monitors.zero_variance.max_fraction {self.cfg.max_fraction}); GRPO "
+                "learns nothing from them. Use data of a difficulty the model sometimes solves, raise "
+                "grpo.num_generations_per_prompt, or turn on grpo.use_dynamic_sampling."
             )
         return result
 

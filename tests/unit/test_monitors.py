@@ -147,16 +147,29 @@ def test_zero_variance_share_from_the_rewards_of_the_prompt_groups(capsys):
     assert zero_variance_group_fraction(four_flat, 4) == pytest.approx(0.8)
     all_flat = torch.tensor([1.0] * 8 + [0.0] * 12)
     assert zero_variance_group_fraction(all_flat, 4) == 1.0
+    # judged on the mean of the last num_steps (5) steps: one flat step among signal-rich ones does not fire
     monitors = CollapseMonitors(MonitorsConfig(), group_size=4)
-    logged = [monitors.update(step, {}, rewards, {}) for step, rewards in enumerate([four_flat, all_flat], start=1)]
-    assert [m["zero_variance_group_fraction"] for m in logged] == pytest.approx([0.8, 1.0])
-    assert [m["zero_variance_alert"] for m in logged] == [0.0, 1.0]  # 0.8 is not above max_fraction 0.8
+    series = [four_flat] * 4 + [all_flat] * 3
+    logged = [monitors.update(step, {}, rewards, {}) for step, rewards in enumerate(series, start=1)]
+    assert [m["zero_variance_group_fraction"] for m in logged] == pytest.approx([0.8] * 4 + [1.0] * 3)
+    assert [m["zero_variance_group_fraction_mean"] for m in logged] == pytest.approx(
+        [0.8, 0.8, 0.8, 0.8, 0.84, 0.88, 0.92]
+    )
+    # step 5's mean 0.84 is above 0.8 and five steps are seen: it fires there, once
+    assert [m["zero_variance_alert"] for m in logged] == [0.0] * 4 + [1.0] * 3
     # one console line, however wide
     assert capsys.readouterr().out.splitlines() == [
-        "step 2: monitor zero-variance groups: 100% of the prompt groups have all-equal rewards (above "
-        "monitors.zero_variance.max_fraction 0.8); GRPO learns nothing from them. Use data of a difficulty the model "
-        "sometimes solves, raise grpo.num_generations_per_prompt, or turn on grpo.use_dynamic_sampling."
+        "step 5: monitor zero-variance groups: over the last 5 steps 84% of the prompt groups had all-equal rewards "
+        "(above monitors.zero_variance.max_fraction 0.8); GRPO learns nothing from them. Use data of a difficulty "
+        "the model sometimes solves, raise grpo.num_generations_per_prompt, or turn on grpo.use_dynamic_sampling."
     ]
+    # a flapping share (the main job's first steps: 0.62, 0.5, 0.88, 0.62, 0.75, 0.75) stays quiet
+    flapping = CollapseMonitors(MonitorsConfig(), group_size=4)
+    means = [
+        flapping.observe(s, {"zero_variance_group_fraction": f}, {})[0]
+        for s, f in enumerate([0.62, 0.5, 0.88, 0.62, 0.75, 0.75, 0.88], start=1)
+    ]
+    assert [m["zero_variance_alert"] for m in means] == [0.0] * 7
 
 
 def test_reward_rising_while_validation_falls_over_the_last_validations():
@@ -201,6 +214,7 @@ def test_every_monitor_logs_its_alert_every_step_and_disabled_monitors_log_nothi
         "mismatch_ratio",
         "length_ratio",
         "zero_variance_group_fraction",
+        "zero_variance_group_fraction_mean",
         "reward_trend",
         "validation_trend",
     }
@@ -282,7 +296,7 @@ def test_a_resumed_run_continues_the_monitors_history_from_its_checkpoint():
             "token_mult_prob_error": 1.002,
             "rollout/mean_generation_length": 100.0,
             "reward": 0.1 * step,
-            "zero_variance_group_fraction": 0.9 if step in (4, 5, 6) else 0.5,
+            "zero_variance_group_fraction": 0.95 if step >= 3 else 0.5,
         }
         for step, (entropy, kl) in enumerate(
             zip([1.0] * 4 + [0.5, 0.2, 0.2, 0.9, 0.1], [0.01] * 7 + [0.3, 0.01], strict=True), 1
@@ -299,9 +313,10 @@ def test_a_resumed_run_continues_the_monitors_history_from_its_checkpoint():
     resumed = CollapseMonitors(cfg, 4, restored.monitors)
     resumed_results += [resumed.observe(step, series[step - 1], validations.get(step, {})) for step in range(6, 10)]
     assert resumed_results == expected
-    # the uninterrupted run fired entropy (6, 9), KL (8), zero variance (4 only: it kept alerting through 6) and
-    # reward-vs-validation (9): after the resume none is repeated or lost
-    assert warnings_by_step(expected).keys() == {4, 6, 8, 9}
+    # the uninterrupted run fired entropy (6, 9), KL (8), zero variance (6: the 5-step mean crosses 0.8 there, from a
+    # history that spans the resume) and reward-vs-validation (9): after the resume none is repeated or lost
+    assert warnings_by_step(expected).keys() == {6, 8, 9}
+    assert [w.split(": ")[1] for w in expected[5][1]] == ["monitor entropy collapse", "monitor zero-variance groups"]
     assert [w.split(": ")[1] for w in expected[8][1]] == [
         "monitor entropy collapse",
         "monitor reward up, validation down",
