@@ -84,6 +84,15 @@ def _rows(run_dir: Path, step: int) -> list[dict]:
     return [json.loads(line) for line in (run_dir / f"train_data_step{step}.jsonl").read_text().splitlines()]
 
 
+def _monitor_plot_titles(run_dir: Path) -> set[str]:
+    """One plot of all the 0/1 `monitor/*_alert` keys, and one per other `monitor/*` statistic."""
+    keys = {key for line in (run_dir / "metrics.jsonl").read_text().splitlines() for key in json.loads(line)}
+    monitor_keys = {key for key in keys if key.startswith("monitor/")}
+    assert monitor_keys, "a GRPO run logs monitor/* metrics every step"
+    statistics = {key for key in monitor_keys if not key.endswith("_alert")}
+    return {"monitor alerts (1 = alerting)"} | statistics
+
+
 def _summary(dom: str) -> dict[str, str]:
     match = re.search(r'<p id="summary"([^>]*)>', dom)
     assert match, dom[-3000:]
@@ -112,8 +121,9 @@ def test_page_shows_the_runs_steps_samples_and_plots(chromium, smoke_logs, viewe
         # Gap colour on every trained token, grey (no colour) on the others.
         assert samples.count('style="background') == sum(sum(row["loss_mask"]) for row in rows)
         assert samples.count('class="tok masked"') == sum(row["loss_mask"].count(0) for row in rows)
-        assert set(re.findall(r'<figure class="plot" data-title="([^"]+)"', dom)) == PLOT_TITLES
-        assert dom.count("<polyline") >= len(PLOT_TITLES)
+        titles = set(re.findall(r'<figure class="plot" data-title="([^"]+)"', dom))
+        assert titles == PLOT_TITLES | _monitor_plot_titles(run_dir)
+        assert dom.count("<polyline") >= len(titles)
         assert "No gap colouring" not in dom  # the run computed the trainer's logprobs
 
     rows = _rows(run_dir, 1)

@@ -2,7 +2,7 @@
 // State lives in the URL query (?step=&rmin=&rmax=&truncated=1&sort=), so a view can be linked or reloaded.
 "use strict";
 
-// Metric groups plotted when at least one of their keys is in metrics.jsonl; every monitor/* key gets its own.
+// Metric groups plotted when at least one of their keys is in metrics.jsonl; monitor/* keys are added after them.
 const PLOTS = [
   { title: "reward", keys: ["train/reward", "validation/mean_reward"] },
   { title: "accuracy", keys: ["train/accuracy", "validation/accuracy"] },
@@ -52,7 +52,14 @@ function renderPlots() {
   const plots = $("plots");
   plots.replaceChildren();
   const monitorKeys = Object.keys(state.metrics).filter((key) => key.includes("monitor/")).sort();
-  const groups = [...PLOTS, ...monitorKeys.map((key) => ({ title: key, keys: [key] }))];
+  // the 0/1 alerts share one plot; each monitor statistic gets its own
+  const alerts = monitorKeys.filter((key) => key.endsWith("_alert"));
+  const statistics = monitorKeys.filter((key) => !key.endsWith("_alert"));
+  const groups = [
+    ...PLOTS,
+    ...(alerts.length ? [{ title: "monitor alerts (1 = alerting)", keys: alerts }] : []),
+    ...statistics.map((key) => ({ title: key, keys: [key] })),
+  ];
   for (const group of groups) {
     const series = group.keys.filter((key) => state.metrics[key]?.length)
       .map((key) => ({ name: key, points: state.metrics[key] }));
