@@ -1,6 +1,6 @@
 """Direct Preference Optimization against the frozen initial policy.
 
-    uv run examples/run_dpo.py [--config configs/dpo.yaml] [overrides ...]
+    uv run examples/run_dpo.py [--config configs/dpo.yaml] [--dry-run] [overrides ...]
 
 With no arguments it runs ``configs/dpo.yaml`` (SmolLM2-135M-Instruct on the offline champ data, CPU). The config is
 validated first (exit code 2 with one line per problem), printed, and saved as ``config.yaml`` in the run's log

@@ -1,6 +1,6 @@
 """GRPO with data and environments from the config: NeMo-RL's current entry point name.
 
-    uv run examples/run_grpo.py [--config configs/grpo_math_1B.yaml] [overrides ...]
+    uv run examples/run_grpo.py [--config configs/grpo_math_1B.yaml] [--dry-run] [overrides ...]
 
 Same as ``run_grpo_math.py`` (which NeMo-RL renamed to this): the data set, its prompts and the environment that
 scores each row all come from the config's ``data`` and ``env`` sections. With no arguments it runs the embedded CPU

@@ -1,6 +1,6 @@
 """GRPO on a multi-turn game: sliding puzzles, one move per turn.
 
-    uv run examples/run_grpo_sliding_puzzle.py [--config configs/grpo_sliding_puzzle.yaml] [overrides ...]
+    uv run examples/run_grpo_sliding_puzzle.py [--config configs/grpo_sliding_puzzle.yaml] [--dry-run] [overrides ...]
 
 With no arguments it runs ``configs/grpo_sliding_puzzle.yaml`` (SmolLM2-135M-Instruct, 3x3 boards four moves from
 solved, CPU, offline). Everything else is as in ``run_grpo_math.py``: the same GRPO loop; the game is the

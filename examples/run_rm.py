@@ -1,6 +1,6 @@
 """Bradley-Terry reward-model training (a scalar-head model).
 
-    uv run examples/run_rm.py [--config configs/rm.yaml] [overrides ...]
+    uv run examples/run_rm.py [--config configs/rm.yaml] [--dry-run] [overrides ...]
 
 With no arguments it runs ``configs/rm.yaml`` (SmolLM2-135M-Instruct on the offline champ data, CPU). The config is
 validated first (exit code 2 with one line per problem), printed, and saved as ``config.yaml`` in the run's log

@@ -1,6 +1,6 @@
 """Supervised fine-tuning (NLL on the assistant tokens).
 
-    uv run examples/run_sft.py [--config configs/sft.yaml] [overrides ...]
+    uv run examples/run_sft.py [--config configs/sft.yaml] [--dry-run] [overrides ...]
 
 With no arguments it runs ``configs/sft.yaml`` (SmolLM2-135M-Instruct on the offline champ data, CPU). The config is
 validated first (exit code 2 with one line per problem), printed, and saved as ``config.yaml`` in the run's log

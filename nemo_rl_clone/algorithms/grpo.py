@@ -28,7 +28,7 @@ from nemo_rl_clone.algorithms.monitors import CollapseMonitors
 from nemo_rl_clone.algorithms.run_state import run_validation, validates_at_end
 from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
-from nemo_rl_clone.models.policy.train_profile import profile_metrics
+from nemo_rl_clone.models.policy.train_profile import memory_metrics, profile_metrics
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
@@ -140,6 +140,7 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
             timing.update(profile["timing"])
             performance.update(profile["performance"])
         c.logger.log_metrics(metrics, step, prefix="train")
+        c.logger.log_metrics(memory_metrics(performance), step, prefix="memory")
         c.logger.log_metrics(performance, step, prefix="performance")
         c.logger.log_metrics(timing, step, prefix="timing/train")
         if rollouts.extra_metrics:

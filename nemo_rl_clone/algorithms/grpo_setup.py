@@ -89,7 +89,7 @@ def setup(
     run_logger.log_hyperparams(resolved)
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
-    dataloader, val_dataset = _setup_data(config, tokenizer)
+    dataloader, val_dataset = setup_data(config, tokenizer)
     checkpointer = CheckpointManager(config.checkpointing)
     model = model_identity(config.policy.model_name, tokenizer, config.policy.backend)
     check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
@@ -119,9 +119,7 @@ def setup(
     )
 
 
-def _setup_data(
-    config: GRPOMasterConfig, tokenizer: Any
-) -> tuple[StatefulPromptLoader, AllTaskProcessedDataset | None]:
+def setup_data(config: GRPOMasterConfig, tokenizer: Any) -> tuple[StatefulPromptLoader, AllTaskProcessedDataset | None]:
     seed = config.data.split_seed(config.grpo.seed)
     loaded = load_dataset_from_config(config.data, seed=seed, env=config.env)
     if loaded.train is None:

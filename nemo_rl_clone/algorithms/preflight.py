@@ -50,10 +50,16 @@ class _Run(Protocol):
 _R = TypeVar("_R", bound=_Run)
 
 
-def run_training(config: Any, setup: Callable[[Any], _R], train: Callable[[_R], None]) -> None:
+def run_training(config: Any, setup: Callable[[Any], _R], train: Callable[[_R], None], dry_run: bool = False) -> None:
     """A training entry point's work: pre-flight, setup (its directories removed again if it fails), train, shut
-    down; bad input anywhere ends as ``error:`` lines and exit code 2 (`reporting_user_errors`)."""
+    down; bad input anywhere ends as ``error:`` lines and exit code 2 (`reporting_user_errors`). ``dry_run``: the
+    pre-flight checks and the plan of `algorithms.dry_run` only."""
     with reporting_user_errors():
+        if dry_run:
+            from nemo_rl_clone.algorithms.dry_run import dry_run as check_and_plan
+
+            check_and_plan(config)
+            return
         preflight(config)
         with removed_if_run_start_fails(config):
             run = setup(config)

@@ -16,7 +16,7 @@ from nemo_rl_clone.algorithms.run_stop import stop_on_signals
 from nemo_rl_clone.algorithms.supervised_config import SupervisedAlgorithm
 from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun
 from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
-from nemo_rl_clone.models.policy.train_profile import profile_metrics
+from nemo_rl_clone.models.policy.train_profile import memory_metrics, profile_metrics
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
@@ -127,6 +127,7 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
         if "profile" in results:
             profile = profile_metrics(results["profile"], timing["policy_training"])
             timing.update(profile["timing"])
+            run.logger.log_metrics(memory_metrics(profile["performance"]), step, prefix="memory")
             run.logger.log_metrics(profile["performance"], step, prefix="performance")
         run.logger.log_metrics(metrics, step, prefix="train")
         run.logger.log_metrics(timing, step, prefix="timing/train")

@@ -173,12 +173,13 @@ def run_supervised_cli(
     argv: list[str] | None = None,
     description: str = "",
 ) -> None:
-    """The examples' front door: parse ``[--config PATH] [overrides]``, validate (exit 2 with one line per problem),
+    """The examples' front door: parse ``[--config PATH] [--dry-run] [overrides]``, validate (exit 2 with one line per problem),
     print the config, build the run (resuming when a checkpoint exists), train, shut down."""
     from nemo_rl_clone.algorithms.preflight import run_training
     from nemo_rl_clone.algorithms.supervised_loop import supervised_train
-    from nemo_rl_clone.utils.config import load_config_from_cli, print_config
+    from nemo_rl_clone.utils.config import load_run_from_cli, print_config
 
-    config: Any = load_config_from_cli(schema, default_config, argv, description=description)
+    config: Any
+    config, dry_run = load_run_from_cli(schema, default_config, argv, description=description)
     print_config(config_to_dict(config), title=f"{schema.__name__} (validated)")
-    run_training(config, setup, supervised_train)
+    run_training(config, setup, supervised_train, dry_run)

@@ -24,7 +24,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
@@ -242,10 +242,16 @@ def load_validated_config(config_path: str | Path, overrides: Sequence[str], sch
     return validate_config(resolve_to_container(cfg), schema)
 
 
-def parse_cli_args(
-    argv: Sequence[str] | None, default_config: str | Path, description: str = ""
-) -> tuple[Path, list[str]]:
-    """``[--config PATH] [override ...]`` → (config path, overrides)."""
+class CliArgs(NamedTuple):
+    """An entry point's command line: the config file, its overrides, and whether to stop after the dry run."""
+
+    config: Path
+    overrides: list[str]
+    dry_run: bool
+
+
+def parse_cli_args(argv: Sequence[str] | None, default_config: str | Path, description: str = "") -> CliArgs:
+    """``[--config PATH] [--dry-run] [override ...]``."""
     parser = argparse.ArgumentParser(
         description=description,
         epilog="overrides: a.b=v (existing key), +a.b=v (new key), ++a.b=v (add or override), ~a.b (delete; a key "
@@ -254,25 +260,43 @@ def parse_cli_args(
     parser.add_argument(
         "--config", type=Path, default=Path(default_config), help=f"YAML config (default: {default_config})"
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the config, model, data, chat template, cluster and memory plan, print the plan and exit "
+        "(starts no Ray or vLLM, writes nothing; docs/preflight.md)",
+    )
     args, overrides = parser.parse_known_args(argv)
     flags = [o for o in overrides if o.startswith("-")]
     if flags:
         parser.error(f"unrecognized arguments: {' '.join(flags)}")
-    return args.config, overrides
+    return CliArgs(args.config, overrides, args.dry_run)
 
 
-def load_config_from_cli(
+def load_run_from_cli(
     schema: type[T], default_config: str | Path, argv: Sequence[str] | None = None, description: str = ""
-) -> T:
-    """The whole CLI front door of the examples: parse, load, override, validate; exit 2 with one line per problem."""
-    config_path, overrides = parse_cli_args(argv, default_config, description)
+) -> tuple[T, bool]:
+    """The whole CLI front door of the examples: parse, load, override, validate; exit 2 with one line per problem.
+    Returns the config and whether ``--dry-run`` was given."""
+    args = parse_cli_args(argv, default_config, description)
     try:
-        return load_validated_config(config_path, overrides, schema)
+        return load_validated_config(args.config, args.overrides, schema), args.dry_run
     except ConfigError as err:
         print(f"Invalid config ({len(err.problems)} problem{'s' if len(err.problems) > 1 else ''}):", file=sys.stderr)
         for problem in err.problems:
             print(f"  {problem}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def load_config_from_cli(
+    schema: type[T], default_config: str | Path, argv: Sequence[str] | None = None, description: str = ""
+) -> T:
+    """`load_run_from_cli` for a front door without a dry run (``--dry-run`` is refused, not ignored)."""
+    config, dry_run = load_run_from_cli(schema, default_config, argv, description)
+    if dry_run:
+        print("error: --dry-run is not supported by this command", file=sys.stderr)
+        raise SystemExit(2)
+    return config
 
 
 def print_config(config: dict[str, Any], title: str = "Config") -> None:

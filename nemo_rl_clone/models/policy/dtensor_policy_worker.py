@@ -54,7 +54,7 @@ from nemo_rl_clone.models.policy import (
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler
 from nemo_rl_clone.models.policy.refit_sender import RefitSender
-from nemo_rl_clone.models.policy.train_profile import TrainProfile, device_peak_flops
+from nemo_rl_clone.models.policy.train_profile import TrainProfile, device_peak_flops, peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -389,6 +389,7 @@ class DTensorPolicyWorker(RefitSender):
             self.optimizer.zero_grad(set_to_none=True)  # gradients are not needed until the next train call
         dtensor_parallel.reshard(self.model)  # an eval-mode pass leaves the root gathered, see `reshard`
         worker_setup.release_freed_memory(self.device)
+        profile.peak_rss_bytes = peak_rss_bytes()
         return {
             "global_loss": torch.stack(losses) if losses else torch.zeros(0),
             "grad_norm": torch.stack(grad_norms).float().cpu() if grad_norms else torch.zeros(0),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import resource
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class TrainProfile:
     trainable_parameters: int | None = None  # None: all of them
     peak_flops: float | None = None  # of this rank's device, when known
     num_workers: int = 1  # ranks merged into this profile
+    peak_rss_bytes: int = 0  # the worker process's peak resident memory so far (the largest over merged ranks)
 
     @contextlib.contextmanager
     def timed(self, field: str, device: torch.device) -> Iterator[None]:
@@ -72,13 +74,14 @@ def merge(profiles: Sequence[TrainProfile]) -> TrainProfile:
         valid_tokens=sum(p.valid_tokens for p in profiles),
         computed_tokens=sum(p.computed_tokens for p in profiles),
         num_workers=len(profiles),
+        peak_rss_bytes=max(p.peak_rss_bytes for p in profiles),
     )
 
 
 def profile_metrics(profile: TrainProfile, training_s: float) -> dict[str, dict[str, float]]:
     """``{"timing": ..., "performance": ...}`` metrics of one training phase that took ``training_s`` wall time: ``policy_forward``/``policy_backward``/``policy_optimizer`` seconds,
     ``train_padding_fraction``, ``train_gflops`` (model FLOP/s of the whole policy) and, on known GPUs,
-    ``train_flops_per_gpu`` and ``train_fp_utilization``."""
+    ``train_flops_per_gpu`` and ``train_fp_utilization``; ``policy_worker_peak_rss_gb`` (see `memory_metrics`)."""
     timing = {
         "policy_forward": profile.forward_s,
         "policy_backward": profile.backward_s,
@@ -94,4 +97,16 @@ def profile_metrics(profile: TrainProfile, training_s: float) -> dict[str, dict[
         if profile.peak_flops:
             performance["train_flops_per_gpu"] = flops_per_s / profile.num_workers
             performance["train_fp_utilization"] = flops_per_s / profile.num_workers / profile.peak_flops
+    if profile.peak_rss_bytes:
+        performance["policy_worker_peak_rss_gb"] = profile.peak_rss_bytes / 1e9
     return {"timing": timing, "performance": performance}
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory since it started (``ru_maxrss``, kB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def memory_metrics(performance: dict[str, float]) -> dict[str, float]:
+    """Take the workers' peak-memory entries (``*_peak_rss_gb``) out of ``performance``: logged as ``memory/*``."""
+    return {key: performance.pop(key) for key in [k for k in performance if k.endswith("_peak_rss_gb")]}

@@ -150,6 +150,7 @@ class PhaseStats:
     prefill_s: float = 0.0
     decode_tokens: int = 0
     decode_s: float = 0.0
+    peak_rss_bytes: int = 0  # the engine process's peak resident memory, set when the stats are taken
 
     def add(self, outputs: list[Any]) -> None:
         stats = [(out, out.metrics) for out in outputs if getattr(out, "metrics", None) is not None]

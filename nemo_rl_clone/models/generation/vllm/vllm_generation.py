@@ -152,7 +152,8 @@ class VllmGeneration(GenerationInterface):
 
     def take_performance_metrics(self) -> dict[str, float]:
         """``prefill_tokens_per_sec`` / ``decode_tokens_per_sec`` of the generation since the last call (engines
-        run side by side: tokens summed, time of the slowest), then reset; {} when nothing was generated."""
+        run side by side: tokens summed, time of the slowest), then reset; {} when nothing was generated; and
+        ``generation_worker_peak_rss_gb``, the largest engine process's peak resident memory so far."""
         stats = self._run_all("take_phase_stats")
         metrics = {}
         for phase in ("prefill", "decode"):
@@ -160,6 +161,8 @@ class VllmGeneration(GenerationInterface):
             seconds = max(getattr(s, f"{phase}_s") for s in stats)
             if tokens and seconds > 0:
                 metrics[f"{phase}_tokens_per_sec"] = tokens / seconds
+        if metrics and any(s.peak_rss_bytes for s in stats):
+            metrics["generation_worker_peak_rss_gb"] = max(s.peak_rss_bytes for s in stats) / 1e9
         return metrics
 
     # ------------------------------------------------------------------ memory (colocated)

@@ -52,6 +52,7 @@ from nemo_rl_clone.distributed.weight_transfer import (
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.generation.interfaces import RefitError
 from nemo_rl_clone.models.generation.vllm import engine_io
+from nemo_rl_clone.models.policy.train_profile import peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class VllmGenerationWorker:
     def take_phase_stats(self) -> engine_io.PhaseStats:
         """The prefill/decode stats of the `generate` calls since the last take (then reset)."""
         stats, self.phase_stats = self.phase_stats, engine_io.PhaseStats()
+        stats.peak_rss_bytes = peak_rss_bytes()  # the engine runs in this process (no engine-core child)
         return stats
 
     def generate_text(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:

@@ -1,0 +1,271 @@
+"""``--dry-run``: everything a run would check before training, and a memory plan, with no Ray, vLLM or directory.
+
+    uv run examples/run_grpo_math.py --dry-run [--config ...] [overrides ...]
+
+In order: the config (validated by the CLI already), `preflight` (model and data sources, directories writable,
+cluster.* against this machine or the running Ray cluster, optimizer), the tokenizer and the data (train and
+validation sizes, the first rows templated against ``max_input_seq_length``), the chat template's append-only
+property for multi-turn rollouts, and the memory each worker will hold at its peak against this machine's RAM (or
+the GPU's memory). Prints the plan and returns; every failure is one line (`UserInputError`: exit code 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_rl_clone.models.memory_estimate import (
+    COLUMNS,
+    ModelShape,
+    WorkerMemory,
+    engine_memory,
+    inference_worker_memory,
+    policy_worker_memory,
+)
+from nemo_rl_clone.utils.errors import UserInputError
+
+logger = logging.getLogger(__name__)
+FIRST_ROWS = 8  # templated to check their lengths: a second or two, whatever the dataset's size
+
+
+@dataclass
+class Plan:
+    """What a dry run found: facts to print, warnings, problems (each one line) and the memory per worker."""
+
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    workers: list[WorkerMemory] = field(default_factory=list)
+    memory_name: str = ""
+    memory_bytes: int = 0
+
+
+def dry_run(config: Any) -> Plan:
+    """Check ``config`` as a run would and print its plan; raises `UserInputError` (one line per problem)."""
+    from nemo_rl_clone.algorithms.preflight import preflight
+
+    preflight(config)  # its problems first: a missing model or data file makes the rest meaningless
+    plan = Plan()
+    tokenizer = _tokenizer(config, plan)
+    if tokenizer is not None:
+        _data(config, tokenizer, plan)
+        _chat_template(config, tokenizer, plan)
+    plan_memory(config, plan)
+    print_plan(plan)
+    if plan.problems:
+        raise UserInputError(*plan.problems)
+    return plan
+
+
+def _tokenizer(config: Any, plan: Plan) -> Any:
+    policy = getattr(config, "policy", None)
+    section, model = (policy.tokenizer, policy.model_name) if policy is not None else (config.tokenizer, None)
+    model = model or _eval_model(config)
+    if section.name is None and model is None:
+        return None
+    try:
+        tokenizer = section.load(model)
+    except OSError as error:  # not downloadable (offline) or not a tokenizer folder
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        plan.problems.append(f"tokenizer: cannot load {section.name or model!r}: {first_line}")
+        return None
+    plan.facts.append(("tokenizer", f"{section.name or model} (vocabulary {len(tokenizer)})"))
+    return tokenizer
+
+
+def _data(config: Any, tokenizer: Any, plan: Plan) -> None:
+    train, validation, max_length = _datasets(config, tokenizer)
+    if train is None:
+        return
+    plan.facts.append(("data", f"{len(train)} training rows, {len(validation) if validation else 0} validation rows"))
+    rows = [train[i] for i in range(min(FIRST_ROWS, len(train)))]  # templates them, as the first step will
+    lengths = [int(row["length"]) for row in rows if "length" in row]
+    if not lengths:
+        return
+    plan.facts.append(("first rows", f"{len(rows)} templated, longest {max(lengths)} tokens (limit {max_length})"))
+    truncated = sum(float(row.get("loss_multiplier", 1.0)) == 0.0 for row in rows)
+    if truncated:
+        plan.warnings.append(
+            f"data: {truncated} of the first {len(rows)} rows exceed max_input_seq_length={max_length} and are "
+            "truncated out of the loss; raise it or filter the data"
+        )
+
+
+def _datasets(config: Any, tokenizer: Any) -> tuple[Any, Any, int | None]:
+    """(train, validation, length limit) as the run's setup builds them; (None, None, None) for evaluation."""
+    if hasattr(config, "rollout_view"):  # distillation: GRPO's data path
+        config = config.rollout_view()
+    if hasattr(config, "grpo"):
+        from nemo_rl_clone.algorithms.grpo_setup import setup_data
+
+        loader, validation = setup_data(config, tokenizer)
+        return loader.dataset, validation, config.data.max_input_seq_length
+    from nemo_rl_clone.data import supervised
+
+    cls: type[Any]
+    if hasattr(config, "sft"):
+        loaded = supervised.load_sft_dataset(config.data, seed=config.data.split_seed(config.sft.seed))
+        cls, kwargs = supervised.SFTDataset, {"add_bos": config.data.add_bos, "add_eos": config.data.add_eos}
+    elif hasattr(config, "dpo") or hasattr(config, "rm"):
+        from nemo_rl_clone.data.datasets.preference import load_preference_dataset
+        from nemo_rl_clone.data.supervised import PreferenceDataset
+
+        seed = config.data.split_seed((config.dpo if hasattr(config, "dpo") else config.rm).seed)
+        loaded, cls, kwargs = load_preference_dataset(config.data, seed=seed), PreferenceDataset, {}
+    else:
+        return None, None, None
+    rows = supervised.build_datasets(cls, loaded, tokenizer, config.data, **kwargs)
+    return rows[0], rows[1], config.data.max_input_seq_length
+
+
+def _chat_template(config: Any, tokenizer: Any, plan: Plan) -> None:
+    from nemo_rl_clone.data.chat_template_check import check_append_only
+
+    if not getattr(tokenizer, "chat_template", None):
+        plan.facts.append(("chat template", "none (plain-text prompts)"))
+        return
+    policy = getattr(config, "policy", None)
+    section = (policy or config).tokenizer
+    name = section.name or (policy.model_name if policy is not None else _eval_model(config))
+    problem = check_append_only(tokenizer, chat_template_kwargs=section.chat_template_kwargs, name=name)
+    if problem is None:
+        plan.facts.append(("chat template", "append-only over 3 turns (multi-turn rollouts keep their tokens)"))
+    elif _multi_turn(config):
+        plan.problems.append(problem)
+    else:
+        plan.warnings.append(f"{problem} (this run is single-turn: fine here)")
+
+
+def _multi_turn(config: Any) -> bool:
+    grpo = getattr(config, "grpo", None)
+    return grpo is not None and getattr(grpo, "max_rollout_turns", 1) > 1
+
+
+def plan_memory(config: Any, plan: Plan) -> None:
+    """Add the workers' planned peaks to ``plan`` and check them against this machine's RAM or GPU memory."""
+    import torch
+
+    from nemo_rl_clone.models.huggingface import resolve_model_path
+
+    on_gpu = torch.cuda.is_available()
+    device_bytes = torch.cuda.get_device_properties(0).total_memory if on_gpu else None
+    if on_gpu:
+        plan.memory_name, plan.memory_bytes = f"GPU memory ({torch.cuda.get_device_name(0)})", int(device_bytes or 0)
+    else:
+        plan.memory_name, plan.memory_bytes = "RAM", _ram_bytes()
+    policy = getattr(config, "policy", None)
+    workers = config.cluster.gpus_per_node  # per node
+    if policy is not None:
+        shape = ModelShape.of(resolve_model_path(policy.model_name), policy.hf_config_overrides)
+        plan.facts.append(("model", f"{policy.model_name}: {shape.num_parameters / 1e6:.1f} M parameters"))
+        shards = workers * config.cluster.num_nodes
+        reference = _needs_reference(config)
+        plan.workers.append(policy_worker_memory(policy, shape, shards, reference, _loss_share(config), count=workers))
+        generation = getattr(policy, "generation", None)
+        if generation is not None and getattr(generation, "vllm_cfg", None) is not None:
+            engines = _engines_per_node(generation, workers)
+            plan.workers.append(engine_memory(generation.vllm_cfg, shape, device_bytes, engines))
+    elif hasattr(config, "eval") and _eval_model(config) is not None:
+        shape = ModelShape.of(resolve_model_path(config.generation.model_name))
+        engines = _engines_per_node(config.generation, workers)
+        plan.workers.append(engine_memory(config.generation.vllm_cfg, shape, device_bytes, engines))
+    teacher = getattr(config, "teacher", None)
+    if teacher is not None:
+        shape = ModelShape.of(resolve_model_path(teacher.model_name), teacher.hf_config_overrides)
+        shards = workers * config.cluster.num_nodes
+        plan.workers.append(inference_worker_memory("teacher worker", teacher.precision, shape, shards, workers))
+    _fits(config, plan, on_gpu)
+
+
+def _eval_model(config: Any) -> str | None:
+    """An evaluation's model when it is a model (not a training checkpoint, exported only when the run starts)."""
+    model = config.generation.model_name
+    return None if os.path.isfile(os.path.join(os.path.expanduser(model), "training_info.json")) else model
+
+
+def _loss_share(config: Any) -> float:
+    """The share of a training microbatch's tokens the loss reads: GRPO and distillation read the responses."""
+    generation = getattr(config.policy, "generation", None)
+    if generation is None or not (hasattr(config, "grpo") or hasattr(config, "teacher")):
+        return 1.0
+    return min(1.0, generation.max_new_tokens / config.policy.max_total_sequence_length)
+
+
+def _needs_reference(config: Any) -> bool:
+    loss = getattr(config, "loss_fn", None)
+    if hasattr(config, "grpo"):
+        return bool(loss is not None and loss.reference_policy_kl_penalty > 0)
+    return hasattr(config, "dpo")  # DPO's loss reads reference logprobs; SFT, RM and distillation's student do not
+
+
+def _engines_per_node(generation: Any, workers: int) -> int:
+    vllm = generation.vllm_cfg
+    per_engine = vllm.tensor_parallel_size * vllm.pipeline_parallel_size
+    if generation.colocated.enabled:
+        return max(workers // per_engine, 1)
+    return max((generation.colocated.resources.gpus_per_node or 0) // per_engine, 1)
+
+
+def _fits(config: Any, plan: Plan, on_gpu: bool) -> None:
+    if not plan.workers:
+        return
+    colocated = getattr(getattr(getattr(config, "policy", None), "generation", None), "colocated", None)
+    if on_gpu:  # one worker per GPU; a colocated engine sleeps while the policy trains
+        need = max(w.total for w in plan.workers)
+        what = "the largest worker"
+    else:  # every worker is its own process in this machine's RAM, all resident at once
+        need = sum(w.total * w.count for w in plan.workers)
+        what = "all workers on a node" + (" (policy and engine colocated)" if colocated and colocated.enabled else "")
+    plan.facts.append(("planned peak", f"{_gb(need)} for {what}, of {_gb(plan.memory_bytes)} {plan.memory_name}"))
+    if need > plan.memory_bytes:
+        plan.problems.append(
+            f"memory: the plan needs {_gb(need)} for {what} but {plan.memory_name} is {_gb(plan.memory_bytes)}; "
+            "lower policy.sequence_packing.train_mb_tokens / train_micro_batch_size, turn on "
+            "policy.dtensor_cfg.activation_checkpointing, or shrink the KV cache"
+        )
+    elif not on_gpu and need > _available_ram_bytes():
+        plan.warnings.append(
+            f"memory: the plan needs {_gb(need)} but only {_gb(_available_ram_bytes())} of RAM is free now"
+        )
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _available_ram_bytes() -> int:
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return _ram_bytes()
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB"
+
+
+def print_plan(plan: Plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    facts = Table(title="Dry run", show_header=False, expand=False)
+    for name, value in plan.facts:
+        facts.add_row(name, value)
+    console.print(facts)
+    if plan.workers:  # one column per worker kind: fits an 80-column terminal
+        table = Table(title=f"Planned peak memory per worker, GB ({plan.memory_name}: {_gb(plan.memory_bytes)})")
+        table.add_column("")
+        for worker in plan.workers:
+            table.add_column(f"{worker.kind} ×{worker.count}/node", justify="right")
+        for column in COLUMNS:
+            table.add_row(column.replace("_", " "), *(f"{w.parts[column] / 1e9:.2f}" for w in plan.workers))
+        table.add_row("total", *(f"{w.total / 1e9:.2f}" for w in plan.workers), style="bold")
+        console.print(table)
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning: {warning}")
+    if not plan.problems:
+        console.print("[green]dry run: no problems found; nothing was started or written")

@@ -1,0 +1,198 @@
+"""How much memory each worker of a run will hold at its peak, from the config alone (the dry run's plan).
+
+Per policy worker (the DTensor worker keeps fp32 master weights whatever ``policy.precision``; FSDP shards weights,
+gradients, Adam state and the reference copy over the worker group):
+
+- parameters: 4 B × N (plus a 2 B × N compute copy that FSDP gathers when ``precision`` is bf16/fp16);
+- gradients: 4 B × trainable; optimizer: AdamW's two fp32 moments, 8 B × trainable;
+- reference: a frozen fp32 copy of the weights when the run needs reference logprobs (GRPO's KL term, DPO);
+- activations: the training microbatch's tokens (``train_mb_tokens`` with packing or dynamic batching, else
+  ``train_micro_batch_size × max_total_sequence_length``) × layers × `ACTIVATION_VALUES_PER_TOKEN_LAYER` values of
+  the compute dtype (only the layer inputs with activation checkpointing);
+- logits: one chunk of ``logprob_chunk_size`` (default 1,024) positions × vocabulary in fp32, twice (logits and
+  their softmax): the head projects only the loss tokens, chunk by chunk (`token_logprob_head`), so a chunk holds
+  at most the microbatch's loss tokens (GRPO: its response share, ``max_new_tokens / max_total_sequence_length``); the full
+  ``[tokens, vocab]`` logits three times over with ``logits_at_loss_tokens_only: false``;
+- runtime: the process itself (Python, torch, transformers, Ray's worker), `POLICY_RUNTIME_BYTES` measured.
+
+Per generation engine: its weights in ``vllm_cfg.precision``, its KV cache (``kv_cache_memory_bytes`` on CPU,
+``gpu_memory_utilization`` × the device's memory on GPU, which also holds the weights), a weight copy in flight
+during a refit, and the runtime with vLLM imported (`ENGINE_RUNTIME_BYTES`, measured).
+
+Calibration (2-core CPU machine, resident peaks measured in real runs, see docs/preflight.md): the constants below
+put the plan within 25% of the measured peak for the main job and the smoke configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+# Values kept per token and per decoder layer for the backward, in units of the compute dtype: ~5 × hidden
+# (the layer's input, its two norms' outputs, the attention output and the residual) plus ~4 × intermediate (the
+# MLP's gate and up projections, the activation and their product). Calibrated on SmolLM2-135M (hidden 576,
+# intermediate 1,536): benchmarks/policy_memory.py measured ~2.2 GB above the weights and Adam state for a
+# 2,048-token microbatch, i.e. ~9,000 values per token and layer.
+ACTIVATION_HIDDEN_FACTOR = 5
+ACTIVATION_INTERMEDIATE_FACTOR = 4
+# What the worker processes hold besides the model (Python, torch, transformers, Ray's worker, the tokenizer; the
+# engine also vLLM with enforce_eager, its scheduler and sampler): read off the GRPO smoke run's measured peaks
+# (tiny-random-llama, whose weights, state and activations are a few tens of MB) on the 2-core CPU machine,
+# 2026-11-25: policy worker 0.87 GB, engine 1.23 GB peak resident.
+POLICY_RUNTIME_BYTES = int(0.7e9)
+ENGINE_RUNTIME_BYTES = int(1.0e9)
+DEFAULT_LOGPROB_CHUNK = 1024  # token_logprob_head.DEFAULT_CHUNK_SIZE, without importing torch here
+
+PRECISION_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
+COLUMNS = (
+    "parameters",
+    "gradients",
+    "optimizer",
+    "reference",
+    "activations",
+    "logits",
+    "kv_cache",
+    "runtime",
+)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs from a model's config; the parameter count from a meta-device model (no weights)."""
+
+    num_parameters: int
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+
+    @classmethod
+    def of(cls, model_path: str, overrides: Any = None) -> ModelShape:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from nemo_rl_clone.models.huggingface import load_hf_config
+
+        config = load_hf_config(model_path, overrides)
+        text = getattr(config, "text_config", None) or config
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        return cls(
+            num_parameters=sum(p.numel() for p in model.parameters()),  # tied embeddings counted once
+            num_layers=text.num_hidden_layers,
+            hidden_size=text.hidden_size,
+            intermediate_size=getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
+            vocab_size=text.vocab_size,
+        )
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """One kind of worker: how many there are (per node) and the bytes of one at its peak, by `COLUMNS`."""
+
+    kind: str
+    count: int
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+def policy_worker_memory(
+    policy: Any,
+    shape: ModelShape,
+    shards: int,
+    reference: bool,
+    loss_share: float = 1.0,
+    kind: str = "policy worker",
+    count: int = 1,
+) -> WorkerMemory:
+    """Peak bytes of one DTensor policy worker training with ``policy`` (a `PolicyConfig`), its state sharded over
+    ``shards`` workers; ``reference``: it keeps a frozen reference copy; ``loss_share``: the fraction of a
+    microbatch's tokens the loss reads (GRPO: the responses), which the head projects."""
+    dtensor = policy.dtensor_cfg
+    n = shape.num_parameters
+    trainable = _lora_parameters(dtensor.lora_cfg, shape) if dtensor.lora_cfg.enabled else n
+    compute_bytes = PRECISION_BYTES[policy.precision]
+    parameters = 4 * n // shards + (2 * n // shards if compute_bytes < 4 else 0)
+    tokens = min(training_microbatch_tokens(policy), _worker_batch_tokens(policy, shards))
+    if dtensor.activation_checkpointing:
+        per_layer = shape.hidden_size  # only each layer's input survives until the backward
+    else:
+        per_layer = ACTIVATION_HIDDEN_FACTOR * shape.hidden_size + ACTIVATION_INTERMEDIATE_FACTOR * (
+            shape.intermediate_size
+        )
+    activations = tokens * shape.num_layers * per_layer * compute_bytes
+    if dtensor.logits_at_loss_tokens_only:
+        positions = min(int(tokens * loss_share), policy.logprob_chunk_size or DEFAULT_LOGPROB_CHUNK)
+        logits = 2 * positions * shape.vocab_size * 4
+    else:
+        logits = 3 * tokens * shape.vocab_size * 4
+    parts = {
+        "parameters": parameters,
+        "gradients": 4 * trainable // shards,
+        "optimizer": 8 * trainable // shards,
+        "reference": 4 * n // shards if reference and not dtensor.lora_cfg.enabled else 0,
+        "activations": activations,
+        "logits": logits,
+        "kv_cache": 0,
+        "runtime": POLICY_RUNTIME_BYTES,
+    }
+    return WorkerMemory(kind, count, parts)
+
+
+def inference_worker_memory(kind: str, precision: str, shape: ModelShape, shards: int, count: int) -> WorkerMemory:
+    """A frozen model that only scores (distillation's teacher): weights, no training state."""
+    parts = dict.fromkeys(COLUMNS, 0)
+    parts["parameters"] = 4 * shape.num_parameters // shards
+    parts["runtime"] = POLICY_RUNTIME_BYTES
+    del precision  # the worker keeps fp32 weights and casts for compute, as the policy does
+    return WorkerMemory(kind, count, parts)
+
+
+def engine_memory(vllm_cfg: Any, shape: ModelShape, device_bytes: int | None, count: int) -> WorkerMemory:
+    """One vLLM engine (``vllm_cfg``: a `VllmConfig`); ``device_bytes``: its GPU's memory, None on CPU."""
+    tp = vllm_cfg.tensor_parallel_size * vllm_cfg.pipeline_parallel_size
+    weights = PRECISION_BYTES[vllm_cfg.precision] * shape.num_parameters // tp
+    parts = dict.fromkeys(COLUMNS, 0)
+    parts["runtime"] = ENGINE_RUNTIME_BYTES
+    if device_bytes is not None:  # vLLM takes its share of the GPU for weights, activations and KV cache
+        parts["parameters"] = weights
+        parts["kv_cache"] = max(int(vllm_cfg.gpu_memory_utilization * device_bytes) - weights, 0)
+    else:
+        parts["parameters"] = 2 * weights  # its weights, plus the refit's incoming copy
+        parts["kv_cache"] = vllm_cfg.kv_cache_memory_bytes or _default_cpu_kv_cache()
+    return WorkerMemory("generation engine", count, parts)
+
+
+def training_microbatch_tokens(policy: Any) -> int:
+    """Tokens of the largest training microbatch ``policy`` allows."""
+    for section in (policy.sequence_packing, policy.dynamic_batching):
+        if section.enabled and section.train_mb_tokens:
+            return int(section.train_mb_tokens)
+    return int(policy.train_micro_batch_size * policy.max_total_sequence_length)
+
+
+def _worker_batch_tokens(policy: Any, shards: int) -> int:
+    """A microbatch holds at most this worker's share of the global batch, each sample at most the length limit."""
+    return max(policy.train_global_batch_size // shards, 1) * policy.max_total_sequence_length
+
+
+def _lora_parameters(lora_cfg: Any, shape: ModelShape) -> int:
+    # Adapters of rank r on every linear layer of a decoder: q, k, v, o (hidden × hidden) and the MLP's three
+    # (hidden × intermediate); each adapter is r × (in + out).
+    hidden, inner = shape.hidden_size, shape.intermediate_size
+    per_layer = lora_cfg.dim * (4 * 2 * hidden + 3 * (hidden + inner))
+    return per_layer * shape.num_layers
+
+
+def _default_cpu_kv_cache() -> int:
+    from nemo_rl_clone.models.generation.vllm.engine_io import DEFAULT_CPU_KV_CACHE_BYTES
+
+    return int(DEFAULT_CPU_KV_CACHE_BYTES)
+
+
+def with_count(worker: WorkerMemory, count: int) -> WorkerMemory:
+    return dataclasses.replace(worker, count=count)

@@ -1,0 +1,49 @@
+"""The dry run's memory plan against real runs: each worker's planned peak is within 25% of the peak resident memory
+the worker measured (``memory/*_peak_rss_gb``, ``ru_maxrss`` of the worker process) for the main job's config
+(1 step, no validation) and the GRPO and SFT smoke configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nemo_rl_clone.algorithms.dry_run import Plan, plan_memory
+from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.sft import SFTMasterConfig
+from nemo_rl_clone.utils.config import load_validated_config
+from tests.functional.supervised_runs import REPO, read_metrics, run_dirs, run_entry_point
+
+TOLERANCE = 0.25
+METRIC = {
+    "policy worker": "memory/policy_worker_peak_rss_gb",
+    "generation engine": "memory/generation_worker_peak_rss_gb",
+}
+RUNS = {
+    "main_job": (
+        "grpo_math",
+        "grpo_smollm2_cpu.yaml",
+        GRPOMasterConfig,
+        ["grpo.max_num_steps=1", "grpo.val_at_start=false", "grpo.val_period=0", "checkpointing.enabled=false"],
+    ),
+    "grpo_smoke": ("grpo_math", "grpo_smoke.yaml", GRPOMasterConfig, ["checkpointing.enabled=false"]),
+    "sft_smoke": ("sft", "sft_smoke.yaml", SFTMasterConfig, ["checkpointing.enabled=false"]),
+}
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_planned_peak_is_within_25_percent_of_the_measured_one(run, tmp_path: Path):
+    algorithm, config_name, schema, overrides = RUNS[run]
+    run_entry_point(algorithm, tmp_path, *overrides, config=config_name, timeout=900)
+    (log_dir,) = run_dirs(tmp_path)
+    metrics = read_metrics(log_dir)
+    measured = metrics[max(metrics)]  # ru_maxrss: the peak since the worker started
+
+    config = load_validated_config(REPO / "configs" / config_name, overrides, schema)
+    plan = Plan()
+    plan_memory(config, plan)
+    assert {w.kind for w in plan.workers} == ({"policy worker"} if algorithm == "sft" else set(METRIC))
+    for worker in plan.workers:
+        peak_gb = measured[METRIC[worker.kind]]
+        planned_gb = worker.total / 1e9
+        assert abs(planned_gb - peak_gb) <= TOLERANCE * peak_gb, (run, worker.kind, planned_gb, peak_gb)

@@ -1,0 +1,160 @@
+"""``--dry-run`` through the entry points' own ``main``: the plan, and each pre-flight failure as its one line.
+
+Every case runs in-process (no Ray, no vLLM): a dry run must start neither, and must create no directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# A template that shows only the last assistant reply in full (like templates dropping earlier reasoning): templating
+# turn by turn diverges from templating the whole conversation once a second user turn follows.
+NOT_APPEND_ONLY = (
+    "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}<|im_start|>assistant\n[earlier]"
+    "<|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def entry_point(name: str):
+    sys.path.insert(0, str(REPO / "examples"))  # run_grpo.py imports run_grpo_math as its sibling
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def dirs_args(tmp_path: Path) -> list[str]:
+    return [f"logger.log_dir={tmp_path / 'logs'}", f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}"]
+
+
+# configs/grpo_sliding_puzzle.yaml reserves all 16 boards 4 moves from solved for validation, leaving none to train
+# on (its dry run says so); 8 validation boards leave 8.
+PUZZLE_BOARDS = ["data.sliding_puzzle.val_size=8", "grpo.max_val_samples=8", "grpo.val_batch_size=8"]
+EXTRA = {"run_grpo_sliding_puzzle": PUZZLE_BOARDS}
+
+
+def fails_with(capsys, main, args: list[str], line: str) -> None:
+    """``main(args)`` exits 2 with exactly one ``error:`` line, equal to ``line`` (or starting with it, for a line
+    ending in machine-dependent numbers given as ``...``)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    errors = [text for text in capsys.readouterr().err.splitlines() if text.startswith("error:")]
+    assert len(errors) == 1, errors
+    if line.endswith("..."):
+        assert errors[0].startswith(line[:-3]), errors[0]
+    else:
+        assert errors[0] == line
+
+
+def test_main_job_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+    entry_point("run_grpo_math")(["--dry-run", *dirs_args(tmp_path)])
+    out = capsys.readouterr().out
+    assert "1000 training rows, 96 validation rows" in out
+    assert "append-only over 3 turns" in out
+    assert "134.5 M parameters" in out
+    for row in ("parameters", "gradients", "optimizer", "activations", "logits", "kv cache", "runtime", "total"):
+        assert row in out, row
+    assert "policy worker ×1/node" in out and "generation engine ×1/node" in out
+    assert "dry run: no problems found" in out
+    assert list(tmp_path.iterdir()) == []  # no log or checkpoint directory
+    import ray
+
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("name", ["run_sft", "run_dpo", "run_rm", "run_grpo", "run_grpo_sliding_puzzle"])
+def test_every_training_entry_point_has_a_dry_run(name, tmp_path, capsys):
+    entry_point(name)(["--dry-run", *dirs_args(tmp_path), *EXTRA.get(name, [])])
+    out = capsys.readouterr().out
+    assert "training rows" in out and "Planned peak memory per worker" in out
+    assert "dry run: no problems found" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_eval_dry_run(tmp_path, capsys):
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text('{"problem": "What is 2 + 3?", "answer": "5"}\n')
+    entry_point("run_eval")(
+        [
+            "--dry-run",
+            f"eval.save_path={tmp_path / 'out' / 'samples.jsonl'}",
+            "generation.model_name=SmolLM2-135M-Instruct",
+            "data.dataset_name=local",
+            f"data.data_path={problems}",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "generation engine" in out and "dry run: no problems found" in out
+    assert list(tmp_path.iterdir()) == [problems]
+
+
+def test_config_problem(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point("run_grpo_math")(["--dry-run", *dirs_args(tmp_path), "grpo.num_prompts_per_step=0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["Invalid config (1 problem):", "  grpo.num_prompts_per_step: must be >= 1, got 0"]
+
+
+def test_missing_model(tmp_path, capsys):
+    missing = tmp_path / "no_model"
+    fails_with(
+        capsys,
+        entry_point("run_grpo_math"),
+        ["--dry-run", *dirs_args(tmp_path), f"policy.model_name={missing}"],
+        f"error: policy.model_name: model folder {str(missing)!r} does not exist (a local model folder or a "
+        "built-in model: ...",
+    )
+
+
+def test_missing_data_file(tmp_path, capsys):
+    missing = tmp_path / "train.jsonl"
+    fails_with(
+        capsys,
+        entry_point("run_sft"),
+        [
+            "--dry-run",
+            *dirs_args(tmp_path),
+            "data.dataset_name=openai_format",
+            f"data.data_path={missing}",
+            "data.split_validation_size=0.1",
+        ],
+        f"error: data.data_path: data file {str(missing)!r} does not exist",
+    )
+
+
+def test_chat_template_not_append_only_fails_a_multi_turn_run(tmp_path, capsys):
+    template = f"++policy.tokenizer.chat_template={NOT_APPEND_ONLY!r}"
+    fails_with(
+        capsys,
+        entry_point("run_grpo_sliding_puzzle"),
+        ["--dry-run", *dirs_args(tmp_path), *PUZZLE_BOARDS, template],
+        "error: chat template of 'SmolLM2-135M-Instruct' is not append-only: it renders the earlier turns "
+        "differently once turn 3 (user) follows, so observations cannot be appended turn by turn",
+    )
+
+
+def test_cluster_too_large(tmp_path, capsys):
+    fails_with(
+        capsys,
+        entry_point("run_grpo_math"),
+        ["--dry-run", *dirs_args(tmp_path), "cluster.gpus_per_node=512", "policy.train_global_batch_size=512"],
+        "error: cluster.gpus_per_node * cluster.num_nodes: ...",
+    )
+
+
+def test_memory_does_not_fit(tmp_path, capsys):
+    fails_with(
+        capsys,
+        entry_point("run_grpo_math"),
+        ["--dry-run", *dirs_args(tmp_path), "policy.generation.vllm_cfg.kv_cache_memory_bytes=100000000000000"],
+        "error: memory: the plan needs ...",
+    )
