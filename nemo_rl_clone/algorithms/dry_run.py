@@ -23,6 +23,7 @@ from nemo_rl_clone.models.memory_estimate import (
     engine_memory,
     inference_worker_memory,
     policy_worker_memory,
+    refit_bytes,
 )
 from nemo_rl_clone.utils.errors import UserInputError
 
@@ -162,9 +163,13 @@ def plan_memory(config: Any, plan: Plan) -> None:
         plan.facts.append(("model", f"{policy.model_name}: {shape.num_parameters / 1e6:.1f} M parameters"))
         shards = workers * config.cluster.num_nodes
         reference = _needs_reference(config)
-        plan.workers.append(policy_worker_memory(policy, shape, shards, reference, _loss_share(config), count=workers))
         generation = getattr(policy, "generation", None)
-        if generation is not None and getattr(generation, "vllm_cfg", None) is not None:
+        has_engines = generation is not None and getattr(generation, "vllm_cfg", None) is not None
+        refit = refit_bytes(generation.vllm_cfg, shape, generation.colocated.enabled, on_gpu) if has_engines else 0
+        plan.workers.append(
+            policy_worker_memory(policy, shape, shards, reference, _loss_share(config), refit, count=workers)
+        )
+        if has_engines:
             engines = _engines_per_node(generation, workers)
             plan.workers.append(engine_memory(generation.vllm_cfg, shape, device_bytes, engines))
     elif hasattr(config, "eval") and _eval_model(config) is not None:

@@ -16,8 +16,9 @@ gradients, Adam state and the reference copy over the worker group):
 - runtime: the process itself (Python, torch, transformers, Ray's worker), `POLICY_RUNTIME_BYTES` measured.
 
 Per generation engine: its weights in ``vllm_cfg.precision``, its KV cache (``kv_cache_memory_bytes`` on CPU,
-``gpu_memory_utilization`` × the device's memory on GPU, which also holds the weights), a weight copy in flight
-during a refit, and the runtime with vLLM imported (`ENGINE_RUNTIME_BYTES`, measured).
+``gpu_memory_utilization`` × the device's memory on GPU, which also holds the weights), on CPU the refit's
+incoming weights (two copies), and the runtime with vLLM imported (`ENGINE_RUNTIME_BYTES`, measured). The policy
+worker's ``refit`` column is the state dict it hands over (`refit_bytes`).
 
 Calibration (2-core CPU machine, resident peaks measured in real runs, see docs/preflight.md): the constants below
 put the plan within 25% of the measured peak for the main job and the smoke configs.
@@ -53,6 +54,7 @@ COLUMNS = (
     "activations",
     "logits",
     "kv_cache",
+    "refit",
     "runtime",
 )
 
@@ -106,12 +108,14 @@ def policy_worker_memory(
     shards: int,
     reference: bool,
     loss_share: float = 1.0,
+    refit: int = 0,
     kind: str = "policy worker",
     count: int = 1,
 ) -> WorkerMemory:
     """Peak bytes of one DTensor policy worker training with ``policy`` (a `PolicyConfig`), its state sharded over
     ``shards`` workers; ``reference``: it keeps a frozen reference copy; ``loss_share``: the fraction of a
-    microbatch's tokens the loss reads (GRPO: the responses), which the head projects."""
+    microbatch's tokens the loss reads (GRPO: the responses), which the head projects; ``refit``: bytes of the
+    weights it hands to the engines at once (`refit_bytes`)."""
     dtensor = policy.dtensor_cfg
     n = shape.num_parameters
     trainable = _lora_parameters(dtensor.lora_cfg, shape) if dtensor.lora_cfg.enabled else n
@@ -138,6 +142,7 @@ def policy_worker_memory(
         "activations": activations,
         "logits": logits,
         "kv_cache": 0,
+        "refit": refit,
         "runtime": POLICY_RUNTIME_BYTES,
     }
     return WorkerMemory(kind, count, parts)
@@ -155,16 +160,30 @@ def inference_worker_memory(kind: str, precision: str, shape: ModelShape, shards
 def engine_memory(vllm_cfg: Any, shape: ModelShape, device_bytes: int | None, count: int) -> WorkerMemory:
     """One vLLM engine (``vllm_cfg``: a `VllmConfig`); ``device_bytes``: its GPU's memory, None on CPU."""
     tp = vllm_cfg.tensor_parallel_size * vllm_cfg.pipeline_parallel_size
-    weights = PRECISION_BYTES[vllm_cfg.precision] * shape.num_parameters // tp
+    weights = PRECISION_BYTES.get(vllm_cfg.precision, 2) * shape.num_parameters // tp  # fp8: bf16 layers kept
     parts = dict.fromkeys(COLUMNS, 0)
     parts["runtime"] = ENGINE_RUNTIME_BYTES
     if device_bytes is not None:  # vLLM takes its share of the GPU for weights, activations and KV cache
         parts["parameters"] = weights
         parts["kv_cache"] = max(int(vllm_cfg.gpu_memory_utilization * device_bytes) - weights, 0)
     else:
-        parts["parameters"] = 2 * weights  # its weights, plus the refit's incoming copy
+        parts["parameters"] = weights
         parts["kv_cache"] = vllm_cfg.kv_cache_memory_bytes or _default_cpu_kv_cache()
+        parts["refit"] = 2 * weights  # the incoming state dict mapped from Ray's object store, and its checked copy
     return WorkerMemory("generation engine", count, parts)
+
+
+def refit_bytes(vllm_cfg: Any, shape: ModelShape, colocated: bool, on_gpu: bool) -> int:
+    """Host memory a policy worker holds for one refit: colocated, train rank 0 gathers the whole state dict in the
+    engine's precision and puts it into Ray's object store (two copies in its process); non-colocated, it
+    broadcasts size-bounded buckets. On GPU both live outside the device's memory."""
+    if on_gpu:
+        return 0
+    if colocated:
+        return 2 * PRECISION_BYTES.get(vllm_cfg.precision, 2) * shape.num_parameters
+    from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES
+
+    return 2 * int(DEFAULT_BUCKET_BYTES)
 
 
 def training_microbatch_tokens(policy: Any) -> int:

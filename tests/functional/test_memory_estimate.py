@@ -1,6 +1,6 @@
 """The dry run's memory plan against real runs: each worker's planned peak is within 25% of the peak resident memory
 the worker measured (``memory/*_peak_rss_gb``, ``ru_maxrss`` of the worker process) for the main job's config
-(1 step, no validation) and the GRPO and SFT smoke configs."""
+(2 steps, so that a refit is in it; no validation) and the GRPO and SFT smoke configs."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ RUNS = {
         "grpo_math",
         "grpo_smollm2_cpu.yaml",
         GRPOMasterConfig,
-        ["grpo.max_num_steps=1", "grpo.val_at_start=false", "grpo.val_period=0", "checkpointing.enabled=false"],
+        ["grpo.max_num_steps=2", "grpo.val_at_start=false", "grpo.val_period=0", "checkpointing.enabled=false"],
     ),
     "grpo_smoke": ("grpo_math", "grpo_smoke.yaml", GRPOMasterConfig, ["checkpointing.enabled=false"]),
     "sft_smoke": ("sft", "sft_smoke.yaml", SFTMasterConfig, ["checkpointing.enabled=false"]),

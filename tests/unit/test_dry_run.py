@@ -70,7 +70,9 @@ def test_main_job_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     assert not ray.is_initialized()
 
 
-@pytest.mark.parametrize("name", ["run_sft", "run_dpo", "run_rm", "run_grpo", "run_grpo_sliding_puzzle"])
+@pytest.mark.parametrize(
+    "name", ["run_sft", "run_dpo", "run_rm", "run_grpo", "run_grpo_sliding_puzzle", "run_distillation_math"]
+)
 def test_every_training_entry_point_has_a_dry_run(name, tmp_path, capsys):
     entry_point(name)(["--dry-run", *dirs_args(tmp_path), *EXTRA.get(name, [])])
     out = capsys.readouterr().out

@@ -12,6 +12,7 @@ from nemo_rl_clone.models.memory_estimate import (
     ModelShape,
     engine_memory,
     policy_worker_memory,
+    refit_bytes,
 )
 from nemo_rl_clone.utils.config import load_validated_config
 from tests.functional.supervised_runs import REPO
@@ -47,6 +48,7 @@ def test_main_job_policy_worker(shape):
         "activations": 2048 * L * (5 * H + 4 * MLP) * 4,  # train_mb_tokens of the packed microbatch, fp32
         "logits": 2 * 1024 * V * 4,  # one chunk of the selective head: logits and softmax
         "kv_cache": 0,
+        "refit": 0,  # no engine given
         "runtime": POLICY_RUNTIME_BYTES,
     }
 
@@ -75,7 +77,9 @@ def test_engine_on_cpu_and_gpu(shape):
     vllm_cfg = main_job().policy.generation.vllm_cfg
     cpu = engine_memory(vllm_cfg, shape, device_bytes=None, count=1)
     n = SMOLLM2_PARAMETERS
-    assert cpu.parts["parameters"] == 2 * 4 * n  # fp32 weights and a refit's incoming copy
+    assert cpu.parts["parameters"] == 4 * n and cpu.parts["refit"] == 2 * 4 * n  # fp32 weights; a refit's two copies
     assert cpu.parts["kv_cache"] == 1 << 30 and cpu.parts["runtime"] == ENGINE_RUNTIME_BYTES
+    assert refit_bytes(vllm_cfg, shape, colocated=True, on_gpu=False) == 2 * 4 * n  # gathered + object store
+    assert refit_bytes(vllm_cfg, shape, colocated=True, on_gpu=True) == 0  # host memory, not the GPU's
     gpu = engine_memory(vllm_cfg, shape, device_bytes=80 * 10**9, count=1)  # gpu_memory_utilization 0.6
     assert gpu.parts["parameters"] + gpu.parts["kv_cache"] == 48 * 10**9
