@@ -145,11 +145,13 @@ def test_chat_template_not_append_only_fails_a_multi_turn_run(tmp_path, capsys):
 
 
 def test_cluster_too_large(tmp_path, capsys):
+    batch = ["grpo.num_prompts_per_step=256", "policy.train_global_batch_size=1024"]  # 1,024 workers' worth
     fails_with(
         capsys,
         entry_point("run_grpo_math"),
-        ["--dry-run", *dirs_args(tmp_path), "cluster.gpus_per_node=512", "policy.train_global_batch_size=512"],
-        "error: cluster.gpus_per_node * cluster.num_nodes: ...",
+        ["--dry-run", *dirs_args(tmp_path), "cluster.gpus_per_node=1024", *batch],
+        "error: cluster.gpus_per_node * cluster.num_nodes (1024): 1024 worker slots, each needs one CPU, and this "
+        "machine has ...",
     )
 
 

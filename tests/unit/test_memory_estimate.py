@@ -83,3 +83,14 @@ def test_engine_on_cpu_and_gpu(shape):
     assert refit_bytes(vllm_cfg, shape, colocated=True, on_gpu=True) == 0  # host memory, not the GPU's
     gpu = engine_memory(vllm_cfg, shape, device_bytes=80 * 10**9, count=1)  # gpu_memory_utilization 0.6
     assert gpu.parts["parameters"] + gpu.parts["kv_cache"] == 48 * 10**9
+
+
+def test_worker_peaks_are_logged_as_memory_metrics():
+    from nemo_rl_clone.models.policy.train_profile import TrainProfile, memory_metrics, merge, profile_metrics
+
+    ranks = [TrainProfile(forward_s=1.0, peak_rss_bytes=3_000_000_000), TrainProfile(peak_rss_bytes=5_000_000_000)]
+    merged = merge(ranks)
+    assert merged.peak_rss_bytes == 5_000_000_000  # the largest worker, whichever rank was slowest
+    performance = {**profile_metrics(merged, training_s=1.0)["performance"], "generation_worker_peak_rss_gb": 2.5}
+    assert memory_metrics(performance) == {"policy_worker_peak_rss_gb": 5.0, "generation_worker_peak_rss_gb": 2.5}
+    assert not any(key.endswith("_peak_rss_gb") for key in performance)
