@@ -161,9 +161,14 @@ def plan_memory(config: Any, plan: Plan) -> None:
     if policy is not None:
         shape = ModelShape.of(resolve_model_path(policy.model_name), policy.hf_config_overrides)
         plan.facts.append(("model", f"{policy.model_name}: {shape.num_parameters / 1e6:.1f} M parameters"))
+        if policy.megatron_cfg.enabled:
+            plan.warnings.append(
+                "memory: the plan models the DTensor worker; the Megatron worker's gradient buffers and distributed "
+                "optimizer differ (calibrated on DTensor runs only)"
+            )
         shards = workers * config.cluster.num_nodes
         reference = _needs_reference(config)
-        generation = getattr(policy, "generation", None)
+        generation: Any = getattr(policy, "generation", None)
         has_engines = generation is not None and getattr(generation, "vllm_cfg", None) is not None
         refit = refit_bytes(generation.vllm_cfg, shape, generation.colocated.enabled, on_gpu) if has_engines else 0
         plan.workers.append(

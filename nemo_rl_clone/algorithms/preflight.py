@@ -10,7 +10,8 @@ cluster.* against its nodes.
     with removed_if_run_start_fails(config):
         run = setup(config)               # a failure here removes the new exp_N / checkpoint dir again
 
-`run_training` is that sequence for the training entry points (GRPO, SFT, DPO, RM).
+`run_training` is that sequence for the training entry points (GRPO, SFT, DPO, RM); with ``dry_run`` it runs
+`algorithms.dry_run` instead (these checks, then tokenizer, data, chat template and the memory plan; docs/preflight.md).
 """
 
 from __future__ import annotations
