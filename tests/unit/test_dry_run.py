@@ -34,12 +34,6 @@ def dirs_args(tmp_path: Path) -> list[str]:
     return [f"logger.log_dir={tmp_path / 'logs'}", f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}"]
 
 
-# configs/grpo_sliding_puzzle.yaml reserves all 16 boards 4 moves from solved for validation, leaving none to train
-# on (its dry run says so); 8 validation boards leave 8.
-PUZZLE_BOARDS = ["data.sliding_puzzle.val_size=8", "grpo.max_val_samples=8", "grpo.val_batch_size=8"]
-EXTRA = {"run_grpo_sliding_puzzle": PUZZLE_BOARDS}
-
-
 def fails_with(capsys, main, args: list[str], line: str) -> None:
     """``main(args)`` exits 2 with exactly one ``error:`` line, equal to ``line`` (or starting with it, for a line
     ending in machine-dependent numbers given as ``...``)."""
@@ -74,7 +68,7 @@ def test_main_job_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     "name", ["run_sft", "run_dpo", "run_rm", "run_grpo", "run_grpo_sliding_puzzle", "run_distillation_math"]
 )
 def test_every_training_entry_point_has_a_dry_run(name, tmp_path, capsys):
-    entry_point(name)(["--dry-run", *dirs_args(tmp_path), *EXTRA.get(name, [])])
+    entry_point(name)(["--dry-run", *dirs_args(tmp_path)])  # each on its shipped config
     out = capsys.readouterr().out
     assert "training rows" in out and "Planned peak memory per worker" in out
     assert "dry run: no problems found" in out
@@ -138,7 +132,7 @@ def test_chat_template_not_append_only_fails_a_multi_turn_run(tmp_path, capsys):
     fails_with(
         capsys,
         entry_point("run_grpo_sliding_puzzle"),
-        ["--dry-run", *dirs_args(tmp_path), *PUZZLE_BOARDS, template],
+        ["--dry-run", *dirs_args(tmp_path), template],
         "error: chat template of 'SmolLM2-135M-Instruct' is not append-only: it renders the earlier turns "
         "differently once turn 3 (user) follows, so observations cannot be appended turn by turn",
     )
