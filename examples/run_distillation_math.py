@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nemo_rl_clone.algorithms.distillation_config import DistillationMasterConfig
+from nemo_rl_clone.algorithms.rl.distillation_config import DistillationMasterConfig
 from nemo_rl_clone.utils.config import load_run_from_cli, print_config
 from nemo_rl_clone.utils.config_validation import config_to_dict
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None, default_config: Path = DEFAULT_CONFIG) -
 
     # Heavy imports only after the config is known to be valid: a typo fails in a second, not after torch loads.
     from nemo_rl_clone.algorithms.distillation import distillation_train, setup
-    from nemo_rl_clone.algorithms.preflight import run_training
+    from nemo_rl_clone.algorithms.run.preflight import run_training
 
     run_training(config, setup, distillation_train, dry_run)  # bad input: one `error:` line per problem and exit 2
 

@@ -29,12 +29,12 @@ def main(argv: list[str] | None = None) -> None:
     print_config(config_to_dict(config), title="Evaluation config (validated)")
 
     # Heavy imports only after the config is known to be valid: a typo fails in a second, not after torch loads.
-    from nemo_rl_clone.algorithms.preflight import preflight, removed_if_run_start_fails
+    from nemo_rl_clone.algorithms.run.preflight import preflight, removed_if_run_start_fails
     from nemo_rl_clone.evals.eval import run_evaluation
 
     with reporting_user_errors():  # a wrong model or data source: one `error:` line and exit 2, no traceback
         if dry_run:  # checks and the plan only (docs/preflight.md)
-            from nemo_rl_clone.algorithms.dry_run import dry_run as check_and_plan
+            from nemo_rl_clone.algorithms.run.dry_run import dry_run as check_and_plan
 
             check_and_plan(config)
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
 from nemo_rl_clone.utils.config import load_run_from_cli, print_config
 from nemo_rl_clone.utils.config_validation import config_to_dict
 
@@ -28,8 +28,8 @@ def main(
 
     # Heavy imports only after the config is known to be valid: a typo fails in a second, not after torch loads.
     from nemo_rl_clone.algorithms.grpo import grpo_train
-    from nemo_rl_clone.algorithms.grpo_setup import setup
-    from nemo_rl_clone.algorithms.preflight import run_training
+    from nemo_rl_clone.algorithms.rl.setup import setup
+    from nemo_rl_clone.algorithms.run.preflight import run_training
 
     run_training(
         config, setup, grpo_train, dry_run

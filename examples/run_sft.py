@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig, setup
-from nemo_rl_clone.algorithms.supervised_setup import run_supervised_cli
+from nemo_rl_clone.algorithms.supervised.setup import run_supervised_cli
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sft.yaml"
 

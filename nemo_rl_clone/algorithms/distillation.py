@@ -3,7 +3,7 @@
 The student (``policy``) samples responses with vLLM exactly as GRPO's policy does; a frozen teacher (``teacher``,
 a second `Policy` sharing the training cluster's bundles) returns its top-k logits at every position of those
 samples, and the student is trained to match that distribution (`DistillationLossFn`: forward, reverse or mixed KL).
-Everything but the teacher and the loss is GRPO's (`grpo_setup.setup` builds the run from
+Everything but the teacher and the loss is GRPO's (`rl.setup.setup` builds the run from
 `DistillationMasterConfig.rollout_view`; rollouts, validation, refit, checkpoints and logging are GRPO's functions),
 so the two algorithms sample, validate and resume the same way. Environment rewards are computed and logged
 (``train/reward``) but never trained on. See docs/distillation.md.
@@ -20,15 +20,15 @@ from typing import Any
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from nemo_rl_clone.algorithms.distillation_config import DistillationConfig, DistillationMasterConfig
 from nemo_rl_clone.algorithms.distillation_loss import DistillationLossFn
 from nemo_rl_clone.algorithms.grpo import log_validation
-from nemo_rl_clone.algorithms.grpo_batches import build_train_batch, sample_rows
-from nemo_rl_clone.algorithms.grpo_rollouts import generate_step_rollouts, refit
-from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents
-from nemo_rl_clone.algorithms.grpo_setup import setup as setup_student_run
-from nemo_rl_clone.algorithms.run_state import save_run_checkpoint
-from nemo_rl_clone.algorithms.run_stop import stop_on_signals
+from nemo_rl_clone.algorithms.rl.batches import build_train_batch, sample_rows
+from nemo_rl_clone.algorithms.rl.distillation_config import DistillationConfig, DistillationMasterConfig
+from nemo_rl_clone.algorithms.rl.rollouts import generate_step_rollouts, refit
+from nemo_rl_clone.algorithms.rl.setup import GRPOComponents
+from nemo_rl_clone.algorithms.rl.setup import setup as setup_student_run
+from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
+from nemo_rl_clone.algorithms.run.stop import stop_on_signals
 from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.lm_policy import Policy

@@ -1,5 +1,5 @@
 """Direct Preference Optimization (`DPOLossFn`) against the frozen initial policy, through the shared
-`supervised_loop`.
+`supervised.loop`.
 
     setup(config) -> SupervisedRun;  dpo_train(run)
 
@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_clone.algorithms.loss_functions import DPOLossConfig, DPOLossFn
-from nemo_rl_clone.algorithms.run_state import RunState
-from nemo_rl_clone.algorithms.supervised_config import (
+from nemo_rl_clone.algorithms.run.state import RunState
+from nemo_rl_clone.algorithms.supervised.config import (
     PreferenceAlgorithm,
     SupervisedLoopConfig,
     check_supervised_config,
 )
-from nemo_rl_clone.algorithms.supervised_loop import supervised_train
-from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun, build_preference_run
+from nemo_rl_clone.algorithms.supervised.loop import supervised_train
+from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_preference_run
 from nemo_rl_clone.data.config import PreferenceDataConfig
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig

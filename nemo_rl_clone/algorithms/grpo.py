@@ -1,8 +1,8 @@
 """GRPO: generate → reward → advantages → logprobs → train → sync → validate → checkpoint → log (see docs/grpo.md).
 
-`grpo_train` is the whole step loop and reads top to bottom; building the run lives in `grpo_setup`, where
-rollouts come from (on demand, or from async GRPO's replay buffer) in `grpo_rollouts` / `async_grpo`, the reward
-arithmetic in `algorithms.utils`, batch plumbing in `grpo_batches`.
+`grpo_train` is the whole step loop and reads top to bottom; building the run lives in `rl.setup`, where
+rollouts come from (on demand, or from async GRPO's replay buffer) in `rl.rollouts` / `rl.async_rollouts`, the
+reward arithmetic in `algorithms.utils`, batch plumbing in `rl.batches`, the collapse monitors in `rl.monitors`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.async_grpo import AsyncRollouts
-from nemo_rl_clone.algorithms.grpo_batches import (
+from nemo_rl_clone.algorithms.rl.async_rollouts import AsyncRollouts
+from nemo_rl_clone.algorithms.rl.batches import (
     aggregate_train_metrics,
     build_train_batch,
     mask_logprob_mismatch,
@@ -21,12 +21,12 @@ from nemo_rl_clone.algorithms.grpo_batches import (
     sample_rows,
     step_advantages,
 )
-from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.grpo_rollouts import RolloutSource, SyncRollouts, roll_out
-from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents, GRPOState, save_checkpoint, setup
-from nemo_rl_clone.algorithms.monitors import CollapseMonitors
-from nemo_rl_clone.algorithms.run_state import run_validation, validates_at_end
-from nemo_rl_clone.algorithms.run_stop import stop_on_signals
+from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
+from nemo_rl_clone.algorithms.rl.monitors import CollapseMonitors
+from nemo_rl_clone.algorithms.rl.rollouts import RolloutSource, SyncRollouts, roll_out
+from nemo_rl_clone.algorithms.rl.setup import GRPOComponents, GRPOState, save_checkpoint, setup
+from nemo_rl_clone.algorithms.run.state import run_validation, validates_at_end
+from nemo_rl_clone.algorithms.run.stop import stop_on_signals
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.models.policy.train_profile import memory_metrics, profile_metrics
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save

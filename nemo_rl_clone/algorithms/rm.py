@@ -1,5 +1,5 @@
 """Reward-model training: a scalar-head model (``policy.reward_model_cfg.enabled``) fitted Bradley-Terry
-(`PreferenceLoss`) on preference pairs, through the shared `supervised_loop`.
+(`PreferenceLoss`) on preference pairs, through the shared `supervised.loop`.
 
     setup(config) -> SupervisedRun;  rm_train(run)
 
@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_clone.algorithms.loss_functions import PreferenceLoss
-from nemo_rl_clone.algorithms.run_state import RunState
-from nemo_rl_clone.algorithms.supervised_config import (
+from nemo_rl_clone.algorithms.run.state import RunState
+from nemo_rl_clone.algorithms.supervised.config import (
     PreferenceAlgorithm,
     SupervisedLoopConfig,
     check_supervised_config,
 )
-from nemo_rl_clone.algorithms.supervised_loop import supervised_train
-from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun, build_preference_run
+from nemo_rl_clone.algorithms.supervised.loop import supervised_train
+from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_preference_run
 from nemo_rl_clone.data.config import PreferenceDataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig

@@ -1,4 +1,4 @@
-"""Supervised fine-tuning: NLL on the assistant tokens of chat rows, through the shared `supervised_loop`.
+"""Supervised fine-tuning: NLL on the assistant tokens of chat rows, through the shared `supervised.loop`.
 
     setup(config) -> SupervisedRun;  sft_train(run)
 
@@ -14,14 +14,14 @@ from functools import partial
 from typing import Any
 
 from nemo_rl_clone.algorithms.loss_functions import NLLLoss
-from nemo_rl_clone.algorithms.run_state import RunState
-from nemo_rl_clone.algorithms.supervised_config import (
+from nemo_rl_clone.algorithms.run.state import RunState
+from nemo_rl_clone.algorithms.supervised.config import (
     SupervisedAlgorithm,
     SupervisedLoopConfig,
     check_supervised_config,
 )
-from nemo_rl_clone.algorithms.supervised_loop import supervised_train
-from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun, build_supervised_run
+from nemo_rl_clone.algorithms.supervised.loop import supervised_train
+from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_supervised_run
 from nemo_rl_clone.data.config import SFTDataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig

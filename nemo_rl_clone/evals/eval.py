@@ -153,7 +153,7 @@ def sample_seeds(seed: int, prompt_indices: Sequence[int], num_tests_per_prompt:
 def run_evaluation(config: EvalMasterConfig) -> dict[str, Any]:
     """Evaluate ``config.generation.model_name`` on ``config.data``; returns the summary (also printed, and logged
     when a ``logger`` section exists). Per-sample rows go to ``config.eval.save_path`` when it is set."""
-    from nemo_rl_clone.algorithms.run_state import set_seeds
+    from nemo_rl_clone.algorithms.run.state import set_seeds
     from nemo_rl_clone.distributed.virtual_cluster import init_ray
     from nemo_rl_clone.evals.checkpoint import resolve_eval_model
 

@@ -419,7 +419,7 @@ def print_message_log_samples(
 ) -> None:
     """Prints up to ``num_samples`` conversations with their rewards: when there are more, the best and the worst
     half each (and the median one for an odd count), so both ends of the reward range show."""
-    from nemo_rl_clone.algorithms.grpo_batches import print_samples, sample_rows
+    from nemo_rl_clone.algorithms.rl.batches import print_samples, sample_rows
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
     if len(message_logs) != len(rewards):

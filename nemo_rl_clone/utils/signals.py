@@ -7,7 +7,7 @@
   `progress.phase`), so the caller can save the last completed step and exit. If the run is still alive
   ``grace_s`` after the signal, the process exits immediately without saving more.
 
-`handle_stop_signals` installs the handlers for the duration of a training loop; `algorithms.run_stop` uses it.
+`handle_stop_signals` installs the handlers for the duration of a training loop; `algorithms.run.stop` uses it.
 Why our own handlers: Ray's ``ray.init`` replaces SIGTERM's handler with ``sys.exit`` raised wherever the driver is
 (and Ray's C++ core dumps a native stack on SIGTERM when it is not handled in Python), which neither saves nor
 bounds the time to stop.

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.run_state import SAVE_PAUSE_ENV
+from nemo_rl_clone.algorithms.run.state import SAVE_PAUSE_ENV
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA
 from tests.functional.supervised_runs import (

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_clone.algorithms.dry_run import Plan, plan_memory
-from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.run.dry_run import Plan, plan_memory
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.utils.config import load_validated_config
 from tests.functional.supervised_runs import REPO, read_metrics, run_dirs, run_entry_point

@@ -3,7 +3,7 @@
 Each run is started in a session of its own, so that everything it starts can be found afterwards by that session
 id (Ray's workers make process groups of their own, but stay in the session) and by the process tree recorded while
 it runs. The tests synchronise with a run through its output lines (`step 2: generation`, the save-pause marker of
-`run_state.SAVE_PAUSE_ENV`). The time bounds are the behaviour promised in the README, stated generously.
+`run.state.SAVE_PAUSE_ENV`). The time bounds are the behaviour promised in the README, stated generously.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nemo_rl_clone.algorithms.run_state import SAVE_PAUSE_ENV
+from nemo_rl_clone.algorithms.run.state import SAVE_PAUSE_ENV
 from tests.functional.supervised_runs import REPO, assert_checkpoint
 
 CTRL_C_BOUND_S = 10.0

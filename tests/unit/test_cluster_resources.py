@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from nemo_rl_clone.algorithms.preflight import preflight
+from nemo_rl_clone.algorithms.run.preflight import preflight
 from nemo_rl_clone.distributed.virtual_cluster import (
     ClusterConfig,
     NodeResources,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.grpo_batches import combine_rollout_metrics
+from nemo_rl_clone.algorithms.rl.batches import combine_rollout_metrics
 from nemo_rl_clone.algorithms.utils import (
     baseline_and_std_per_prompt,
     compute_advantages,

@@ -17,7 +17,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, LlavaConfig
 
-from nemo_rl_clone.algorithms.run_state import RunState, restore_run_state, save_run_checkpoint
+from nemo_rl_clone.algorithms.run.state import RunState, restore_run_state, save_run_checkpoint
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.ports import pick_free_port
@@ -96,7 +96,7 @@ policy:
       use_deep_gemm: false
 """
     )
-    from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
+    from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
 
     config = load_validated_config(recipe, [], GRPOMasterConfig)
     policy = config.policy

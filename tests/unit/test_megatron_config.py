@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.megatron_config import MegatronConfig
 from nemo_rl_clone.utils.config import load_validated_config
@@ -461,7 +461,7 @@ def test_inert_keys_accept_other_values(key: str) -> None:
 
 
 def test_preflight_checks_megatron_parallel_sizes_and_skips_the_torch_optimizer():
-    from nemo_rl_clone.algorithms.preflight import _policy_problems
+    from nemo_rl_clone.algorithms.run.preflight import _policy_problems
 
     overrides = ["policy.megatron_cfg.tensor_model_parallel_size=2", "cluster.gpus_per_node=1"]
     config = load_validated_config(REPO / "configs" / "grpo_smoke_megatron.yaml", overrides, GRPOMasterConfig)

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
-from nemo_rl_clone.algorithms.monitors import CollapseMonitors, MonitorsConfig, zero_variance_group_fraction
-from nemo_rl_clone.algorithms.run_state import RunState
+from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.rl.monitors import CollapseMonitors, MonitorsConfig, zero_variance_group_fraction
+from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 ALL_ALERTS = {

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
-from nemo_rl_clone.algorithms.grpo_batches import mask_logprob_mismatch, step_advantages
-from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.grpo_setup import _validation_rows
+from nemo_rl_clone.algorithms.rl.batches import mask_logprob_mismatch, step_advantages
+from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
+from nemo_rl_clone.algorithms.rl.setup import _validation_rows
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
-from nemo_rl_clone.algorithms.run_state import validates_at_end
+from nemo_rl_clone.algorithms.run.state import validates_at_end
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.data.config import DataConfig, SFTDataConfig
 from nemo_rl_clone.data.supervised import build_sft_datum

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_clone.algorithms.run_state import RunState, check_checkpoint_model, model_identity
+from nemo_rl_clone.algorithms.run.state import RunState, check_checkpoint_model, model_identity
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig, CheckpointManager
 from nemo_rl_clone.utils.errors import UserInputError

@@ -10,11 +10,11 @@ import torch
 
 from nemo_rl_clone.algorithms.dpo import DPOAlgorithm, DPOConfig, DPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMAlgorithm, RMMasterConfig
-from nemo_rl_clone.algorithms.run_state import RunState
+from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.sft import SFTAlgorithm, SFTMasterConfig
-from nemo_rl_clone.algorithms.supervised_config import SupervisedLoopConfig
-from nemo_rl_clone.algorithms.supervised_loop import step_metrics
-from nemo_rl_clone.algorithms.supervised_setup import run_supervised_cli, validation_batches
+from nemo_rl_clone.algorithms.supervised.config import SupervisedLoopConfig
+from nemo_rl_clone.algorithms.supervised.loop import step_metrics
+from nemo_rl_clone.algorithms.supervised.setup import run_supervised_cli, validation_batches
 from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo_config import GRPOConfig, GRPOMasterConfig
+from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.utils import (
     combine_batches,
     compute_advantages,

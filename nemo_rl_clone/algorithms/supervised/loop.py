@@ -1,8 +1,8 @@
 """The one training loop of SFT, DPO and reward-model training: batch → prepare → train → validate → checkpoint → log.
 
-An algorithm (`sft.py`, `dpo.py`, `rm.py`) is a `SupervisedAlgorithm` (`supervised_config`): its loss function, the
+An algorithm (`sft.py`, `dpo.py`, `rm.py`) is a `SupervisedAlgorithm` (`supervised.config`): its loss function, the
 batch rows one example fills, a `prepare_batch` hook (DPO adds the reference policy's logprobs) and its metric names.
-`supervised_setup.build_supervised_run` builds the `SupervisedRun` that `supervised_train` runs.
+`supervised.setup.build_supervised_run` builds the `SupervisedRun` that `supervised_train` runs.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_clone.algorithms.run_state import format_metrics, run_validation, save_run_checkpoint, validates_at_end
-from nemo_rl_clone.algorithms.run_stop import stop_on_signals
-from nemo_rl_clone.algorithms.supervised_config import SupervisedAlgorithm
-from nemo_rl_clone.algorithms.supervised_setup import SupervisedRun
+from nemo_rl_clone.algorithms.run.state import format_metrics, run_validation, save_run_checkpoint, validates_at_end
+from nemo_rl_clone.algorithms.run.stop import stop_on_signals
+from nemo_rl_clone.algorithms.supervised.config import SupervisedAlgorithm
+from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun
 from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
 from nemo_rl_clone.models.policy.train_profile import memory_metrics, profile_metrics
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo_batches import (
+from nemo_rl_clone.algorithms.rl.batches import (
     combine_rollout_metrics,
     generation_seeds,
     process_rewards,
     select_groups,
 )
-from nemo_rl_clone.algorithms.refit import refit_policy_generation
+from nemo_rl_clone.algorithms.rl.refit import refit_policy_generation
 from nemo_rl_clone.algorithms.utils import groups_with_signal
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
@@ -31,7 +31,7 @@ from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.timer import Timer
 
 if TYPE_CHECKING:
-    from nemo_rl_clone.algorithms.grpo_setup import GRPOComponents
+    from nemo_rl_clone.algorithms.rl.setup import GRPOComponents
 
 
 @dataclass

@@ -57,7 +57,7 @@ def run_training(config: Any, setup: Callable[[Any], _R], train: Callable[[_R], 
     pre-flight checks and the plan of `algorithms.dry_run` only."""
     with reporting_user_errors():
         if dry_run:
-            from nemo_rl_clone.algorithms.dry_run import dry_run as check_and_plan
+            from nemo_rl_clone.algorithms.run.dry_run import dry_run as check_and_plan
 
             check_and_plan(config)
             return

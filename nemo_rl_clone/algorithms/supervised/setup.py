@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.run_state import (
+from nemo_rl_clone.algorithms.run.state import (
     RunState,
     check_checkpoint_model,
     model_identity,
     restore_run_state,
     set_seeds,
 )
-from nemo_rl_clone.algorithms.supervised_config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
+from nemo_rl_clone.algorithms.supervised.config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
 from nemo_rl_clone.data.dataloader import IndexedDataset, StatefulPromptLoader
 from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
@@ -175,8 +175,8 @@ def run_supervised_cli(
 ) -> None:
     """The examples' front door: parse ``[--config PATH] [--dry-run] [overrides]``, validate (exit 2 with one line per problem),
     print the config, build the run (resuming when a checkpoint exists), train, shut down."""
-    from nemo_rl_clone.algorithms.preflight import run_training
-    from nemo_rl_clone.algorithms.supervised_loop import supervised_train
+    from nemo_rl_clone.algorithms.run.preflight import run_training
+    from nemo_rl_clone.algorithms.supervised.loop import supervised_train
     from nemo_rl_clone.utils.config import load_run_from_cli, print_config
 
     config: Any

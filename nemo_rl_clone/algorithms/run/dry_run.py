@@ -45,7 +45,7 @@ class Plan:
 
 def dry_run(config: Any) -> Plan:
     """Check ``config`` as a run would and print its plan; raises `UserInputError` (one line per problem)."""
-    from nemo_rl_clone.algorithms.preflight import preflight
+    from nemo_rl_clone.algorithms.run.preflight import preflight
 
     preflight(config)  # its problems first: a missing model or data file makes the rest meaningless
     plan = Plan()
@@ -99,7 +99,7 @@ def _datasets(config: Any, tokenizer: Any) -> tuple[Any, Any, int | None]:
     if hasattr(config, "rollout_view"):  # distillation: GRPO's data path
         config = config.rollout_view()
     if hasattr(config, "grpo"):
-        from nemo_rl_clone.algorithms.grpo_setup import setup_data
+        from nemo_rl_clone.algorithms.rl.setup import setup_data
 
         loader, validation = setup_data(config, tokenizer)
         return loader.dataset, validation, config.data.max_input_seq_length

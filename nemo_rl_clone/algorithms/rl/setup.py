@@ -12,10 +12,10 @@ from typing import Any
 import datasets
 import torch
 
-from nemo_rl_clone.algorithms.grpo_config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn
-from nemo_rl_clone.algorithms.refit import init_refit_collective, prepare_refit
-from nemo_rl_clone.algorithms.run_state import (
+from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit
+from nemo_rl_clone.algorithms.run.state import (
     RunState,
     check_checkpoint_model,
     model_identity,

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nemo_rl_clone.algorithms.run_state import RunState
+from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
 from nemo_rl_clone.utils.checkpoint import CheckpointManager, remove_save_debris

@@ -1,0 +1,1 @@
+"""The supervised family's machinery (SFT, DPO, RM): config, setup, the shared step loop."""
