@@ -259,6 +259,7 @@ def test_performance_metrics_split_prefill_and_decode_then_reset(generation: Vll
     out = generation.generate(prompt_batch(tokenizer, PROMPTS, seeds=torch.arange(len(PROMPTS))))
     assert int(out["generation_lengths"].sum()) > len(PROMPTS)  # some decode steps beyond the first token
     metrics = generation.take_performance_metrics()
-    assert set(metrics) == {"prefill_tokens_per_sec", "decode_tokens_per_sec"}
+    assert set(metrics) == {"prefill_tokens_per_sec", "decode_tokens_per_sec", "generation_worker_peak_rss_gb"}
     assert all(value > 0 for value in metrics.values())
+    assert 0.3 < metrics["generation_worker_peak_rss_gb"] < 20  # the engine process: torch, vLLM, weights, KV cache
     assert generation.take_performance_metrics() == {}  # taken: nothing generated since
