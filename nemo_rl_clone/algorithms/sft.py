@@ -84,13 +84,10 @@ class SFTAlgorithm(SupervisedAlgorithm):
 def setup(config: SFTMasterConfig | Mapping[str, Any]) -> SupervisedRun:
     """Tokenizer, datasets, logger, policy; resumes from ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
     config = as_config(config, SFTMasterConfig)  # NeMo-RL passes its master config as a dict
-    from nemo_rl_clone.data.supervised import SFTDataset, build_datasets, load_sft_dataset, sft_collate_fn
+    from nemo_rl_clone.data.supervised import sft_collate_fn
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
-    loaded = load_sft_dataset(config.data, seed=config.data.split_seed(config.sft.seed))
-    train, val = build_datasets(
-        SFTDataset, loaded, tokenizer, config.data, add_bos=config.data.add_bos, add_eos=config.data.add_eos
-    )
+    train, val = sft_datasets(config, tokenizer)
     collate = partial(
         sft_collate_fn,
         pad_token_id=tokenizer.pad_token_id,
@@ -106,3 +103,13 @@ def sft_train(run: SupervisedRun) -> None:
 # NeMo-RL's names: `from nemo_rl_clone.algorithms.sft import MasterConfig, setup, sft_train`.
 MasterConfig = SFTMasterConfig
 SFTSaveState = RunState
+
+
+def sft_datasets(config: SFTMasterConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """(train, validation) SFT datasets as a run trains on them (the dry run templates their first rows too)."""
+    from nemo_rl_clone.data.supervised import SFTDataset, build_datasets, load_sft_dataset
+
+    loaded = load_sft_dataset(config.data, seed=config.data.split_seed(config.sft.seed))
+    return build_datasets(
+        SFTDataset, loaded, tokenizer, config.data, add_bos=config.data.add_bos, add_eos=config.data.add_eos
+    )

@@ -103,22 +103,17 @@ def _datasets(config: Any, tokenizer: Any) -> tuple[Any, Any, int | None]:
 
         loader, validation = setup_data(config, tokenizer)
         return loader.dataset, validation, config.data.max_input_seq_length
-    from nemo_rl_clone.data import supervised
-
-    cls: type[Any]
     if hasattr(config, "sft"):
-        loaded = supervised.load_sft_dataset(config.data, seed=config.data.split_seed(config.sft.seed))
-        cls, kwargs = supervised.SFTDataset, {"add_bos": config.data.add_bos, "add_eos": config.data.add_eos}
-    elif hasattr(config, "dpo") or hasattr(config, "rm"):
-        from nemo_rl_clone.data.datasets.preference import load_preference_dataset
-        from nemo_rl_clone.data.supervised import PreferenceDataset
+        from nemo_rl_clone.algorithms.sft import sft_datasets
 
-        seed = config.data.split_seed((config.dpo if hasattr(config, "dpo") else config.rm).seed)
-        loaded, cls, kwargs = load_preference_dataset(config.data, seed=seed), PreferenceDataset, {}
+        train, validation = sft_datasets(config, tokenizer)
+    elif hasattr(config, "dpo") or hasattr(config, "rm"):
+        from nemo_rl_clone.algorithms.supervised.setup import preference_datasets
+
+        train, validation = preference_datasets(config, "dpo" if hasattr(config, "dpo") else "rm", tokenizer)
     else:
         return None, None, None
-    rows = supervised.build_datasets(cls, loaded, tokenizer, config.data, **kwargs)
-    return rows[0], rows[1], config.data.max_input_seq_length
+    return train, validation, config.data.max_input_seq_length
 
 
 def _chat_template(config: Any, tokenizer: Any, plan: Plan) -> None:

@@ -127,22 +127,24 @@ def build_supervised_run(
 
 def build_preference_run(config: Any, algorithm: PreferenceAlgorithm) -> SupervisedRun:
     """`build_supervised_run` on the preference dataset ``config.data`` names (DPO and RM share this)."""
-    from nemo_rl_clone.data.supervised import (
-        PreferenceDataset,
-        build_datasets,
-        load_preference_dataset,
-        preference_collate_fn,
-    )
+    from nemo_rl_clone.data.supervised import preference_collate_fn
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
-    loaded = load_preference_dataset(config.data, seed=config.data.split_seed(getattr(config, algorithm.section).seed))
-    train, val = build_datasets(PreferenceDataset, loaded, tokenizer, config.data)
+    train, val = preference_datasets(config, algorithm.section, tokenizer)
     collate = partial(
         preference_collate_fn,
         pad_token_id=tokenizer.pad_token_id,
         make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
     )
     return build_supervised_run(config, algorithm, tokenizer, train, val, collate)
+
+
+def preference_datasets(config: Any, section: str, tokenizer: Any) -> tuple[Any, Any]:
+    """(train, validation) preference datasets of ``config.data``, seeded by ``<section>.seed`` (DPO and RM)."""
+    from nemo_rl_clone.data.supervised import PreferenceDataset, build_datasets, load_preference_dataset
+
+    loaded = load_preference_dataset(config.data, seed=config.data.split_seed(getattr(config, section).seed))
+    return build_datasets(PreferenceDataset, loaded, tokenizer, config.data)
 
 
 def validation_batches(
