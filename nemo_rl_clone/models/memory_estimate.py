@@ -43,7 +43,6 @@ ACTIVATION_INTERMEDIATE_FACTOR = 4
 # 2026-11-25: policy worker 0.87 GB, engine 1.23 GB peak resident.
 POLICY_RUNTIME_BYTES = int(0.7e9)
 ENGINE_RUNTIME_BYTES = int(1.0e9)
-DEFAULT_LOGPROB_CHUNK = 1024  # token_logprob_head.DEFAULT_CHUNK_SIZE, without importing torch here
 
 PRECISION_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 COLUMNS = (
@@ -130,7 +129,9 @@ def policy_worker_memory(
         )
     activations = tokens * shape.num_layers * per_layer * compute_bytes
     if dtensor.logits_at_loss_tokens_only:
-        positions = min(int(tokens * loss_share), policy.logprob_chunk_size or DEFAULT_LOGPROB_CHUNK)
+        from nemo_rl_clone.models.policy.token_logprob_head import DEFAULT_CHUNK_SIZE
+
+        positions = min(int(tokens * loss_share), policy.logprob_chunk_size or DEFAULT_CHUNK_SIZE)
         logits = 2 * positions * shape.vocab_size * 4
     else:
         logits = 3 * tokens * shape.vocab_size * 4
