@@ -1,0 +1,30 @@
+#!/bin/bash
+# The GPU checks, on a machine with Python 3, torch (CUDA) and transformers but no Ray and no uv environment:
+# the worker-level `gpu` tests (DTensor and Megatron Core on CUDA, bf16 against fp32) and the ~0.5B training
+# throughput / MFU benchmark. Needs `.gpu_kit/` (made by tools/gpu_kit.py) in the repository root.
+#   bash tools/gpu_checks.sh OUT_DIR [extra benchmark arguments]
+# Writes OUT_DIR/{env.txt,gpu_tests.log,train_mfu.log}; exits non-zero if a test or the benchmark failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: bash tools/gpu_checks.sh OUT_DIR [benchmark arguments]}
+shift
+mkdir -p "$out"
+[ -d .gpu_kit/wheels ] || { echo "error: .gpu_kit/wheels missing: run tools/gpu_kit.py first" >&2; exit 2; }
+
+site=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .gpu_kit/wheels/*.whl || exit 2
+export PYTHONPATH="$site:$PWD" NRL_CACHE_DIR="$PWD/.gpu_kit/cache" PYTHONUNBUFFERED=1
+
+{
+  date -u +%Y-%m-%dT%H:%MZ
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)"
+} >"$out/env.txt" 2>&1
+cat "$out/env.txt"
+
+status=0
+python3 -m pytest -m gpu -v -p no:cacheprovider -o addopts="" \
+  tests/unit/test_dtensor_worker_cuda.py tests/unit/test_megatron_policy.py tests/unit/test_logger.py \
+  2>&1 | tee "$out/gpu_tests.log" || status=1
+python3 benchmarks/train_mfu.py "$@" 2>&1 | tee "$out/train_mfu.log" || status=1
+exit $status
