@@ -106,6 +106,18 @@ class ReferenceTrainer:
         return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
 
 
+def reference_run(model_path: str, batch: BatchedDataDict, steps: int) -> dict[str, Any]:
+    """The reference's initial logprobs, then ``steps`` steps on ``batch``: (loss, grad norm) and the state after
+    each."""
+    trainer = ReferenceTrainer(model_path)
+    initial_logprobs = hf_logprobs(trainer.model, batch)
+    losses, states = [], []
+    for _ in range(steps):
+        losses.append(trainer.step(batch))
+        states.append(trainer.state_dict())
+    return {"initial_logprobs": initial_logprobs, "steps": losses, "states": states}
+
+
 def max_state_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[name].float() - b[name].float()).abs().max().item() for name in a)

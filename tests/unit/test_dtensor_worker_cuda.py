@@ -16,7 +16,7 @@ import torch
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.config import SequencePackingConfig
-from tests.unit.policy_reference import LR, ReferenceTrainer, hf_logprobs, make_batch, max_state_diff, policy_config
+from tests.unit.policy_reference import LR, make_batch, max_state_diff, policy_config, reference_run
 from tests.unit.test_megatron_policy import spawn
 
 pytestmark = pytest.mark.gpu
@@ -61,13 +61,7 @@ def batch() -> BatchedDataDict:
 
 @pytest.fixture(scope="module")
 def reference(batch: BatchedDataDict) -> dict[str, Any]:
-    trainer = ReferenceTrainer(resolve_model_path(TINY_LLAMA))
-    initial_logprobs = hf_logprobs(trainer.model, batch)
-    steps, states = [], []
-    for _ in range(2):
-        steps.append(trainer.step(batch))
-        states.append(trainer.state_dict())
-    return {"initial_logprobs": initial_logprobs, "steps": steps, "states": states}
+    return reference_run(resolve_model_path(TINY_LLAMA), batch, steps=2)
 
 
 def on_gpu(batch: BatchedDataDict, **overrides: Any) -> dict[str, Any]:

@@ -32,11 +32,10 @@ from tests.unit.policy_reference import (
     LR,
     MAX_GRAD_NORM,
     TEXTS,
-    ReferenceTrainer,
-    hf_logprobs,
     make_batch,
     max_state_diff,
     policy_config,
+    reference_run,
 )
 
 
@@ -58,13 +57,7 @@ def batch(tokenizer: Any) -> BatchedDataDict:
 
 @pytest.fixture(scope="module")
 def reference(model_path: str, batch: BatchedDataDict) -> dict[str, Any]:
-    trainer = ReferenceTrainer(model_path)
-    initial_logprobs = hf_logprobs(trainer.model, batch)
-    steps, states = [], []
-    for _ in range(3):
-        steps.append(trainer.step(batch))
-        states.append(trainer.state_dict())
-    return {"initial_logprobs": initial_logprobs, "steps": steps, "states": states}
+    return reference_run(model_path, batch, steps=3)
 
 
 # ---------------------------------------------------------------------------- Ray scenarios
