@@ -4,13 +4,15 @@ old ones, in one invocation.
 Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, same prompts and seeds):
 - ``old``: full-sequence logits, i.e. every position projected onto the 49,152-wide vocabulary and log-softmaxed
   (``policy.dtensor_cfg.logits_at_loss_tokens_only=false``), and dynamic batching (length-sorted microbatches
-  padded to their longest sample) instead of sequence packing. The other old settings (fp32 policy and engine,
-  eager engine, uncompiled policy) are still the defaults, measured and kept: docs/grpo.md#step-time.
+  padded to their longest sample) instead of sequence packing, and an fp32 backward (the default is a bf16
+  backward under the fp32 forward where the CPU runs bf16 natively). The other old settings (fp32 forward and
+  engine, eager engine, uncompiled policy) are still the defaults, measured and kept: docs/grpo.md#step-time.
 - ``new``: the defaults.
 - ``dynamic`` (with ``--packing``): the defaults with dynamic batching in place of sequence packing (each
   microbatch's samples run as one row, no padding), same token budgets; ``train_padding_fraction`` shows what each
   computes in vain, and ``packing_ratio=<dynamic/new step time>`` what packing buys.
-- ``bf16_backward`` (with ``--bf16``): the defaults plus bf16 backward matmuls under the fp32 forward.
+- ``bf16_backward`` (with ``--bf16``): the defaults with the bf16 backward forced (``bfloat16``, not ``auto``): the
+  same as ``new`` on a CPU with native bf16, emulated and slower on one without.
 - ``bf16`` (with ``--bf16``): the defaults plus bf16 policy (FSDP2 mixed precision: bf16 compute, fp32 master weights
   and optimizer state, fp32 log-softmax), bf16 engine and eager attention. Faster on CPUs with native bf16, but the
   trainer-vs-engine logprob agreement (``token_mult_prob_error``) is reported beside it because it is worse.
