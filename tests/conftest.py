@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.machine_share"]  # two xdist workers sharing one machine safely
+
 # Logical CPUs of the test cluster: actors in tests idle most of the time, so a 2-core machine can host 8 slots.
 RAY_TEST_NUM_CPUS = 8
 # Temporary files one test may hold at its end: its own `tmp_path` plus its module's `module_tmp_path`.
@@ -91,7 +93,29 @@ def module_tmp_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+# Where the suite's time goes, printed at the end of every run (CI has a time budget: docs/testing.md).
+_PARTS = {
+    "container": ("tests/functional/test_container.py",),
+    "slurm and ray job submit": ("tests/functional/test_ray_sub.py", "tests/functional/test_ray_job_submit.py"),
+    "functional (other)": ("tests/functional/",),
+    "unit": ("tests/unit/",),
+}
+_part_seconds: dict[str, float] = dict.fromkeys(_PARTS, 0.0)
+
+
+def _part(nodeid: str) -> str:
+    return next((part for part, prefixes in _PARTS.items() if nodeid.startswith(prefixes)), "unit")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Under xdist the controller sees every worker's reports here: setup + call + teardown of each test.
+    _part_seconds[_part(report.nodeid)] += report.duration
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if sum(_part_seconds.values()) > 0:  # not after --collect-only
+        parts = ", ".join(f"{part} {seconds / 60:.1f} min" for part, seconds in _part_seconds.items())
+        terminalreporter.write_line(f"test time by part (summed over workers): {parts}")
     for used, nodeid in sorted(_peak_usage, reverse=True)[:5]:
         if used < 2**30 // 10:  # the largest users only: small ones are noise
             break

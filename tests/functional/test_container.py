@@ -24,7 +24,8 @@ import pytest
 from tests.functional.supervised_runs import REPO, assert_checkpoint, read_metrics
 from tools.podman_base_image import BASE_IMAGE, PODMAN_ULIMITS, PrerequisiteError, ensure, podman
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+# On the worker of the other "system" tests, one at a time (tests/machine_share.py); ~11 GB of disk for the build.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400), pytest.mark.xdist_group("system")]
 
 BUILD_TIMEOUT_S = 1800  # cold uv cache: ~5 GB of wheels to download
 RUN_TIMEOUT_S = 600

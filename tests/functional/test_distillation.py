@@ -11,7 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.functional.supervised_runs import read_metrics, run_entry_point
+
+# On the worker of the other "memory" tests, one at a time (tests/machine_share.py): SmolLM2 as the teacher.
+pytestmark = pytest.mark.xdist_group("memory")
 
 STEPS = 8
 

@@ -17,6 +17,7 @@ import pytest
 from tests.functional.supervised_runs import REPO, entry_point_args, read_metrics, run_entry_point
 
 
+@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_sliding_puzzle_smoke_plays_several_turns_with_exact_tokens(tmp_path: Path) -> None:
     run_entry_point("grpo_sliding_puzzle", tmp_path, config="grpo_sliding_puzzle_smoke.yaml")
     (run_dir,) = (tmp_path / "logs").iterdir()

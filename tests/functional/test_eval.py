@@ -110,6 +110,7 @@ def test_bad_config_and_unusable_models_fail_fast(tmp_path: Path) -> None:
     assert last.startswith(f"error: {reward_model} is a reward-model checkpoint") and "cannot generate" in last
 
 
+@pytest.mark.xdist_group("memory")  # SmolLM2 in an engine
 def test_local_file_with_a_real_model(ray_local, tmp_path: Path) -> None:
     samples = tmp_path / "samples.jsonl"
     overrides = local_file_overrides(

@@ -107,6 +107,7 @@ def test_smoke_run(tmp_path, colocated):
 LEARNING_MODEL = ("policy.model_name=SmolLM2-135M-Instruct", "policy.generation.max_new_tokens=24")
 
 
+@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     """NeMo-RL's default loss path: the PPO ratio against logprobs of the pre-update policy, a reference-model KL term.
 
@@ -154,6 +155,7 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     assert "accuracy" in json.loads((ckpt / "step_2" / "training_info.json").read_text())["val"]
 
 
+@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_lora_run_refits_merged_weights_against_the_base_reference(tmp_path):
     """GRPO with LoRA (policy.dtensor_cfg.lora_cfg): the engine generates with the merged weights (the logprob gate
     holds after updates), the KL term is measured against the base model, and checkpoints hold only adapters."""
@@ -179,6 +181,7 @@ def test_lora_run_refits_merged_weights_against_the_base_reference(tmp_path):
     assert saved and all(".lora_A." in name or ".lora_B." in name for name in saved)
 
 
+@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_dynamic_sampling_trains_on_groups_with_reward_variance(tmp_path):
     group_size, groups, max_batches = 4, 2, 10
     run_grpo(
@@ -218,6 +221,7 @@ def final_weights(workdir: Path, step: int) -> dict[str, torch.Tensor]:
     return load_dcp_model_state_dict(workdir / "ckpt" / f"step_{step}" / "policy" / "weights")
 
 
+@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     """10 steps straight vs 5 steps, SIGKILL of the driver, restart, 5 more: same rewards, losses, final weights."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

@@ -64,6 +64,7 @@ def test_grpo_smoke_on_megatron(tmp_path, colocated):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_grpo_on_megatron_resumes_exactly(tmp_path):
     """SmolLM2 (non-zero rewards and updates): 4 steps straight equal 2 steps + restart + 2 steps."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

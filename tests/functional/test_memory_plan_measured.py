@@ -14,6 +14,9 @@ from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.utils.config import load_validated_config
 from tests.functional.supervised_runs import REPO, read_metrics, run_dirs, run_entry_point
 
+# On the worker of the other "memory" tests, one at a time (tests/machine_share.py): the main job's model, ~12 GB.
+pytestmark = pytest.mark.xdist_group("memory")
+
 TOLERANCE = 0.25
 METRIC = {
     "policy worker": "memory/policy_worker_peak_rss_gb",

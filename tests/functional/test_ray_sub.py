@@ -27,6 +27,9 @@ import pytest
 
 from tests.functional.supervised_runs import REPO, assert_checkpoint
 
+# On the worker of the other "system" tests, one at a time (tests/machine_share.py): installs Slurm and munge, starts their daemons.
+pytestmark = pytest.mark.xdist_group("system")
+
 RAY_SUB = REPO / "ray.sub"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 GRPO = "uv run --no-sync examples/run_grpo_math.py --config configs/grpo_smoke.yaml"

@@ -26,7 +26,8 @@ from nemo_rl_clone.viewer.server import serving_in_background
 from tests.functional.supervised_runs import REPO, run_dirs, run_entry_point
 from tools.podman_base_image import PrerequisiteError, install_packages
 
-pytestmark = pytest.mark.slow
+# On the worker of the other "system" tests, one at a time (tests/machine_share.py): installs Chromium.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("system")]
 
 PLOT_TITLES = {
     "reward",

@@ -25,6 +25,9 @@ import pytest
 from nemo_rl_clone.algorithms.run.state import SAVE_PAUSE_ENV
 from tests.functional.supervised_runs import REPO, assert_checkpoint
 
+# Runs alone (tests/machine_share.py): checks that all of /dev/shm is as before; exit bounds of 10 s.
+pytestmark = pytest.mark.serial
+
 CTRL_C_BOUND_S = 10.0
 SIGTERM_BOUND_S = 60.0  # the default checkpointing.sigterm_grace_period_s
 SAVE_PAUSED = "checkpoint save paused"

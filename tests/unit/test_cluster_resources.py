@@ -111,6 +111,7 @@ def _config(gpus_per_node: int, num_nodes: int) -> SimpleNamespace:
     return SimpleNamespace(cluster=ClusterConfig(gpus_per_node=gpus_per_node, num_nodes=num_nodes))
 
 
+@pytest.mark.serial  # its Cluster is where other ray.init() calls would attach
 def test_preflight_checks_cluster_against_the_attached_cluster(attached_two_node_cluster):
     preflight(_config(gpus_per_node=2, num_nodes=2))  # attaches; 2 nodes of 2 CPUs hold it
     assert ray.is_initialized()

@@ -21,6 +21,15 @@ NOT_APPEND_ONLY = (
 )
 
 
+@pytest.fixture(autouse=True)
+def _ray_not_started() -> None:
+    """Each case starts with this process disconnected from Ray (an earlier module on this worker may have connected
+    it), so that the checks that a dry run starts no Ray, and looks at this machine, mean what they say."""
+    import ray
+
+    ray.shutdown()
+
+
 def entry_point(name: str):
     sys.path.insert(0, str(REPO / "examples"))  # run_grpo.py imports run_grpo_math as its sibling
     spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")

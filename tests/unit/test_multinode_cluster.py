@@ -17,6 +17,9 @@ from nemo_rl_clone.distributed.worker_groups import RayWorkerBuilder, RayWorkerG
 from tests.conftest import attached_ray_cluster
 from tests.unit.ray_test_actors import MODULE
 
+# Runs alone (tests/machine_share.py): its ray.cluster_utils.Cluster is where any other ray.init() here would attach.
+pytestmark = pytest.mark.serial
+
 ECHO = f"{MODULE}.RankEchoActor"
 KEYS = ["RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR"]
 

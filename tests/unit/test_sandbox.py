@@ -23,7 +23,11 @@ from nemo_rl_clone.environments.sandbox import (
     run_in_sandbox,
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the code sandbox needs root (CI runs as root)")
+# Runs alone (tests/machine_share.py): wall-clock bounds, and a fork bomb beside another test.
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the code sandbox needs root (CI runs as root)"),
+    pytest.mark.serial,
+]
 
 LIMITS = SandboxLimits(wall_s=10.0, cpu_s=2, memory_mb=256, max_processes=8, max_output_bytes=4096)
 REPO = Path(__file__).resolve().parents[2]

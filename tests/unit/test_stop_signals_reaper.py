@@ -14,6 +14,9 @@ import pytest
 
 from nemo_rl_clone.utils.signals import RunInterrupted, StopRequested, at_phase, handle_stop_signals
 
+# Runs alone (tests/machine_share.py): the reaper must act within a window of about 2 s.
+pytestmark = pytest.mark.serial
+
 
 def test_sigterm_stops_at_the_next_phase_and_ctrl_c_at_once():
     phases: list[tuple[int, str]] = []

@@ -100,7 +100,8 @@ def test_losses_and_gradients_equal_the_full_logits_path(loss_name: str) -> None
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     assert got_metrics.keys() == expected_metrics.keys()
     for key, value in expected_metrics.items():
-        assert got_metrics[key] == pytest.approx(value, abs=1e-5), key
+        # fp32 sums: relative noise for large metrics (policy_kl_error ~50 differed by 1.1e-5 on an AMD EPYC).
+        assert got_metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-5), key
     for (name, param), (_, reference) in zip(model.named_parameters(), full_model.named_parameters(), strict=True):
         torch.testing.assert_close(param.grad, reference.grad, atol=1e-5, rtol=1e-4, msg=name)
 

@@ -130,6 +130,7 @@ def test_nemo_rl_style_cluster_ports_constraints_and_builder_call(ray_local):
         assert cluster.shutdown() is True
 
 
+@pytest.mark.serial  # needs fixed ports free
 def test_port_range_is_never_handed_out_twice(ray_local):
     cluster = RayVirtualCluster([1], use_gpus=False, port_range_low=20200, port_range_high=20203)
     try:

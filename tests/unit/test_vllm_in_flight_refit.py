@@ -21,7 +21,14 @@ from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
 from tests.unit.test_vllm_refit import engine_vs_reference_gap
 from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, prompt_batch, tiny_config
 
-NEW_TOKENS = 288  # a batch long enough (~3 s) that a refit issued at a third of it lands well inside it
+# Runs alone (tests/machine_share.py): times a refit against the previous batch's duration.
+pytestmark = pytest.mark.serial
+
+NEW_TOKENS = 288
+# 128 rows × 288 tokens: a batch long enough (~6.5 s on a 2-core EPYC) that a refit issued at a third of it lands
+# before its last quarter even when the refit is slow (1.7 s measured on a busy machine, against a 2.4 s batch of 32
+# rows that it then missed).
+ROWS_PER_PROMPT = 32
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,7 @@ def test_weights_load_between_steps_of_the_batch_in_flight(cluster: RayVirtualCl
     try:
         prepare_refit(trainer, generation)
         init_refit_collective(trainer, generation, cluster, timeout_s=60.0)
-        data = prompt_batch(tokenizer, PROMPTS * 8)
+        data = prompt_batch(tokenizer, PROMPTS * ROWS_PER_PROMPT)
         generation.generate(data, greedy=True)  # warm-up: the first batch runs several times slower
         start = time.monotonic()
         old = generation.generate(data, greedy=True)  # the initial weights, start to end
