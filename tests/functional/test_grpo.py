@@ -223,7 +223,8 @@ def final_weights(workdir: Path, step: int) -> dict[str, torch.Tensor]:
 
 @pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
-    """10 steps straight vs 5 steps, SIGKILL of the driver, restart, 5 more: same rewards, losses, final weights."""
+    """4 steps straight vs 2 steps, SIGKILL of the driver, restart, 2 more: same rewards, losses, final weights."""
+    steps, cut = 4, 2
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir(), resumed.mkdir()
     common = (
@@ -232,41 +233,41 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
         "grpo.num_generations_per_prompt=4",
         "policy.train_global_batch_size=4",
         "policy.logprob_batch_size=4",
-        "grpo.max_num_steps=10",
-        "grpo.val_period=10",
-        "checkpointing.save_period=5",
-        "checkpointing.keep_top_k=1",  # step_5 goes once step_10 is saved: 1.7 GB each, and CI's disk is small
+        f"grpo.max_num_steps={steps}",
+        f"grpo.val_period={steps}",
+        f"checkpointing.save_period={cut}",
+        "checkpointing.keep_top_k=1",  # the cut's checkpoint goes once the last is saved: 1.7 GB each, CI's disk is small
     )
     run_grpo(straight, *common)
 
     killed = start_grpo(resumed, *common)
     try:
-        killed.wait_for_line("step 5: saved checkpoint", timeout_s=540)  # printed once step_5 is complete
+        killed.wait_for_line(f"step {cut}: saved checkpoint", timeout_s=540)  # printed once the save is complete
     finally:
         killed.kill()
-    assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == ["step_5"]
-    initial = final_weights(resumed, 5)  # read now: keep_top_k=1 removes it once step_10 is saved
+    assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == [f"step_{cut}"]
+    initial = final_weights(resumed, cut)  # read now: keep_top_k=1 removes it once the last step is saved
     proc = run_grpo(resumed, *common)
-    assert "Resuming from checkpoint" in proc.stdout and "step_5 (step 5)" in proc.stdout
+    assert "Resuming from checkpoint" in proc.stdout and f"step_{cut} (step {cut})" in proc.stdout
 
     expected = read_metrics(run_dirs(straight)[0])
     first, second = (read_metrics(d) for d in run_dirs(resumed))
-    assert sorted(s for s in second if "train/loss" in second[s]) == [6, 7, 8, 9, 10]  # continued at step 6
+    assert sorted(s for s in second if "train/loss" in second[s]) == list(range(cut + 1, steps + 1))  # continued
     got = {**{s: m for s, m in first.items() if "train/loss" in m}, **second}
-    assert set(range(1, 5)) <= set(got)  # step 5 may have been killed before its metrics were logged
+    assert set(range(1, cut)) <= set(got)  # the cut's step may have been killed before its metrics were logged
     # The comparison means something only if the policy really learned from non-zero advantages.
-    assert any(expected[s]["train/grad_norm"] > 0 for s in range(1, 11)), expected
+    assert any(expected[s]["train/grad_norm"] > 0 for s in range(1, steps + 1)), expected
     for step in sorted(got):
         # Identical samples (seeded per step and row) and restored weights/optimizer: rewards match exactly,
         # losses to fp32 summation noise.
         assert got[step]["train/reward"] == expected[step]["train/reward"], step
         assert got[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], abs=1e-6), step
         assert got[step]["train/grad_norm"] == pytest.approx(expected[step]["train/grad_norm"], rel=1e-4), step
-    assert expected[10]["validation/accuracy"] == second[10]["validation/accuracy"]
-    weights, reference = final_weights(resumed, 10), final_weights(straight, 10)
+    assert expected[steps]["validation/accuracy"] == second[steps]["validation/accuracy"]
+    weights, reference = final_weights(resumed, steps), final_weights(straight, steps)
     assert weights.keys() == reference.keys()
-    # Steps 6-10 changed the weights (by their gradients or Adam's momentum), so equal weights need the optimizer
-    # state restored too.
+    # The steps after the cut changed the weights (by their gradients or Adam's momentum), so equal weights need the
+    # optimizer state restored too.
     assert any(not torch.equal(reference[k], initial[k]) for k in reference)
     for name, tensor in weights.items():
         torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)

@@ -17,6 +17,9 @@ from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.viewer.run_logs import find_run
 from nemo_rl_clone.viewer.server import ViewerServer, serving_in_background
 
+# Runs alone (tests/machine_share.py): its Ctrl-C exit (30 s bound) timed out once beside a busy neighbour.
+pytestmark = pytest.mark.serial
+
 REPO = Path(__file__).resolve().parents[2]
 
 TOKEN_ROW = {

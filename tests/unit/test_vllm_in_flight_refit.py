@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import ray
 
 from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
@@ -55,6 +56,11 @@ def test_weights_load_between_steps_of_the_batch_in_flight(cluster: RayVirtualCl
     try:
         prepare_refit(trainer, generation)
         init_refit_collective(trainer, generation, cluster, timeout_s=60.0)
+        # Warm-up refit (other weights: seed 2): the collective's first broadcast sets up its connections, which
+        # must not be what the in-flight refit below waits on.
+        ray.get(trainer.actor.set_seed.remote(2))
+        refit_policy_generation(trainer, generation, colocated=False)
+        ray.get(trainer.actor.set_seed.remote(1))
         data = prompt_batch(tokenizer, PROMPTS * ROWS_PER_PROMPT)
         generation.generate(data, greedy=True)  # warm-up: the first batch runs several times slower
         start = time.monotonic()
