@@ -22,6 +22,9 @@ from nemo_rl_clone.distributed.virtual_cluster import (
 from nemo_rl_clone.utils.errors import UserInputError
 from tests.conftest import attached_ray_cluster
 
+# Runs alone (tests/machine_share.py): its module's ray.cluster_utils.Cluster, alive until the module ends, is where any other ray.init() here would attach.
+pytestmark = pytest.mark.serial
+
 WHERE = "the Ray cluster at 10.0.0.1:6379"
 GPU_NODE = NodeResources(cpus=32, gpus=8)
 CPU_NODE = NodeResources(cpus=4, gpus=0)
@@ -111,7 +114,6 @@ def _config(gpus_per_node: int, num_nodes: int) -> SimpleNamespace:
     return SimpleNamespace(cluster=ClusterConfig(gpus_per_node=gpus_per_node, num_nodes=num_nodes))
 
 
-@pytest.mark.serial  # its Cluster is where other ray.init() calls would attach
 def test_preflight_checks_cluster_against_the_attached_cluster(attached_two_node_cluster):
     preflight(_config(gpus_per_node=2, num_nodes=2))  # attaches; 2 nodes of 2 CPUs hold it
     assert ray.is_initialized()
