@@ -105,6 +105,9 @@ class VllmGenerationWorker:
         self.stepwise = weight_updates_during_generation
         self._engine_turn = threading.Condition()  # one engine step or one weight load at a time
         self._loads_waiting = 0
+        # Guards only the counter: a load announces itself without the engine's lock, which the step loop of a batch
+        # in flight releases and takes back at once (Python's locks are not fair: the load would wait for the end).
+        self._loads_lock = threading.Lock()
         self._prefix_cache_stale = False
         self.in_flight_loads = 0  # weight loads that landed while requests were running
 
@@ -146,14 +149,15 @@ class VllmGenerationWorker:
     @contextmanager
     def _load_turn(self) -> Iterator[None]:
         """The engine between two steps of a batch in flight (at once when none is)."""
-        with self._engine_turn:
-            self._loads_waiting += 1
+        with self._loads_lock:
+            self._loads_waiting += 1  # the step loop sees it before its next step and lets this load go first
         try:
             with self._engine_turn:
                 yield
         finally:
             with self._engine_turn:
-                self._loads_waiting -= 1
+                with self._loads_lock:
+                    self._loads_waiting -= 1
                 self._engine_turn.notify_all()
 
     def take_phase_stats(self) -> engine_io.PhaseStats:
