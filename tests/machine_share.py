@@ -34,31 +34,31 @@ from typing import Any
 import pytest
 
 SERIAL = "serial"
-_dir_key = pytest.StashKey[Path]()
-
-
-_DIR_KEY = "machine_share_dir"  # the run's folder: the workers' locks and their group table
+# The run's folder (the workers' locks and their group table): the controller keeps it in its stash and hands it to
+# each worker under this workerinput key.
+_RUN_DIR = pytest.StashKey[Path]()
+_RUN_DIR_INPUT = "machine_share_dir"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{SERIAL}: runs alone on the machine (tests/machine_share.py)")
     if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
-        config.stash[_dir_key] = Path(tempfile.mkdtemp(prefix="nrl-tests-"))  # the xdist controller
+        config.stash[_RUN_DIR] = Path(tempfile.mkdtemp(prefix="nrl-tests-"))  # the xdist controller
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _dir_key in config.stash:
-        shutil.rmtree(config.stash[_dir_key], ignore_errors=True)
+    if _RUN_DIR in config.stash:
+        shutil.rmtree(config.stash[_RUN_DIR], ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    node.workerinput[_DIR_KEY] = str(node.config.stash[_dir_key])
+    node.workerinput[_RUN_DIR_INPUT] = str(node.config.stash[_RUN_DIR])
 
 
 def _shared_dir(config: pytest.Config) -> Path | None:
     workerinput = getattr(config, "workerinput", None)
-    return Path(workerinput[_DIR_KEY]) if workerinput and _DIR_KEY in workerinput else None
+    return Path(workerinput[_RUN_DIR_INPUT]) if workerinput and _RUN_DIR_INPUT in workerinput else None
 
 
 def _module(item: pytest.Item) -> str:
@@ -84,7 +84,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Scheduling units: an xdist group, or else a module (a module fixture then starts on one worker only)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    table = config.stash[_dir_key] / "groups.json"
+    table = config.stash[_RUN_DIR] / "groups.json"
 
     class ModuleOrGroupScheduling(LoadScopeScheduling):
         groups: dict[str, str] | None = None
