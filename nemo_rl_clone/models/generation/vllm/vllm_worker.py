@@ -87,6 +87,11 @@ class VllmGenerationWorker:
         self.on_gpu = torch.cuda.is_available()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.update(engine_io.engine_env(config))
+        if config.vllm_cfg.enforce_eager:
+            # Eager means no torch.compile in this process at all: vLLM still compiles two small sampler helpers
+            # (the sampled token's rank, random sampling) with inductor, a C++ build of 8-15 s on a CPU at the first
+            # generate of every engine. Eager, they give the same numbers.
+            torch._dynamo.config.disable = True
         from vllm import LLM
 
         self.llm: Any = LLM(
