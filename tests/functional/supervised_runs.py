@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,6 +108,24 @@ class LiveRun:
         self.proc.wait(timeout=60)
         _, alive = psutil.wait_procs(doomed, timeout=60)
         assert not alive, f"processes of the killed run still alive: {alive}"
+
+
+def run_keeping_checkpoint(
+    algorithm: str, workdir: Path, step: int, keep_as: Path, *overrides: str, config: str | None = None
+) -> list[str]:
+    """Run `entry_point_args` to the end (exit code 0) and keep its ``step_{step}`` checkpoint as ``keep_as`` the
+    moment it is saved (hard links: no copy, and ``keep_top_k`` may remove the original later), so that a resume test
+    restarts from the middle of this run instead of running the first part again. Returns the run's output lines."""
+    run = LiveRun(entry_point_args(algorithm, workdir, *overrides, config=config), workdir)
+    try:
+        run.wait_for_line(f"step {step}: saved checkpoint", timeout_s=600)  # printed once the save is complete
+        shutil.copytree(workdir / "ckpt" / f"step_{step}", keep_as, copy_function=os.link)
+        code = run.wait_for_exit(timeout_s=600)
+    except BaseException:
+        run.kill()
+        raise
+    assert code == 0, "".join(run.lines[-60:])
+    return run.lines
 
 
 def read_metrics(log_dir: Path) -> dict[int, dict[str, float]]:

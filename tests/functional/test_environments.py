@@ -135,45 +135,6 @@ def test_code_environment_smoke_runs_responses_in_the_sandbox(tmp_path: Path) ->
     assert "validation/accuracy" in metrics[2]
 
 
-def test_grpo_against_a_reward_model_trained_by_run_rm(tmp_path: Path) -> None:
-    """run_rm.py trains a reward model (tiny random Llama, 2 steps); GRPO is scored by it in its own actor, and every
-    logged reward is the reward model's score of that sample's text."""
-    rm_dir, grpo_dir = tmp_path / "rm", tmp_path / "grpo"
-    rm_dir.mkdir()
-    grpo_dir.mkdir()
-    run_entry_point("rm", rm_dir)
-    checkpoint = rm_dir / "ckpt"
-    run_entry_point(
-        "grpo_math",
-        grpo_dir,
-        f"env.reward_model.checkpoint_path={checkpoint}",
-        config="grpo_reward_model_smoke.yaml",
-    )
-    (run_dir,) = (grpo_dir / "logs").iterdir()
-    metrics = read_metrics(run_dir)
-    for step in (1, 2):
-        assert metrics[step]["train/rollout/env/reward_model/num_scored"] == 8, metrics[step]
-        assert metrics[step]["train/rollout/env/reward_model/truncated"] == 0
-    assert "validation/mean_reward" in metrics[2]
-
-    # Score the logged samples again in this process with the latest step's weights: the same numbers.
-    from nemo_rl_clone.environments.config import RewardModelEnvConfig
-    from nemo_rl_clone.environments.reward_model_environment import RewardModelEnvironment
-
-    scorer = RewardModelEnvironment(RewardModelEnvConfig(checkpoint_path=str(checkpoint), max_model_len=256))
-    samples = [json.loads(line) for line in (run_dir / "train_data_step1.jsonl").read_text().splitlines()]
-    texts = [
-        scorer.conversation_text(
-            [{"role": "user", "content": s["prompt"]}, {"role": "assistant", "content": s["response"]}]
-        )
-        for s in samples
-    ]
-    rescored = scorer.score_texts(texts).tolist()
-    logged = [s["reward"] for s in samples]
-    assert logged == pytest.approx(rescored, abs=1e-4)
-    assert len({round(r, 4) for r in logged}) > 1  # graded scores, not a constant
-
-
 def test_tool_use_smoke_scores_every_episode(tmp_path: Path) -> None:
     run_entry_point("grpo_math", tmp_path, config="grpo_tool_use_smoke.yaml")
     (run_dir,) = (tmp_path / "logs").iterdir()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.run.state import SAVE_PAUSE_ENV
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA
@@ -25,6 +26,7 @@ from tests.functional.supervised_runs import (
     run_entry_point,
     small_llama,
 )
+from tests.functional.test_memory_plan_measured import assert_memory_plan_holds
 
 
 def run_grpo(tmp_path: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -74,22 +76,49 @@ def check_profile_metrics(metrics: dict[int, dict[str, float]], steps: int) -> N
         assert "performance/train_fp_utilization" not in m  # no known peak on CPU
 
 
+# NeMo-RL v0.7.0 keys the non-colocated smoke run also carries: validation only at the end, the per-sequence
+# logprob-error mask (which masks nothing when trainer and engine agree), advantage clipping, the k2 KL estimator.
+NEMO_RL_V07_KEYS = (
+    "grpo.val_period=0",
+    "++grpo.val_at_end=true",
+    "++grpo.seq_logprob_error_threshold=1.5",
+    "++grpo.advantage_clip_low=-0.5",
+    "++grpo.advantage_clip_high=0.5",
+    "++loss_fn.reference_policy_kl_type=k2",
+)
+
+
 @pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
 def test_smoke_run(tmp_path, colocated):
-    overrides = (
-        []
-        if colocated
-        else [
-            "policy.generation.colocated.enabled=false",
-            "policy.generation.colocated.resources.gpus_per_node=1",
-            "policy.generation.colocated.resources.num_nodes=1",
-        ]
-    )
-    proc = run_grpo(tmp_path, *overrides, "logger.num_val_samples_to_print=2")
+    """Metrics, printed validation samples, logged rows and checkpoints of the smoke config, colocated and not; the
+    colocated run also checks the dry run's memory plan against its measured peaks, the other NeMo-RL v0.7.0 keys."""
+    overrides = [
+        "logger.num_val_samples_to_print=2",
+        *(
+            []
+            if colocated
+            else [
+                "policy.generation.colocated.enabled=false",
+                "policy.generation.colocated.resources.gpus_per_node=1",
+                "policy.generation.colocated.resources.num_nodes=1",
+                *NEMO_RL_V07_KEYS,
+            ]
+        ),
+    ]
+    proc = run_grpo(tmp_path, *overrides)
     (run_dir,) = (tmp_path / "logs").iterdir()
     metrics = read_metrics(run_dir)
     check_smoke_metrics(metrics, steps=2)
     check_profile_metrics(metrics, steps=2)
+    if colocated:
+        assert_memory_plan_holds(metrics, "grpo_smoke.yaml", overrides, GRPOMasterConfig)
+    else:
+        assert "validation/accuracy" not in metrics[1]  # val_period 0: validation only at the end
+        for step in (1, 2):
+            m = metrics[step]
+            assert m["train/num_masked_seqs_by_logprob_error"] == 0
+            assert -0.5 <= m["train/advantages/min"] <= m["train/advantages/max"] <= 0.5
+            assert m["train/num_valid_samples"] > 0
     # Validation (step 2) prints 2 samples: a header with the reward, then the prompt and the response.
     lines = proc.stdout.splitlines()
     headers = [i for i, line in enumerate(lines) if line.startswith("step 2: validation sample ")]
@@ -304,26 +333,3 @@ def test_sigkill_during_checkpoint_then_resume(tmp_path):
     proc = run_grpo(tmp_path, "grpo.max_num_steps=3")
     assert "Resuming from checkpoint" in proc.stdout and "step_1 (step 1)" in proc.stdout
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_1", "step_2", "step_3"]
-
-
-def test_nemo_rl_v07_grpo_keys(tmp_path):
-    """NeMo-RL v0.7.0 keys in a real run: validation only at the end, the per-sequence logprob-error mask (which
-    masks nothing when trainer and engine agree), advantage clipping and the k2 KL estimator."""
-    run_grpo(
-        tmp_path,
-        "grpo.val_period=0",
-        "++grpo.val_at_end=true",
-        "++grpo.seq_logprob_error_threshold=1.5",
-        "++grpo.advantage_clip_low=-0.5",
-        "++grpo.advantage_clip_high=0.5",
-        "++loss_fn.reference_policy_kl_type=k2",
-        "checkpointing.enabled=false",
-    )
-    (run_dir,) = (tmp_path / "logs").iterdir()
-    metrics = read_metrics(run_dir)
-    assert "validation/accuracy" not in metrics[1] and "validation/accuracy" in metrics[2]
-    for step in (1, 2):
-        m = metrics[step]
-        assert m["train/num_masked_seqs_by_logprob_error"] == 0
-        assert -0.5 <= m["train/advantages/min"] <= m["train/advantages/max"] <= 0.5
-        assert m["train/num_valid_samples"] > 0

@@ -21,6 +21,7 @@ from tests.functional.supervised_runs import (
     run_cut_and_resumed,
     run_dirs,
     run_entry_point,
+    run_keeping_checkpoint,
 )
 from tests.functional.test_grpo import LEARNING_MODEL, check_smoke_metrics
 from tests.functional.test_sft import fixed_set_overrides
@@ -66,7 +67,7 @@ def test_grpo_smoke_on_megatron(tmp_path, colocated):
 @pytest.mark.slow
 @pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_grpo_on_megatron_resumes_exactly(tmp_path):
-    """SmolLM2 (non-zero rewards and updates): 4 steps straight equal 2 steps + restart + 2 steps."""
+    """SmolLM2 (non-zero rewards and updates): 4 steps straight equal a restart from its step-2 checkpoint + 2 steps."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir(), resumed.mkdir()
     common = (
@@ -79,15 +80,25 @@ def test_grpo_on_megatron_resumes_exactly(tmp_path):
         "checkpointing.save_period=2",
         "checkpointing.keep_top_k=1",  # SmolLM2's Megatron checkpoints are ~2 GB each and CI's disk is small
     )
-    run_grpo_megatron(straight, *common, "grpo.max_num_steps=4")
+    # The restart resumes from the straight run's own step-2 checkpoint (kept the moment it was saved).
+    run_keeping_checkpoint(
+        "grpo_math",
+        straight,
+        2,
+        resumed / "ckpt" / "step_2",
+        *common,
+        "grpo.max_num_steps=4",
+        config="grpo_smoke_megatron.yaml",
+    )
     shutil.rmtree(straight / "ckpt")  # only its metrics are compared
-    run_grpo_megatron(resumed, *common, "grpo.max_num_steps=2")
     proc = run_grpo_megatron(resumed, *common, "grpo.max_num_steps=4")
     assert "Resuming from checkpoint" in proc.stdout and "step_2 (step 2)" in proc.stdout
     (straight_dir,) = run_dirs(straight)
     expected = read_metrics(straight_dir)
-    first, second = (read_metrics(d) for d in run_dirs(resumed))
-    got = {**first, **second}
+    (resumed_dir,) = run_dirs(resumed)
+    second = read_metrics(resumed_dir)
+    assert sorted(s for s in second if "train/loss" in second[s]) == [3, 4]  # the restart continued at step 3
+    got = {**{s: m for s, m in expected.items() if s <= 2}, **second}
     assert any(expected[step]["train/grad_norm"] > 0 for step in range(1, 5))  # some step really trained
     for step in range(1, 5):
         assert 1.0 <= got[step]["train/token_mult_prob_error"] <= 1.01, (step, got[step])

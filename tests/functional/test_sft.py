@@ -1,9 +1,9 @@
 """SFT end to end on CPU (real Ray, FSDP2, `datasets`): `configs/sft_smoke.yaml` through `examples/run_sft.py`.
 
 A tiny random model trains on 8 short conversations in the OpenAI-messages JSONL format, one global batch of all 8
-per step: the training loss must fall, 2 steps + restart + 2 steps must equal 4 uninterrupted steps, and the
-smoke config's packed microbatches must train exactly as padded ones, and so must sequences split over 2
-context-parallel workers. The same with LoRA, plus its exports.
+per step: the training loss must fall, a restart from the run's step-2 checkpoint must continue exactly as the
+run did, and the smoke config's packed microbatches must train exactly as padded ones, and so must sequences split
+over 2 context-parallel workers. The same with LoRA, plus its exports.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tests.functional.supervised_runs import (
     read_metrics,
     run_dirs,
     run_entry_point,
+    run_keeping_checkpoint,
     write_jsonl,
 )
 
@@ -59,8 +60,18 @@ def test_sft_learns_writes_metrics_and_resumes_exactly(tmp_path):
     straight.mkdir(), resumed.mkdir()
     data = fixed_set_overrides(tmp_path)
 
-    run_entry_point(
-        "sft", straight, *data, "sft.max_num_steps=10", "sft.val_at_start=true", "checkpointing.enabled=false"
+    # The restart below resumes from this run's own step-2 checkpoint, kept the moment it is saved.
+    run_keeping_checkpoint(
+        "sft",
+        straight,
+        2,
+        resumed / "ckpt" / "step_2",
+        *data,
+        "sft.max_num_steps=10",
+        "sft.val_at_start=true",
+        "checkpointing.save_period=2",
+        "checkpointing.keep_top_k=1",
+        "checkpointing.metric_name=null",  # keep the newest
     )
     (straight_dir,) = run_dirs(straight)
     expected = read_metrics(straight_dir)
@@ -95,19 +106,18 @@ def test_sft_learns_writes_metrics_and_resumes_exactly(tmp_path):
     ]
     assert_trains_alike("sft", tmp_path / "context_parallel", padded, *data, *cp)
 
-    run_entry_point("sft", resumed, *data, "sft.max_num_steps=2")
-    assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == ["step_1", "step_2"]
+    # keep_top_k=1: only the last checkpoint stays (the one kept for the restart is a hard-linked copy).
+    assert sorted(p.name for p in (straight / "ckpt").iterdir()) == ["step_10"]
     assert_checkpoint(resumed / "ckpt" / "step_2")
     proc = run_entry_point("sft", resumed, *data, "sft.max_num_steps=4")
     assert "Resuming from checkpoint" in proc.stdout and "step_2 (step 2)" in proc.stdout
     # The progress bar's phase lines, and the bar itself (printed once at the end when not on a terminal).
     assert "step 3: training" in proc.stdout and "step 4: checkpoint" in proc.stdout
     assert "SFT step 4: done" in proc.stdout and "4/4" in proc.stdout
-    first, second = (read_metrics(d) for d in run_dirs(resumed))
-    assert sorted(s for s in first if "train/loss" in first[s]) == [1, 2]
-    assert sorted(s for s in second if "train/loss" in second[s]) == [3, 4]  # the restart continued at step 3
-    got = {**first, **second}
-    for step in range(1, 5):
+    (resumed_dir,) = run_dirs(resumed)
+    got = read_metrics(resumed_dir)
+    assert sorted(s for s in got if "train/loss" in got[s]) == [3, 4]  # the restart continued at step 3
+    for step in (3, 4):
         # Restored weights, optimizer, scheduler, loader position and RNG: the same losses to fp32 noise.
         assert got[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], abs=1e-5), step
         assert got[step]["train/grad_norm"] == pytest.approx(expected[step]["train/grad_norm"], rel=1e-4), step
@@ -135,20 +145,20 @@ def test_sft_lora_learns_resumes_and_exports(tmp_path):
         "policy.dtensor_cfg.lora_cfg.enabled=true",
         "policy.optimizer.kwargs.lr=2e-2",
     ]
-    run_entry_point("sft", straight, *data, "sft.max_num_steps=4", "checkpointing.enabled=false")
+    step_dir = resumed / "ckpt" / "step_2"
+    run_keeping_checkpoint("sft", straight, 2, step_dir, *data, "sft.max_num_steps=4")
     expected = read_metrics(run_dirs(straight)[0])
     losses = [expected[step]["train/loss"] for step in range(1, 5)]
     assert losses[-1] < losses[0] - 0.5, losses
 
-    run_entry_point("sft", resumed, *data, "sft.max_num_steps=2")
-    step_dir = resumed / "ckpt" / "step_2"
     assert_checkpoint(step_dir)
     adapters = load_dcp_model_state_dict(step_dir / "policy" / "weights")
     assert len(adapters) == 2 * 2 * 7 and all(is_adapter_key(name) for name in adapters)  # A and B, 14 layers
     run_entry_point("sft", resumed, *data, "sft.max_num_steps=4")
-    first, second = (read_metrics(d) for d in run_dirs(resumed))
-    got = {**first, **second}
-    for step in range(1, 5):
+    (resumed_dir,) = run_dirs(resumed)
+    got = read_metrics(resumed_dir)
+    assert sorted(s for s in got if "train/loss" in got[s]) == [3, 4]
+    for step in (3, 4):
         assert got[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], abs=1e-5), step
         assert got[step]["train/grad_norm"] == pytest.approx(expected[step]["train/grad_norm"], rel=1e-4), step
 
@@ -181,9 +191,7 @@ def test_sft_nemo_rl_v07_layout_no_step_limit_and_validation_at_end(tmp_path):
         {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in CONVERSATIONS
     ]
     path = write_jsonl(tmp_path / "chats.jsonl", rows)
-    run_entry_point(
-        "sft",
-        tmp_path,
+    overrides = [
         "++data.train.dataset_name=openai_format",
         f"++data.train.data_path={path}",
         f"++data.validation.data_path={path}",
@@ -198,7 +206,8 @@ def test_sft_nemo_rl_v07_layout_no_step_limit_and_validation_at_end(tmp_path):
         "policy.train_global_batch_size=8",
         "policy.train_micro_batch_size=4",
         "checkpointing.enabled=false",
-    )
+    ]
+    run_entry_point("sft", tmp_path, *overrides)
     (run_dir,) = run_dirs(tmp_path)
     metrics = read_metrics(run_dir)
     assert sorted(step for step, m in metrics.items() if "train/loss" in m) == [1, 2, 3]  # 3 epochs of one batch
