@@ -35,6 +35,7 @@ from nemo_rl_clone.algorithms.distillation_loss import (
     DistillationLossDataDict,
     DistillationLossFn,
 )
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss_configs import (
     ClippedPGLossConfig,
     ClippedPGLossDataDict,
@@ -79,17 +80,23 @@ def _policy_logprobs(
     vocab_parallel_group: dist.ProcessGroup | None,
     context_parallel_group: dist.ProcessGroup | None,
     chunk_size: int | None,
+    sampling: TrainingSamplingParams | None = None,
 ) -> torch.Tensor:
     """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits` (``chunk_size`` positions at a time),
-    or those the policy already computed at the `token_mask` positions (`TokenLogprobs`)."""
+    processed as ``sampling`` says, or those the policy already computed at the `token_mask` positions
+    (`TokenLogprobs`: its ``values``, or its ``unfiltered`` ones when ``sampling`` filters nothing)."""
     if isinstance(logits, TokenLogprobs):
+        if sampling is not None and not sampling.filters and logits.unfiltered is not None:
+            return logits.unfiltered
         return logits.values
     if context_parallel_group is not None and dist.get_world_size(context_parallel_group) > 1:
         raise NotImplementedError("context parallelism is not supported by the losses; use context_parallel_size=1")
     vocab_start = None
     if vocab_parallel_group is not None and vocab_parallel_rank is not None:
         vocab_start = vocab_parallel_rank * logits.shape[-1]
-    return token_logprobs_from_logits(logits, data["input_ids"], vocab_parallel_group, vocab_start, chunk_size)
+    return token_logprobs_from_logits(
+        logits, data["input_ids"], vocab_parallel_group, vocab_start, chunk_size, sampling=sampling
+    )
 
 
 def _shifted(data: Mapping[str, Any], key: str, like: torch.Tensor) -> torch.Tensor:
@@ -130,10 +137,13 @@ class ClippedPGLossFn:
       w = exp(lp_prev − lp_gen) (per sequence with GSPO: exp(Σ_t (lp_prev − lp_gen))); NaN/inf → 0. With
       `truncated_importance_sampling_ratio` = hi (and `..._ratio_min` = lo): "tis" clamps w at hi; "icepop" zeroes
       tokens with w ∉ [lo, hi]; "seq-mask-tis" zeroes sequences whose geometric-mean w ∉ [lo, hi].
-    KL: β·KL with the `reference_policy_kl_type` estimator (`calculate_kl`: k1, k2 or k3 of d = lp_ref − lp,
+    KL: β·w·k with the `reference_policy_kl_type` estimator k (`calculate_kl`: k1, k2 or k3 of d = lp_ref − lp,
       d clamped at ±`kl_input_clamp_value`, the estimate at ±`kl_output_clamp_value`), β =
-      `reference_policy_kl_penalty`; with `use_on_policy_kl_approximation` each token's KL is weighted by the
-      detached exp(lp − lp_gen), so the penalty estimates KL(π ‖ π_ref) although the tokens were sampled from π_gen.
+      `reference_policy_kl_penalty`, and the weight w = exp(lp − sg(lp)) (value 1) that keeps the score-function
+      term of the gradient, so its expectation is ∇E_π[k]: ∇KL(π ‖ π_ref) for k1 and k3 (both unbiased),
+      ∇E_π[½·d²] for k2 (arXiv 2506.09477; NeMo-RL v0.7.0). With `use_on_policy_kl_approximation`, w = exp(lp −
+      lp_gen) undetached, so the penalty and its gradient estimate those under π although the tokens came from
+      π_gen. With the sampler's top-k/top-p, lp here is the temperature-only logprob (`sampling_params`).
     Normalisation: `token_level_loss=true`: Σ(L + kl)·m / global_valid_toks; false: per-sequence token mean,
       summed over valid sequences / global_valid_seqs.
 
@@ -153,9 +163,18 @@ class ClippedPGLossFn:
 
     accepts_token_logprobs = True  # reads the logits only as next-token logprobs at token_mask positions
 
-    def __init__(self, cfg: Mapping[str, Any] | ClippedPGLossConfig | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Mapping[str, Any] | ClippedPGLossConfig | None = None,
+        sampling_params: TrainingSamplingParams | None = None,
+    ) -> None:
         self.cfg = validated_loss_config(ClippedPGLossConfig, cfg, "ClippedPGLossFn")
         self.loss_type = LossType.TOKEN_LEVEL if self.cfg.token_level_loss else LossType.SEQUENCE_LEVEL
+        # The sampler's processing: lp (ratios, entropy) is taken under it, the KL term under its temperature alone.
+        self.sampling_params = sampling_params
+        self.needs_unfiltered_logprobs = (
+            sampling_params is not None and sampling_params.filters and self.cfg.reference_policy_kl_penalty != 0
+        )
 
     def __call__(
         self,
@@ -173,14 +192,12 @@ class ClippedPGLossFn:
         keys += () if cfg.force_on_policy_ratio else ("prev_logprobs",)
         keys += ("reference_policy_logprobs",) if cfg.reference_policy_kl_penalty != 0 else ()
         _require(data, keys, type(self).__name__)
-        lp = _policy_logprobs(
-            next_token_logits,
-            data,
-            vocab_parallel_rank,
-            vocab_parallel_group,
-            context_parallel_group,
-            logprob_chunk_size,
-        )
+        parallel = (vocab_parallel_rank, vocab_parallel_group, context_parallel_group, logprob_chunk_size)
+        lp = _policy_logprobs(next_token_logits, data, *parallel, self.sampling_params)
+        kl_lp = lp  # the KL term's logprobs: the same unless top-k/top-p filter the sampled distribution
+        if self.needs_unfiltered_logprobs:
+            assert self.sampling_params is not None
+            kl_lp = _policy_logprobs(next_token_logits, data, *parallel, self.sampling_params.unfiltered())
         token_mask, sample_mask, mask = _masks(data, lp)
         valid = mask > 0
         advantages = torch.where(valid, _shifted(data, "advantages", lp), 0.0)
@@ -215,10 +232,15 @@ class ClippedPGLossFn:
         kl_per_token = torch.zeros_like(lp)
         if cfg.reference_policy_kl_penalty != 0:
             ref_lp = _shifted(data, "reference_policy_logprobs", lp)
-            kl_per_token = self._kl(lp, torch.where(valid, ref_lp, lp.detach()))
+            kl_per_token = self._kl(kl_lp, torch.where(valid, ref_lp, kl_lp.detach()))
+            # The tokens were sampled from the policy being optimised, so the penalty's gradient needs the
+            # score-function term k·∇lp besides the pathwise ∇k (arXiv 2506.09477): a weight of value 1 that carries
+            # it, exp(lp − sg(lp)); or, under the on-policy approximation, the undetached exp(lp − lp_gen).
             if cfg.use_on_policy_kl_approximation:
-                on_policy_weight = _masked_diff(lp, gen_lp, valid).detach().exp()
-                kl_per_token = kl_per_token * torch.nan_to_num(on_policy_weight, nan=0.0, posinf=0.0, neginf=0.0)
+                weight = _masked_diff(kl_lp, gen_lp, valid).exp()
+            else:
+                weight = _masked_diff(kl_lp, kl_lp.detach(), valid).exp()
+            kl_per_token = kl_per_token * torch.nan_to_num(weight, nan=0.0, posinf=0.0, neginf=0.0)
 
         actor_loss = self._reduce(per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
         kl = self._reduce(kl_per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, processed_logits
+
 
 class LossType(enum.Enum):
     """Which global count a loss divides by (`global_valid_toks` or `global_valid_seqs`)."""
@@ -29,9 +31,12 @@ class TokenLogprobs:
     """What a policy hands a loss instead of ``next_token_logits`` when the loss declares
     ``accepts_token_logprobs = True``: ``values`` ``[B, S - 1]`` fp32, laid out like `token_logprobs_from_logits`'
     output, differentiable, and computed only where ``token_mask[:, 1:]`` is set (0 elsewhere). Such a loss must
-    read the logits through those logprobs alone (it gets no vocabulary-wide logits to take an entropy of)."""
+    read the logits through those logprobs alone (it gets no vocabulary-wide logits to take an entropy of).
+    ``values`` are under the loss's ``sampling_params``; ``unfiltered``, given when the loss sets
+    ``needs_unfiltered_logprobs``, under their temperature alone (a KL term's distribution)."""
 
     values: torch.Tensor
+    unfiltered: torch.Tensor | None = None
 
 
 class LossFunction(Protocol):
@@ -90,7 +95,8 @@ def _logprob_parts(
 
     in_shard = (targets >= vocab_start) & (targets < vocab_start + shard_size)
     local_index = torch.where(in_shard, targets - vocab_start, 0).unsqueeze(-1)
-    target_logit = shifted.gather(-1, local_index).squeeze(-1) * in_shard
+    # where, not a product: a shard may hold −inf logits (tokens the top-k/top-p filters dropped).
+    target_logit = torch.where(in_shard, shifted.gather(-1, local_index).squeeze(-1), 0.0)
     dist.all_reduce(target_logit, op=dist.ReduceOp.SUM, group=group)
     return target_logit - sum_exp.log(), exp_shifted.div_(sum_exp.unsqueeze(-1)), local_index, in_shard
 
@@ -133,7 +139,8 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
 
     Only one chunk's fp32 softmax ``[B, chunk_size, V]`` exists at a time: the forward pass keeps the logits (in
     their own dtype) and the backward pass recomputes each chunk's softmax. ``group`` None: the whole vocabulary
-    is local; otherwise it is split over ``group`` as in `_VocabParallelTokenLogprob`.
+    is local; otherwise it is split over ``group`` as in `_VocabParallelTokenLogprob`. ``sampling``: the logits are
+    processed as the sampler did (`processed_logits`) in both passes.
     """
 
     @staticmethod
@@ -144,13 +151,14 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
         vocab_start: int,
         group: dist.ProcessGroup | None,
         chunk_size: int,
+        sampling: TrainingSamplingParams | None,
     ) -> torch.Tensor:
         ctx.save_for_backward(logits, targets)
-        ctx.vocab_start, ctx.group, ctx.chunk_size = vocab_start, group, chunk_size
+        ctx.vocab_start, ctx.group, ctx.chunk_size, ctx.sampling = vocab_start, group, chunk_size, sampling
         chunks = []
         for start in range(0, logits.shape[1], chunk_size):
-            chunk = logits[:, start : start + chunk_size].float()
             chunk_targets = targets[:, start : start + chunk_size]
+            chunk = processed_logits(logits[:, start : start + chunk_size], chunk_targets, sampling, group, vocab_start)
             if group is None:
                 chunks.append(chunk.log_softmax(dim=-1).gather(-1, chunk_targets.unsqueeze(-1)).squeeze(-1))
             else:
@@ -161,9 +169,10 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         logits, targets = ctx.saved_tensors
         grad = torch.empty_like(logits)
+        inverse_temperature = 1.0 / ctx.sampling.temperature if ctx.sampling is not None else 1.0
         for start in range(0, logits.shape[1], ctx.chunk_size):
             window = slice(start, start + ctx.chunk_size)
-            chunk = logits[:, window].float()
+            chunk = processed_logits(logits[:, window], targets[:, window], ctx.sampling, ctx.group, ctx.vocab_start)
             if ctx.group is None:
                 parts = (
                     chunk.softmax(dim=-1),
@@ -172,8 +181,8 @@ class _ChunkedTokenLogprob(torch.autograd.Function):
                 )
             else:
                 parts = _logprob_parts(chunk, targets[:, window], ctx.vocab_start, ctx.group)[1:]
-            grad[:, window] = _logprob_grad(*parts, grad_output[:, window])
-        return grad, None, None, None, None
+            grad[:, window] = _logprob_grad(*parts, grad_output[:, window] * inverse_temperature)
+        return grad, None, None, None, None, None
 
 
 def token_logprobs_from_logits(
@@ -182,8 +191,11 @@ def token_logprobs_from_logits(
     vocab_parallel_group: dist.ProcessGroup | None = None,
     vocab_start: int | None = None,
     chunk_size: int | None = None,
+    sampling: TrainingSamplingParams | None = None,
 ) -> torch.Tensor:
-    """Logprob of each next token, in fp32: out[:, t] = log softmax(logits[:, t])[input_ids[:, t + 1]].
+    """Logprob of each next token, in fp32: out[:, t] = log softmax(logits[:, t])[input_ids[:, t + 1]]; with
+    ``sampling``, under the distribution the generation engine sampled from (logits ÷ temperature, top-k/top-p
+    filtered and renormalised: `nemo_rl_clone.algorithms.logits_sampling_utils`).
 
     Args:
         logits: [B, S, V] next-token logits (position t predicts token t+1), any float dtype; or the
@@ -217,11 +229,14 @@ def token_logprobs_from_logits(
             raise ValueError(f"input_ids must lie in [0, {vocab_size}) (the logits' vocab size)")
     elif vocab_start is None:
         vocab_start = dist.get_rank(vocab_parallel_group) * logits.shape[-1]
+    if sampling is not None and sampling.is_identity:
+        sampling = None
     if chunk_size is not None:
-        return _ChunkedTokenLogprob.apply(logits, targets, vocab_start or 0, vocab_parallel_group, chunk_size)
+        return _ChunkedTokenLogprob.apply(logits, targets, vocab_start or 0, vocab_parallel_group, chunk_size, sampling)
+    processed = processed_logits(logits, targets, sampling, vocab_parallel_group, vocab_start or 0)
     if vocab_parallel_group is None:
-        return logits.float().log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return _VocabParallelTokenLogprob.apply(logits.float().contiguous(), targets, vocab_start, vocab_parallel_group)
+        return processed.log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return _VocabParallelTokenLogprob.apply(processed.contiguous(), targets, vocab_start, vocab_parallel_group)
 
 
 def _unwrap_dtensor(logits: DTensor) -> tuple[torch.Tensor, dist.ProcessGroup | None, int | None]:

@@ -88,14 +88,27 @@ NEMO_RL_V07_KEYS = (
 )
 
 
+# Sampling off the default path: the trainer must reproduce the engine's processed distribution (temperature, top-k,
+# top-p), so the mismatch stays at fp32 noise (it reads 1.00001 at the defaults).
+SAMPLING = ("policy.generation.temperature=0.7", "policy.generation.top_p=0.9", "policy.generation.top_k=50")
+EXACT_MISMATCH = 1.0001
+
+
+def check_exact_under_sampling(metrics: dict[int, dict[str, float]]) -> None:
+    for step, m in metrics.items():
+        if "train/token_mult_prob_error" in m:
+            assert 1.0 <= m["train/token_mult_prob_error"] <= EXACT_MISMATCH, (step, m["train/token_mult_prob_error"])
+
+
 @pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
 def test_smoke_run(tmp_path, colocated):
     """Metrics, printed validation samples, logged rows and checkpoints of the smoke config, colocated and not; the
-    colocated run also checks the dry run's memory plan against its measured peaks, the other NeMo-RL v0.7.0 keys."""
+    colocated run samples at temperature 0.7, top-p 0.9, top-k 50 and checks the dry run's memory plan against its
+    measured peaks, the other run carries NeMo-RL v0.7.0 keys."""
     overrides = [
         "logger.num_val_samples_to_print=2",
         *(
-            []
+            SAMPLING
             if colocated
             else [
                 "policy.generation.colocated.enabled=false",
@@ -111,6 +124,7 @@ def test_smoke_run(tmp_path, colocated):
     check_smoke_metrics(metrics, steps=2)
     check_profile_metrics(metrics, steps=2)
     if colocated:
+        check_exact_under_sampling(metrics)
         assert_memory_plan_holds(metrics, "grpo_smoke.yaml", overrides, GRPOMasterConfig)
     else:
         assert "validation/accuracy" not in metrics[1]  # val_period 0: validation only at the end
@@ -138,7 +152,8 @@ LEARNING_MODEL = ("policy.model_name=SmolLM2-135M-Instruct", "policy.generation.
 
 @pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
-    """NeMo-RL's default loss path: the PPO ratio against logprobs of the pre-update policy, a reference-model KL term.
+    """NeMo-RL's default loss path: the PPO ratio against logprobs of the pre-update policy, a reference-model KL term;
+    with the main job's model sampling at temperature 0.7, top-p 0.9, top-k 50 (the KL term unfiltered).
 
     The same run checks that ``max_num_epochs`` stops after the epoch's last batch (6 prompts, 2 per step: 3 steps)
     and that a checkpoint saved on a step without validation does not rank by an older validation (keep_top_k).
@@ -146,6 +161,7 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     run_grpo(
         tmp_path,
         *LEARNING_MODEL,
+        *SAMPLING,
         "loss_fn.force_on_policy_ratio=false",
         "loss_fn.reference_policy_kl_penalty=0.05",
         "data.reasoning_gym.train_size=6",
@@ -161,6 +177,7 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     metrics = read_metrics(run_dir)
     assert sorted(s for s in metrics if "train/loss" in metrics[s]) == [1, 2, 3]  # one epoch, not one step more
     check_smoke_metrics(metrics, steps=2)
+    check_exact_under_sampling(metrics)
     for step in (1, 2, 3):
         m = metrics[step]
         # One optimizer step per rollout batch: every microbatch sees the weights prev_logprobs came from, so the

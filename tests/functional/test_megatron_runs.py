@@ -23,7 +23,7 @@ from tests.functional.supervised_runs import (
     run_entry_point,
     run_keeping_checkpoint,
 )
-from tests.functional.test_grpo import LEARNING_MODEL, check_smoke_metrics
+from tests.functional.test_grpo import LEARNING_MODEL, SAMPLING, check_exact_under_sampling, check_smoke_metrics
 from tests.functional.test_sft import fixed_set_overrides
 
 
@@ -43,7 +43,7 @@ def assert_megatron_checkpoint(step_dir):
 @pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
 def test_grpo_smoke_on_megatron(tmp_path, colocated):
     overrides = (
-        []
+        list(SAMPLING)  # the logprobs reproduce the engine's processed distribution (vocab-parallel-ready path)
         if colocated
         else [
             "policy.generation.colocated.enabled=false",
@@ -53,7 +53,10 @@ def test_grpo_smoke_on_megatron(tmp_path, colocated):
     )
     run_grpo_megatron(tmp_path, *overrides)
     (run_dir,) = run_dirs(tmp_path)
-    check_smoke_metrics(read_metrics(run_dir), steps=2)  # token_mult_prob_error in [1, 1.01] every step: refit works
+    metrics = read_metrics(run_dir)
+    check_smoke_metrics(metrics, steps=2)  # token_mult_prob_error in [1, 1.01] every step: refit works
+    if colocated:
+        check_exact_under_sampling(metrics)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]
     assert_megatron_checkpoint(tmp_path / "ckpt" / "step_2")
     if colocated:

@@ -9,9 +9,15 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss_functions import NLLLoss
 from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
 from tests.unit.test_loss_functions import ALL_BRANCHES, pg_loss, random_batch, reference_logprobs, uniform_batch
+
+SAMPLING = {
+    "top_k_top_p": TrainingSamplingParams(0.7, 3, 0.8),
+    "top_p": TrainingSamplingParams(1.3, None, 0.7),
+}
 
 
 def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir: str) -> None:
@@ -59,6 +65,22 @@ def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir:
             diffs[f"{name}_chunked_loss"] = abs(chunked.item() - expected.item())
             diffs[f"{name}_chunked_grad"] = (local.grad - expected_grad).abs().max().item()
 
+        # Sampling-aware logprobs (temperature, top-k, top-p) from shards equal the unsharded ones, gradients too.
+        for name, params in SAMPLING.items():
+            unsharded = full.clone().requires_grad_()
+            want = token_logprobs_from_logits(unsharded, data["input_ids"], sampling=params)
+            want.sum().backward()
+            expected_grad = unsharded.grad[..., rank * shard_size : (rank + 1) * shard_size]
+            for chunk in (None, 4):
+                local.grad = None
+                got = token_logprobs_from_logits(
+                    local, data["input_ids"], vocab_parallel_group=dist.group.WORLD, chunk_size=chunk, sampling=params
+                )
+                got.sum().backward()
+                tag = f"{name}_{'chunked' if chunk else 'whole'}"
+                diffs[f"{tag}_logprobs"] = (got - want).abs().max().item()
+                diffs[f"{tag}_grad"] = (local.grad - expected_grad).abs().max().item()
+
         mesh = init_device_mesh("cpu", (world_size,))
         dtensor = distribute_tensor(full.clone(), mesh, [Shard(2)]).requires_grad_()
         dtensor_lp = token_logprobs_from_logits(dtensor, data["input_ids"])
@@ -93,8 +115,14 @@ def test_vocab_parallel_logprobs_and_losses_match_unsharded(tmp_path):
             "dtensor_logprobs",
             "dtensor_chunked_logprobs",
             "global_counts",
+            *(
+                f"{name}_{how}_{what}"
+                for name in SAMPLING
+                for how in ("whole", "chunked")
+                for what in ("logprobs", "grad")
+            ),
         }
-        assert all(value <= 1e-6 for value in diffs.values()), diffs
+        assert all(value <= 1e-6 for value in diffs.values()), {k: v for k, v in diffs.items() if v > 1e-6}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

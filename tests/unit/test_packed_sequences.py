@@ -8,7 +8,7 @@ from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn, NLLLoss
 from nemo_rl_clone.distributed.model_utils import TokenLogprobs, valid_counts
 from nemo_rl_clone.models.policy import token_logprob_head
 from nemo_rl_clone.models.policy.packed_sequences import PACKED_ATTENTION, PackedRows, PaddedRows, rows_for
-from nemo_rl_clone.models.policy.token_logprob_head import next_token_selection
+from nemo_rl_clone.models.policy.token_logprob_head import Selection, next_token_selection
 from tests.unit.test_token_logprob_head import _batch, tiny_llama
 
 LENGTHS = torch.tensor([12, 9, 5, 11])  # _batch()'s rows
@@ -89,7 +89,7 @@ def test_packed_losses_and_gradients_equal_the_padded_path(loss_name: str, selec
             loss, metrics = loss_fn(logits, data, seqs, toks)
         else:
             positions, targets = next_token_selection(data["input_ids"], data["token_mask"][:, 1:] > 0)
-            with head.selecting(rows.pack(positions), rows.pack(targets), 5, torch.float32):
+            with head.selecting(Selection(rows.pack(positions), rows.pack(targets), 5, torch.float32)):
                 out = model(input_ids=rows.pack(data["input_ids"]), **rows.model_kwargs()).logits
             loss, metrics = loss_fn(TokenLogprobs(rows.unpack(out)[:, :-1]), data, seqs, toks)
         loss.backward()

@@ -8,7 +8,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn, DPOLossFn, NLLLoss
 from nemo_rl_clone.distributed.model_utils import TokenLogprobs, token_logprobs_from_logits, valid_counts
 from nemo_rl_clone.models.policy import token_logprob_head
-from nemo_rl_clone.models.policy.token_logprob_head import SelectiveLMHead, next_token_selection, project_token_logprobs
+from nemo_rl_clone.models.policy.token_logprob_head import (
+    Selection,
+    SelectiveLMHead,
+    next_token_selection,
+    project_token_logprobs,
+)
 
 
 @pytest.mark.parametrize("chunk_size", [1, 7, 1000])
@@ -92,7 +97,7 @@ def test_losses_and_gradients_equal_the_full_logits_path(loss_name: str) -> None
     assert isinstance(head, SelectiveLMHead)
     assert [name for name, _ in model.named_parameters()] == [name for name, _ in full_model.named_parameters()]
     positions, targets = next_token_selection(data["input_ids"], data["token_mask"][:, 1:] > 0)
-    with head.selecting(positions, targets, chunk_size=5, dtype=torch.float32):
+    with head.selecting(Selection(positions, targets, chunk_size=5, dtype=torch.float32)):
         logprobs = model(input_ids=data["input_ids"]).logits[:, :-1]
     got, got_metrics = loss_fn(TokenLogprobs(logprobs), data, seqs, toks)
     got.backward()
@@ -113,7 +118,7 @@ def test_selected_positions_hold_logprobs_and_the_rest_zero() -> None:
     head = token_logprob_head.install(model)
     assert head is not None
     wanted = data["token_mask"][:, 1:] > 0
-    with torch.no_grad(), head.selecting(*next_token_selection(data["input_ids"], wanted), 3, torch.float32):
+    with torch.no_grad(), head.selecting(Selection(*next_token_selection(data["input_ids"], wanted), 3, torch.float32)):
         got = model(input_ids=data["input_ids"]).logits[:, :-1]
     torch.testing.assert_close(got[wanted], expected[wanted].detach(), atol=1e-5, rtol=1e-5)
     assert (got[~wanted] == 0).all()

@@ -16,7 +16,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, keep_threshold
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.config import VllmConfig
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
@@ -89,13 +91,43 @@ def test_logprobs_are_the_engines_logprobs_of_sampled_tokens(
     generation: VllmGeneration, tokenizer: Any, hf_model: torch.nn.Module
 ) -> None:
     data = prompt_batch(tokenizer, PROMPTS, seeds=torch.arange(len(PROMPTS)))
-    out = generation.generate(data)  # sampled at temperature 1.0: logprobs are raw (before temperature) anyway
+    out = generation.generate(data)  # temperature 1, no top-k/top-p: the processed distribution is the raw one
     for row in range(len(PROMPTS)):
         length, total = int(data["input_lengths"][row]), int(out["unpadded_sequence_lengths"][row])
         ids = out["output_ids"][row, :total].tolist()
         reference = hf_logprobs(hf_model, ids)[length - 1 :]  # the generated positions
         torch.testing.assert_close(out["logprobs"][row, length:total], reference, atol=LOGPROB_ATOL, rtol=0)
         assert torch.all(out["logprobs"][row, :length] == 0) and torch.all(out["logprobs"][row, total:] == 0)
+
+
+def test_logprobs_are_those_of_the_processed_distribution_sampled_from(
+    ray_local: None, tokenizer: Any, hf_model: torch.nn.Module
+) -> None:
+    """At temperature 0.7, top-k 5, top-p 0.8 the engine reports each sampled token's logprob under the distribution
+    it sampled from (softmax(z / T) on the kept tokens, renormalised), and every sampled token is in that kept set;
+    the raw distribution's logprobs differ by far more than the tolerance."""
+    params = TrainingSamplingParams(0.7, 5, 0.8)
+    config = tiny_config(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    cluster = RayVirtualCluster([1], use_gpus=False, name="vllm-gen-processed")
+    engine = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-gen-processed")
+    try:
+        data = prompt_batch(tokenizer, PROMPTS, seeds=torch.arange(len(PROMPTS)))
+        out = engine.generate(data)
+    finally:
+        engine.shutdown()
+        cluster.shutdown()
+    for row in range(len(PROMPTS)):
+        length, total = int(data["input_lengths"][row]), int(out["unpadded_sequence_lengths"][row])
+        ids = out["output_ids"][row, :total]
+        with torch.no_grad():
+            logits = hf_model(input_ids=ids[None]).logits.float()
+        scaled = logits[0, length - 1 : total - 1] / params.temperature
+        kept = scaled >= keep_threshold(scaled, params).unsqueeze(-1)
+        assert kept.gather(-1, ids[length:total, None]).all(), f"row {row}: a sampled token outside the kept set"
+        processed = token_logprobs_from_logits(logits, ids[None], sampling=params)[0, length - 1 :]
+        raw = token_logprobs_from_logits(logits, ids[None])[0, length - 1 :]
+        torch.testing.assert_close(out["logprobs"][row, length:total], processed, atol=LOGPROB_ATOL, rtol=0)
+        assert (out["logprobs"][row, length:total] - raw).abs().max() > 100 * LOGPROB_ATOL
 
 
 def test_ragged_batch_layout(generation: VllmGeneration, tokenizer: Any) -> None:

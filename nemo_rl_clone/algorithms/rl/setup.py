@@ -12,6 +12,7 @@ from typing import Any
 import datasets
 import torch
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn
 from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit
@@ -109,7 +110,7 @@ def setup(
         dataloader=dataloader,
         val_dataset=val_dataset,
         task_to_env=task_to_env,
-        loss_fn=ClippedPGLossFn(config.loss_fn),
+        loss_fn=ClippedPGLossFn(config.loss_fn, TrainingSamplingParams.from_generation(config.policy.generation)),
         logger=run_logger,
         checkpointer=checkpointer,
         state=state,

@@ -35,6 +35,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction, TokenLogprobs
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
@@ -124,6 +125,9 @@ class DTensorPolicyWorker(RefitSender):
         if self.lora is not None:
             adapted = lora.apply(model, self.lora)
             logger.info("rank %d: LoRA adapters (dim %d) on %d linear layers", self.rank, self.lora.dim, len(adapted))
+        # The sampler's processing (temperature, top-k, top-p) that the policy's logprobs reproduce.
+        self.sampling = TrainingSamplingParams.from_generation(config.generation)
+        self._head_mode: tuple[TrainingSamplingParams | None, bool] = (None, False)
         self.selective_head: token_logprob_head.SelectiveLMHead | None = None
         if (
             dtensor_cfg.logits_at_loss_tokens_only
@@ -192,7 +196,12 @@ class DTensorPolicyWorker(RefitSender):
             assert self.selective_head is not None
             positions, targets = selection
             chunk_size = self.cfg.logprob_chunk_size or token_logprob_head.DEFAULT_CHUNK_SIZE
-            selecting = self.selective_head.selecting(positions, targets, chunk_size, self.dtype, self.grad_dtype)
+            sampling, also_unfiltered = self._head_mode
+            selecting = self.selective_head.selecting(
+                token_logprob_head.Selection(
+                    positions, targets, chunk_size, self.dtype, self.grad_dtype, sampling, also_unfiltered
+                )
+            )
         with selecting:
             return self.model(input_ids=input_ids, use_cache=False, **model_kwargs).logits
 
@@ -204,19 +213,35 @@ class DTensorPolicyWorker(RefitSender):
             return self.scorer(input_ids, batch["input_lengths"].to(self.device), self._rows(batch))
         return self._run_model(self._rows(batch), input_ids)
 
-    def _token_logprobs(self, batch: BatchedDataDict, wanted: torch.Tensor) -> torch.Tensor:
+    def _token_logprobs(
+        self,
+        batch: BatchedDataDict,
+        wanted: torch.Tensor,
+        sampling: TrainingSamplingParams | None = None,
+        also_unfiltered: bool = False,
+    ) -> torch.Tensor:
         """``[B, S - 1]`` fp32 next-token logprobs where ``wanted`` ``[B, S - 1]`` is set, 0 elsewhere, projected
-        onto the vocabulary at those positions only (needs `selective_head`)."""
+        onto the vocabulary at those positions only (needs `selective_head`); under ``sampling``'s processing, and
+        ``[B, S - 1, 2]`` with the temperature-only logprobs beside them when ``also_unfiltered``."""
         input_ids = batch["input_ids"].to(self.device)
         selection = token_logprob_head.next_token_selection(input_ids, wanted.to(self.device))
-        return self._run_model(self._rows(batch), input_ids, selection)[:, :-1]
+        self._head_mode = (sampling, also_unfiltered)
+        try:
+            return self._run_model(self._rows(batch), input_ids, selection)[:, :-1]
+        finally:
+            self._head_mode = (None, False)
 
     def _loss_input(self, batch: BatchedDataDict, loss_fn: LossFunction) -> torch.Tensor:
-        """What ``loss_fn`` reads: token logprobs at its ``token_mask`` positions when it accepts them and the
+        """What ``loss_fn`` reads: token logprobs at its ``token_mask`` positions (under the loss's
+        ``sampling_params``; with the unfiltered ones too when its KL term needs them) when it accepts them and the
         selective head is on, else the full next-token logits."""
         if self.selective_head is not None and getattr(loss_fn, "accepts_token_logprobs", False):
+            sampling = getattr(loss_fn, "sampling_params", None)
+            both = bool(getattr(loss_fn, "needs_unfiltered_logprobs", False))
+            lp = self._token_logprobs(batch, batch["token_mask"][:, 1:] > 0, sampling, both)
+            token_logprobs = TokenLogprobs(lp[..., 0], lp[..., 1]) if both else TokenLogprobs(lp)
             # Typed as logits for the LossFunction protocol; only a loss that declared it takes TokenLogprobs.
-            return cast(torch.Tensor, TokenLogprobs(self._token_logprobs(batch, batch["token_mask"][:, 1:] > 0)))
+            return cast(torch.Tensor, token_logprobs)
         return self._forward(batch)
 
     def _inference_pass(
@@ -239,16 +264,27 @@ class DTensorPolicyWorker(RefitSender):
         dtensor_parallel.reshard(self.model)
         return torch.cat(outputs)
 
-    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """``{"logprobs": [B, S] fp32}`` of this rank's shard (layout: `train_step.spec_logprobs`)."""
+    def get_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, filtered: bool = True
+    ) -> BatchedDataDict:
+        """``{"logprobs": [B, S] fp32}`` of this rank's shard (layout: `train_step.spec_logprobs`), under the
+        sampler's processing (``policy.generation``'s temperature, and its top-k/top-p unless ``filtered`` is
+        false)."""
         self._require_language_model("get_logprobs")
+        sampling = self.sampling if filtered else self.sampling.unfiltered()
 
         def logprobs(batch: BatchedDataDict) -> torch.Tensor:
             if self.selective_head is not None:
-                lp = train_step.logprobs_within_lengths(batch, self._token_logprobs)
+                lp = train_step.logprobs_within_lengths(
+                    batch, lambda b, wanted: self._token_logprobs(b, wanted, sampling)
+                )
             else:
                 lp = train_step.spec_logprobs(
-                    self._forward(batch), batch["input_ids"], batch["input_lengths"], self.cfg.logprob_chunk_size
+                    self._forward(batch),
+                    batch["input_ids"],
+                    batch["input_lengths"],
+                    self.cfg.logprob_chunk_size,
+                    sampling=sampling,
                 )
             return train_step.pad_to_width(lp, data["input_ids"].shape[1]).cpu()
 
@@ -285,10 +321,10 @@ class DTensorPolicyWorker(RefitSender):
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
         """``{"reference_logprobs": [B, S]}``: `get_logprobs` under the frozen initial weights (with LoRA: the base
-        model's)."""
+        model's), temperature-scaled but not top-k/top-p filtered (the KL term's distribution)."""
         self._require_language_model("get_reference_policy_logprobs")
         with self._reference_model():
-            logprobs = self.get_logprobs(data, micro_batch_size)["logprobs"]
+            logprobs = self.get_logprobs(data, micro_batch_size, filtered=False)["logprobs"]
         return BatchedDataDict({"reference_logprobs": logprobs})
 
     @contextlib.contextmanager

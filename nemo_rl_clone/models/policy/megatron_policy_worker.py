@@ -29,6 +29,7 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
@@ -63,6 +64,8 @@ class MegatronPolicyWorker(RefitSender):
     ) -> None:
         self.cfg = config
         self.tokenizer = tokenizer
+        # The sampler's processing (temperature, top-k, top-p) that the policy's logprobs reproduce.
+        self.sampling = TrainingSamplingParams.from_generation(config.generation)
         mcfg = config.megatron_cfg
         mmodel.check_runtime_support(mcfg)
         self.device = worker_setup.init_distributed()
@@ -182,9 +185,14 @@ class MegatronPolicyWorker(RefitSender):
             outputs = self._run_schedule(microbatches, finish, forward_only=True, collect_outputs=True)
         return self._from_last_stage(torch.cat(outputs) if self.is_last_stage else None)
 
-    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """``{"logprobs": [B, S] fp32}`` of this rank's shard (layout: `train_step.spec_logprobs`)."""
+    def get_logprobs(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, filtered: bool = True
+    ) -> BatchedDataDict:
+        """``{"logprobs": [B, S] fp32}`` of this rank's shard (layout: `train_step.spec_logprobs`), under the
+        sampler's processing (``policy.generation``'s temperature, and its top-k/top-p unless ``filtered`` is
+        false)."""
         width = data["input_ids"].shape[1]
+        sampling = self.sampling if filtered else self.sampling.unfiltered()
 
         def logprobs(microbatch: BatchedDataDict, logits: torch.Tensor) -> torch.Tensor:
             lp = train_step.spec_logprobs(
@@ -192,6 +200,7 @@ class MegatronPolicyWorker(RefitSender):
                 microbatch["input_ids"],
                 microbatch["input_lengths"],
                 self.cfg.logprob_chunk_size,
+                sampling=sampling,
                 **self._vocab_parallel(),
             )
             return train_step.pad_to_width(lp, width)
@@ -207,9 +216,10 @@ class MegatronPolicyWorker(RefitSender):
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None
     ) -> BatchedDataDict:
-        """``{"reference_logprobs": [B, S]}``: `get_logprobs` under the frozen initial weights."""
+        """``{"reference_logprobs": [B, S]}``: `get_logprobs` under the frozen initial weights, temperature-scaled but
+        not top-k/top-p filtered (the KL term's distribution)."""
         with self._reference_weights_loaded():
-            logprobs = self.get_logprobs(data, micro_batch_size)["logprobs"]
+            logprobs = self.get_logprobs(data, micro_batch_size, filtered=False)["logprobs"]
         return BatchedDataDict({"reference_logprobs": logprobs})
 
     @contextlib.contextmanager

@@ -15,18 +15,41 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from nemo_rl_clone.algorithms import logits_sampling_utils
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+
 DEFAULT_CHUNK_SIZE = 1024  # positions per chunk: a [1024, 49152] fp32 block is 192 MiB
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What `SelectiveLMHead.selecting` computes: ``positions``/``targets`` ``[B, S]`` (module doc), ``chunk_size``
+    positions at a time, matmuls in ``dtype`` (backward in ``grad_dtype``), under ``sampling``'s processing, and with
+    ``also_unfiltered`` the temperature-only logprob beside it."""
+
+    positions: torch.Tensor
+    targets: torch.Tensor
+    chunk_size: int
+    dtype: torch.dtype
+    grad_dtype: torch.dtype | None = None
+    sampling: TrainingSamplingParams | None = None
+    also_unfiltered: bool = False
 
 
 class _ProjectedTokenLogprobs(torch.autograd.Function):
     """``[N]`` fp32 logprobs of ``targets`` under ``hidden [N, H] @ weight [V, H]ᵀ``: forward matmuls in ``dtype``,
-    the backward's gradient matmuls in ``grad_dtype`` (its recomputed logits in ``dtype``, as in the forward)."""
+    the backward's gradient matmuls in ``grad_dtype`` (its recomputed logits in ``dtype``, as in the forward).
+
+    ``sampling``: under the distribution the engine sampled from (logits ÷ temperature, top-k/top-p kept set,
+    `logits_sampling_utils`); with ``also_unfiltered`` the output is ``[N, 2]``: that and the temperature-only
+    logprob (the KL term's), from the same projection."""
 
     @staticmethod
     def forward(
@@ -37,37 +60,60 @@ class _ProjectedTokenLogprobs(torch.autograd.Function):
         chunk_size: int,
         dtype: torch.dtype,
         grad_dtype: torch.dtype,
+        sampling: TrainingSamplingParams | None,
+        also_unfiltered: bool,
     ) -> torch.Tensor:
         w = weight.to(dtype)
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        lse = torch.empty_like(out)
-        for start in range(0, hidden.shape[0], chunk_size):
+        n = hidden.shape[0]
+        out = torch.empty(n, 2 if also_unfiltered else 1, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)  # column 0: over the kept tokens; column 1: over all of them
+        threshold = torch.full((n,), -torch.inf, device=hidden.device)
+        filters = sampling is not None and sampling.filters
+        for start in range(0, n, chunk_size):
             window = slice(start, start + chunk_size)
-            logits = (hidden[window].to(dtype) @ w.t()).float()
-            lse[window] = logits.logsumexp(dim=-1)
-            out[window] = logits.gather(-1, targets[window, None]).squeeze(-1) - lse[window]
-        ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk_size, ctx.dtype, ctx.grad_dtype = chunk_size, dtype, grad_dtype
-        return out
+            logits = logits_sampling_utils.scale(hidden[window].to(dtype) @ w.t(), sampling)
+            target_logit = logits.gather(-1, targets[window, None]).squeeze(-1)
+            if also_unfiltered:
+                lse[window, 1] = logits.logsumexp(dim=-1)
+                out[window, 1] = target_logit - lse[window, 1]
+            if filters:
+                assert sampling is not None
+                threshold[window] = logits_sampling_utils.keep_threshold(logits, sampling)
+                keep = logits_sampling_utils.kept_tokens(logits, threshold[window], targets[window])
+                logits = logits.masked_fill_(~keep, -torch.inf)
+            lse[window, 0] = logits.logsumexp(dim=-1)
+            out[window, 0] = target_logit - lse[window, 0]
+        ctx.save_for_backward(hidden, weight, targets, lse, threshold)
+        ctx.chunk_size, ctx.dtype, ctx.grad_dtype, ctx.sampling = chunk_size, dtype, grad_dtype, sampling
+        return out if also_unfiltered else out.squeeze(-1)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, targets, lse = ctx.saved_tensors
+        hidden, weight, targets, lse, threshold = ctx.saved_tensors
+        grad_out = grad_out.reshape(lse.shape[0], -1)
         w = weight.to(ctx.dtype)
         w_grad = weight.to(ctx.grad_dtype)
+        temperature = ctx.sampling.temperature if ctx.sampling is not None else 1.0
         grad_hidden = torch.empty_like(hidden)
         # Each chunk's product is rounded to the compute dtype (as any matmul in it is); the sum over chunks is fp32.
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             window = slice(start, start + ctx.chunk_size)
             h = hidden[window].to(ctx.dtype)
-            # d lp / d logits = onehot(target) − softmax(logits)
-            grad_logits = ((h @ w.t()).float() - lse[window, None]).exp_().mul_(-grad_out[window, None])
-            grad_logits.scatter_add_(-1, targets[window, None], grad_out[window, None])
-            grad_logits = grad_logits.to(ctx.grad_dtype)
+            logits = logits_sampling_utils.scale(h @ w.t(), ctx.sampling)
+            # d lp / d logits = (onehot(target) − softmax(logits / T) on the kept tokens) / T, per output column
+            g = grad_out[window]
+            grad_logits = (logits - lse[window, :1]).exp().mul_(-g[:, :1])
+            if ctx.sampling is not None and ctx.sampling.filters:
+                keep = logits_sampling_utils.kept_tokens(logits, threshold[window], targets[window])
+                grad_logits.masked_fill_(~keep, 0.0)
+            if g.shape[1] == 2:
+                grad_logits.sub_((logits - lse[window, 1:]).exp().mul_(g[:, 1:]))
+            grad_logits.scatter_add_(-1, targets[window, None], g.sum(dim=-1, keepdim=True))
+            grad_logits = grad_logits.div_(temperature).to(ctx.grad_dtype)
             grad_hidden[window] = (grad_logits @ w_grad).to(hidden.dtype)
             grad_weight += (grad_logits.t() @ h.to(ctx.grad_dtype)).float()
-        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None, None, None
 
 
 def project_token_logprobs(
@@ -77,13 +123,20 @@ def project_token_logprobs(
     chunk_size: int,
     dtype: torch.dtype,
     grad_dtype: torch.dtype | None = None,
+    sampling: TrainingSamplingParams | None = None,
+    also_unfiltered: bool = False,
 ) -> torch.Tensor:
     """``[N]`` fp32 ``log_softmax(hidden @ weightᵀ)[targets]`` for ``hidden [N, H]``, ``targets [N]``;
     differentiable w.r.t. ``hidden`` and ``weight``. The matmuls run in ``dtype`` (the backward's gradient
-    matmuls in ``grad_dtype``, default ``dtype``), the softmax in fp32."""
+    matmuls in ``grad_dtype``, default ``dtype``), the softmax in fp32. ``sampling``/``also_unfiltered``: see
+    `_ProjectedTokenLogprobs` (``[N, 2]`` with the latter)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    return _ProjectedTokenLogprobs.apply(hidden, weight, targets.long(), chunk_size, dtype, grad_dtype or dtype)
+    if sampling is not None and sampling.is_identity:
+        sampling = None
+    return _ProjectedTokenLogprobs.apply(
+        hidden, weight, targets.long(), chunk_size, dtype, grad_dtype or dtype, sampling, also_unfiltered
+    )
 
 
 class SelectiveLMHead(nn.Linear):
@@ -92,30 +145,35 @@ class SelectiveLMHead(nn.Linear):
     Installed by class swap (`install`), so parameter names, weight tying and sharding stay those of the model.
     """
 
-    _selection: tuple[torch.Tensor, torch.Tensor, int, torch.dtype, torch.dtype | None] | None = None
+    _selection: Selection | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._selection is None:
             return super().forward(hidden)
-        positions, targets, chunk_size, dtype, grad_dtype = self._selection
-        positions = positions.to(hidden.device)
+        sel = self._selection
+        positions = sel.positions.to(hidden.device)
         picked = project_token_logprobs(
-            hidden[positions], self.weight, targets.to(hidden.device)[positions], chunk_size, dtype, grad_dtype
+            hidden[positions],
+            self.weight,
+            sel.targets.to(hidden.device)[positions],
+            sel.chunk_size,
+            sel.dtype,
+            sel.grad_dtype,
+            sel.sampling,
+            sel.also_unfiltered,
         )
+        if sel.also_unfiltered:
+            out = torch.zeros((*positions.shape, 2), dtype=torch.float32, device=hidden.device)
+            out[positions] = picked
+            return out
         out = torch.zeros(positions.shape, dtype=torch.float32, device=hidden.device)
         return out.masked_scatter(positions, picked)
 
     @contextlib.contextmanager
-    def selecting(
-        self,
-        positions: torch.Tensor,
-        targets: torch.Tensor,
-        chunk_size: int,
-        dtype: torch.dtype,
-        grad_dtype: torch.dtype | None = None,
-    ) -> Iterator[None]:
-        """Within this block the model's ``.logits`` are ``[B, S]`` fp32 logprobs (layout: module doc)."""
-        self._selection = (positions, targets, chunk_size, dtype, grad_dtype)
+    def selecting(self, selection: Selection) -> Iterator[None]:
+        """Within this block the model's ``.logits`` are ``[B, S]`` fp32 logprobs (``[B, S, 2]`` with
+        ``also_unfiltered``; layout: module doc)."""
+        self._selection = selection
         try:
             yield
         finally:

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
 
@@ -42,17 +43,23 @@ def spec_logprobs(
     chunk_size: int | None = None,
     vocab_parallel_rank: int | None = None,
     vocab_parallel_group: dist.ProcessGroup | None = None,
+    sampling: TrainingSamplingParams | None = None,
 ) -> torch.Tensor:
     """``[B, S]`` fp32 logprobs of ``input_ids`` under next-token ``logits`` ``[B, S, V]`` (the layout above), or
     ``[B, S, V / tp]`` when the vocab is split over ``vocab_parallel_group`` (this rank's shard is number
     ``vocab_parallel_rank``).
 
-    A 0 is prepended (token 0 has no prediction) and positions ``>= input_lengths`` are 0. ``chunk_size``: see
-    `token_logprobs_from_logits`.
+    A 0 is prepended (token 0 has no prediction) and positions ``>= input_lengths`` are 0. ``chunk_size`` and
+    ``sampling``: see `token_logprobs_from_logits`.
     """
     vocab_start = None if vocab_parallel_rank is None else vocab_parallel_rank * logits.shape[-1]
     next_token = token_logprobs_from_logits(
-        logits, input_ids, vocab_parallel_group=vocab_parallel_group, vocab_start=vocab_start, chunk_size=chunk_size
+        logits,
+        input_ids,
+        vocab_parallel_group=vocab_parallel_group,
+        vocab_start=vocab_start,
+        chunk_size=chunk_size,
+        sampling=sampling,
     )
     logprobs = F.pad(next_token, (1, 0))
     positions = torch.arange(input_ids.shape[1], device=logprobs.device)

@@ -66,6 +66,8 @@ def engine_kwargs(
         "enable_prefix_caching": vllm_cfg.enable_prefix_caching,
         "kv_cache_dtype": vllm_cfg.kv_cache_dtype,
         "disable_log_stats": False,  # per-request timestamps for `PhaseStats` (offline mode prints no stats)
+        # Logprobs of the distribution sampled from (after temperature, top-k, top-p), which the trainer reproduces.
+        "logprobs_mode": "processed_logprobs",
     }
     if hf_config_overrides:
         kwargs["hf_overrides"] = dict(hf_config_overrides)
@@ -173,7 +175,8 @@ class Request:
 def sampling_params(
     config: GenerationConfig, greedy: bool, max_tokens: int, stop: list[str] | None, seed: int | None
 ) -> Any:
-    """One request's sampling: engine logprob of each sampled token (raw, before temperature); stop strings are
+    """One request's sampling: engine logprob of each sampled token (processed: after temperature, top-k and top-p,
+    see ``logprobs_mode`` in `engine_kwargs`); stop strings are
     kept in the output (environments parse them)."""
     from vllm import SamplingParams
 
