@@ -22,6 +22,7 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from nemo_rl_clone.algorithms.distillation_loss import DistillationLossFn
 from nemo_rl_clone.algorithms.grpo import log_validation
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.rl.batches import build_train_batch, sample_rows
 from nemo_rl_clone.algorithms.rl.distillation_config import DistillationConfig, DistillationMasterConfig
 from nemo_rl_clone.algorithms.rl.rollouts import generate_step_rollouts, refit
@@ -90,7 +91,8 @@ def setup(config: DistillationMasterConfig | Mapping[str, Any]) -> DistillationC
     except BaseException:
         run.shutdown()
         raise
-    return DistillationComponents(config, run, teacher, DistillationLossFn(config.loss_fn))
+    loss_fn = DistillationLossFn(config.loss_fn, TrainingSamplingParams.from_generation(config.policy.generation))
+    return DistillationComponents(config, run, teacher, loss_fn)
 
 
 def check_vocab_match(config: DistillationMasterConfig) -> None:

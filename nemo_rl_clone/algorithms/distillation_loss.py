@@ -5,6 +5,8 @@ Call contract: the one in `loss_functions` (NeMo-RL's),
     loss, metrics = loss_fn(next_token_logits, data, global_valid_seqs, global_valid_toks, ...)
 
 - ``next_token_logits``: the student's ``[B, S, V]`` logits (position t predicts token t+1); a DTensor is gathered.
+  They are divided by the student's sampling temperature (``sampling_params``), as the teacher's top-k logits are
+  by the teacher's (`Policy.get_topk_logits`).
 - ``data``: ``input_ids`` ``[B, S]``, ``token_mask`` ``[B, S]``, ``sample_mask`` ``[B]``, and the teacher's top-k at
   every position, ``teacher_topk_logits`` ``[B, S, k]`` (float) and ``teacher_topk_indices`` ``[B, S, k]`` (vocab
   ids), as `Policy.get_topk_logits` returns them. Position t of both is aligned with the logits of position t, so
@@ -34,6 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, scale
 from nemo_rl_clone.algorithms.loss_configs import validated_loss_config
 from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.distributed.model_utils import LossType
@@ -86,8 +89,15 @@ class DistillationLossFn:
 
     loss_type = LossType.TOKEN_LEVEL
 
-    def __init__(self, cfg: DistillationLossConfig | Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DistillationLossConfig | Mapping[str, Any] | None = None,
+        sampling_params: TrainingSamplingParams | None = None,
+    ) -> None:
         self.cfg = validated_loss_config(DistillationLossConfig, cfg, "DistillationLossFn")
+        # The student's sampling temperature: its logits are divided by it, as its sampler's were (no top-k/top-p:
+        # the KL compares whole distributions).
+        self.sampling_params = sampling_params.unfiltered() if sampling_params is not None else None
         self.kl_type = self.cfg.kl_type
         self.mixed_kl_weight = self.cfg.mixed_kl_weight
         self.zero_outside_topk = self.cfg.zero_outside_topk
@@ -114,7 +124,7 @@ class DistillationLossFn:
                 "DistillationLossFn: vocab- or context-parallel logits are not supported yet; use full logits"
             )
         logits = next_token_logits.full_tensor() if isinstance(next_token_logits, DTensor) else next_token_logits
-        logits = logits[:, :-1].float()  # [B, S-1, V]
+        logits = scale(logits[:, :-1], self.sampling_params)  # [B, S-1, V] fp32, ÷ the sampling temperature
         indices = data["teacher_topk_indices"][:, :-1].to(logits.device, torch.long)  # [B, S-1, k]
         if indices.shape[-1] < 1:
             raise ValueError("DistillationLossFn: the teacher's top-k is empty (k must be >= 1)")

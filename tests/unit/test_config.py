@@ -544,3 +544,21 @@ def _schema_of(path: Path) -> type:
 )
 def test_every_recipe_validates(path):
     load_validated_config(path, [], _schema_of(path))
+
+
+@pytest.mark.parametrize(
+    "override,problem",
+    [
+        ("policy.generation.temperature=2.5", "must be in [0, 2.0] (vLLM's range), got 2.5"),
+        ("policy.generation.temperature=-0.1", "must be in [0, 2.0] (vLLM's range), got -0.1"),
+        ("policy.generation.temperature=0.005", "must be 0 (greedy) or at least 0.01: vLLM samples at 0.01"),
+    ],
+    ids=["above_vllms_cap", "negative", "below_vllms_floor"],
+)
+def test_sampling_temperature_is_checked_at_load_time(override, problem):
+    """A temperature vLLM refuses (or silently changes) fails validation, before Ray or an engine starts."""
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", [override], grpo_schema())
+    assert any(line.startswith("policy.generation.temperature: " + problem) for line in err.value.problems), (
+        err.value.problems
+    )

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_rl_clone.algorithms.distillation_loss import DistillationLossConfig, DistillationLossFn
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.distributed.model_utils import valid_counts
 
 B, S, V, K = 3, 6, 11, 4
@@ -148,3 +149,17 @@ def test_missing_teacher_topk_is_one_clear_error() -> None:
     del data["teacher_topk_indices"]
     with pytest.raises(KeyError, match="teacher_topk_indices"):
         DistillationLossFn()(logits, data, torch.tensor(2.0), torch.tensor(5.0))
+
+
+def test_student_logits_are_divided_by_its_sampling_temperature() -> None:
+    """At the student's sampling temperature 0.5 the loss is the hand reference on logits / 0.5 (its top-k/top-p
+    play no part: the KL compares whole distributions), and differs from the one at temperature 1."""
+    logits, data = _batch()
+    valid_seqs, valid_toks = valid_counts(data)
+    sampling = TrainingSamplingParams(0.5, 3, 0.9)
+    loss, _ = DistillationLossFn({"kl_type": "forward"}, sampling)(logits, data, valid_seqs, valid_toks)
+    mask = data["token_mask"][:, 1:].double() * data["sample_mask"].double()[:, None]
+    per_token = _reference_per_token(logits / 0.5, data, "forward", 0.5, False)
+    torch.testing.assert_close(loss.double(), (per_token * mask).sum() / mask.sum(), **TOL)
+    unscaled, _ = DistillationLossFn({"kl_type": "forward"})(logits, data, valid_seqs, valid_toks)
+    assert abs(unscaled.item() - loss.item()) > 1e-3

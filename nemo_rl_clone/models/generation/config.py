@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
+
+# vLLM's sampling temperatures: it refuses more than 2 and raises anything in (0, 0.01) to 0.01.
+MAX_TEMPERATURE = 2.0
+MIN_TEMPERATURE = 0.01
 
 
 @dataclass
@@ -109,7 +114,20 @@ class GenerationConfig:
     real_quant: bool = False  # refused when true
 
     def check(self) -> list[tuple[str, str]]:
-        problems = check_at_least(self, 1, "max_new_tokens") + check_at_least(self, 0, "temperature")
+        problems = check_at_least(self, 1, "max_new_tokens")
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
+            problems.append(
+                ("temperature", f"must be in [0, {MAX_TEMPERATURE}] (vLLM's range), got {self.temperature}")
+            )
+        elif 0.0 < self.temperature < MIN_TEMPERATURE:
+            # vLLM raises such a temperature to 0.01 without a word: the trainer would divide by another one.
+            problems.append(
+                (
+                    "temperature",
+                    f"must be 0 (greedy) or at least {MIN_TEMPERATURE}: vLLM samples at {MIN_TEMPERATURE} instead of "
+                    f"{self.temperature}, and the trainer's logprobs would not be the sampler's",
+                )
+            )
         problems += check_port_range(self.port_range_low, self.port_range_high, "port_range_low")
         if self.quant_cfg is not None:
             problems.append(("quant_cfg", "not supported yet: ModelOpt quantized generation; set it to null"))

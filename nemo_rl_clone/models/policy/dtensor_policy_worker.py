@@ -35,6 +35,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from nemo_rl_clone.algorithms import logits_sampling_utils
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction, TokenLogprobs
@@ -292,13 +293,14 @@ class DTensorPolicyWorker(RefitSender):
 
     def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
         """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}`` of this rank's shard (layout:
-        `topk_logits`)."""
+        `topk_logits`), the logits divided by ``policy.generation.temperature``."""
         self._require_language_model("get_topk_logits")
         topk_logits.check_k(k)
         width, indices = data["input_ids"].shape[1], []
 
         def topk(batch: BatchedDataDict) -> torch.Tensor:
-            values, ids = topk_logits.topk_of_logits(self._forward(batch), k, batch["input_lengths"], width)
+            logits = logits_sampling_utils.scale(self._forward(batch), self.sampling)  # ÷ the sampling temperature
+            values, ids = topk_logits.topk_of_logits(logits, k, batch["input_lengths"], width)
             indices.append(ids)
             return values
 
