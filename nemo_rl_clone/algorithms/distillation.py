@@ -210,7 +210,7 @@ def _run_steps(c: DistillationComponents) -> None:
                 log_validation(run, step)
 
             # 6. checkpoint
-            metrics = _train_metrics(train_results, train_data, rollouts.raw_rewards, rollouts.rollout_metrics)
+            metrics = _train_metrics(train_results, train_data, rollouts.rewards, rollouts.rollout_metrics)
             state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
             if should_save(step, cfg.checkpointing, is_last):
                 phase(step, "checkpoint")
@@ -224,7 +224,7 @@ def _run_steps(c: DistillationComponents) -> None:
         run.logger.log_metrics(_performance(metrics, timing), step, prefix="performance")
         run.logger.log_metrics(timing, step, prefix="timing/train")
         run.logger.log_samples_jsonl(
-            sample_rows(rollouts.batch, rollouts.raw_rewards, None, run.tokenizer, train_data), step
+            sample_rows(rollouts.batch, rollouts.rewards, None, run.tokenizer, train_data), step
         )
         console.print(
             f"step {step}: loss {metrics['loss']:.4f}, forward KL {metrics['kl_forward']:.4f}, "

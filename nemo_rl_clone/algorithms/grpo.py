@@ -74,10 +74,10 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
             if rollouts is None:
                 console.print(f"[yellow]step {step}: the trajectory collector has no more data; stopping")
                 break
-            batch, raw_rewards = rollouts.batch, rollouts.raw_rewards
+            batch, rewards = rollouts.batch, rollouts.rewards
 
             # 5. advantages: leave-one-out baseline, normalised by the group std, optionally clipped
-            advantages = step_advantages(raw_rewards, cfg.grpo)
+            advantages = step_advantages(rewards, cfg.grpo)
             train_data = build_train_batch(batch, advantages, c.tokenizer, cfg)
 
             # 6. logprobs of the pre-update policy (unless the loss takes them on-policy from the training forward)
@@ -117,14 +117,14 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
                 or stop_for_deadline
             )
             metrics = aggregate_train_metrics(
-                train_results, train_data, raw_rewards, advantages, rollouts.rollout_metrics
+                train_results, train_data, rewards, advantages, rollouts.rollout_metrics, batch["total_reward"]
             )
             metrics.update(rollouts.sampling_metrics)
             if cfg.grpo.seq_logprob_error_threshold is not None:
                 metrics["num_masked_seqs_by_logprob_error"] = float(num_masked)
             state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
             # collapse monitors on this step's metrics and validation (docs/monitors.md); their history is checkpointed
-            monitor_metrics = monitors.update(step, metrics, raw_rewards, state.val_metrics)
+            monitor_metrics = monitors.update(step, metrics, rewards, state.val_metrics)
             state.monitors = monitors.state_dict()
             if should_save(step, cfg.checkpointing, is_last):
                 phase(step, "checkpoint")
@@ -146,7 +146,7 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
         if rollouts.extra_metrics:
             c.logger.log_metrics(rollouts.extra_metrics, step, prefix="async")
         c.logger.log_metrics(monitor_metrics, step, prefix="monitor")
-        c.logger.log_samples_jsonl(sample_rows(batch, raw_rewards, advantages, c.tokenizer, train_data), step)
+        c.logger.log_samples_jsonl(sample_rows(batch, rewards, advantages, c.tokenizer, train_data), step)
         advance(step)
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")

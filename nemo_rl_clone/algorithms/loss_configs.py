@@ -62,6 +62,12 @@ class ClippedPGLossConfig:
             for key in ("disable_ppo_ratio", "sequence_level_importance_ratios", "force_on_policy_ratio"):
                 if getattr(self, key):
                     problems.append(("use_cispo", f"CISPO clips the token ratio itself; set {key}=false"))
+            if self.ratio_clip_c is not None:
+                problems.append(("ratio_clip_c", "dual clipping does not apply to CISPO's loss; set it to null"))
+            if not self.token_level_loss:
+                problems.append(("use_cispo", "CISPO needs token_level_loss=true"))
+        if self.disable_ppo_ratio and self.ratio_clip_c is not None:
+            problems.append(("ratio_clip_c", "dual clipping bounds the PPO ratio, which disable_ppo_ratio removes"))
         if self.positive_example_nll_weight != 0:
             problems.append(
                 (
@@ -90,6 +96,11 @@ class ClippedPGLossConfig:
             problems.append(("truncated_importance_sampling_ratio", f"must be > 0 or null, got {tis}"))
         if tis is not None and not self.use_importance_sampling_correction:
             problems.append(("truncated_importance_sampling_ratio", "needs use_importance_sampling_correction=true"))
+        # NeMo-RL's recipes carry type 'tis' with no ratio (inactive); the masking types without one are refused.
+        if kind in ("icepop", "seq-mask-tis") and tis is None:
+            problems.append(
+                ("truncated_importance_sampling_type", f"{kind!r} needs truncated_importance_sampling_ratio (> 0)")
+            )
         if kind in ("icepop", "seq-mask-tis") and tis is not None:
             if low is None:
                 problems.append(("truncated_importance_sampling_ratio_min", f"required with type {kind!r}"))

@@ -18,7 +18,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 def rollouts(version: int, prompts: int = 2, tag: int = 0) -> StepRollouts:
     return StepRollouts(
         batch=BatchedDataDict(tag=[tag]),
-        raw_rewards=torch.zeros(1),
+        rewards=torch.zeros(1),
         rollout_metrics={},
         sampling_metrics={},
         generation_performance={},

@@ -188,3 +188,27 @@ def call_nll(loss_fn, logits, data, **kwargs):
 def test_preference_loss_split_output_tensor():
     chosen, rejected = PreferenceLoss().split_output_tensor(torch.arange(6))
     assert chosen.tolist() == [0, 2, 4] and rejected.tolist() == [1, 3, 5]
+
+
+@pytest.mark.parametrize(
+    "overrides,problem",
+    [
+        (
+            {"truncated_importance_sampling_type": "icepop", "use_importance_sampling_correction": True},
+            "truncated_importance_sampling_type: 'icepop' needs truncated_importance_sampling_ratio (> 0)",
+        ),
+        (
+            {"truncated_importance_sampling_type": "seq-mask-tis", "use_importance_sampling_correction": True},
+            "truncated_importance_sampling_type: 'seq-mask-tis' needs truncated_importance_sampling_ratio (> 0)",
+        ),
+        ({"use_cispo": True, "ratio_clip_c": 3.0}, "ratio_clip_c: dual clipping does not apply to CISPO's loss"),
+        ({"disable_ppo_ratio": True, "ratio_clip_c": 3.0}, "ratio_clip_c: dual clipping bounds the PPO ratio"),
+        ({"use_cispo": True, "token_level_loss": False}, "use_cispo: CISPO needs token_level_loss=true"),
+    ],
+    ids=["icepop_without_ratio", "seq_mask_tis_without_ratio", "cispo_dual_clip", "reinforce_dual_clip", "cispo_seq"],
+)
+def test_combinations_nemo_rl_refuses_are_refused(overrides, problem):
+    """What NeMo-RL v0.7.0 refuses fails validation with one line naming the key (it would otherwise be ignored)."""
+    with pytest.raises(ValueError) as err:
+        ClippedPGLossFn({**NEMO_RL_LOSS_CFG, **overrides})
+    assert problem in str(err.value), str(err.value)

@@ -19,6 +19,7 @@ from nemo_rl_clone.algorithms.utils import (
 )
 from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.progress import console
 
 # Loss metrics are each microbatch's share of the global mean (the call contract in `loss_functions`), so they add
@@ -47,20 +48,23 @@ def generation_seeds(seed: int, step: int, gen_batch: int, size: int) -> list[in
     return [base + i for i in range(size)]
 
 
-def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> torch.Tensor:
-    """The environment's total reward per sample, with optional overlong shaping, then optional scaling."""
-    rewards = batch["total_reward"].clone()
+def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards, unshaped) per sample, in NeMo-RL v0.7.0's order: the environment's total reward, optionally scaled,
+    then optionally shaped (the overlong penalty). ``unshaped`` is the scaled reward before shaping: what dynamic
+    sampling judges, so that an all-correct group with one overlong answer is not taken for signal."""
+    rewards = batch["total_reward"].clone().float()
+    if cfg.reward_scaling.enabled:
+        s = cfg.reward_scaling
+        rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
+    unshaped = rewards.clone()
     if cfg.reward_shaping.enabled:
         shaping = cfg.reward_shaping
         assert shaping.max_response_length is not None  # RewardShapingConfig.check requires it when enabled
         lengths = torch.tensor([_response_length(log) for log in batch["message_log"]])
-        rewards += overlong_penalty(
+        rewards = rewards + overlong_penalty(
             lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_buffer_penalty
         )
-    if cfg.reward_scaling.enabled:
-        s = cfg.reward_scaling
-        rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
-    return rewards
+    return rewards, unshaped
 
 
 def step_advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
@@ -84,18 +88,23 @@ def mask_logprob_mismatch(train_data: BatchedDataDict, threshold: float) -> int:
     return int(drop.sum())
 
 
-def select_groups(
-    batch: BatchedDataDict, rewards: torch.Tensor, group_size: int, num_groups: int
-) -> tuple[BatchedDataDict, torch.Tensor]:
-    """Dynamic sampling: ``num_groups`` prompt groups, those whose rewards differ first.
+def select_groups(signal_rewards: torch.Tensor, group_size: int, num_groups: int, fill: bool) -> list[int]:
+    """Dynamic sampling: the rows of ``num_groups`` prompt groups whose ``signal_rewards`` (unshaped) differ.
 
-    When fewer groups have signal, groups without it fill the batch (their advantages are 0), so the training batch
-    always has the configured size.
+    With fewer such groups: ``fill`` takes groups without signal to complete the batch (their advantages are 0);
+    otherwise the run stops with one line, as NeMo-RL does.
     """
-    signal = groups_with_signal(rewards, group_size)
+    signal = groups_with_signal(signal_rewards, group_size)
+    found = int(signal.sum())
+    if found < num_groups and not fill:
+        raise UserInputError(
+            f"grpo.use_dynamic_sampling: only {found} of grpo.num_prompts_per_step={num_groups} prompt groups had "
+            f"rewards that differ after grpo.dynamic_sampling_max_gen_batches generation batches; raise that limit, "
+            "use easier data or more generations per prompt, or set grpo.dynamic_sampling_fill_without_signal=true "
+            "to fill the batch with groups that train nothing"
+        )
     order = signal.nonzero().flatten().tolist() + (~signal).nonzero().flatten().tolist()
-    rows = [g * group_size + i for g in order[:num_groups] for i in range(group_size)]
-    return batch.select_indices(rows), rewards[rows]
+    return [g * group_size + i for g in order[:num_groups] for i in range(group_size)]
 
 
 def combine_rollout_metrics(per_batch: Sequence[Mapping[str, float]], sizes: Sequence[int]) -> dict[str, float]:
@@ -136,14 +145,19 @@ def aggregate_train_metrics(
     rewards: torch.Tensor,
     advantages: torch.Tensor,
     rollout_metrics: dict[str, float],
+    task_rewards: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    """NeMo-RL's ``train/*`` metrics of one step (loss-type metrics averaged over the step's global batches)."""
+    """NeMo-RL's ``train/*`` metrics of one step (loss-type metrics averaged over the step's global batches).
+
+    ``reward`` is the mean of the rewards the advantages came from (scaled and shaped, as NeMo-RL logs it);
+    ``accuracy`` the share of samples whose environment reward (``task_rewards``, before scaling and shaping;
+    default ``rewards``) is 1."""
     metrics = reduce_train_results(train_results, _SUMMED_LOSS_METRICS)
     mask = train_data["token_mask"]
     prompt_lengths = train_data["input_lengths"] - mask.sum(dim=1)
     metrics.update(
         reward=rewards.mean().item(),
-        accuracy=(rewards == 1.0).float().mean().item(),
+        accuracy=((rewards if task_rewards is None else task_rewards) == 1.0).float().mean().item(),
         mean_prompt_length=prompt_lengths.float().mean().item(),
         total_num_tokens=float(train_data["input_lengths"].sum()),
         generated_tokens=float(mask.sum()),

@@ -129,6 +129,9 @@ class GRPOConfig:
     seed: int = 42
     use_dynamic_sampling: bool = False
     dynamic_sampling_max_gen_batches: int = 10
+    # Ours, not NeMo-RL's: when dynamic sampling finds too few groups with signal in time, fill the batch with groups
+    # that train nothing instead of stopping the run (NeMo-RL's behaviour, the default).
+    dynamic_sampling_fill_without_signal: bool = False
     batch_multiplier: int = 1
     val_at_end: bool = False
     # Advantages are clamped into [advantage_clip_low, advantage_clip_high] (null: that side is open).

@@ -45,7 +45,7 @@ class StepRollouts:
     """
 
     batch: BatchedDataDict
-    raw_rewards: torch.Tensor
+    rewards: torch.Tensor  # [B] scaled, then shaped: what the advantages are computed from
     rollout_metrics: dict[str, float]
     sampling_metrics: dict[str, float]
     generation_performance: dict[str, float]
@@ -59,40 +59,45 @@ class StepRollouts:
 def generate_step_rollouts(
     c: GRPOComponents, step: int, batches: Iterator[BatchedDataDict], weight_version: int
 ) -> StepRollouts:
-    """Steps 1-4 of GRPO for ``step``: prompts × generations, rollouts, reward shaping and scaling (repeated while
-    dynamic sampling still lacks groups with reward variance). Sampling seeds depend on (seed, step, batch, row)
+    """Steps 1-4 of GRPO for ``step``: prompts × generations, rollouts, reward scaling then shaping (repeated while
+    dynamic sampling still lacks groups whose unshaped rewards differ). Sampling seeds depend on (seed, step, batch, row)
     only, so a step's samples do not depend on which source generated them."""
     cfg, timer = c.config, Timer()
     group_size = cfg.grpo.num_generations_per_prompt
-    rollouts, rewards, per_batch_metrics = [], [], []
+    rollouts, rewards, unshaped, per_batch_metrics = [], [], [], []
     for gen_batch in range(cfg.grpo.dynamic_sampling_max_gen_batches if cfg.grpo.use_dynamic_sampling else 1):
         prompts = next(batches).repeat_interleave(group_size)
         prompts["seeds"] = generation_seeds(cfg.grpo.seed, step, gen_batch, prompts.size)
         with timer.time("generation"):
             batch, batch_metrics = roll_out(c, prompts)
         rollouts.append(batch)
-        rewards.append(process_rewards(batch, cfg.grpo))
+        shaped, before_shaping = process_rewards(batch, cfg.grpo)
+        rewards.append(shaped)
+        unshaped.append(before_shaping)
         per_batch_metrics.append(batch_metrics)
         if not cfg.grpo.use_dynamic_sampling:
             break
-        if int(groups_with_signal(torch.cat(rewards), group_size).sum()) >= cfg.grpo.num_prompts_per_step:
+        if int(groups_with_signal(torch.cat(unshaped), group_size).sum()) >= cfg.grpo.num_prompts_per_step:
             break
     loader_state = c.dataloader.state_dict()
     generation_performance = c.generation.take_performance_metrics()
     rollout_metrics = combine_rollout_metrics(per_batch_metrics, [b.size for b in rollouts])
     batch = BatchedDataDict.from_batches(rollouts) if len(rollouts) > 1 else rollouts[0]
-    raw_rewards = torch.cat(rewards)
+    step_rewards, signal_rewards = torch.cat(rewards), torch.cat(unshaped)
     sampling_metrics: dict[str, float] = {}
     if cfg.grpo.use_dynamic_sampling:
-        surplus = int(groups_with_signal(raw_rewards, group_size).sum()) - cfg.grpo.num_prompts_per_step
+        surplus = int(groups_with_signal(signal_rewards, group_size).sum()) - cfg.grpo.num_prompts_per_step
         sampling_metrics = {
             "dynamic_sampling_num_gen_batches": float(len(rollouts)),
             "dynamic_sampling_num_discarded_valid_samples": float(max(0, surplus) * group_size),
         }
-        batch, raw_rewards = select_groups(batch, raw_rewards, group_size, cfg.grpo.num_prompts_per_step)
+        rows = select_groups(
+            signal_rewards, group_size, cfg.grpo.num_prompts_per_step, cfg.grpo.dynamic_sampling_fill_without_signal
+        )
+        batch, step_rewards = batch.select_indices(rows), step_rewards[rows]
     return StepRollouts(
         batch=batch,
-        raw_rewards=raw_rewards,
+        rewards=step_rewards,
         rollout_metrics=rollout_metrics,
         sampling_metrics=sampling_metrics,
         generation_performance=generation_performance,
