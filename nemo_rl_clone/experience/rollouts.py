@@ -40,7 +40,8 @@ def run_multi_turn_rollout(
     """Roll out every sample of ``input_batch`` (from ``rl_collate_fn``) until it terminates.
 
     A sample stops when its environment says so, when the engine hit its token limit (``truncated``), when the
-    conversation reaches ``max_seq_len`` tokens, or after ``max_rollout_turns`` turns. Rewards are summed over
+    conversation reaches ``max_seq_len`` tokens (an observation that does not fit is cut at ``max_seq_len`` and the
+    sample marked ``truncated``), or after ``max_rollout_turns`` turns. Rewards are summed over
     turns.
 
     Args:
@@ -122,6 +123,11 @@ def run_multi_turn_rollout(
             last = batch["message_log"][i][-1]["token_ids"]
             ended_with_eos = len(last) > 0 and int(last[-1]) == tokenizer.eos_token_id
             message = observation_message(observation, tokenizer, ended_with_eos)
+            room_left = max_seq_len - sum(len(m["token_ids"]) for m in batch["message_log"][i])
+            if len(message["token_ids"]) > room_left:  # the observation is cut to fit, and the sample ends here
+                message["token_ids"] = message["token_ids"][: max(room_left, 0)]
+                message["content"] = tokenizer.decode(message["token_ids"])
+                truncated[i] = True
             message[GENERATION_LOGPROBS] = torch.zeros(len(message["token_ids"]), dtype=torch.float32)
             batch["message_log"][i].append(message)
 

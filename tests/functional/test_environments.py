@@ -69,12 +69,13 @@ class LengthReward(EnvironmentInterface):
         with open(self.cfg.log_file, "a") as log:
             log.write(json.dumps({"pid": os.getpid(), "rewards": rewards}) + "\\n")
         n = len(texts)
+        # A reply longer than the room a 96-token conversation has left: the rollout must cut it and end the sample.
         return EnvironmentReturn(
-            observations=[{"role": "user", "content": ""}] * n,
+            observations=[{"role": "user", "content": "Please say more. " * 40}] * n,
             metadata=metadata,
             next_stop_strings=[None] * n,
             rewards=torch.tensor(rewards),
-            terminateds=torch.ones(n, dtype=torch.bool),
+            terminateds=torch.zeros(n, dtype=torch.bool),
             answers=[None] * n,
         )
 
@@ -94,6 +95,8 @@ def test_users_own_environment_named_only_in_yaml(tmp_path: Path) -> None:
         textwrap.dedent(
             f"""\
             defaults: {REPO / "configs" / "grpo_smoke.yaml"}
+            grpo:
+              max_rollout_turns: 2
             data:
               env_name: length_reward  # every row goes to the environment below
             env:
@@ -120,6 +123,10 @@ def test_users_own_environment_named_only_in_yaml(tmp_path: Path) -> None:
     step_rewards = [r for record in records for r in record["rewards"]]
     assert any(0.0 < r < 1.0 for r in step_rewards)  # graded by length, unlike the built-in 0/1 scorers
     assert 0.0 <= metrics[1]["train/reward"] <= 1.0
+    # The environment's long reply is cut at policy.max_total_sequence_length (96), and the sample ends truncated.
+    for step in (1, 2):
+        assert metrics[step]["train/total_num_tokens"] == 8 * 96, metrics[step]
+        assert metrics[step]["train/rollout/truncation_rate"] == 1.0
 
 
 def test_code_environment_smoke_runs_responses_in_the_sandbox(tmp_path: Path) -> None:

@@ -138,6 +138,7 @@ class AsyncRollouts:
         self.position = TrainedPosition(c.dataloader)
         self.engine_lock = threading.Lock()  # held by the collector for one rollout batch, by refit and validation
         self._cond = threading.Condition()  # guards weight_version, _stop and _engine_idle_s
+        self._refit_turn = threading.Lock()  # an in-flight refit and the version it publishes, as one step
         self.weight_version = c.state.step
         self._stop = False
         self._engine_idle_s = 0.0
@@ -170,15 +171,22 @@ class AsyncRollouts:
         """Refit the engines with version ``step``: at once with in-flight weight updates (the batch in flight goes
         on with the new weights), else as soon as they finish their current rollout batch."""
         phase(step, "weight sync")
+        # The new version is published before anyone can generate with the new weights: a batch is never tagged
+        # with a version older than the weights it started with (its age bound would be too lax).
         if self.in_flight:
-            refit(self.c, timer)
+            with self._refit_turn:  # a batch starting now waits for the new weights and takes their version
+                refit(self.c, timer)
+                self._publish_version(step)
         else:
             with timer.time("wait_for_engines"):
                 self.engine_lock.acquire()
             try:
                 refit(self.c, timer)
+                self._publish_version(step)
             finally:
                 self.engine_lock.release()
+
+    def _publish_version(self, step: int) -> None:
         with self._cond:
             self.weight_version = step
             self._cond.notify_all()
@@ -218,7 +226,9 @@ class AsyncRollouts:
                         self._engine_idle_s += time.perf_counter() - idle_from
                         if self._stop:
                             return
-                    rollouts = generate_step_rollouts(self.c, target, batches, self.weight_version)
+                    with self._refit_turn:  # not half-way through an in-flight refit
+                        version = self.weight_version
+                    rollouts = generate_step_rollouts(self.c, target, batches, version)
                 self.buffer.push(rollouts)
                 target += 1
             self.buffer.finish()
