@@ -77,7 +77,7 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
             batch, rewards = rollouts.batch, rollouts.rewards
 
             # 5. advantages: leave-one-out baseline, normalised by the group std, optionally clipped
-            advantages = step_advantages(rewards, cfg.grpo)
+            advantages = step_advantages(rewards, cfg.grpo, batch)
             train_data = build_train_batch(batch, advantages, c.tokenizer, cfg)
 
             # 6. logprobs of the pre-update policy (unless the loss takes them on-policy from the training forward)

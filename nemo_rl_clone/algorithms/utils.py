@@ -145,51 +145,6 @@ def combine_batches(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def baseline_and_std_per_prompt(
-    rewards: torch.Tensor, group_size: int, leave_one_out: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample baseline and the std of its prompt group.
-
-    Args:
-        rewards: [B] with B a multiple of ``group_size``, groups adjacent.
-        group_size: samples per prompt (``grpo.num_generations_per_prompt``).
-        leave_one_out: baseline of sample i = mean of the *other* samples of its group (an unbiased baseline that
-            does not depend on r_i); otherwise the group mean. With group_size 1 the baseline is the reward itself.
-
-    Returns:
-        (baseline [B], std [B]): std is the unbiased sample std of the group's rewards (0 for a group of one or a
-        group of equal rewards).
-    """
-    if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(
-            f"rewards must be [B] with B a multiple of group_size={group_size}, got {tuple(rewards.shape)}"
-        )
-    groups = rewards.double().view(-1, group_size)
-    total = groups.sum(dim=1, keepdim=True)
-    if leave_one_out and group_size > 1:
-        baseline = (total - groups) / (group_size - 1)
-    elif leave_one_out:
-        baseline = groups.clone()
-    else:
-        baseline = (total / group_size).expand_as(groups)
-    std = groups.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(total)
-    return baseline.reshape(-1).to(rewards.dtype), std.expand_as(groups).reshape(-1).to(rewards.dtype)
-
-
-def compute_advantages(
-    rewards: torch.Tensor, group_size: int, leave_one_out: bool = True, normalize: bool = True, eps: float = 1e-6
-) -> torch.Tensor:
-    """GRPO advantages [B]: A = r − baseline, divided by the group std where it is > 0 when ``normalize``.
-
-    A group whose rewards are all equal carries no signal and gets A = 0 exactly (never NaN).
-    """
-    baseline, std = baseline_and_std_per_prompt(rewards, group_size, leave_one_out)
-    advantages = rewards - baseline
-    if normalize:
-        advantages = torch.where(std > 0, advantages / (std + eps), torch.zeros_like(advantages))
-    return advantages
-
-
 def scale_rewards(
     rewards: torch.Tensor, source_min: float, source_max: float, target_min: float, target_max: float
 ) -> torch.Tensor:
@@ -230,8 +185,8 @@ def calculate_baseline_and_std_per_prompt(
     Only samples with ``valid_mask`` 1 count. Baseline of sample i: the mean reward of the valid samples of its group
     (without i itself when ``leave_one_out_baseline``: the divisor is then the number of valid samples minus one).
     Std of sample i: the unbiased std of those same rewards, 0 where it is undefined. A group with at most one valid
-    sample gets baseline = reward and std 0 (no advantage). Unlike `baseline_and_std_per_prompt`, the leave-one-out
-    std differs per sample.
+    sample gets baseline = reward and std 0 (no advantage). The leave-one-out std differs per sample (as in
+    `nemo_rl_clone.algorithms.advantage_estimator`, which works on adjacent groups).
 
     Args:
         prompts: [B, S] prompt token ids (any device).

@@ -79,8 +79,9 @@ def test_advantage_clipping():
     ("config", "line"),
     [
         (
-            {"grpo": {"adv_estimator": {"name": "reinforce_plus_plus"}}},
-            "grpo.adv_estimator.name: not supported yet: the 'reinforce_plus_plus' advantage estimator; use 'grpo'",
+            {"grpo": {"adv_estimator": {"name": "gdpo"}}},
+            "grpo.adv_estimator.name: not supported yet: 'gdpo' needs several reward components per sample, which "
+            "no environment here returns; use 'grpo'",
         ),
         (
             {"grpo": {"advantage_clip_low": 1.0, "advantage_clip_high": -1.0}},

@@ -7,10 +7,15 @@ from typing import Any
 
 import torch
 
+from nemo_rl_clone.algorithms.advantage_estimator import (
+    ESTIMATORS,
+    AdvantageEstimator,
+    ReinforcePlusPlusAdvantageEstimator,
+    RLOOAdvantageEstimator,
+)
 from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.utils import (
     combine_batches,
-    compute_advantages,
     groups_with_signal,
     masked_mean,
     overlong_penalty,
@@ -67,10 +72,25 @@ def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> tuple[torch.Tens
     return rewards, unshaped
 
 
-def step_advantages(rewards: torch.Tensor, cfg: GRPOConfig) -> torch.Tensor:
-    """[B] advantages of one step: the group baseline (``adv_estimator``), then clamped into
-    [advantage_clip_low, advantage_clip_high]."""
-    advantages = compute_advantages(rewards, cfg.num_generations_per_prompt, cfg.leave_one_out, cfg.normalize)
+def advantage_estimator(cfg: GRPOConfig) -> AdvantageEstimator:
+    """The estimator ``grpo.adv_estimator`` names, built from its keys (the one place estimators are built)."""
+    est = cfg.adv_estimator
+    if est.name == "reinforce_plus_plus":
+        return ReinforcePlusPlusAdvantageEstimator(est.minus_baseline)
+    if est.name == "rloo":
+        return RLOOAdvantageEstimator()
+    return ESTIMATORS[est.name](leave_one_out=cfg.leave_one_out, normalize=cfg.normalize, std=est.std)
+
+
+def step_advantages(rewards: torch.Tensor, cfg: GRPOConfig, batch: BatchedDataDict | None = None) -> torch.Tensor:
+    """[B] advantages of one step: ``grpo.adv_estimator``'s, then clamped into [advantage_clip_low,
+    advantage_clip_high]. ``batch``: its message logs give each sample's response length (REINFORCE++ weighs by
+    them); without it every sample weighs 1."""
+    if batch is None:
+        lengths = torch.ones_like(rewards)
+    else:
+        lengths = torch.tensor([_response_length(log) for log in batch["message_log"]], dtype=torch.float32)
+    advantages = advantage_estimator(cfg).compute_advantage(rewards, cfg.num_generations_per_prompt, lengths)
     if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
         advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
     return advantages

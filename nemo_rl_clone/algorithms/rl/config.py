@@ -43,23 +43,30 @@ class RewardShapingConfig:
 
 @dataclass
 class AdvEstimatorConfig:
-    """``grpo.adv_estimator``: NeMo-RL's advantage estimator choice. ``grpo`` (the group baseline, optionally
-    leave-one-out, optionally divided by the group std) is the one implemented; its two switches default to
-    ``grpo.normalize_rewards`` / ``grpo.use_leave_one_out_baseline`` and override them when set."""
+    """``grpo.adv_estimator`` (NeMo-RL v0.7.0): which advantage estimator (`algorithms/advantage_estimator.py`).
+    ``normalize_rewards`` / ``use_leave_one_out_baseline`` default to the flat ``grpo.*`` keys and override them
+    when set; ``minus_baseline`` is REINFORCE++'s; ``std`` (ours) picks the std GRPO divides by."""
 
-    name: Literal["grpo", "reinforce_plus_plus"] = "grpo"
+    name: Literal["grpo", "rloo", "reinforce_plus_plus", "gdpo"] = "grpo"
     minus_baseline: bool = True
     normalize_rewards: bool | None = None
     use_leave_one_out_baseline: bool | None = None
+    # "leave_one_out": NeMo-RL's, the std of the rewards the baseline averaged (per sample with leave-one-out);
+    # "group": the whole group's std for every sample (this project's default before 2026-11-27).
+    std: Literal["leave_one_out", "group"] = "leave_one_out"
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
-        if self.name != "grpo":
-            problems.append(("name", f"not supported yet: the {self.name!r} advantage estimator; use 'grpo'"))
-        if not self.minus_baseline:
+        if self.name == "gdpo":
             problems.append(
-                ("minus_baseline", "not supported yet: GRPO always subtracts the group baseline; set it to true")
+                (
+                    "name",
+                    "not supported yet: 'gdpo' needs several reward components per sample, which no environment "
+                    "here returns; use 'grpo'",
+                )
             )
+        if not self.minus_baseline and self.name != "reinforce_plus_plus":
+            problems.append(("minus_baseline", f"only reinforce_plus_plus reads it; {self.name!r} always subtracts"))
         return problems
 
 
