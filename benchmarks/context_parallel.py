@@ -33,7 +33,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: A
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
-    from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+    from nemo_rl_clone.algorithms.loss import NLLLossFn
     from nemo_rl_clone.algorithms.sft import SFTMasterConfig
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
@@ -61,7 +61,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: A
     times, losses = [], []
     for step in range(args.steps + 1):
         start = time.perf_counter()
-        result = worker.train(data, NLLLoss())
+        result = worker.train(data, NLLLossFn())
         if step:  # the first call warms up
             times.append(time.perf_counter() - start)
         losses.append(float(result["global_loss"][0]))

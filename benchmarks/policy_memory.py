@@ -46,7 +46,7 @@ def resident_gb() -> float:
 def child(variant: str, steps: int) -> dict[str, float]:
     import torch
 
-    from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+    from nemo_rl_clone.algorithms.loss import NLLLossFn
     from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
@@ -78,7 +78,7 @@ def child(variant: str, steps: int) -> dict[str, float]:
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        worker.train(data, NLLLoss())
+        worker.train(data, NLLLossFn())
         times.append(time.perf_counter() - start)
     after = resident_gb()
     ctypes.CDLL("libc.so.6").malloc_trim(0)

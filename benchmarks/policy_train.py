@@ -1,4 +1,4 @@
-"""Training throughput of `Policy.train` with each backend (1 DTensor worker, 1 Megatron Core worker; NLLLoss)
+"""Training throughput of `Policy.train` with each backend (1 DTensor worker, 1 Megatron Core worker; NLLLossFn)
 vs a plain single-process HF + AdamW loop.
 
 All three train SmolLM2-135M-Instruct in fp32 on the same fixed batch in the same run, with the same thread count
@@ -20,7 +20,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+from nemo_rl_clone.algorithms.loss import NLLLossFn
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
 from nemo_rl_clone.models.huggingface import SMOLLM2, load_tokenizer, resolve_model_path
@@ -122,7 +122,7 @@ def main() -> None:
         megatron_cluster, megatron_config, tokenizer, name_prefix="bench-megatron", init_reference_model=False
     )
     plain = PlainTrainer(model_path, config.max_grad_norm)
-    loss_fn = NLLLoss()
+    loss_fn = NLLLossFn()
     try:
         ours_s, megatron_s, plain_s, ours_losses, megatron_losses, plain_losses = [], [], [], [], [], []
         for step in range(args.warmup + args.steps):

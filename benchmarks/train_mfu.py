@@ -82,7 +82,7 @@ def make_batch(vocab_size: int, samples: int, seq_len: int) -> Any:
 def child(args: argparse.Namespace, precision: str) -> dict[str, float]:
     import torch
 
-    from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+    from nemo_rl_clone.algorithms.loss import NLLLossFn
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
     from nemo_rl_clone.models.policy import worker_setup
     from nemo_rl_clone.models.policy.config import PolicyConfig
@@ -117,7 +117,7 @@ def child(args: argparse.Namespace, precision: str) -> dict[str, float]:
     times, profiles = [], []
     for _ in range(args.warmup + args.steps):
         start = time.perf_counter()
-        result = worker.train(data, NLLLoss())
+        result = worker.train(data, NLLLossFn())
         times.append(time.perf_counter() - start)
         profiles.append(result["profile"])
     timed = list(range(args.warmup, len(times)))

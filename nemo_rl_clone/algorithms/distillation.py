@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from nemo_rl_clone.algorithms.distillation_loss import DistillationLossFn
 from nemo_rl_clone.algorithms.grpo import log_validation
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+from nemo_rl_clone.algorithms.loss.distillation import DistillationLossFn
 from nemo_rl_clone.algorithms.rl.batches import build_train_batch, sample_rows
 from nemo_rl_clone.algorithms.rl.distillation_config import DistillationConfig, DistillationMasterConfig
 from nemo_rl_clone.algorithms.rl.rollouts import generate_step_rollouts, refit

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_clone.algorithms.loss_functions import DPOLossConfig, DPOLossFn
+from nemo_rl_clone.algorithms.loss import DPOLossConfig, DPOLossFn
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.config import (
     PreferenceAlgorithm,

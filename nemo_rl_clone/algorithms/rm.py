@@ -1,5 +1,5 @@
 """Reward-model training: a scalar-head model (``policy.reward_model_cfg.enabled``) fitted Bradley-Terry
-(`PreferenceLoss`) on preference pairs, through the shared `supervised.loop`.
+(`PreferenceLossFn`) on preference pairs, through the shared `supervised.loop`.
 
     setup(config) -> SupervisedRun;  rm_train(run)
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_clone.algorithms.loss_functions import PreferenceLoss
+from nemo_rl_clone.algorithms.loss import PreferenceLossFn
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.config import (
     PreferenceAlgorithm,
@@ -68,7 +68,7 @@ class RMAlgorithm(PreferenceAlgorithm):
 def setup(config: RMMasterConfig | Mapping[str, Any]) -> SupervisedRun:
     """Tokenizer, preference data, logger, reward model; resumes from the latest checkpoint."""
     config = as_config(config, RMMasterConfig)  # NeMo-RL passes its master config as a dict
-    return build_preference_run(config, RMAlgorithm(PreferenceLoss()))
+    return build_preference_run(config, RMAlgorithm(PreferenceLossFn()))
 
 
 def rm_train(run: SupervisedRun) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+from nemo_rl_clone.algorithms.loss import NLLLossFn
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.config import (
     SupervisedAlgorithm,
@@ -93,7 +93,7 @@ def setup(config: SFTMasterConfig | Mapping[str, Any]) -> SupervisedRun:
         pad_token_id=tokenizer.pad_token_id,
         make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
     )
-    return build_supervised_run(config, SFTAlgorithm(NLLLoss()), tokenizer, train, val, collate)
+    return build_supervised_run(config, SFTAlgorithm(NLLLossFn()), tokenizer, train, val, collate)
 
 
 def sft_train(run: SupervisedRun) -> None:

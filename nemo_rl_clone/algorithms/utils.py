@@ -145,27 +145,6 @@ def combine_batches(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def scale_rewards(
-    rewards: torch.Tensor, source_min: float, source_max: float, target_min: float, target_max: float
-) -> torch.Tensor:
-    """Linear map of [source_min, source_max] onto [target_min, target_max]; rewards outside are clamped first."""
-    clamped = rewards.clamp(min=source_min, max=source_max)
-    return target_min + (clamped - source_min) * (target_max - target_min) / (source_max - source_min)
-
-
-def overlong_penalty(
-    response_lengths: torch.Tensor, max_response_length: int, buffer_length: int, penalty: float
-) -> torch.Tensor:
-    """DAPO's soft overlong punishment [B] (≤ 0), to be added to the rewards.
-
-    0 up to ``max_response_length − buffer_length`` tokens, then falling linearly to ``−penalty`` at
-    ``max_response_length`` (and staying there beyond it).
-    """
-    start = max_response_length - buffer_length
-    excess = (response_lengths.to(torch.float32) - start).clamp(min=0) / max(buffer_length, 1)
-    return -penalty * excess.clamp(max=1.0)
-
-
 def groups_with_signal(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """[B // group_size] bool: groups whose rewards are not all equal (dynamic sampling keeps only these)."""
     groups = rewards.view(-1, group_size)

@@ -2,7 +2,7 @@
 
 This module knows no model and no algorithm. Workers import it to compute logprobs (also from a
 vocab-parallel shard of the logits) and the global normalisation counts; the loss functions in
-`nemo_rl_clone.algorithms.loss_functions` import it for the same logprobs.
+`nemo_rl_clone.algorithms.loss` import it for the same logprobs.
 """
 
 from __future__ import annotations

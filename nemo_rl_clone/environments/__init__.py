@@ -1,69 +1,10 @@
-"""Environments: registry of the built-in environment actor classes and `create_env` to start any environment.
+"""Environments: typed environment actors a rollout sends finished turns to (docs/environments.md).
 
-An ``env.<name>`` config section starts one environment; dataset rows whose ``task_name`` is ``<name>`` are scored
-by it. Built-in names map to the classes below; a user's own environment names its class in its section
-(``env_class``, see `config.CustomEnvConfig` and docs/environments.md). Kept import-light (no Ray, torch or
-verifier libraries) so that loading configs never pays for them.
+`create_env`, `register_env` and the registry live in `nemo_rl_clone.environments.utils` (NeMo-RL v0.7.0's path);
+they are re-exported here. Kept import-light (no Ray, torch or verifier libraries) so that loading configs never
+pays for them.
 """
 
-from __future__ import annotations
+from nemo_rl_clone.environments.utils import ENVIRONMENT_REGISTRY, create_env, register_env
 
-import sys
-from typing import Any
-
-# Environment name (the ``env.<name>`` config section and a sample's ``task_name``) -> actor class path.
-ENVIRONMENT_REGISTRY: dict[str, str] = {
-    "math": "nemo_rl_clone.environments.math_environment.MathEnvironment",
-    "reasoning_gym": "nemo_rl_clone.environments.reasoning_gym_environment.ReasoningGymEnvironment",
-    "sliding_puzzle_game": "nemo_rl_clone.environments.games.sliding_puzzle.SlidingPuzzleEnvironment",
-    "tool_use": "nemo_rl_clone.environments.tool_use_environment.ToolUseEnvironment",
-    "code": "nemo_rl_clone.environments.code_environment.CodeEnvironment",
-    "reward_model": "nemo_rl_clone.environments.reward_model_environment.RewardModelEnvironment",
-}
-
-
-def register_env(name: str, actor_class_fqn: str) -> None:
-    """Makes ``create_env(name, cfg)`` start the class at ``actor_class_fqn`` (``"pkg.mod.Cls"``), for code that
-    builds configs in Python; a YAML config names the class in the section instead (``env.<name>.env_class``)."""
-    if name in ENVIRONMENT_REGISTRY and ENVIRONMENT_REGISTRY[name] != actor_class_fqn:
-        raise ValueError(f"environment {name!r} is already registered as {ENVIRONMENT_REGISTRY[name]}")
-    ENVIRONMENT_REGISTRY[name] = actor_class_fqn
-
-
-def create_env(name: str, cfg: Any) -> Any:
-    """Starts the environment ``name`` with its config section and returns the Ray actor handle at once.
-
-    ``cfg``: a built-in environment's config (e.g. `MathEnvConfig`), or a `CustomEnvConfig` naming a user's class
-    (plain classes are made Ray actors here; the class receives ``cfg.cfg``). Built-in actors build their verifier
-    pools in the background; the first method call waits for that. The actor runs in the Python environment
-    `ray_actor_environment` registers for its class (the driver's by default).
-    """
-    import ray
-
-    from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_executable
-    from nemo_rl_clone.environments.config import CustomEnvConfig, check_env_config
-    from nemo_rl_clone.utils.imports import import_by_path
-
-    if isinstance(cfg, CustomEnvConfig):
-        fqn, actor_cfg = cfg.env_class, cfg.cfg
-    elif name in ENVIRONMENT_REGISTRY:
-        fqn, actor_cfg = ENVIRONMENT_REGISTRY[name], cfg
-    else:
-        raise ValueError(
-            f"unknown environment {name!r}; registered: {', '.join(sorted(ENVIRONMENT_REGISTRY))}; for your own, "
-            "pass a CustomEnvConfig naming its class"
-        )
-    check_env_config(name, actor_cfg)  # fail here, not as an actor that dies in its constructor
-    actor_cls = import_by_path(fqn)
-    env_cls = getattr(actor_cls, "__ray_actor_class__", actor_cls)
-    if not hasattr(actor_cls, "__ray_actor_class__"):
-        actor_cls = ray.remote(actor_cls)
-    # An environment mostly waits on its verifiers or its game logic: it takes no logical CPU from the bundles.
-    options: dict[str, Any] = {"num_cpus": 0}
-    actor_options = getattr(env_cls, "actor_options", None)
-    if callable(actor_options):  # e.g. a GPU for a model-backed environment; may refuse the config here, in the driver
-        options.update(actor_options(actor_cfg))
-    python = get_actor_python_executable(fqn)
-    if python != sys.executable:
-        options["runtime_env"] = {"py_executable": python}
-    return actor_cls.options(**options).remote(actor_cfg)
+__all__ = ["ENVIRONMENT_REGISTRY", "create_env", "register_env"]

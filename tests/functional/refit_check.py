@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+from nemo_rl_clone.algorithms.loss import NLLLossFn
 from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
@@ -88,7 +88,7 @@ def run_refit_gate(
     generation.finish_generation()
 
     policy.prepare_for_training()
-    policy.train(sequences(data, before), NLLLoss())
+    policy.train(sequences(data, before), NLLLossFn())
     policy.finish_training()
     refit_s = refit_policy_generation(policy, generation, colocated)
 

@@ -166,7 +166,7 @@ def test_checkpoint_of_a_trained_policy(ray_local, tmp_path: Path) -> None:
 
 def _train_and_checkpoint(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
     """One NLL step of a 1-worker tiny policy, saved as ``step_1`` like every algorithm saves; returns its weights."""
-    from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+    from nemo_rl_clone.algorithms.loss import NLLLossFn
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
     from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
@@ -195,7 +195,7 @@ def _train_and_checkpoint(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
     policy = Policy(cluster, config, tokenizer)
     try:
         before = policy.get_full_state_dict_for_refit()
-        policy.train(batch, NLLLoss())
+        policy.train(batch, NLLLossFn())
         trained = policy.get_full_state_dict_for_refit()
         assert not torch.equal(trained["model.norm.weight"], before["model.norm.weight"])
         manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(checkpoint_dir), metric_name=None))

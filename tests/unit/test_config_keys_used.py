@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
-from nemo_rl_clone.algorithms.loss_configs import ClippedPGLossConfig
+from nemo_rl_clone.algorithms.loss.configs import ClippedPGLossConfig
 from nemo_rl_clone.algorithms.rl.config import (
     AdvEstimatorConfig,
     AsyncGRPOConfig,

@@ -27,7 +27,7 @@ GPU_ATOL = 1e-4
 
 def run_worker(model_path: str, batch: BatchedDataDict, overrides: dict[str, Any]) -> dict[str, Any]:
     """In the spawned process: one worker through a GRPO-like cycle; everything returned on CPU."""
-    from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+    from nemo_rl_clone.algorithms.loss import NLLLossFn
     from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
 
     def cpu_state(state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
@@ -35,7 +35,7 @@ def run_worker(model_path: str, batch: BatchedDataDict, overrides: dict[str, Any
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
 
     def step() -> dict[str, torch.Tensor]:
-        result = worker.train(batch, NLLLoss())
+        result = worker.train(batch, NLLLossFn())
         return {"loss": result["global_loss"][0].cpu(), "grad_norm": result["grad_norm"][0].cpu()}
 
     model_path = resolve_model_path(model_path)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nemo_rl_clone.algorithms.loss_functions import (
+from nemo_rl_clone.algorithms.loss import (
     ClippedPGLossConfig,
     ClippedPGLossFn,
     DPOLossConfig,

@@ -1,4 +1,4 @@
-"""Losses of `algorithms/loss_functions.py` against hand-computed numbers and independent loop-based references.
+"""Losses of `algorithms/loss/loss_functions.py` against hand-computed numbers and independent loop-based references.
 
 Hand-computed tests use uniform logits over a vocab of 4, so every token's current logprob is exactly −log 4
 and the other logprobs are set relative to it (e.g. prev_logprobs = lp − log r gives the ratio r).
@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-from nemo_rl_clone.algorithms.loss_functions import (
+from nemo_rl_clone.algorithms.loss import (
     ClippedPGLossFn,
     DPOLossFn,
     LossType,
-    NLLLoss,
-    PreferenceLoss,
+    NLLLossFn,
+    PreferenceLossFn,
 )
 from nemo_rl_clone.distributed.model_utils import TokenLogprobs, token_logprobs_from_logits, valid_counts
 
@@ -476,7 +476,7 @@ def test_loss_and_metrics_of_halves_with_global_counts_sum_to_the_whole(case):
 def test_nll_matches_cross_entropy_reference():
     logits, data = random_batch(seed=3)
     seqs, toks = valid_counts(data)
-    loss, metrics = NLLLoss()(logits, data, seqs, toks)
+    loss, metrics = NLLLossFn()(logits, data, seqs, toks)
     mask = data["token_mask"][:, 1:] * data["sample_mask"][:, None]
     per_token = torch.nn.functional.cross_entropy(
         logits.detach()[:, :-1].double().reshape(-1, 11), data["input_ids"][:, 1:].reshape(-1), reduction="none"
@@ -488,7 +488,7 @@ def test_nll_matches_cross_entropy_reference():
         "num_unmasked_tokens": mask.sum().item(),
         "num_valid_samples": 5.0,
     }
-    assert NLLLoss.loss_type == LossType.TOKEN_LEVEL
+    assert NLLLossFn.loss_type == LossType.TOKEN_LEVEL
 
 
 def dpo_batch(seed: int, pairs: int = 3, seq: int = 6, vocab: int = 9):
@@ -584,7 +584,7 @@ def test_dpo_rejects_odd_batches_and_split_pairs():
 def test_preference_loss_hand_values():
     scores = torch.tensor([[2.0], [1.0], [0.0], [3.0], [9.0], [-9.0]], requires_grad=True)
     data = {"sample_mask": torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0])}
-    loss, metrics = PreferenceLoss()(scores, data, torch.tensor(4.0), None)
+    loss, metrics = PreferenceLossFn()(scores, data, torch.tensor(4.0), None)
     expected = (math.log1p(math.exp(-1.0)) + math.log1p(math.exp(3.0))) / 2
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert metrics == {
@@ -597,7 +597,7 @@ def test_preference_loss_hand_values():
     loss.backward()
     assert scores.grad[4:].abs().max() == 0
     with pytest.raises(ValueError, match=r"scores must be \[B, 1\] or \[B\]"):
-        PreferenceLoss()(torch.zeros(4, 2), data, torch.tensor(4.0), None)
+        PreferenceLossFn()(torch.zeros(4, 2), data, torch.tensor(4.0), None)
 
 
 def test_force_on_policy_ratio_equals_prev_logprobs_from_the_same_weights():

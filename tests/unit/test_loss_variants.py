@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn, NLLLoss, PreferenceLoss
+from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, NLLLossFn, PreferenceLossFn
 from nemo_rl_clone.algorithms.utils import calculate_kl
 from nemo_rl_clone.distributed.model_utils import valid_counts
 from tests.unit.test_loss_functions import LOG4, NEMO_RL_LOSS_CFG, call, pg_loss, uniform_batch
@@ -170,7 +170,7 @@ def test_nemo_rl_v07_loss_defaults_validate():
 
 def test_nll_loss_dpo_mode_returns_per_row_sums_or_means():
     logits, data = uniform_batch([[0.0] * 3, [0.0] * 3], token_mask=[[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    loss_fn = NLLLoss()
+    loss_fn = NLLLossFn()
     summed, metrics = call_nll(loss_fn, logits, data, dpo_loss=True)
     torch.testing.assert_close(summed, torch.tensor([2 * LOG4, 3 * LOG4]))
     assert metrics["loss"] == pytest.approx(5 * LOG4, abs=1e-5)
@@ -186,7 +186,7 @@ def call_nll(loss_fn, logits, data, **kwargs):
 
 
 def test_preference_loss_split_output_tensor():
-    chosen, rejected = PreferenceLoss().split_output_tensor(torch.arange(6))
+    chosen, rejected = PreferenceLossFn().split_output_tensor(torch.arange(6))
     assert chosen.tolist() == [0, 2, 4] and rejected.tolist() == [1, 3, 5]
 
 

@@ -211,11 +211,11 @@ def _step(worker: Any, data: BatchedDataDict) -> dict[str, Any]:
     """One optimizer step on this rank's data-parallel shard of ``data``."""
     from megatron.core import parallel_state
 
-    from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+    from nemo_rl_clone.algorithms.loss import NLLLossFn
 
     dp_size = parallel_state.get_data_parallel_world_size()
     shard = data.shard_by_batch_size(dp_size)[parallel_state.get_data_parallel_rank()] if dp_size > 1 else data
-    result = worker.train(shard, NLLLoss(), gbs=ROWS)
+    result = worker.train(shard, NLLLossFn(), gbs=ROWS)
     return {
         "loss": result["global_loss"].item(),
         "grad_norm": result["grad_norm"].item(),

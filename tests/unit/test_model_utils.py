@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+from nemo_rl_clone.algorithms.loss import NLLLossFn
 from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
 from tests.unit.test_loss_functions import ALL_BRANCHES, pg_loss, random_batch, reference_logprobs, uniform_batch
 
@@ -40,7 +40,7 @@ def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir:
         )
         diffs["chunked_logprobs"] = (chunked_lp.double() - expected_lp).abs().max().item()
 
-        for name, loss_fn in (("clipped_pg", pg_loss(**ALL_BRANCHES)), ("nll", NLLLoss())):
+        for name, loss_fn in (("clipped_pg", pg_loss(**ALL_BRANCHES)), ("nll", NLLLossFn())):
             unsharded = full.clone().requires_grad_()
             seqs, toks = valid_counts(data)
             expected, _ = loss_fn(unsharded, data, seqs, toks)
@@ -136,7 +136,7 @@ def test_chunked_logprobs_and_losses_match_unchunked(chunk_size: int, dtype: tor
     chunked = token_logprobs_from_logits(logits, data["input_ids"], chunk_size=chunk_size)
     assert chunked.dtype == torch.float32 and chunked.shape == whole.shape
     assert (chunked - whole).abs().max().item() <= 1e-6
-    for loss_fn in (pg_loss(**ALL_BRANCHES), NLLLoss()):
+    for loss_fn in (pg_loss(**ALL_BRANCHES), NLLLossFn()):
         seqs, toks = valid_counts(data)
         grads, losses = [], []
         for size in (None, chunk_size):

@@ -4,7 +4,7 @@ losses and gradients (fp64 for the attention itself; fp32 through the real losse
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn, NLLLoss
+from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, NLLLossFn
 from nemo_rl_clone.distributed.model_utils import TokenLogprobs, valid_counts
 from nemo_rl_clone.models.policy import token_logprob_head
 from nemo_rl_clone.models.policy.packed_sequences import PACKED_ATTENTION, PackedRows, PaddedRows, rows_for
@@ -75,7 +75,7 @@ def test_packed_losses_and_gradients_equal_the_padded_path(loss_name: str, selec
     data = _batch()
     loss_fn = {
         "clipped_pg": ClippedPGLossFn({"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1}),
-        "nll": NLLLoss(),
+        "nll": NLLLossFn(),
     }[loss_name]
     seqs, toks = valid_counts(data)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+from nemo_rl_clone.algorithms.loss import NLLLossFn
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
@@ -81,17 +81,17 @@ def two_workers(
         record["initial_logprobs"] = policy.get_logprobs(batch)["logprobs"]
         # 5 rows over 2 ranks with microbatches of 2: rank 0 runs 2 forwards, rank 1 one real and one dummy.
         record["odd_logprobs"] = policy.get_logprobs(batch.slice(0, 5), micro_batch_size=2)["logprobs"]
-        record["step1"] = policy.train(batch, NLLLoss())
+        record["step1"] = policy.train(batch, NLLLossFn())
         record["reference_logprobs"] = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
-        record["eval2"] = policy.train(batch, NLLLoss(), eval_mode=True)
-        record["step2"] = policy.train(batch, NLLLoss())
+        record["eval2"] = policy.train(batch, NLLLossFn(), eval_mode=True)
+        record["step2"] = policy.train(batch, NLLLossFn())
         policy.save_checkpoint(
             str(checkpoint / "weights"),
             str(checkpoint / "optimizer"),
             tokenizer_path=str(checkpoint / "tokenizer"),
             save_hf_path=str(checkpoint / "hf"),
         )
-        record["step3"] = policy.train(batch, NLLLoss())
+        record["step3"] = policy.train(batch, NLLLossFn())
         record["state3"] = policy.get_full_state_dict_for_refit()
         record["refit_info"] = policy.prepare_refit_info()
         record["errors"] = _bad_batches(policy, batch)
@@ -104,8 +104,8 @@ def _bad_batches(policy: Policy, batch: BatchedDataDict) -> dict[str, Exception]
     """Each bad call's exception (the policy must stay usable after each)."""
     calls = {
         "smaller_than_dp": lambda: policy.get_logprobs(batch.slice(0, 1)),
-        "not_a_multiple_of_gbs": lambda: policy.train(batch.slice(0, 6), NLLLoss()),
-        "gbs_not_divisible_by_dp": lambda: policy.train(batch.slice(0, 3), NLLLoss(), gbs=3),
+        "not_a_multiple_of_gbs": lambda: policy.train(batch.slice(0, 6), NLLLossFn()),
+        "gbs_not_divisible_by_dp": lambda: policy.train(batch.slice(0, 3), NLLLossFn(), gbs=3),
         "missing_key": lambda: policy.get_logprobs(BatchedDataDict(input_ids=batch["input_ids"])),
     }
     errors = {}
@@ -135,7 +135,7 @@ def resumed_one_worker(
     try:
         record = {"loaded_state": policy.get_full_state_dict_for_refit()}
         record["reference_logprobs"] = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
-        record["step3"] = policy.train(batch, NLLLoss())
+        record["step3"] = policy.train(batch, NLLLossFn())
         record["state3"] = policy.get_full_state_dict_for_refit()
     finally:
         policy.shutdown()
@@ -165,7 +165,7 @@ def tensor_parallel(
     policy = Policy(cluster, config, tokenizer, name_prefix="policy-tp")
     try:
         record = {"initial_logprobs": policy.get_logprobs(batch)["logprobs"]}
-        record["step1"] = policy.train(batch, NLLLoss())
+        record["step1"] = policy.train(batch, NLLLossFn())
         record["state1"] = policy.get_full_state_dict_for_refit()
         record["reference_logprobs"] = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
         record["refit_info"] = policy.prepare_refit_info()
@@ -187,7 +187,7 @@ def packed_two_workers(
     config = policy_config(model_path, max_total_sequence_length=batch["input_ids"].shape[1], sequence_packing=PACKING)
     policy = Policy(cluster, config, tokenizer, name_prefix="policy-packed")
     try:
-        record = {"initial_logprobs": policy.get_logprobs(batch)["logprobs"], "step1": policy.train(batch, NLLLoss())}
+        record = {"initial_logprobs": policy.get_logprobs(batch)["logprobs"], "step1": policy.train(batch, NLLLossFn())}
         record["state1"] = policy.get_full_state_dict_for_refit()
         record["reference_logprobs"] = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
     finally:
@@ -216,7 +216,7 @@ def context_parallel_two_workers(
             policy = Policy(on, config, tokenizer, name_prefix=f"policy-cp-{layout}")
             try:
                 record[layout] = {"initial_logprobs": policy.get_logprobs(batch)["logprobs"]}
-                record[layout]["step1"] = policy.train(batch, NLLLoss())
+                record[layout]["step1"] = policy.train(batch, NLLLossFn())
                 record[layout]["state1"] = policy.get_full_state_dict_for_refit()
                 reference_logprobs = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
                 record[layout]["reference_logprobs"] = reference_logprobs
@@ -234,7 +234,7 @@ def bf16_two_workers(
     """bf16 compute (FSDP mixed precision, fp32 master weights and gradient reduction) on 2 workers: one step."""
     policy = Policy(cluster, policy_config(model_path, precision="bfloat16"), tokenizer, name_prefix="policy-bf16")
     try:
-        record = {"logprobs": policy.get_logprobs(batch)["logprobs"], "step1": policy.train(batch, NLLLoss())}
+        record = {"logprobs": policy.get_logprobs(batch)["logprobs"], "step1": policy.train(batch, NLLLossFn())}
         record["refit_state"] = policy.get_full_state_dict_for_refit()
     finally:
         policy.shutdown()
@@ -484,14 +484,14 @@ def _gpu_scenario(model_path: str, tokenizer: Any, batch: BatchedDataDict, worke
     )
     policy = Policy(cluster, policy_config(model_path, **overrides), tokenizer, name_prefix=f"policy-gpu{workers}")
     try:
-        record = {"logprobs": policy.get_logprobs(batch)["logprobs"], "step1": policy.train(batch, NLLLoss())}
+        record = {"logprobs": policy.get_logprobs(batch)["logprobs"], "step1": policy.train(batch, NLLLossFn())}
         policy.offload_before_refit()
         record["refit_state"] = policy.get_full_state_dict_for_refit()
         policy.offload_after_refit()
         policy.prepare_for_lp_inference()
         record["reference_logprobs"] = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
         policy.prepare_for_training()
-        record["step2"] = policy.train(batch, NLLLoss())
+        record["step2"] = policy.train(batch, NLLLossFn())
         record["state2"] = policy.get_full_state_dict_for_refit()
     finally:
         policy.shutdown()

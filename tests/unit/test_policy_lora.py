@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from nemo_rl_clone.algorithms.loss_functions import NLLLoss
+from nemo_rl_clone.algorithms.loss import NLLLossFn
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
@@ -56,16 +56,16 @@ def lora_two_workers(
     try:
         policy.save_checkpoint(str(record["initial_ckpt"] / "weights"))
         record["initial_logprobs"] = policy.get_logprobs(batch)["logprobs"]
-        record["step1"] = policy.train(batch, NLLLoss())
+        record["step1"] = policy.train(batch, NLLLossFn())
         record["reference_logprobs"] = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
         record["logprobs1"] = policy.get_logprobs(batch)["logprobs"]
-        record["step2"] = policy.train(batch, NLLLoss())
+        record["step2"] = policy.train(batch, NLLLossFn())
         checkpoint = record["ckpt"]
         policy.save_checkpoint(
             str(checkpoint / "weights"), str(checkpoint / "optimizer"), save_hf_path=str(checkpoint / "hf")
         )
         record["state2"] = policy.get_full_state_dict_for_refit()
-        record["step3"] = policy.train(batch, NLLLoss())
+        record["step3"] = policy.train(batch, NLLLossFn())
         record["state3"] = policy.get_full_state_dict_for_refit()
         record["refit_info"] = policy.prepare_refit_info()
     finally:
@@ -86,7 +86,7 @@ def resumed_one_worker(lora_two_workers: dict[str, Any], model_path: str, batch:
         optimizer_path=str(checkpoint / "optimizer"),
     )
     try:
-        record = {"loaded_state": policy.get_full_state_dict_for_refit(), "step3": policy.train(batch, NLLLoss())}
+        record = {"loaded_state": policy.get_full_state_dict_for_refit(), "step3": policy.train(batch, NLLLossFn())}
         record["state3"] = policy.get_full_state_dict_for_refit()
     finally:
         policy.shutdown()

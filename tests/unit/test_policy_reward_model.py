@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from nemo_rl_clone.algorithms.loss_functions import PreferenceLoss
+from nemo_rl_clone.algorithms.loss import PreferenceLossFn
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
@@ -129,7 +129,7 @@ def two_workers(
         record["initial_held_out"] = policy.score(held_out_batch)["scores"]
         # 5 rows over 2 ranks in microbatches of 2: uneven shards and microbatch counts.
         record["odd_scores"] = policy.score(held_out_batch.slice(0, 5), micro_batch_size=2)["scores"]
-        record["steps"] = [policy.train(train_batch, PreferenceLoss()) for _ in range(TRAIN_STEPS)]
+        record["steps"] = [policy.train(train_batch, PreferenceLossFn()) for _ in range(TRAIN_STEPS)]
         record["final_held_out"] = policy.score(held_out_batch)["scores"]
         policy.save_checkpoint(
             str(checkpoint / "weights"),
@@ -138,7 +138,7 @@ def two_workers(
             save_hf_path=str(checkpoint / "hf"),
             save_hf_format="torch_save",  # the LM policy test covers safetensors
         )
-        record["next_step"] = policy.train(train_batch, PreferenceLoss())
+        record["next_step"] = policy.train(train_batch, PreferenceLossFn())
         record["errors"] = _errors(policy, held_out_batch)
     finally:
         policy.shutdown()
@@ -154,10 +154,10 @@ def _errors(policy: Policy, batch: BatchedDataDict) -> dict[str, Exception]:
         "get_reference_policy_logprobs": lambda: policy.get_reference_policy_logprobs(batch),
         "get_full_state_dict_for_refit": policy.get_full_state_dict_for_refit,
         "train_without_lengths": lambda: policy.train(
-            BatchedDataDict(input_ids=batch["input_ids"], sample_mask=batch["sample_mask"]), PreferenceLoss()
+            BatchedDataDict(input_ids=batch["input_ids"], sample_mask=batch["sample_mask"]), PreferenceLossFn()
         ),
         "lengths_out_of_range": lambda: policy.score(too_long),
-        "odd_micro_batch": lambda: policy.train(batch, PreferenceLoss(), mbs=1),
+        "odd_micro_batch": lambda: policy.train(batch, PreferenceLossFn(), mbs=1),
     }
     errors = {}
     for name, call in calls.items():
@@ -192,7 +192,7 @@ def one_worker(
         )
         try:
             record["held_out"] = policy.score(held_out_batch)["scores"]
-            record["next_step"] = policy.train(train_batch, PreferenceLoss())
+            record["next_step"] = policy.train(train_batch, PreferenceLossFn())
         finally:
             policy.shutdown()
         dynamic = DynamicBatchingConfig(True, train_mb_tokens=64, logprob_mb_tokens=48, sequence_length_round=4)
@@ -207,7 +207,7 @@ def one_worker(
         try:
             record["dynamic_held_out"] = policy.score(held_out_batch)["scores"]
             try:
-                policy.train(train_batch, PreferenceLoss())
+                policy.train(train_batch, PreferenceLossFn())
             except ValueError as error:
                 record["dynamic_train_error"] = error
         finally:

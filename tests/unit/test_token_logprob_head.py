@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn, DPOLossFn, NLLLoss
+from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, DPOLossFn, NLLLossFn
 from nemo_rl_clone.distributed.model_utils import TokenLogprobs, token_logprobs_from_logits, valid_counts
 from nemo_rl_clone.models.policy import token_logprob_head
 from nemo_rl_clone.models.policy.token_logprob_head import (
@@ -75,7 +75,7 @@ def _batch(seed: int = 1) -> dict[str, torch.Tensor]:
 def _losses() -> dict[str, object]:
     return {
         "clipped_pg": ClippedPGLossFn({"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1}),
-        "nll": NLLLoss(),
+        "nll": NLLLossFn(),
         "dpo": DPOLossFn({"reference_policy_kl_penalty": 0.1}),
     }
 

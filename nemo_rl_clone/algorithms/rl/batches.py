@@ -13,14 +13,13 @@ from nemo_rl_clone.algorithms.advantage_estimator import (
     ReinforcePlusPlusAdvantageEstimator,
     RLOOAdvantageEstimator,
 )
+from nemo_rl_clone.algorithms.reward_functions import response_length
 from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.utils import (
     combine_batches,
     groups_with_signal,
     masked_mean,
-    overlong_penalty,
     reduce_train_results,
-    scale_rewards,
 )
 from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
@@ -53,25 +52,6 @@ def generation_seeds(seed: int, step: int, gen_batch: int, size: int) -> list[in
     return [base + i for i in range(size)]
 
 
-def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rewards, unshaped) per sample, in NeMo-RL v0.7.0's order: the environment's total reward, optionally scaled,
-    then optionally shaped (the overlong penalty). ``unshaped`` is the scaled reward before shaping: what dynamic
-    sampling judges, so that an all-correct group with one overlong answer is not taken for signal."""
-    rewards = batch["total_reward"].clone().float()
-    if cfg.reward_scaling.enabled:
-        s = cfg.reward_scaling
-        rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
-    unshaped = rewards.clone()
-    if cfg.reward_shaping.enabled:
-        shaping = cfg.reward_shaping
-        assert shaping.max_response_length is not None  # RewardShapingConfig.check requires it when enabled
-        lengths = torch.tensor([_response_length(log) for log in batch["message_log"]])
-        rewards = rewards + overlong_penalty(
-            lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_buffer_penalty
-        )
-    return rewards, unshaped
-
-
 def advantage_estimator(cfg: GRPOConfig) -> AdvantageEstimator:
     """The estimator ``grpo.adv_estimator`` names, built from its keys (the one place estimators are built)."""
     est = cfg.adv_estimator
@@ -89,7 +69,7 @@ def step_advantages(rewards: torch.Tensor, cfg: GRPOConfig, batch: BatchedDataDi
     if batch is None:
         lengths = torch.ones_like(rewards)
     else:
-        lengths = torch.tensor([_response_length(log) for log in batch["message_log"]], dtype=torch.float32)
+        lengths = torch.tensor([response_length(log) for log in batch["message_log"]], dtype=torch.float32)
     advantages = advantage_estimator(cfg).compute_advantage(rewards, cfg.num_generations_per_prompt, lengths)
     if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
         advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
@@ -289,7 +269,3 @@ def print_samples(rows: list[dict[str, Any]], title: str) -> None:
     for i, row in enumerate(rows, start=1):
         console.print(f"{title} {i}/{len(rows)} (reward {row['reward']:g})", style="bold")
         console.print(f"  prompt: {row['prompt']}\n  response: {row['response']}", markup=False, highlight=False)
-
-
-def _response_length(message_log: list[dict[str, Any]]) -> int:
-    return sum(len(m["token_ids"]) for m in message_log if m["role"] == "assistant")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossConfig
+from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
 from nemo_rl_clone.algorithms.rl.monitors import MonitorsConfig
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nemo_rl_clone.algorithms.distillation_loss import DistillationLossConfig
-from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossConfig
+from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
+from nemo_rl_clone.algorithms.loss.distillation import DistillationLossConfig
 from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig

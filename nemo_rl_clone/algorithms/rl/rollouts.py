@@ -17,12 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from nemo_rl_clone.algorithms.rl.batches import (
-    combine_rollout_metrics,
-    generation_seeds,
-    process_rewards,
-    select_groups,
-)
+from nemo_rl_clone.algorithms.reward_functions import process_rewards
+from nemo_rl_clone.algorithms.rl.batches import combine_rollout_metrics, generation_seeds, select_groups
 from nemo_rl_clone.algorithms.rl.refit import refit_policy_generation
 from nemo_rl_clone.algorithms.utils import groups_with_signal
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict

@@ -13,7 +13,7 @@ import datasets
 import torch
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-from nemo_rl_clone.algorithms.loss_functions import ClippedPGLossFn
+from nemo_rl_clone.algorithms.loss import ClippedPGLossFn
 from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit
 from nemo_rl_clone.algorithms.run.state import (

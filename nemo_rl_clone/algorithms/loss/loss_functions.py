@@ -1,0 +1,536 @@
+"""Losses for GRPO/PPO (`ClippedPGLossFn`), SFT (`NLLLossFn`), DPO (`DPOLossFn`) and reward models (`PreferenceLossFn`).
+
+Call contract (NeMo-RL's), shared by all four:
+
+    loss, metrics = loss_fn(next_token_logits, data, global_valid_seqs, global_valid_toks,
+                            vocab_parallel_rank=None, vocab_parallel_group=None, context_parallel_group=None,
+                            logprob_chunk_size=None)
+
+- `next_token_logits`: [B, S, V] (position t predicts token t+1), or this rank's vocab shard when
+  `vocab_parallel_group` is given. `PreferenceLossFn` takes the [B, 1] scores of a classification head instead.
+- `data`: a dict or `BatchedDataDict` of [B, S] / [B] tensors. [B, S] logprob tensors follow the policy's layout (position i
+  holds log p(token_i | tokens_<i), position 0 is 0), so the losses use their `[:, 1:]`, aligned with the
+  [B, S-1] logprobs computed here. The trainable-token mask is m = token_mask[:, 1:] * sample_mask[:, None].
+- `global_valid_toks` / `global_valid_seqs`: Σ m and Σ sample_mask over the *whole global batch* — all microbatches
+  on all data-parallel ranks (`nemo_rl_clone.distributed.model_utils.valid_counts`). Each call returns its
+  microbatch's *share*: Σ(per-token or per-sequence loss) / global count. Summing the returned losses over the
+  microbatches of one optimizer step and over DP ranks gives the global mean, whatever the number of workers;
+  gradients accumulate the same way (the DP all-reduce must *sum*, not average).
+- `metrics`: python numbers normalised the same way (microbatch sum / global count), so the trainer *sums* each
+  metric over the microbatches of one global batch and over DP ranks to get its global value; counts
+  (`num_valid_samples`, `num_unmasked_tokens`) are local counts and sum to global counts too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+from nemo_rl_clone.algorithms.loss.configs import (
+    ClippedPGLossConfig,
+    ClippedPGLossDataDict,
+    DPOLossConfig,
+    DPOLossDataDict,
+    PreferenceLossDataDict,
+    validated_loss_config,
+)
+from nemo_rl_clone.algorithms.loss.distillation import (
+    DistillationLossConfig,
+    DistillationLossDataDict,
+    DistillationLossFn,
+)
+from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
+from nemo_rl_clone.distributed.model_utils import LossType, TokenLogprobs, token_logprobs_from_logits
+
+__all__ = [
+    "ClippedPGLossConfig",
+    "ClippedPGLossDataDict",
+    "ClippedPGLossFn",
+    "DPOLossConfig",
+    "DPOLossDataDict",
+    "DPOLossFn",
+    "DistillationLossConfig",
+    "DistillationLossDataDict",
+    "DistillationLossFn",
+    "LossType",
+    "NLLLossFn",
+    "PreferenceLossDataDict",
+    "PreferenceLossFn",
+    "calculate_kl",
+]
+
+Metrics = dict[str, float | int]
+
+
+def _require(data: Mapping[str, Any], keys: tuple[str, ...], owner: str) -> None:
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise KeyError(f"{owner}: data is missing {missing} (it needs {list(keys)})")
+
+
+def _policy_logprobs(
+    logits: torch.Tensor | TokenLogprobs,
+    data: Mapping[str, Any],
+    vocab_parallel_rank: int | None,
+    vocab_parallel_group: dist.ProcessGroup | None,
+    context_parallel_group: dist.ProcessGroup | None,
+    chunk_size: int | None,
+    sampling: TrainingSamplingParams | None = None,
+) -> torch.Tensor:
+    """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits` (``chunk_size`` positions at a time),
+    processed as ``sampling`` says, or those the policy already computed at the `token_mask` positions
+    (`TokenLogprobs`: its ``values``, or its ``unfiltered`` ones when ``sampling`` filters nothing)."""
+    if isinstance(logits, TokenLogprobs):
+        if sampling is not None and not sampling.filters and logits.unfiltered is not None:
+            return logits.unfiltered
+        return logits.values
+    if context_parallel_group is not None and dist.get_world_size(context_parallel_group) > 1:
+        raise NotImplementedError("context parallelism is not supported by the losses; use context_parallel_size=1")
+    vocab_start = None
+    if vocab_parallel_group is not None and vocab_parallel_rank is not None:
+        vocab_start = vocab_parallel_rank * logits.shape[-1]
+    return token_logprobs_from_logits(
+        logits, data["input_ids"], vocab_parallel_group, vocab_start, chunk_size, sampling=sampling
+    )
+
+
+def _shifted(data: Mapping[str, Any], key: str, like: torch.Tensor) -> torch.Tensor:
+    """data[key][:, 1:] in fp32 on `like`'s device ([B, S] policy-layout tensors → [B, S-1])."""
+    return data[key][:, 1:].to(device=like.device, dtype=torch.float32)
+
+
+def _masks(data: Mapping[str, Any], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token_mask[:, 1:], sample_mask, m = token_mask[:, 1:] * sample_mask[:, None]) in fp32."""
+    token_mask = _shifted(data, "token_mask", like)
+    sample_mask = data["sample_mask"].to(device=like.device, dtype=torch.float32)
+    return token_mask, sample_mask, token_mask * sample_mask.unsqueeze(-1)
+
+
+def _masked_diff(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """a − b where valid, else 0: padding holding −inf or NaN never reaches an exp or a gradient."""
+    return torch.where(valid, a - b, torch.zeros_like(a))
+
+
+def _js_divergence(lp_a: torch.Tensor, lp_b: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of JS(P_a ‖ P_b): ½·k3(P_a ‖ M) + ½·k3(P_b ‖ M) with M = ½(P_a + P_b)."""
+    a = torch.where(valid, lp_a, 0.0)
+    b = torch.where(valid, lp_b, 0.0)
+    log_mix = torch.logaddexp(a, b) - torch.log(torch.tensor(2.0, device=a.device))
+    return 0.5 * (calculate_kl(log_mix, a, "k3", None, None) + calculate_kl(log_mix, b, "k3", None, None))
+
+
+class ClippedPGLossFn:
+    """Clipped policy-gradient loss with a KL penalty: PPO / GRPO / DAPO clip-higher / dual clip / GSPO / REINFORCE.
+
+    Per trainable token (lp = current, lp_prev = `prev_logprobs`, lp_gen = `generation_logprobs`):
+      r = exp(lp − lp_prev); L = max(−A·r, −A·clip(r, 1 − ratio_clip_min, 1 + ratio_clip_max));
+      dual clip (ratio_clip_c = c): L = min(L, −A·c) where A < 0;
+      `disable_ppo_ratio` (REINFORCE/RLOO): L = −A·lp;
+      `use_cispo` (CISPO): L = −sg(clip(r, 1 − ratio_clip_min, 1 + ratio_clip_max))·A·lp;
+      GSPO (`sequence_level_importance_ratios`): r = exp(mean over the sequence's tokens of (lp − lp_prev)).
+    Importance-sampling correction (`use_importance_sampling_correction`): L ← w·L with the detached
+      w = exp(lp_prev − lp_gen) (per sequence with GSPO: exp(Σ_t (lp_prev − lp_gen))); NaN/inf → 0. With
+      `truncated_importance_sampling_ratio` = hi (and `..._ratio_min` = lo): "tis" clamps w at hi; "icepop" zeroes
+      tokens with w ∉ [lo, hi]; "seq-mask-tis" zeroes sequences whose geometric-mean w ∉ [lo, hi].
+    KL: β·w·k with the `reference_policy_kl_type` estimator k (`calculate_kl`: k1, k2 or k3 of d = lp_ref − lp,
+      d clamped at ±`kl_input_clamp_value`, the estimate at ±`kl_output_clamp_value`), β =
+      `reference_policy_kl_penalty`, and the weight w = exp(lp − sg(lp)) (value 1) that keeps the score-function
+      term of the gradient, so its expectation is ∇E_π[k]: ∇KL(π ‖ π_ref) for k1 and k3 (both unbiased),
+      ∇E_π[½·d²] for k2 (arXiv 2506.09477; NeMo-RL v0.7.0). With `use_on_policy_kl_approximation`, w = exp(lp −
+      lp_gen) undetached, so the penalty and its gradient estimate those under π although the tokens came from
+      π_gen. With the sampler's top-k/top-p, lp here is the temperature-only logprob (`sampling_params`).
+    Normalisation: `token_level_loss=true`: Σ(L + kl)·m / global_valid_toks; false: per-sequence token mean,
+      summed over valid sequences / global_valid_seqs.
+
+    Metrics (shares of global means, see the module doc; `loss` and `kl_penalty` use the loss's normalisation,
+    the others the token count): `loss`; `probs_ratio` and
+    `probs_ratio_clamped` (r and its clip; with `disable_ppo_ratio` both are the unclipped exp(lp − lp_prev));
+    `kl_penalty` (the KL term without β; 0 when β = 0); `token_mult_prob_error` (exp|lp_gen − lp_prev|, 1 when the
+    trainer and the generator agree); `gen_kl_error` (the KL estimator, unclamped, with d = lp_prev − lp_gen: an
+    estimate of KL(π_gen ‖ π_prev) from the generator's samples); `policy_kl_error` (the same with d = lp_gen −
+    lp_prev); `js_divergence_error` (k3 estimate of their Jensen-Shannon divergence); `sampling_importance_ratio`
+    (mean w after truncation); `is_oob_ratio` (icepop / seq-mask-tis only: share of tokens / sequences zeroed); `approx_entropy` (−exp(lp − lp_gen)·lp: the entropy of π
+    estimated from π_gen's samples); `num_valid_samples` (local Σ sample_mask).
+
+    Data keys: input_ids, token_mask, sample_mask, advantages, prev_logprobs, generation_logprobs, and
+    reference_policy_logprobs when β ≠ 0.
+    """
+
+    accepts_token_logprobs = True  # reads the logits only as next-token logprobs at token_mask positions
+
+    def __init__(
+        self,
+        cfg: Mapping[str, Any] | ClippedPGLossConfig | None = None,
+        sampling_params: TrainingSamplingParams | None = None,
+    ) -> None:
+        self.cfg = validated_loss_config(ClippedPGLossConfig, cfg, "ClippedPGLossFn")
+        self.loss_type = LossType.TOKEN_LEVEL if self.cfg.token_level_loss else LossType.SEQUENCE_LEVEL
+        # The sampler's processing: lp (ratios, entropy) is taken under it, the KL term under its temperature alone.
+        self.sampling_params = sampling_params
+        self.needs_unfiltered_logprobs = (
+            sampling_params is not None and sampling_params.filters and self.cfg.reference_policy_kl_penalty != 0
+        )
+
+    def __call__(
+        self,
+        next_token_logits: torch.Tensor | TokenLogprobs,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+        vocab_parallel_rank: int | None = None,
+        vocab_parallel_group: dist.ProcessGroup | None = None,
+        context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor, Metrics]:
+        cfg = self.cfg
+        keys: tuple[str, ...] = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
+        keys += () if cfg.force_on_policy_ratio else ("prev_logprobs",)
+        keys += ("reference_policy_logprobs",) if cfg.reference_policy_kl_penalty != 0 else ()
+        _require(data, keys, type(self).__name__)
+        parallel = (vocab_parallel_rank, vocab_parallel_group, context_parallel_group, logprob_chunk_size)
+        lp = _policy_logprobs(next_token_logits, data, *parallel, self.sampling_params)
+        kl_lp = lp  # the KL term's logprobs: the same unless top-k/top-p filter the sampled distribution
+        if self.needs_unfiltered_logprobs:
+            assert self.sampling_params is not None
+            kl_lp = _policy_logprobs(next_token_logits, data, *parallel, self.sampling_params.unfiltered())
+        token_mask, sample_mask, mask = _masks(data, lp)
+        valid = mask > 0
+        advantages = torch.where(valid, _shifted(data, "advantages", lp), 0.0)
+        gen_lp = _shifted(data, "generation_logprobs", lp)
+        prev_lp = lp.detach() if cfg.force_on_policy_ratio else _shifted(data, "prev_logprobs", lp)
+
+        log_ratio = _masked_diff(lp, prev_lp, valid)
+        if cfg.disable_ppo_ratio:
+            ratio = clamped_ratio = log_ratio.detach().exp()
+            per_token = -advantages * torch.where(valid, lp, 0.0)
+        elif cfg.use_cispo:
+            ratio = log_ratio.exp()
+            clamped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+            per_token = -advantages * clamped_ratio.detach() * torch.where(valid, lp, 0.0)
+        else:
+            if cfg.sequence_level_importance_ratios:
+                ratio = masked_mean(log_ratio, mask, dim=-1).exp().unsqueeze(-1).expand_as(lp)
+            else:
+                ratio = log_ratio.exp()
+            clamped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+            per_token = torch.maximum(-advantages * ratio, -advantages * clamped_ratio)
+            if cfg.ratio_clip_c is not None:
+                dual_bound = -advantages * cfg.ratio_clip_c
+                per_token = torch.where(advantages < 0, torch.minimum(per_token, dual_bound), per_token)
+
+        is_weights, filter_metrics = self._importance_weights(
+            prev_lp, gen_lp, valid, token_mask, mask, global_valid_toks, sample_mask, global_valid_seqs
+        )
+        if cfg.use_importance_sampling_correction:
+            per_token = per_token * is_weights
+
+        kl_per_token = torch.zeros_like(lp)
+        if cfg.reference_policy_kl_penalty != 0:
+            ref_lp = _shifted(data, "reference_policy_logprobs", lp)
+            kl_per_token = self._kl(kl_lp, torch.where(valid, ref_lp, kl_lp.detach()))
+            # The tokens were sampled from the policy being optimised, so the penalty's gradient needs the
+            # score-function term k·∇lp besides the pathwise ∇k (arXiv 2506.09477): a weight of value 1 that carries
+            # it, exp(lp − sg(lp)); or, under the on-policy approximation, the undetached exp(lp − lp_gen).
+            if cfg.use_on_policy_kl_approximation:
+                weight = _masked_diff(kl_lp, gen_lp, valid).exp()
+            else:
+                weight = _masked_diff(kl_lp, kl_lp.detach(), valid).exp()
+            kl_per_token = kl_per_token * torch.nan_to_num(weight, nan=0.0, posinf=0.0, neginf=0.0)
+
+        actor_loss = self._reduce(per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
+        kl = self._reduce(kl_per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
+        loss = actor_loss + cfg.reference_policy_kl_penalty * kl
+
+        with torch.no_grad():
+
+            def token_metric(values: torch.Tensor) -> float:
+                return masked_mean(values, mask, global_normalization_factor=global_valid_toks).item()
+
+            lp_detached = lp.detach()
+            gen_gap = _masked_diff(gen_lp, prev_lp, valid)
+            metrics: Metrics = {
+                "loss": loss.item(),
+                "probs_ratio": token_metric(ratio.detach()),
+                "probs_ratio_clamped": token_metric(clamped_ratio.detach()),
+                "kl_penalty": kl.item(),
+                "token_mult_prob_error": token_metric(gen_gap.abs().exp()),
+                "gen_kl_error": token_metric(self._kl(gen_lp, torch.where(valid, prev_lp, gen_lp), clamp=False)),
+                "policy_kl_error": token_metric(self._kl(prev_lp, torch.where(valid, gen_lp, prev_lp), clamp=False)),
+                "js_divergence_error": token_metric(_js_divergence(prev_lp, gen_lp, valid)),
+                "approx_entropy": token_metric(-_masked_diff(lp_detached, gen_lp, valid).exp() * lp_detached),
+                "sampling_importance_ratio": (
+                    masked_mean(is_weights.squeeze(-1), sample_mask, global_normalization_factor=global_valid_seqs)
+                    if cfg.sequence_level_importance_ratios
+                    else masked_mean(is_weights, mask, global_normalization_factor=global_valid_toks)
+                ).item(),
+                "num_valid_samples": sample_mask.sum().item(),
+                **filter_metrics,
+            }
+        return loss, metrics
+
+    def _kl(self, lp: torch.Tensor, ref_lp: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+        cfg = self.cfg
+        if not clamp:
+            return calculate_kl(lp, ref_lp, cfg.reference_policy_kl_type, None, None)
+        kind, low, high = cfg.reference_policy_kl_type, cfg.kl_input_clamp_value, cfg.kl_output_clamp_value
+        return calculate_kl(lp, ref_lp, kind, low, high)
+
+    def _importance_weights(
+        self,
+        prev_lp: torch.Tensor,
+        gen_lp: torch.Tensor,
+        valid: torch.Tensor,
+        token_mask: torch.Tensor,
+        mask: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+        sample_mask: torch.Tensor,
+        global_valid_seqs: torch.Tensor,
+    ) -> tuple[torch.Tensor, Metrics]:
+        """Detached off-policy weights π_prev/π_gen, [B, S-1] (or [B, 1] with GSPO), after truncation, and the
+        truncation's `is_oob_ratio` metric (share of tokens, or of sequences, it zeroed) for icepop / seq-mask-tis."""
+        cfg = self.cfg
+        log_weight = _masked_diff(prev_lp, gen_lp, valid)
+        if cfg.sequence_level_importance_ratios:
+            log_weight = log_weight.sum(dim=-1, keepdim=True)
+        weights = torch.nan_to_num(log_weight.exp(), nan=0.0, posinf=0.0, neginf=0.0)
+        high, low = cfg.truncated_importance_sampling_ratio, cfg.truncated_importance_sampling_ratio_min
+        kind = cfg.truncated_importance_sampling_type or "tis"
+        metrics: Metrics = {}
+        if high is None:
+            pass
+        elif kind == "tis":
+            weights = weights.clamp(max=high)
+        elif kind == "icepop":
+            assert low is not None  # ClippedPGLossConfig.check requires it with this type
+            kept = ((weights >= low) & (weights <= high)).float()
+            metrics["is_oob_ratio"] = masked_mean(1 - kept, mask, global_normalization_factor=global_valid_toks).item()
+            weights = weights * kept
+        else:  # seq-mask-tis: sequences whose geometric-mean weight is out of bounds train nothing
+            assert low is not None  # as above
+            geo_mean = masked_mean(log_weight, token_mask, dim=-1).exp()
+            kept = ((geo_mean >= low) & (geo_mean <= high)).float()
+            metrics["is_oob_ratio"] = masked_mean(
+                1 - kept, sample_mask, global_normalization_factor=global_valid_seqs
+            ).item()
+            weights = weights * kept.unsqueeze(-1)
+        return weights.detach(), metrics
+
+    def _reduce(
+        self,
+        per_token: torch.Tensor,
+        token_mask: torch.Tensor,
+        sample_mask: torch.Tensor,
+        mask: torch.Tensor,
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor,
+    ) -> torch.Tensor:
+        if self.loss_type == LossType.TOKEN_LEVEL:
+            return masked_mean(per_token, mask, global_normalization_factor=global_valid_toks)
+        per_sequence = masked_mean(per_token, token_mask, dim=-1)
+        return masked_mean(per_sequence, sample_mask, global_normalization_factor=global_valid_seqs)
+
+
+def _sequence_nll(lp: torch.Tensor, mask: torch.Tensor, average: bool) -> torch.Tensor:
+    """[B] −Σ_t lp·mask per row, ÷ the row's mask count (at least 1) when ``average``."""
+    per_row = -torch.where(mask > 0, lp, 0.0).mul(mask).sum(dim=-1)
+    return per_row / mask.sum(dim=-1).clamp(min=1) if average else per_row
+
+
+class NLLLossFn:
+    """Token-level negative log-likelihood for SFT: −Σ lp·m / global_valid_toks.
+
+    With ``dpo_loss=True`` (NeMo-RL's DPO helper mode, keyword-only here) the loss is instead the [B] per-row
+    −Σ_t lp·m (÷ the row's token count with ``dpo_average_log_probs``); the metrics' ``loss`` is its sum (a number,
+    like every metric here; NeMo-RL puts the tensor there).
+
+    Data keys: input_ids, token_mask, sample_mask. Metrics: `loss`, `num_unmasked_tokens` (local Σ m),
+    `num_valid_samples` (local Σ sample_mask).
+    """
+
+    loss_type = LossType.TOKEN_LEVEL
+    accepts_token_logprobs = True
+
+    def __call__(
+        self,
+        next_token_logits: torch.Tensor | TokenLogprobs,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor | None,
+        global_valid_toks: torch.Tensor,
+        vocab_parallel_rank: int | None = None,
+        vocab_parallel_group: dist.ProcessGroup | None = None,
+        context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
+        *,
+        dpo_loss: bool = False,
+        dpo_average_log_probs: bool = False,
+    ) -> tuple[torch.Tensor, Metrics]:
+        _require(data, ("input_ids", "token_mask", "sample_mask"), type(self).__name__)
+        lp = _policy_logprobs(
+            next_token_logits,
+            data,
+            vocab_parallel_rank,
+            vocab_parallel_group,
+            context_parallel_group,
+            logprob_chunk_size,
+        )
+        _, sample_mask, mask = _masks(data, lp)
+        if dpo_loss:
+            loss = _sequence_nll(lp, mask, dpo_average_log_probs)
+        else:
+            loss = -masked_mean(lp, mask, global_normalization_factor=global_valid_toks)
+        return loss, {
+            "loss": loss.sum().item(),
+            "num_unmasked_tokens": mask.sum().item(),
+            "num_valid_samples": sample_mask.sum().item(),
+        }
+
+
+def _split_pairs(
+    values: torch.Tensor, sample_mask: torch.Tensor, owner: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(chosen = values[::2], rejected = values[1::2], pair mask) of an interleaved preference batch."""
+    if values.shape[0] % 2:
+        raise ValueError(
+            f"{owner}: rows interleave chosen/rejected, so the batch size must be even, got {values.shape[0]}"
+        )
+    pair_mask = sample_mask[::2]
+    mismatch = (pair_mask != sample_mask[1::2]).nonzero()
+    if mismatch.numel():
+        row = 2 * mismatch[0].item()
+        raise ValueError(
+            f"{owner}: sample_mask of chosen row {row} and rejected row {row + 1} differ; mask a pair together"
+        )
+    return values[::2], values[1::2], pair_mask
+
+
+def _bradley_terry(
+    rewards: torch.Tensor, sample_mask: torch.Tensor, global_valid_seqs: torch.Tensor, beta: float, owner: str
+) -> tuple[torch.Tensor, Metrics]:
+    """−log σ(β(R_chosen − R_rejected)) summed over valid pairs / global pair count, and its metrics."""
+    chosen, rejected, pair_mask = _split_pairs(rewards, sample_mask, owner)
+    global_pairs = torch.as_tensor(global_valid_seqs, dtype=torch.float32, device=rewards.device) / 2
+
+    def pair_share(values: torch.Tensor) -> torch.Tensor:
+        return masked_mean(values, pair_mask, global_normalization_factor=global_pairs)
+
+    loss = pair_share(-F.logsigmoid(beta * (chosen - rejected)))
+    with torch.no_grad():
+        metrics: Metrics = {
+            "accuracy": pair_share((chosen > rejected).float()).item(),
+            "rewards_chosen_mean": pair_share(chosen.detach()).item(),
+            "rewards_rejected_mean": pair_share(rejected.detach()).item(),
+            "num_valid_samples": pair_mask.sum().item(),
+        }
+    return loss, metrics
+
+
+class PreferenceLossFn:
+    """Bradley-Terry reward-model loss: −log σ(s_chosen − s_rejected), per pair, / (global_valid_seqs / 2).
+
+    Same call signature as the other losses, but the first argument is the [B, 1] (or [B]) scalar scores of a
+    sequence-classification head, not next-token logits. Rows interleave chosen/rejected (`[::2]`, `[1::2]`);
+    `global_valid_seqs` counts rows, so it is twice the number of pairs. Data key: sample_mask (a pair's two rows
+    must share it). Metrics: `loss`, `accuracy` (s_c > s_r), `rewards_chosen_mean`, `rewards_rejected_mean` (mean
+    scores), `num_valid_samples` (local number of valid pairs).
+    """
+
+    loss_type = LossType.SEQUENCE_LEVEL
+    rows_per_example = 2  # a policy keeps each (chosen, rejected) pair adjacent in one microbatch
+
+    def split_output_tensor(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chosen rows, rejected rows) of an interleaved [2·P, ...] tensor (NeMo-RL's helper)."""
+        return tensor[::2], tensor[1::2]
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor | None = None,
+        vocab_parallel_rank: int | None = None,
+        vocab_parallel_group: dist.ProcessGroup | None = None,
+        context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor, Metrics]:
+        _require(data, ("sample_mask",), type(self).__name__)
+        scores = logits.float()
+        if scores.dim() == 2 and scores.shape[-1] == 1:
+            scores = scores.squeeze(-1)
+        if scores.dim() != 1:
+            raise ValueError(f"PreferenceLossFn: scores must be [B, 1] or [B], got {tuple(logits.shape)}")
+        sample_mask = data["sample_mask"].to(device=scores.device, dtype=torch.float32)
+        loss, metrics = _bradley_terry(scores, sample_mask, global_valid_seqs, 1.0, type(self).__name__)
+        return loss, {"loss": loss.item(), **metrics}
+
+
+class DPOLossFn:
+    """DPO (Rafailov et al., 2023) with an optional SFT term on the chosen responses.
+
+    R = Σ_t (lp − lp_ref)·token_mask (÷ the token count when `preference_average_log_probs`), per row;
+    preference loss = −log σ(β(R_chosen − R_rejected)) per pair; SFT loss = −Σ_t lp·token_mask of the chosen
+    row (÷ its token count when `sft_average_log_probs`); each summed over valid pairs / (global_valid_seqs / 2);
+    loss = preference_loss_weight·preference + sft_loss_weight·sft; β = `reference_policy_kl_penalty`.
+
+    Rows interleave chosen/rejected (`[::2]`, `[1::2]`); a pair's rows must share sample_mask. Data keys:
+    input_ids, token_mask, sample_mask, reference_policy_logprobs ([B, S], the policy's layout). Metrics: `loss`,
+    `sft_loss` and `preference_loss` (unweighted; sft_loss is reported even with weight 0), `accuracy`
+    (R_c > R_r), `rewards_chosen_mean` / `rewards_rejected_mean` (mean R, without β), `num_valid_samples`
+    (local number of valid pairs).
+    """
+
+    loss_type = LossType.SEQUENCE_LEVEL
+    rows_per_example = 2  # a policy keeps each (chosen, rejected) pair adjacent in one microbatch
+
+    accepts_token_logprobs = True
+
+    def __init__(self, cfg: Mapping[str, Any] | DPOLossConfig | None = None) -> None:
+        self.cfg = validated_loss_config(DPOLossConfig, cfg, "DPOLossFn")
+
+    def __call__(
+        self,
+        next_token_logits: torch.Tensor | TokenLogprobs,
+        data: Mapping[str, Any],
+        global_valid_seqs: torch.Tensor,
+        global_valid_toks: torch.Tensor | None = None,
+        vocab_parallel_rank: int | None = None,
+        vocab_parallel_group: dist.ProcessGroup | None = None,
+        context_parallel_group: dist.ProcessGroup | None = None,
+        logprob_chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor, Metrics]:
+        owner = type(self).__name__
+        _require(data, ("input_ids", "token_mask", "sample_mask", "reference_policy_logprobs"), owner)
+        lp = _policy_logprobs(
+            next_token_logits,
+            data,
+            vocab_parallel_rank,
+            vocab_parallel_group,
+            context_parallel_group,
+            logprob_chunk_size,
+        )
+        token_mask, sample_mask, _ = _masks(data, lp)
+        valid = token_mask > 0
+        num_tokens = token_mask.sum(dim=-1).clamp(min=1)
+
+        rewards = _masked_diff(lp, _shifted(data, "reference_policy_logprobs", lp), valid).sum(dim=-1)
+        if self.cfg.preference_average_log_probs:
+            rewards = rewards / num_tokens
+        preference_loss, metrics = _bradley_terry(
+            rewards, sample_mask, global_valid_seqs, self.cfg.reference_policy_kl_penalty, owner
+        )
+
+        sft_per_row = _sequence_nll(lp, token_mask, self.cfg.sft_average_log_probs)
+        global_pairs = torch.as_tensor(global_valid_seqs, dtype=torch.float32, device=lp.device) / 2
+        sft_loss = masked_mean(sft_per_row[::2], sample_mask[::2], global_normalization_factor=global_pairs)
+
+        loss = self.cfg.preference_loss_weight * preference_loss + self.cfg.sft_loss_weight * sft_loss
+        return loss, {
+            "loss": loss.item(),
+            "sft_loss": sft_loss.item(),
+            "preference_loss": preference_loss.item(),
+            **metrics,
+        }
