@@ -4,6 +4,7 @@ losses and gradients (fp64 for the attention itself; fp32 through the real losse
 import pytest
 import torch
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, NLLLossFn
 from nemo_rl_clone.distributed.model_utils import TokenLogprobs, valid_counts
 from nemo_rl_clone.models.policy import token_logprob_head
@@ -68,15 +69,20 @@ def test_without_boundaries_the_packed_row_attends_across_samples() -> None:
 
 
 @pytest.mark.parametrize("selective_head", [False, True], ids=["full_logits", "selective_head"])
-@pytest.mark.parametrize("loss_name", ["clipped_pg", "nll"])
+@pytest.mark.parametrize("loss_name", ["clipped_pg", "clipped_pg_top_k_top_p", "nll"])
 def test_packed_losses_and_gradients_equal_the_padded_path(loss_name: str, selective_head: bool) -> None:
     """The worker's two loss inputs (full logits; token logprobs from the selective head), packed vs padded:
-    same loss, metrics and parameter gradients in fp32 to 1e-5."""
+    same loss, metrics and parameter gradients in fp32 to 1e-5; also under the sampler's temperature, top-k and
+    top-p (the head then returns the filtered and the KL term's unfiltered logprobs from one projection)."""
     data = _batch()
+    pg = {"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1}
     loss_fn = {
-        "clipped_pg": ClippedPGLossFn({"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1}),
+        "clipped_pg": ClippedPGLossFn(pg),
+        "clipped_pg_top_k_top_p": ClippedPGLossFn(pg, TrainingSamplingParams(0.7, 5, 0.9)),
         "nll": NLLLossFn(),
     }[loss_name]
+    sampling = getattr(loss_fn, "sampling_params", None)
+    both = bool(getattr(loss_fn, "needs_unfiltered_logprobs", False))
     seqs, toks = valid_counts(data)
 
     def run(packed: bool) -> tuple[torch.Tensor, dict, torch.nn.Module]:
@@ -89,9 +95,11 @@ def test_packed_losses_and_gradients_equal_the_padded_path(loss_name: str, selec
             loss, metrics = loss_fn(logits, data, seqs, toks)
         else:
             positions, targets = next_token_selection(data["input_ids"], data["token_mask"][:, 1:] > 0)
-            with head.selecting(Selection(rows.pack(positions), rows.pack(targets), 5, torch.float32)):
-                out = model(input_ids=rows.pack(data["input_ids"]), **rows.model_kwargs()).logits
-            loss, metrics = loss_fn(TokenLogprobs(rows.unpack(out)[:, :-1]), data, seqs, toks)
+            selection = Selection(rows.pack(positions), rows.pack(targets), 5, torch.float32, None, sampling, both)
+            with head.selecting(selection):
+                out = rows.unpack(model(input_ids=rows.pack(data["input_ids"]), **rows.model_kwargs()).logits)
+            given = TokenLogprobs(out[:, :-1, 0], out[:, :-1, 1]) if both else TokenLogprobs(out[:, :-1])
+            loss, metrics = loss_fn(given, data, seqs, toks)
         loss.backward()
         return loss, metrics, model
 
