@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, DPOLossFn, NLLLossFn
 from nemo_rl_clone.distributed.model_utils import TokenLogprobs, token_logprobs_from_logits, valid_counts
 from nemo_rl_clone.models.policy import token_logprob_head
@@ -75,12 +76,16 @@ def _batch(seed: int = 1) -> dict[str, torch.Tensor]:
 def _losses() -> dict[str, object]:
     return {
         "clipped_pg": ClippedPGLossFn({"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1}),
+        # the sampler's processing: filtered logprobs for the ratio, the KL term's unfiltered ones beside them
+        "clipped_pg_top_k_top_p": ClippedPGLossFn(
+            {"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1}, TrainingSamplingParams(0.7, 5, 0.9)
+        ),
         "nll": NLLLossFn(),
         "dpo": DPOLossFn({"reference_policy_kl_penalty": 0.1}),
     }
 
 
-@pytest.mark.parametrize("loss_name", ["clipped_pg", "nll", "dpo"])
+@pytest.mark.parametrize("loss_name", ["clipped_pg", "clipped_pg_top_k_top_p", "nll", "dpo"])
 def test_losses_and_gradients_equal_the_full_logits_path(loss_name: str) -> None:
     """The same loss, metrics and parameter gradients (fp32, 1e-5) from the selective head as from full logits."""
     data = _batch()
@@ -97,9 +102,12 @@ def test_losses_and_gradients_equal_the_full_logits_path(loss_name: str) -> None
     assert isinstance(head, SelectiveLMHead)
     assert [name for name, _ in model.named_parameters()] == [name for name, _ in full_model.named_parameters()]
     positions, targets = next_token_selection(data["input_ids"], data["token_mask"][:, 1:] > 0)
-    with head.selecting(Selection(positions, targets, chunk_size=5, dtype=torch.float32)):
+    sampling = getattr(loss_fn, "sampling_params", None)
+    both = bool(getattr(loss_fn, "needs_unfiltered_logprobs", False))
+    with head.selecting(Selection(positions, targets, 5, torch.float32, None, sampling, both)):
         logprobs = model(input_ids=data["input_ids"]).logits[:, :-1]
-    got, got_metrics = loss_fn(TokenLogprobs(logprobs), data, seqs, toks)
+    given = TokenLogprobs(logprobs[..., 0], logprobs[..., 1]) if both else TokenLogprobs(logprobs)
+    got, got_metrics = loss_fn(given, data, seqs, toks)
     got.backward()
 
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
