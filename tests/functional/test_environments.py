@@ -97,6 +97,9 @@ def test_users_own_environment_named_only_in_yaml(tmp_path: Path) -> None:
             defaults: {REPO / "configs" / "grpo_smoke.yaml"}
             grpo:
               max_rollout_turns: 2
+            policy:
+              generation:
+                stop_strings: ["e"]  # the random model's turn ends early (a truncated turn gets no observation)
             data:
               env_name: length_reward  # every row goes to the environment below
             env:
