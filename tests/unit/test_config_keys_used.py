@@ -133,7 +133,9 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         -1.0, "not supported yet: a fixed advantage for samples with malformed thinking; set it to null", ("grpo",)
     ),
     (AdvEstimatorConfig, "minus_baseline"): Refusal(
-        False, "not supported yet: GRPO always subtracts the group baseline; set it to true", ("grpo",)
+        False,
+        "not supported yet with 'grpo': only reinforce_plus_plus can skip the baseline; set it to true",
+        ("grpo",),
     ),
     (RewardShapingConfig, "stop_properly_penalty_coef"): Refusal(
         0.5,

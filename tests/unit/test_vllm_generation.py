@@ -251,7 +251,7 @@ def test_prompt_without_room_to_generate_is_refused(generation: VllmGeneration) 
     ("overrides", "error", "match"),
     [
         ({"backend": "hf"}, ValueError, "policy.generation.backend: the 'hf' generation backend is not supported yet"),
-        ({"temperature": -1.0}, ValueError, "policy.generation.temperature: must be >= 0"),
+        ({"temperature": -1.0}, ValueError, r"policy.generation.temperature: must be in \[0, 2.0\] \(vLLM's range\)"),
         (
             {"vllm_cfg": VllmConfig(tensor_parallel_size=2)},
             ValueError,

@@ -66,7 +66,13 @@ class AdvEstimatorConfig:
                 )
             )
         if not self.minus_baseline and self.name != "reinforce_plus_plus":
-            problems.append(("minus_baseline", f"only reinforce_plus_plus reads it; {self.name!r} always subtracts"))
+            problems.append(
+                (
+                    "minus_baseline",
+                    f"not supported yet with {self.name!r}: only reinforce_plus_plus can skip the baseline; set it "
+                    "to true",
+                )
+            )
         return problems
 
 
