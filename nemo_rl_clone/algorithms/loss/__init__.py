@@ -2,36 +2,7 @@
 ``from nemo_rl.algorithms.loss import ClippedPGLossFn`` reads ``from nemo_rl_clone.algorithms.loss import
 ClippedPGLossFn`` here. The call contract is in `loss_functions`."""
 
-from nemo_rl_clone.algorithms.loss.loss_functions import (
-    ClippedPGLossConfig,
-    ClippedPGLossDataDict,
-    ClippedPGLossFn,
-    DistillationLossConfig,
-    DistillationLossDataDict,
-    DistillationLossFn,
-    DPOLossConfig,
-    DPOLossDataDict,
-    DPOLossFn,
-    LossType,
-    NLLLossFn,
-    PreferenceLossDataDict,
-    PreferenceLossFn,
-    calculate_kl,
-)
+from nemo_rl_clone.algorithms.loss import loss_functions
+from nemo_rl_clone.algorithms.loss.loss_functions import *  # noqa: F403
 
-__all__ = [
-    "ClippedPGLossConfig",
-    "ClippedPGLossDataDict",
-    "ClippedPGLossFn",
-    "DPOLossConfig",
-    "DPOLossDataDict",
-    "DPOLossFn",
-    "DistillationLossConfig",
-    "DistillationLossDataDict",
-    "DistillationLossFn",
-    "LossType",
-    "NLLLossFn",
-    "PreferenceLossDataDict",
-    "PreferenceLossFn",
-    "calculate_kl",
-]
+__all__ = loss_functions.__all__
