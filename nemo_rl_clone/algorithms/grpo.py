@@ -90,7 +90,10 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
                     train_data["prev_logprobs"] = c.policy.get_logprobs(train_data)["logprobs"]
                 if threshold is not None:
                     num_masked = mask_logprob_mismatch(train_data, threshold)
-                if cfg.loss_fn.reference_policy_kl_penalty > 0:
+                if (
+                    cfg.loss_fn.reference_policy_kl_penalty > 0
+                    and not cfg.grpo.skip_reference_policy_logprobs_calculation
+                ):
                     reference = c.policy.get_reference_policy_logprobs(train_data)["reference_logprobs"]
                     train_data["reference_policy_logprobs"] = reference
 
@@ -166,10 +169,11 @@ def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> 
     cfg = c.config
     if c.val_dataset is None:
         return {}
-    count = min(len(c.val_dataset), cfg.grpo.max_val_samples)
+    count = min(len(c.val_dataset), cfg.grpo.max_val_samples or len(c.val_dataset))
+    batch_size = cfg.grpo.val_batch_size or count
     rewards, lengths = [], []
-    for start in range(0, count, cfg.grpo.val_batch_size):
-        prompts = rl_collate_fn([c.val_dataset[i] for i in range(start, min(count, start + cfg.grpo.val_batch_size))])
+    for start in range(0, count, batch_size):
+        prompts = rl_collate_fn([c.val_dataset[i] for i in range(start, min(count, start + batch_size))])
         prompts["seeds"] = [cfg.grpo.seed * 100_003 + start + i for i in range(prompts.size)]
         batch, metrics = roll_out(c, prompts)
         if samples is not None and len(samples) < cfg.logger.num_val_samples_to_print:

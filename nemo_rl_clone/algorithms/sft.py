@@ -111,5 +111,11 @@ def sft_datasets(config: SFTMasterConfig, tokenizer: Any) -> tuple[Any, Any]:
 
     loaded = load_sft_dataset(config.data, seed=config.data.split_seed(config.sft.seed))
     return build_datasets(
-        SFTDataset, loaded, tokenizer, config.data, add_bos=config.data.add_bos, add_eos=config.data.add_eos
+        SFTDataset,
+        loaded,
+        tokenizer,
+        config.data,
+        add_bos=config.data.add_bos,
+        add_eos=config.data.add_eos,
+        add_generation_prompt=config.data.add_generation_prompt,
     )

@@ -126,13 +126,16 @@ class NeMoRLDataLayout:
     """NeMo-RL v0.7.0's nested ``data`` keys, mapped onto this project's flat ones when the config is built (so
     every reader sees one set of keys). The flat keys keep working; where both are given the nested key wins."""
 
-    train: DataTrainConfig | None = None
-    validation: DataValidationConfig | None = None
+    # A list (several datasets in one run, NeMo-RL's multiple-dataset form) is refused in `check_layout`.
+    train: DataTrainConfig | list[dict[str, Any]] | None = None
+    validation: DataValidationConfig | list[dict[str, Any]] | None = None
     default: DataDefaultsConfig | None = None
     use_multiple_dataloader: bool = False
 
     def __post_init__(self) -> None:
         flat: dict[str, Any] = {}
+        if isinstance(self.train, list) or isinstance(self.validation, list):
+            return  # refused by check_layout
         if self.train is not None:
             t = self.train
             flat.update(dataset_name=t.dataset_name, split_validation_size=t.split_validation_size)
@@ -149,12 +152,17 @@ class NeMoRLDataLayout:
 
     def split_seed(self, algorithm_seed: int) -> int:
         """The seed of validation hold-outs: ``data.train.seed``, else the algorithm's."""
-        seed = None if self.train is None else self.train.seed
+        seed = None if not isinstance(self.train, DataTrainConfig) else self.train.seed
         return algorithm_seed if seed is None else seed
 
     def check_layout(self, has: tuple[str, ...]) -> list[tuple[str, str]]:
         """Nested keys that have no flat key to land on in this run's data config (``has``: its flat keys)."""
         problems = []
+        several = [name for name in ("train", "validation") if isinstance(getattr(self, name), list)]
+        if several:
+            return [
+                (name, "not supported yet: several datasets in one run (a list); give one dataset") for name in several
+            ]
         if self.use_multiple_dataloader:
             problems.append(
                 ("use_multiple_dataloader", "not supported yet: one dataset trains per run here; set it to false")
@@ -188,7 +196,8 @@ class DataConfig(NeMoRLDataLayout):
     dataset_name: str = "OpenMathInstruct-2"
     prompt_file: str | None = "examples/prompts/cot.txt"
     system_prompt_file: str | None = None
-    max_input_seq_length: int = 512
+    # null is NeMo-RL's value for NeMo-Gym rows (no prompt limit): refused in check()
+    max_input_seq_length: int | None = 512
     shuffle: bool = True
     num_workers: int = 1
     # A local file (json/jsonl/parquet/csv) in the dataset's hub format, used instead of the hub.
@@ -208,6 +217,14 @@ class DataConfig(NeMoRLDataLayout):
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(self, 1, "max_input_seq_length") + check_at_least(self, 0, "num_workers")
+        if self.max_input_seq_length is None:
+            problems.append(
+                (
+                    "max_input_seq_length",
+                    "not supported yet: no prompt length limit (null, NeMo-RL's NeMo-Gym value); set a length up to "
+                    "policy.max_total_sequence_length",
+                )
+            )
         problems += self.check_layout(("split", "env_name", "other_validation_dataset"))
         problems += _check_dataset_name(self.dataset_name, DATASET_NAMES)
         if self.add_system_prompt:
@@ -293,6 +310,7 @@ class SFTDataConfig(SupervisedDataConfig):
     # sft.yaml sets both true; false keeps the template's text as is).
     add_bos: bool = False
     add_eos: bool = False
+    # True: the assistant header before each reply counts as prompt (not trained); false: as the reply's start.
     add_generation_prompt: bool = False
 
     def dataset_names(self) -> tuple[str, ...]:
@@ -304,13 +322,6 @@ class SFTDataConfig(SupervisedDataConfig):
         problems = super().check()
         if self.split is not None and self.dataset_name != "OpenMathInstruct-2":
             problems.append(("split", f"only used by 'OpenMathInstruct-2', not {self.dataset_name!r}; set it to null"))
-        if self.add_generation_prompt:
-            problems.append(
-                (
-                    "add_generation_prompt",
-                    "not supported yet: SFT trains on whole conversations, which end with the answer; set it to false",
-                )
-            )
         if not self.chat_key:
             problems.append(("chat_key", "must be a non-empty key"))
         if self.dataset_name == "openai_format" and self.data_path is None:

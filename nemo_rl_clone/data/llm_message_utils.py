@@ -44,7 +44,9 @@ def get_formatted_message_log(
             with it (nothing for a tokenizer without one).
         add_eos_token: append the EOS token to the last message unless it already ends with it (before trailing
             newlines). Leave it off for prompts: the model continues after the generation prompt.
-        add_generation_prompt: append the template's assistant header (to the last message), for prompting.
+        add_generation_prompt: give each user message the template's assistant header that follows it (NeMo-RL's
+            meaning): a prompt ending in a user message gets the header to generate after; in a conversation, the
+            header before each assistant reply belongs to the user message, so SFT trains only on the reply.
         chat_template_kwargs: extra keyword arguments for ``apply_chat_template`` (e.g. ``enable_thinking``).
 
     Returns:
@@ -80,10 +82,13 @@ def get_formatted_message_log(
         assert isinstance(text, str)  # tokenize=False renders text
         return text
 
-    full_text = render(len(messages), add_generation_prompt)
+    def header_after(upto: int) -> bool:
+        return add_generation_prompt and template_messages[upto - 1]["role"] == "user"  # environment turns too
+
+    full_text = render(len(messages), header_after(len(messages)))
     ends: list[int] = []
     for upto in range(1, len(messages)):
-        prefix = render(upto, False)
+        prefix = render(upto, header_after(upto))
         if not full_text.startswith(prefix) or (ends and len(prefix) < ends[-1]):
             raise ValueError(
                 f"the chat template of {tokenizer.name_or_path!r} renders messages[:{upto}] as text that is not a "

@@ -50,14 +50,16 @@ def build_sft_datum(
     idx: int,
     add_bos: bool = False,
     add_eos: bool = False,
+    add_generation_prompt: bool = False,
 ) -> dict[str, Any]:
     """``{"message_log", "length", "loss_multiplier", "idx"}``; ``token_loss_mask`` is 1 on assistant messages.
 
     ``add_bos`` / ``add_eos`` (NeMo-RL's ``data.add_bos`` / ``data.add_eos``): start the conversation with the
     tokenizer's BOS token / end it with its EOS token when the chat template did not already (a tokenizer without
-    that token is left as is)."""
+    that token is left as is). ``add_generation_prompt`` (``data.add_generation_prompt``): the assistant header
+    before each reply is part of the user message, so it is not trained on (else it is the reply's first tokens)."""
     message_log, length, truncated = _templated(
-        messages, tokenizer, max_seq_length, first_trained=None, add_bos=add_bos, add_eos=add_eos
+        messages, tokenizer, max_seq_length, None, add_bos, add_eos, add_generation_prompt
     )
     return {"message_log": message_log, "length": length, "loss_multiplier": 0.0 if truncated else 1.0, "idx": idx}
 
@@ -94,13 +96,16 @@ def _templated(
     first_trained: int | None,
     add_bos: bool = False,
     add_eos: bool = False,
+    add_generation_prompt: bool = False,
 ) -> tuple[LLMMessageLogType, int, bool]:
     """Template (with BOS / EOS added where missing, see `build_sft_datum`), truncate to ``max_seq_length`` and add
     ``token_loss_mask``: messages from index ``first_trained`` on, or (None) every assistant message. Returns
     ``(message_log, length, truncated)``."""
     if max_seq_length < 1:
         raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
-    message_log = get_formatted_message_log(messages, tokenizer, add_bos_token=add_bos, add_eos_token=add_eos)
+    message_log = get_formatted_message_log(
+        messages, tokenizer, add_bos_token=add_bos, add_eos_token=add_eos, add_generation_prompt=add_generation_prompt
+    )
     truncated = sum(len(m["token_ids"]) for m in message_log) > max_seq_length
     if truncated:
         _keep_prefix(message_log, max_seq_length, tokenizer)

@@ -37,7 +37,9 @@ class MathEnvConfig:
     """``num_workers`` verifier actors; ``verifier_timeout_s``: wall-clock limit per response (then it scores 0)."""
 
     num_workers: int = 8
-    math_verify_impl: Literal["hf_math_verify"] = "hf_math_verify"
+    # hf_math_verify: math-verify (symbolic equivalence); dapo_math_verify: DAPO's exact match of the normalised
+    # "Answer: ..." line (`nemo_rl_clone.environments.dapo_math_verifier`).
+    math_verify_impl: Literal["hf_math_verify", "dapo_math_verify"] = "hf_math_verify"
     answer_extraction: MathAnswerExtraction = "math_verify"
     verifier_timeout_s: float = 10.0
 
@@ -297,9 +299,20 @@ BUILTIN_ENV_CONFIGS: dict[str, type] = {
 
 # NeMo-RL environments with no equivalent here, and what to use instead.
 _NOT_SUPPORTED_ENVS = {
-    "dapo": "NeMo-RL's DAPO math verifier (an exact match of the normalised 'Answer: ...' line); score math rows "
-    "with env.math (math_verify) instead: data.default.env_name: math",
+    "dapo": "a separate DAPO environment; DAPO's scoring is env.math with math_verify_impl: dapo_math_verify "
+    "(data.default.env_name: math)",
+    "nemo_gym": "NeMo-Gym environments",
+    "should_use_nemo_gym": "NeMo-Gym environments",
+    "should_log_nemo_gym_responses": "NeMo-Gym environments",
+    "math_multi_reward": "several rewards per sample (GDPO's multi-reward math environment)",
+    **dict.fromkeys(
+        ("vlm", "clevr-cogent", "geometry3k", "refcoco", "mmau", "mmpr-tiny"),
+        "vision and audio environments (vision-language / audio-language models)",
+    ),
 }
+
+
+_NEMO_GYM_SWITCHES = ("should_use_nemo_gym", "should_log_nemo_gym_responses")
 
 
 class EnvConfig(dict[str, Any]):
@@ -323,8 +336,8 @@ class EnvConfig(dict[str, Any]):
         sections: dict[str, Any] = {}
         for name, section in value.items():
             dotted = f"{key}.{name}"
-            if section is None:
-                continue
+            if section is None or (section is False and name in _NEMO_GYM_SWITCHES):
+                continue  # not started; NeMo-Gym's switches off are NeMo-RL's default
             if isinstance(section, Mapping) and "env_class" in section:
                 sections[name] = _convert_custom(section, dotted, convert, problems)
             elif name in BUILTIN_ENV_CONFIGS:

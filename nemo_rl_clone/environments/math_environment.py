@@ -1,5 +1,7 @@
 """`MathEnvironment`: math-verify on the last assistant turn against the gold answer; reward 1.0 or 0.0.
 
+``math_verify_impl: dapo_math_verify`` scores by DAPO's string match instead (`dapo_math_verifier`).
+
 Per-sample metadata: ``{"ground_truth": str}`` (an int or float is accepted and turned into a string). The gold
 answer is wrapped in ``\\boxed{}`` unless it already has one, so plain (``42``) and LaTeX (``\\frac{1}{2}``) answers
 both parse. ``answer_extraction`` (`MathEnvConfig`): ``math_verify`` hands the whole response to math-verify, which
@@ -14,6 +16,7 @@ from typing import Any
 
 import ray
 
+from nemo_rl_clone.environments import dapo_math_verifier
 from nemo_rl_clone.environments.answer_extraction import ANSWER_EXTRACTION_METHODS, extract_answer
 from nemo_rl_clone.environments.config import MathEnvConfig, check_env_config
 from nemo_rl_clone.environments.verifier_pool import VerifierPoolEnvironment, VerifierResult
@@ -28,7 +31,7 @@ class MathVerifyWorker:
     because actor methods run in the process's main thread; the pool's outer deadline covers hangs it cannot stop.
     """
 
-    def __init__(self, answer_extraction: str, call_timeout_s: int):
+    def __init__(self, answer_extraction: str, call_timeout_s: int, math_verify_impl: str = "hf_math_verify"):
         from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
         from math_verify.errors import TimeoutException
 
@@ -36,6 +39,7 @@ class MathVerifyWorker:
         self._extraction_config = [LatexExtractionConfig(), ExprExtractionConfig()]
         self._answer_extraction = answer_extraction
         self._call_timeout_s = call_timeout_s
+        self._dapo = math_verify_impl == "dapo_math_verify"
         # The first parse compiles math-verify's regexes and warms sympy (~0.5 s): pay it before the first deadline.
         self.score("\\boxed{1}", "1")
 
@@ -44,6 +48,8 @@ class MathVerifyWorker:
 
         Raises ValueError if the gold answer does not parse (the pool scores that sample 0 and logs it).
         """
+        if self._dapo:
+            return VerifierResult(*dapo_math_verifier.compute_score(response, ground_truth))
         answer: str | None = None
         try:
             gold = self._parse_latex(_boxed(ground_truth))
@@ -88,7 +94,10 @@ class MathEnvironment(VerifierPoolEnvironment):
         # timeout, normally end before the pool's outer deadline kills the verifier.
         call_timeout_s = max(1, int(cfg.verifier_timeout_s / 3))
         super().__init__(
-            MathVerifyWorker, (cfg.answer_extraction, call_timeout_s), cfg.num_workers, cfg.verifier_timeout_s
+            MathVerifyWorker,
+            (cfg.answer_extraction, call_timeout_s, cfg.math_verify_impl),
+            cfg.num_workers,
+            cfg.verifier_timeout_s,
         )
 
     def make_job(self, response: str, metadata: Mapping[str, Any], sample_index: int) -> tuple[Any, ...]:

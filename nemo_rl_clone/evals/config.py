@@ -23,6 +23,9 @@ LOCAL_DATASET = "local"
 # Datasets made for training only: evaluating on them would mean their (hub) training split.
 _TRAINING_ONLY = ("OpenMathInstruct-2", "DeepScaler", "DAPOMath17K")
 EVAL_DATASET_NAMES = tuple(name for name in DATASET_NAMES if name not in _TRAINING_ONLY)
+# NeMo-RL's evaluation sets that are not built here (multiple-choice scoring, or hub copies of other sets).
+_NOT_SHIPPED = ("aime2025", "gpqa", "gpqa_diamond", "math", "mmlu", "mmlu_pro", "mmlu_ZH-CN")
+_FILE_FORMATS = ("csv", "json", "jsonl", "parquet")
 
 
 @dataclass
@@ -99,11 +102,47 @@ class EvalDataConfig:
     problem_key: str = "problem"
     solution_key: str = "answer"
     reasoning_gym: ReasoningGymDataConfig | None = None
+    # NeMo-RL's form of a local set: ``dataset_name`` is the file's path or URL, read as ``file_format``; a file has
+    # one split, ``train``.
+    split: str | None = None
+    file_format: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dataset_name not in EVAL_DATASET_NAMES and self.data_path is None and _is_file(self.dataset_name):
+            self.dataset_name, self.data_path = LOCAL_DATASET, self.dataset_name
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(self, 1, "max_input_seq_length")
-        if self.dataset_name not in EVAL_DATASET_NAMES:
+        if self.dataset_name in _NOT_SHIPPED:
+            problems.append(
+                (
+                    "dataset_name",
+                    f"not supported yet: NeMo-RL's {self.dataset_name!r} evaluation set; built here: "
+                    f"{', '.join(EVAL_DATASET_NAMES)} (or a file: dataset_name: local, data_path)",
+                )
+            )
+        elif "/" in self.dataset_name:
+            problems.append(
+                (
+                    "dataset_name",
+                    f"not supported yet: a hub dataset by id ({self.dataset_name!r}); save it as a file "
+                    "and use dataset_name: local, data_path",
+                )
+            )
+        elif self.dataset_name not in EVAL_DATASET_NAMES:
             problems.append(("dataset_name", unknown_dataset_message(self.dataset_name, EVAL_DATASET_NAMES)))
+        if self.split not in (None, "train"):
+            problems.append(("split", f"not supported yet: split {self.split!r}; a local file has one split, 'train'"))
+        if self.file_format is not None:
+            suffix = (self.data_path or "").rsplit(".", 1)[-1].lower()
+            if self.file_format not in _FILE_FORMATS or suffix != self.file_format:
+                problems.append(
+                    (
+                        "file_format",
+                        f"not supported yet: reading {self.file_format!r} other than from a file ending "
+                        f"in .{self.file_format} (one of {', '.join(_FILE_FORMATS)}); the format follows the extension",
+                    )
+                )
         if (self.dataset_name == "reasoning_gym") != (self.reasoning_gym is not None):
             problems.append(("reasoning_gym", "must be set exactly when dataset_name is 'reasoning_gym'"))
         if self.dataset_name == LOCAL_DATASET and self.data_path is None:
@@ -160,3 +199,8 @@ class EvalMasterConfig:
             problems.append((f"env.{task}", f"required: it scores data.dataset_name {self.data.dataset_name!r}"))
         problems += check_no_samples_to_print(self.logger, "evaluation")
         return problems
+
+
+def _is_file(name: str) -> bool:
+    """A path or URL of a data file (NeMo-RL's local evaluation form), not a dataset name."""
+    return name.rsplit(".", 1)[-1].lower() in _FILE_FORMATS and ("/" in name or "." in name)

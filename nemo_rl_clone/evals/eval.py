@@ -238,7 +238,11 @@ def load_eval_problems(config: EvalMasterConfig, tokenizer: Any) -> Any:
     data = config.data
     if data.dataset_name == "local":
         loaded = load_dataset_by_name(
-            "local", data_path=data.data_path, problem_key=data.problem_key, solution_key=data.solution_key
+            "local",
+            data_path=data.data_path,
+            problem_key=data.problem_key,
+            solution_key=data.solution_key,
+            file_format=data.file_format,
         )
     else:
         loaded = load_dataset_from_config(

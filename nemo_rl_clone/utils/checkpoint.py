@@ -71,7 +71,8 @@ class CheckpointingConfig:
     keep_top_k: int | None = 3
     save_period: int = 10
     checkpoint_must_save_by: str | None = None
-    model_save_format: str = "safetensors"
+    # null (NeMo-RL's value for DCP-only and Megatron checkpoints): no consolidated folder, so no format to pick.
+    model_save_format: str | None = "safetensors"
     save_consolidated: bool = False
     # False: checkpoints hold no optimizer state (smaller, faster saves); a resumed run starts a fresh optimizer.
     save_optimizer: bool = True
@@ -107,7 +108,11 @@ class CheckpointingConfig:
                 problems.append(("checkpoint_must_save_by", str(e)))
         if not self.sigterm_grace_period_s > 0:
             problems.append(("sigterm_grace_period_s", f"must be > 0 seconds, got {self.sigterm_grace_period_s}"))
-        if self.model_save_format not in MODEL_SAVE_FORMATS:
+        if self.model_save_format is None and self.save_consolidated:
+            problems.append(
+                ("model_save_format", f"null writes no consolidated folder; pick one of {list(MODEL_SAVE_FORMATS)}")
+            )
+        elif self.model_save_format not in (None, *MODEL_SAVE_FORMATS):
             problems.append(
                 ("model_save_format", f"must be one of {list(MODEL_SAVE_FORMATS)}, got {self.model_save_format!r}")
             )

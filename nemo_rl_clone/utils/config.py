@@ -120,8 +120,39 @@ def _load(path: Path, chain: tuple[Path, ...], base_dir: Path | None = None) -> 
     merged = OmegaConf.create()
     for default in defaults:
         parent = (resolve_path(base_dir or path.parent, default)).resolve()
-        merged = cast(DictConfig, OmegaConf.merge(merged, _load(parent, (*chain, path))))
-    return cast(DictConfig, OmegaConf.merge(merged, cfg))  # merging mappings gives a mapping
+        merged = _merge(merged, _load(parent, (*chain, path)), path)
+    return _merge(merged, cfg, path)
+
+
+def _merge(base: DictConfig, child: DictConfig, path: Path) -> DictConfig:
+    """``child`` over ``base``; a mapping of ``child`` marked ``_override_: true`` replaces ``base``'s whole value
+    there instead of merging into it (NeMo-RL's marker, e.g. a list of datasets in place of one)."""
+    _drop_overridden(base, child)
+    try:
+        return cast(DictConfig, OmegaConf.merge(base, child))  # merging mappings gives a mapping
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError(
+            [
+                f"{path}: {key}: cannot merge over its defaults (a list over a mapping or the reverse); mark the "
+                "section `_override_: true` to replace it"
+            ]
+        ) from None
+
+
+def _drop_overridden(base: Any, child: Any) -> None:
+    if not isinstance(child, DictConfig):
+        return
+    for key in list(child.keys()):
+        value = child._get_node(key)
+        if isinstance(value, DictConfig) and value.get("_override_") is True:
+            with open_dict(value):
+                value.pop("_override_")
+            if isinstance(base, DictConfig) and key in base:
+                with open_dict(base):
+                    base.pop(key)
+        elif isinstance(value, DictConfig) and isinstance(base, DictConfig) and key in base:
+            _drop_overridden(base._get_node(key), value)
 
 
 def parse_override_value(text: str) -> Any:

@@ -24,6 +24,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union
 
+from nemo_rl_clone.utils.unsupported_keys import refusal, refused_value
+
 T = TypeVar("T")
 
 
@@ -184,10 +186,12 @@ def _convert(value: Any, tp: Any, key: str, problems: list[str], ctx: _Context) 
             converted = _convert(value, option, key, trial, ctx)
             if not trial:
                 return converted
-        # Report the error of the single non-null option directly: it reads better than a union listing.
+        # Report the error of the one option of the value's shape (a section for a mapping, a list for a list)
+        # directly: it reads better than a union listing.
         non_null = [a for a in args if a is not type(None)]
-        if len(non_null) == 1:
-            return _convert(value, non_null[0], key, problems, ctx)
+        shaped = [a for a in non_null if _same_shape(value, a)]
+        if len(non_null) == 1 or len(shaped) == 1:
+            return _convert(value, (shaped or non_null)[0], key, problems, ctx)
         problems.append(f"{key}: expected {_type_name(tp)}, got {_describe(value)}")
         return None
     if origin is Literal:
@@ -209,6 +213,15 @@ def _convert(value: Any, tp: Any, key: str, problems: list[str], ctx: _Context) 
         value_tp = args[1] if len(args) == 2 else Any
         return {k: _convert(v, value_tp, _join(key, k), problems, ctx) for k, v in value.items()}
     return _convert_scalar(value, tp, key, problems)
+
+
+def _same_shape(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if isinstance(value, Mapping):
+        return (isinstance(tp, type) and dataclasses.is_dataclass(tp)) or origin is dict or tp is dict
+    if isinstance(value, (list, tuple)):
+        return origin in (list, tuple)
+    return False
 
 
 def _convert_scalar(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
@@ -240,14 +253,21 @@ def _convert_dataclass(value: Any, tp: type, key: str, problems: list[str], ctx:
     for name in value:
         if name not in fields:
             dotted = _join(key, name)
+            problem = refusal(dotted, value[name])  # NeMo-RL's keys of features not built here are named as such
+            if problem is None or not problem.endswith(": unknown key"):
+                problems += [problem] if problem else []
+                continue
             near = ctx.suggestion(dotted, list(fields), key)
             hint = f" (did you mean {near}?)" if near else ""
-            problems.append(f"{dotted}: unknown key{hint}")
+            problems.append(f"{problem}{hint}")
     before = len(problems)
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         dotted = _join(key, name)
-        if name in value:
+        refused = refused_value(dotted, value[name]) if name in value else None
+        if refused:
+            problems.append(refused)
+        elif name in value and refused is None:
             kwargs[name] = _convert(value[name], hints[name], dotted, problems, ctx)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             problems.append(f"{dotted}: missing required key ({_type_name(hints[name])})")
@@ -261,11 +281,12 @@ def _convert_dataclass(value: Any, tp: type, key: str, problems: list[str], ctx:
 
 
 def check_at_least(section: Any, minimum: float, *names: str) -> list[tuple[str, str]]:
-    """``check()`` helper: a ``(key, "must be >= minimum, got v")`` problem for each named field below ``minimum``."""
+    """``check()`` helper: a ``(key, "must be >= minimum, got v")`` problem for each named field below ``minimum``
+    (a null field is not compared)."""
     return [
         (name, f"must be >= {minimum}, got {getattr(section, name)}")
         for name in names
-        if getattr(section, name) < minimum
+        if getattr(section, name) is not None and getattr(section, name) < minimum
     ]
 
 

@@ -125,7 +125,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         ("grpo",),
         (("grpo.async_grpo.enabled", True),),
     ),
-    (GRPOConfig, "batch_multiplier"): Refusal(2, "only 1 is supported yet (got 2)"),
     (GRPOConfig, "invalid_tool_call_advantage"): Refusal(
         -1.0, "not supported yet: a fixed advantage for samples with an invalid tool call; set it to null", ("grpo",)
     ),
@@ -188,11 +187,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     ),
     (DataConfig, "add_system_prompt"): Refusal(
         True, "not supported yet: give the system prompt as data.default.system_prompt_file", ("grpo", "distillation")
-    ),
-    (SFTDataConfig, "add_generation_prompt"): Refusal(
-        True,
-        "not supported yet: SFT trains on whole conversations, which end with the answer; set it to false",
-        ("sft",),
     ),
     (SFTConfig, "only_unmask_final"): Refusal(
         True,
@@ -258,7 +252,9 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     (VllmConfig, "async_engine"): Refusal(True, "the async vLLM engine is not supported yet; set it to false"),
     # One value is implemented; the key exists so that NeMo-RL configs naming it validate.
     (RewardModelConfig, "reward_model_type"): Refusal("pairwise", "must be one of ['bradley_terry'], got 'pairwise'"),
-    (MathEnvConfig, "math_verify_impl"): Refusal("other", "must be one of 'hf_math_verify', got 'other'"),
+    (MathEnvConfig, "math_verify_impl"): Refusal(
+        "other", "must be one of 'hf_math_verify', 'dapo_math_verify', got 'other'"
+    ),
     # NeMo-RL's reward-model environment section carries policy-training keys; the scorer accepts their no-op values.
     (RewardModelKind, "reward_model_type"): Refusal(
         "pairwise", "must be one of ['bradley_terry'], got 'pairwise'", ENV_RUNS

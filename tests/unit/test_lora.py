@@ -73,6 +73,11 @@ def test_target_and_exclude_patterns(model_path: str) -> None:
         "model.layers.1.mlp.gate_proj",
         "model.layers.1.mlp.down_proj",
     ]
+    # NeMo-RL's Nemotron-H LoRA recipe: no targets named, some excluded -> every linear layer but those (Automodel's).
+    everything = lora.target_module_names(model, LoraConfig(enabled=True))
+    all_but = LoraConfig(enabled=True, match_all_linear=False, exclude_modules=["o_proj"])
+    assert lora.target_module_names(model, all_but) == [name for name in everything if not name.endswith("o_proj")]
+    assert len(everything) == 2 * 7
 
 
 @pytest.mark.parametrize(

@@ -79,11 +79,6 @@ def test_megatron_defaults_validate():
             "megatron_cfg.enabled=true (Megatron Core)",
         ),
         (
-            {"optimizer": {"name": "torch.optim.AdamW"}},
-            "optimizer: the Megatron backend builds its optimizer from policy.megatron_cfg.optimizer; set "
-            "policy.optimizer=null",
-        ),
-        (
             {"megatron_cfg": {"attention_backend": "flash"}},
             "megatron_cfg.attention_backend: not supported yet: 'flash' needs Transformer Engine, and this backend builds Megatron's "
             "local (non-TE) layer spec; use one of ['auto', 'local', 'unfused']",
@@ -160,8 +155,8 @@ def test_megatron_defaults_validate():
         ),
         (
             {"megatron_cfg": {"optimizer": {"params_dtype": "bfloat16"}}},
-            "megatron_cfg.optimizer.params_dtype: must be 'float32': the optimizer keeps fp32 master weights (got "
-            "'bfloat16')",
+            "megatron_cfg.optimizer.params_dtype: not supported yet: master weights in 'bfloat16'; the optimizer "
+            "keeps them in fp32, set 'float32'",
         ),
         (
             {"megatron_cfg": {"optimizer": {"min_lr": 1e-3}}},
@@ -228,11 +223,6 @@ def test_megatron_defaults_validate():
         (
             {"precision": "bfloat16", "megatron_cfg": {"optimizer": {"fp16": True}}},
             "megatron_cfg.optimizer.fp16: must be false with policy.precision=bfloat16 (or null: follow it), got true",
-        ),
-        (
-            {"max_grad_norm": 0.5},
-            "megatron_cfg.optimizer.clip_grad: must equal policy.max_grad_norm (0.5), got 1.0: the Megatron backend "
-            "clips gradients at clip_grad; write ${policy.max_grad_norm}",
         ),
         (
             {"reward_model_cfg": {"enabled": True}},
@@ -389,16 +379,34 @@ def test_nemo_rl_megatron_recipe_validates_unchanged(tmp_path: Path) -> None:
         "policy.megatron_cfg.optimizer.use_precision_aware_optimizer",
         "policy.scheduler",
     ]
-    quiet = load_validated_config(
+    quiet_overrides = [
+        "policy.scheduler=null",
+        "policy.megatron_cfg.apply_rope_fusion=false",
+        "policy.megatron_cfg.optimizer.use_precision_aware_optimizer=false",
+    ]
+    quiet = load_validated_config(recipe, quiet_overrides, GRPOMasterConfig)
+    assert _unused_settings(quiet.policy) == []
+    # NeMo-RL's Megatron recipes also inherit the DTensor base's optimizer and context-parallel size: accepted, named.
+    inherited = load_validated_config(
         recipe,
         [
-            "policy.scheduler=null",
-            "policy.megatron_cfg.apply_rope_fusion=false",
-            "policy.megatron_cfg.optimizer.use_precision_aware_optimizer=false",
+            *quiet_overrides,
+            "++policy.optimizer={name: torch.optim.AdamW, kwargs: {lr: 1.0e-6}}",
+            "policy.dtensor_cfg.context_parallel_size=2",
+            "policy.megatron_cfg.optimizer.clip_grad=0.5",
         ],
         GRPOMasterConfig,
     )
-    assert _unused_settings(quiet.policy) == []
+    assert [note.split(" ")[0] for note in _unused_settings(inherited.policy)] == [
+        "policy.optimizer",
+        "policy.max_grad_norm",
+        "policy.dtensor_cfg.context_parallel_size",
+    ]
+    # No clipping either way (Megatron clips only above 0): nothing to note.
+    unclipped = ["policy.max_grad_norm=null", "policy.megatron_cfg.optimizer.clip_grad=0.0"]
+    assert (
+        _unused_settings(load_validated_config(recipe, [*quiet_overrides, *unclipped], GRPOMasterConfig).policy) == []
+    )
 
 
 @pytest.mark.parametrize(

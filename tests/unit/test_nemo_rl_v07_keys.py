@@ -93,8 +93,8 @@ def test_advantage_clipping():
         ),
         (
             {"env": {"math": {}, "dapo": {"num_workers": 16}}},
-            "env.dapo: not supported yet: NeMo-RL's DAPO math verifier (an exact match of the normalised "
-            "'Answer: ...' line); score math rows with env.math (math_verify) instead: data.default.env_name: math",
+            "env.dapo: not supported yet: a separate DAPO environment; DAPO's scoring is env.math with "
+            "math_verify_impl: dapo_math_verify (data.default.env_name: math)",
         ),
     ],
 )
@@ -282,3 +282,27 @@ def test_add_bos_and_add_eos_add_the_token_only_where_missing(tokenizer):
     # applied twice, nothing more is added
     again = build_sft_datum(messages, tokenizer, 512, 0, add_bos=True, add_eos=True)
     assert again["length"] == both["length"]
+
+
+def test_add_generation_prompt_moves_the_assistant_header_out_of_the_trained_tokens(tokenizer):
+    """NeMo-RL's SFT ``data.add_generation_prompt: true``: the header before each reply ends the user message."""
+    messages = [
+        {"role": "user", "content": "2 + 3?"},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "and 4 + 4?"},
+        {"role": "assistant", "content": "8"},
+    ]
+    plain = build_sft_datum(messages, tokenizer, 512, 0)["message_log"]
+    header = build_sft_datum(messages, tokenizer, 512, 0, add_generation_prompt=True)["message_log"]
+    # The same tokens in all: only the message boundaries moved.
+    assert torch.cat([m["token_ids"] for m in plain]).tolist() == torch.cat([m["token_ids"] for m in header]).tolist()
+    prompt = tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    bare = tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=False)
+    assistant_header = prompt[len(bare) :]
+    assert assistant_header  # the template has one
+    for turn in (0, 2):
+        assert header[turn]["content"] == plain[turn]["content"] + assistant_header
+        assert plain[turn + 1]["content"] == assistant_header + header[turn + 1]["content"]
+        assert header[turn + 1]["content"].startswith(messages[turn + 1]["content"])
+    trained = sum(int(m["token_loss_mask"].sum()) for m in header)
+    assert trained < sum(int(m["token_loss_mask"].sum()) for m in plain)

@@ -47,7 +47,7 @@ class AdvEstimatorConfig:
     ``normalize_rewards`` / ``use_leave_one_out_baseline`` default to the flat ``grpo.*`` keys and override them
     when set; ``minus_baseline`` is REINFORCE++'s; ``std`` (ours) picks the std GRPO divides by."""
 
-    name: Literal["grpo", "rloo", "reinforce_plus_plus", "gdpo"] = "grpo"
+    name: Literal["grpo", "rloo", "reinforce_plus_plus", "gdpo", "opd"] = "grpo"
     minus_baseline: bool = True
     normalize_rewards: bool | None = None
     use_leave_one_out_baseline: bool | None = None
@@ -63,6 +63,14 @@ class AdvEstimatorConfig:
                     "name",
                     "not supported yet: 'gdpo' needs several reward components per sample, which no environment "
                     "here returns; use 'grpo'",
+                )
+            )
+        if self.name == "opd":
+            problems.append(
+                (
+                    "name",
+                    "not supported yet: 'opd' (NeMo-RL's multi-teacher on-policy distillation inside GRPO); for "
+                    "on-policy distillation run examples/run_distillation_math.py",
                 )
             )
         if not self.minus_baseline and self.name != "reinforce_plus_plus":
@@ -137,16 +145,22 @@ class GRPOConfig:
     val_period: int = 10
     val_at_start: bool = False
     overlong_filtering: bool = False
-    max_val_samples: int = 256
-    val_batch_size: int = 256
+    # null (NeMo-RL's NeMo-Gym recipes): every validation row, in one batch.
+    max_val_samples: int | None = 256
+    val_batch_size: int | None = 256
     seed: int = 42
     use_dynamic_sampling: bool = False
     dynamic_sampling_max_gen_batches: int = 10
     # Ours, not NeMo-RL's: when dynamic sampling finds too few groups with signal in time, fill the batch with groups
     # that train nothing instead of stopping the run (NeMo-RL's behaviour, the default).
     dynamic_sampling_fill_without_signal: bool = False
-    batch_multiplier: int = 1
+    # With dynamic sampling, each generation batch draws int(num_prompts_per_step * batch_multiplier) prompts, so
+    # that enough groups with signal remain after filtering (NeMo-RL's key; without dynamic sampling it must be 1).
+    batch_multiplier: float = 1.0
     val_at_end: bool = False
+    # NeMo-RL's switch to leave out the reference pass; it needs loss_fn.reference_policy_kl_penalty 0, where the
+    # pass is left out anyway here (the KL term is the only reader of the reference logprobs).
+    skip_reference_policy_logprobs_calculation: bool = False
     # Advantages are clamped into [advantage_clip_low, advantage_clip_high] (null: that side is open).
     advantage_clip_low: float | None = None
     advantage_clip_high: float | None = None
@@ -176,8 +190,15 @@ class GRPOConfig:
             problems.append(
                 ("use_dynamic_sampling", "not supported with async GRPO (one prompt batch per step); set it to false")
             )
-        if self.batch_multiplier != 1:
-            problems.append(("batch_multiplier", f"only 1 is supported yet (got {self.batch_multiplier})"))
+        if self.batch_multiplier != 1 and not self.use_dynamic_sampling:
+            problems.append(
+                (
+                    "batch_multiplier",
+                    f"only applies with use_dynamic_sampling; set it to 1 (got {self.batch_multiplier})",
+                )
+            )
+        elif self.prompts_per_generation_batch < self.num_prompts_per_step:
+            problems.append(("batch_multiplier", f"must be >= 1 (got {self.batch_multiplier})"))
         if self.leave_one_out and self.num_generations_per_prompt == 1:
             problems.append(("use_leave_one_out_baseline", "needs num_generations_per_prompt >= 2"))
         low, high = self.advantage_clip_low, self.advantage_clip_high
@@ -192,9 +213,12 @@ class GRPOConfig:
         threshold = self.seq_logprob_error_threshold
         if threshold is not None and threshold < 1:
             problems.append(("seq_logprob_error_threshold", f"must be >= 1 (1 is exact agreement), got {threshold}"))
-        if self.val_period < 0:
-            problems.append(("val_period", f"must be >= 0 (0 disables validation), got {self.val_period}"))
         return problems
+
+    @property
+    def prompts_per_generation_batch(self) -> int:
+        """Prompts per generation batch: ``num_prompts_per_step``, times ``batch_multiplier`` (rounded down)."""
+        return int(self.num_prompts_per_step * self.batch_multiplier)
 
     @property
     def normalize(self) -> bool:
@@ -254,6 +278,13 @@ class GRPOMasterConfig:
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
+        if self.grpo.skip_reference_policy_logprobs_calculation and self.loss_fn.reference_policy_kl_penalty > 0:
+            problems.append(
+                (
+                    "grpo.skip_reference_policy_logprobs_calculation",
+                    "needs loss_fn.reference_policy_kl_penalty=0: the KL term reads the reference logprobs",
+                )
+            )
         if self.on_policy_distillation is not None:
             problems.append(
                 (

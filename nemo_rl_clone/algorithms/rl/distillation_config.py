@@ -30,8 +30,9 @@ class DistillationConfig:
     val_period: int = 20
     val_at_start: bool = False
     val_at_end: bool = False
-    max_val_samples: int = 512
-    val_batch_size: int = 64
+    # null (NeMo-RL's NeMo-Gym recipes): every validation row, in one batch.
+    max_val_samples: int | None = 512
+    val_batch_size: int | None = 64
     topk_logits_k: int = 64
     seed: int = 42
 
@@ -48,8 +49,6 @@ class DistillationConfig:
             "val_batch_size",
             "topk_logits_k",
         )
-        if self.val_period < 0:
-            problems.append(("val_period", f"must be >= 0 (0 disables validation), got {self.val_period}"))
         return problems
 
 

@@ -138,7 +138,11 @@ def setup_data(config: GRPOMasterConfig, tokenizer: Any) -> tuple[StatefulPrompt
         else None
     )
     loader = StatefulPromptLoader(
-        train, config.grpo.num_prompts_per_step, rl_collate_fn, shuffle=config.data.shuffle, seed=config.grpo.seed
+        train,
+        config.grpo.prompts_per_generation_batch,
+        rl_collate_fn,
+        shuffle=config.data.shuffle,
+        seed=config.grpo.seed,
     )
     return loader, val
 

@@ -217,7 +217,7 @@ def save_run_checkpoint(
         optimizer_path=str(tmp / "policy" / "optimizer") if checkpointing.save_optimizer else None,
         tokenizer_path=str(tmp / "policy" / "tokenizer"),
         save_hf_path=str(tmp / "policy" / "hf") if checkpointing.save_consolidated else None,
-        save_hf_format=checkpointing.model_save_format,
+        save_hf_format=checkpointing.model_save_format or "safetensors",  # null only without a consolidated folder
     )
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save({"dataloader": dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)

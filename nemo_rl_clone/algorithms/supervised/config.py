@@ -24,7 +24,7 @@ from nemo_rl_clone.utils.logger import check_no_samples_to_print
 class SupervisedLoopConfig:
     """Keys shared by the ``sft``, ``dpo`` and ``rm`` sections (NeMo-RL's names and defaults).
 
-    ``max_num_steps`` -1 sets no step limit (``max_num_epochs`` ends the run); ``val_period`` 0 disables periodic
+    ``max_num_steps`` -1 sets no step limit (``max_num_epochs`` ends the run); ``val_period`` 0 (or negative, NeMo-RL's -1) disables periodic
     validation; ``val_batches`` <= 0 (NeMo-RL writes -1) validates on every full batch of the validation set;
     ``val_at_end`` validates after the last step unless that step was just validated;
     ``val_global_batch_size`` / ``val_micro_batch_size`` count examples like the training sizes.
@@ -49,8 +49,6 @@ class SupervisedLoopConfig:
         problems = check_at_least(self, 1, "max_num_epochs", "val_global_batch_size", "val_micro_batch_size")
         if self.max_num_steps < 1 and self.max_num_steps != -1:
             problems.append(("max_num_steps", f"must be >= 1, or -1 for no limit, got {self.max_num_steps}"))
-        if self.val_period < 0:
-            problems.append(("val_period", f"must be >= 0 (0 disables validation), got {self.val_period}"))
         return problems
 
 
@@ -141,15 +139,14 @@ def check_supervised_config(
     if policy.generation not in (None, GenerationConfig()):
         problems.append(("policy.generation", f"{section} generates nothing; set it to null"))
     problems += check_no_samples_to_print(config.logger, section)
-    problems += _check_checkpoint_metric(checkpointing, loop, algorithm)
+    problems += _check_checkpoint_metric(checkpointing, algorithm)
     return problems
 
 
 def _check_checkpoint_metric(
-    checkpointing: CheckpointingConfig, loop: SupervisedLoopConfig, algorithm: type[SupervisedAlgorithm]
+    checkpointing: CheckpointingConfig, algorithm: type[SupervisedAlgorithm]
 ) -> list[tuple[str, str]]:
-    """``checkpointing.metric_name`` must name a metric this algorithm records and, when it decides which
-    checkpoints ``keep_top_k`` keeps, validation must run at the steps that are saved."""
+    """``checkpointing.metric_name`` must name a metric this algorithm records."""
     if checkpointing.metric_name is None or ":" not in checkpointing.metric_name:
         return []  # absent, or malformed (CheckpointingConfig.check reports that)
     prefix, _, name = checkpointing.metric_name.partition(":")
@@ -162,13 +159,6 @@ def _check_checkpoint_metric(
                 f"{algorithm.section} records no {checkpointing.metric_name!r}; choose one of {options}",
             )
         ]
-    pruned_by_metric = checkpointing.enabled and checkpointing.keep_top_k is not None
-    if pruned_by_metric and prefix == "val" and (loop.val_period == 0 or checkpointing.save_period % loop.val_period):
-        return [
-            (
-                "checkpointing.save_period",
-                f"must be a multiple of {algorithm.section}.val_period ({loop.val_period}) so that saved checkpoints "
-                f"carry {checkpointing.metric_name!r} for keep_top_k (or set metric_name to null)",
-            )
-        ]
+    # A checkpoint saved at a step without validation lacks the metric: keep_top_k ranks it last and says so once
+    # (NeMo-RL accepts such periods too; its recipes save every 100 steps and validate every 500).
     return []

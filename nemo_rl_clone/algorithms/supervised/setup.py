@@ -154,7 +154,7 @@ def validation_batches(
     section: str,
 ) -> list[BatchedDataDict]:
     """The first ``val_batches`` full batches of the validation set, in order (all of them when ``val_batches`` <= 0)."""
-    if loop.val_period == 0 and not loop.val_at_start:
+    if loop.val_period <= 0 and not loop.val_at_start:
         return []
     size = loop.val_global_batch_size
     available = len(val_dataset) // size if val_dataset is not None else 0

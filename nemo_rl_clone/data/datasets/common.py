@@ -64,24 +64,37 @@ def column(name: str) -> Field:
 
 
 def load_raw_rows(
-    dataset_name: str, hub_id: str, hub_split: str, data_path: str | None, hub_subset: str | None = None
+    dataset_name: str,
+    hub_id: str,
+    hub_split: str,
+    data_path: str | None,
+    hub_subset: str | None = None,
+    file_format: str | None = None,
 ) -> datasets.Dataset:
     """Rows of ``hub_id`` (subset ``hub_subset``, split ``hub_split``) from the Hugging Face hub, or of a local
     file in the same format.
 
-    ``data_path`` is a ``.json`` (array or JSON Lines), ``.jsonl``, ``.parquet`` or ``.csv`` file.
+    ``data_path`` is a ``.json`` (array or JSON Lines), ``.jsonl``, ``.parquet`` or ``.csv`` file, or an http(s)
+    URL of one; ``file_format`` (``json``, ``jsonl``, ``parquet``, ``csv``) overrides what the extension says.
     """
     if data_path is not None:
         path = Path(data_path)
-        builder = LOCAL_FORMATS.get(path.suffix.lower())
+        suffix = f".{file_format}" if file_format else path.suffix.lower()
+        builder = LOCAL_FORMATS.get(suffix)
         if builder is None:
             raise DatasetLoadError(
-                f"{dataset_name}: cannot read {data_path!r}: unsupported file type {path.suffix!r}; "
+                f"{dataset_name}: cannot read {data_path!r}: unsupported file type {suffix!r}; "
                 f"use one of {sorted(LOCAL_FORMATS)}"
             )
-        if not path.is_file():
+        remote = data_path.startswith(("http://", "https://"))
+        if not remote and not path.is_file():
             raise DatasetLoadError(f"{dataset_name}: data file {data_path!r} does not exist")
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
+        try:
+            return datasets.load_dataset(builder, data_files=data_path if remote else str(path), split="train")
+        except (ConnectionError, OSError) as err:  # a URL without network
+            raise DatasetLoadError(
+                f"{dataset_name}: could not read {data_path!r}: {type(err).__name__}: {err}"
+            ) from err
     try:
         return datasets.load_dataset(hub_id, hub_subset, split=hub_split)
     except (ConnectionError, OSError, ValueError) as err:  # offline, unknown repo, unknown split

@@ -15,11 +15,15 @@ NAME = "local"
 
 
 def load_local_math(
-    data_path: str | None = None, problem_key: str = "problem", solution_key: str = "answer"
+    data_path: str | None = None,
+    problem_key: str = "problem",
+    solution_key: str = "answer",
+    file_format: str | None = None,
 ) -> LoadedDataset:
-    """Rows of ``data_path`` in the common math form (a missing column or empty field names the row and field)."""
+    """Rows of ``data_path`` in the common math form (a missing column or empty field names the row and field);
+    ``file_format``: read it as that format whatever its extension."""
     if data_path is None:
         raise DataError(f"{NAME}: data_path is required (a local .jsonl/.json/.parquet/.csv file)")
-    raw = load_raw_rows(NAME, hub_id="", hub_split="", data_path=data_path)
+    raw = load_raw_rows(NAME, hub_id="", hub_split="", data_path=data_path, file_format=file_format)
     rows = to_common_math_form(raw, f"{NAME} ({data_path})", problem=column(problem_key), answer=column(solution_key))
     return LoadedDataset(name=NAME, train=None, validation=rows)

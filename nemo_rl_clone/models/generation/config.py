@@ -27,6 +27,7 @@ class VllmConfig:
     enable_prefix_caching: bool = True  # GRPO repeats each prompt num_generations_per_prompt times
     kv_cache_dtype: str = "auto"  # vLLM's: "auto" (the model's dtype), "fp8", "fp8_e4m3", "fp8_e5m2", ...
     use_tqdm: bool = False  # vLLM's progress bar over each generate call
+    max_num_seqs: int | None = None  # vLLM's cap on sequences decoded at once; null: vLLM's default
     env_vars: dict[str, str] | None = None  # set in every vLLM engine actor's environment before the engine starts
     # NeMo-RL's periodic logging of vLLM's internal gauges (running requests, KV-cache use) during generation.
     # Metrics only, no effect on what is generated; this library logs generation throughput and timings instead.
@@ -92,7 +93,7 @@ class ColocatedConfig:
 
 @dataclass
 class GenerationConfig:
-    backend: Literal["vllm", "hf", "megatron"] = "vllm"
+    backend: Literal["vllm", "hf", "megatron", "sglang"] = "vllm"  # all NeMo-RL's; only vllm is built
     max_new_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0

@@ -138,9 +138,13 @@ class LoraConfig:
                     "only target_modules",
                 )
             )
-        if not self.match_all_linear and not self.target_modules:
+        if not self.match_all_linear and not self.target_modules and not self.exclude_modules:
             problems.append(
-                ("target_modules", "name the layers to adapt (e.g. [q_proj, v_proj]) or set match_all_linear=true")
+                (
+                    "target_modules",
+                    "name the layers to adapt (e.g. [q_proj, v_proj]), or the ones to leave out (exclude_modules), "
+                    "or set match_all_linear=true",
+                )
             )
         return problems
 
@@ -208,13 +212,16 @@ class DynamicBatchingConfig:
 
     enabled: bool = False
     train_mb_tokens: int | None = None
-    logprob_mb_tokens: int | None = None
+    logprob_mb_tokens: int | None = None  # null: train_mb_tokens (NeMo-RL's SFT recipes leave it unset)
     sequence_length_round: int = 64
 
     def check(self) -> list[tuple[str, str]]:
-        if self.enabled and (self.train_mb_tokens is None or self.logprob_mb_tokens is None):
-            return [("enabled", "dynamic batching needs train_mb_tokens and logprob_mb_tokens")]
+        if self.enabled and self.train_mb_tokens is None:
+            return [("enabled", "dynamic batching needs train_mb_tokens (and logprob_mb_tokens, else the same)")]
         return []
+
+
+PACKERS = ("modified_first_fit_decreasing", "first_fit_decreasing")
 
 
 @dataclass
@@ -224,8 +231,9 @@ class SequencePackingConfig:
 
     enabled: bool = False
     train_mb_tokens: int | None = None
-    logprob_mb_tokens: int | None = None
-    algorithm: Literal["modified_first_fit_decreasing", "first_fit_decreasing"] = "modified_first_fit_decreasing"
+    logprob_mb_tokens: int | None = None  # null: train_mb_tokens (NeMo-RL's SFT recipes leave it unset)
+    # Checked only when enabled (NeMo-RL reads it only then): its two other packers are not built here.
+    algorithm: str = "modified_first_fit_decreasing"
     # Each sample's cost in the bin-packing plan, rounded up to a multiple of this. The packed row itself carries no
     # padding (kernels that need aligned sequence starts are not used), so 1 packs tightest.
     sequence_length_round: int = 1
@@ -236,11 +244,16 @@ class SequencePackingConfig:
     def check(self) -> list[tuple[str, str]]:
         if not self.enabled:
             return []
+        budgets = {"train_mb_tokens": self.train_mb_tokens, "logprob_mb_tokens": self.logprob_mb_tokens}
         problems = [
             (key, "sequence packing needs a positive token budget per microbatch (e.g. 2048)")
-            for key in ("train_mb_tokens", "logprob_mb_tokens")
-            if getattr(self, key) is None or getattr(self, key) < 1
+            for key, budget in budgets.items()
+            if (budget is None and key == "train_mb_tokens") or (budget is not None and budget < 1)
         ]
+        if self.algorithm in ("concatenative", "first_fit_shuffle"):
+            problems.append(("algorithm", f"not supported yet: NeMo-RL's {self.algorithm!r} packer; use {PACKERS}"))
+        elif self.algorithm not in PACKERS:
+            problems.append(("algorithm", f"must be one of {PACKERS}, got {self.algorithm!r}"))
         if self.sequence_length_round < 1:
             problems.append(("sequence_length_round", f"must be >= 1, got {self.sequence_length_round}"))
         return problems
@@ -398,13 +411,7 @@ def _check_backend(config: PolicyConfig) -> list[tuple[str, str]]:
         (f"megatron_cfg.{key}", message)
         for key, message in check_megatron_against_policy(config.megatron_cfg, config.precision, config.max_grad_norm)
     ]
-    if config.optimizer is not None:
-        problems.append(
-            (
-                "optimizer",
-                "the Megatron backend builds its optimizer from policy.megatron_cfg.optimizer; set policy.optimizer=null",
-            )
-        )
+    # An inherited policy.optimizer is accepted (NeMo-RL's Megatron worker ignores it too) and named in the log.
     if config.reward_model_cfg.enabled:
         # The converter builds causal LMs (Llama, Qwen2), not the scalar-head sequence classifier.
         problems.append(
@@ -460,7 +467,7 @@ def _check_context_parallel(config: PolicyConfig) -> list[tuple[str, str]]:
     if size < 1:
         return [(key, f"must be >= 1, got {size}")]
     if config.megatron_cfg.enabled:
-        return [(key, f"is the DTensor backend's; with megatron_cfg set it to 1 (got {size})")]
+        return []  # the DTensor backend's, inherited: named in the log as unused (NeMo-RL ignores it as well)
     unsupported = [
         (config.dtensor_cfg.tensor_parallel_size > 1, "dtensor_cfg.tensor_parallel_size > 1"),
         (config.sequence_packing.enabled, "sequence_packing (use policy.dynamic_batching)"),

@@ -347,11 +347,15 @@ class Policy(ColocatablePolicyInterface):
             return cast(list[BatchedDataDict], data.shard_by_batch_size(self.dp_size, **kwargs)), None
         args: dict[str, Any] = {"input_key": "input_ids", "input_lengths_key": "input_lengths"}
         if dynamic.enabled:
-            budget = dynamic.train_mb_tokens if phase == "train" else dynamic.logprob_mb_tokens
+            budget = (
+                dynamic.train_mb_tokens if phase == "train" else dynamic.logprob_mb_tokens or dynamic.train_mb_tokens
+            )
             args |= {"max_tokens_per_microbatch": budget, "sequence_length_round": dynamic.sequence_length_round}
             sharded = data.shard_by_batch_size(self.dp_size, dynamic_batching_args=args, **kwargs)
         else:
-            budget = packing.train_mb_tokens if phase == "train" else packing.logprob_mb_tokens
+            budget = (
+                packing.train_mb_tokens if phase == "train" else packing.logprob_mb_tokens or packing.train_mb_tokens
+            )
             args |= {
                 "max_tokens_per_microbatch": budget,
                 "algorithm": packing.algorithm,
@@ -397,5 +401,21 @@ def _unused_settings(config: PolicyConfig) -> list[str]:
         notes.append(
             "policy.scheduler is not used by the Megatron backend: its learning-rate schedule is "
             "policy.megatron_cfg.scheduler (set policy.scheduler=null to silence this)"
+        )
+    if config.optimizer is not None:
+        notes.append(
+            "policy.optimizer is not used by the Megatron backend: it builds its optimizer from "
+            "policy.megatron_cfg.optimizer (set policy.optimizer=null to silence this)"
+        )
+    clip, norm = config.megatron_cfg.optimizer.clip_grad, config.max_grad_norm
+    if clip != norm and not (clip in (None, 0.0) and norm in (None, 0.0)):
+        notes.append(
+            f"policy.max_grad_norm ({norm}) is not used by the Megatron backend: it clips gradients at "
+            f"policy.megatron_cfg.optimizer.clip_grad ({clip}); write ${{policy.max_grad_norm}} there to share one value"
+        )
+    if config.dtensor_cfg.context_parallel_size != 1:
+        notes.append(
+            "policy.dtensor_cfg.context_parallel_size is the DTensor backend's; the Megatron backend splits sequences "
+            "with megatron_cfg.context_parallel_size"
         )
     return notes

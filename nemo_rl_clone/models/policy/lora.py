@@ -46,7 +46,8 @@ def _matches(name: str, pattern: str) -> bool:
 
 def target_module_names(model: nn.Module, config: LoraConfig) -> list[str]:
     """Full names of the ``nn.Linear`` modules that get an adapter: every linear layer except the output head
-    (``match_all_linear``) or those matching ``target_modules``, minus those matching ``exclude_modules``.
+    (``match_all_linear``, or no ``target_modules`` but some ``exclude_modules``) or those matching
+    ``target_modules``, minus those matching ``exclude_modules``.
 
     Raises:
         LoraTargetError: a ``target_modules`` / ``exclude_modules`` pattern matches no linear layer, or nothing
@@ -63,7 +64,7 @@ def target_module_names(model: nn.Module, config: LoraConfig) -> list[str]:
                     f"policy.dtensor_cfg.lora_cfg.{key}: {pattern!r} matches no linear layer of "
                     f"{type(model).__name__} (the output head excluded); its linear layers end in {examples}"
                 )
-    if not config.match_all_linear:
+    if not config.match_all_linear and config.target_modules:  # none named + exclusions: all but those (Automodel)
         linear = [name for name in linear if any(_matches(name, p) for p in config.target_modules)]
     chosen = [name for name in linear if not any(_matches(name, p) for p in config.exclude_modules)]
     if not chosen:

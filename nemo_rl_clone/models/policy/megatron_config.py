@@ -53,7 +53,9 @@ class MegatronOptimizerConfig:
     # TE's FusedAdam with master weights/moments in chosen dtypes; at the default fp32 dtypes the same update as
     # Megatron's distributed Adam, which runs instead here (no TE): accepted, noted in the log (`local_spec_notes`).
     use_precision_aware_optimizer: bool = False
-    clip_grad: float | None = 1.0  # must equal policy.max_grad_norm; null: no clipping
+    # The Megatron backend clips here (policy.max_grad_norm is the DTensor backend's; a different value is logged as
+    # unused, as NeMo-RL's Megatron worker ignores it too); null or 0: no clipping.
+    clip_grad: float | None = 1.0
     optimizer_cpu_offload: bool = False  # refused
     optimizer_offload_fraction: float = 0.0  # refused
 
@@ -310,7 +312,8 @@ def _check_optimizer_and_scheduler(cfg: MegatronConfig) -> list[tuple[str, str]]
         problems.append(
             (
                 "optimizer.params_dtype",
-                f"must be 'float32': the optimizer keeps fp32 master weights (got {opt.params_dtype!r})",
+                f"not supported yet: master weights in {opt.params_dtype!r}; the optimizer keeps them in fp32, set "
+                "'float32'",
             )
         )
     if opt.optimizer == "sgd" and opt.use_distributed_optimizer:
@@ -405,12 +408,4 @@ def check_megatron_against_policy(
                     f"it), got {str(value).lower()}",
                 )
             )
-    if cfg.optimizer.clip_grad != max_grad_norm:
-        problems.append(
-            (
-                "optimizer.clip_grad",
-                f"must equal policy.max_grad_norm ({max_grad_norm}), got {cfg.optimizer.clip_grad}: the Megatron "
-                "backend clips gradients at clip_grad; write ${policy.max_grad_norm}",
-            )
-        )
     return problems

@@ -69,6 +69,8 @@ def engine_kwargs(
         # Logprobs of the distribution sampled from (after temperature, top-k, top-p), which the trainer reproduces.
         "logprobs_mode": "processed_logprobs",
     }
+    if vllm_cfg.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = vllm_cfg.max_num_seqs
     if hf_config_overrides:
         kwargs["hf_overrides"] = dict(hf_config_overrides)
     if on_gpu:
