@@ -126,16 +126,14 @@ class NeMoRLDataLayout:
     """NeMo-RL v0.7.0's nested ``data`` keys, mapped onto this project's flat ones when the config is built (so
     every reader sees one set of keys). The flat keys keep working; where both are given the nested key wins."""
 
-    # A list (several datasets in one run, NeMo-RL's multiple-dataset form) is refused in `check_layout`.
-    train: DataTrainConfig | list[dict[str, Any]] | None = None
-    validation: DataValidationConfig | list[dict[str, Any]] | None = None
+    # A list (several datasets in one run, NeMo-RL's multiple-dataset form) is refused (utils/unsupported_keys.py).
+    train: DataTrainConfig | None = None
+    validation: DataValidationConfig | None = None
     default: DataDefaultsConfig | None = None
     use_multiple_dataloader: bool = False
 
     def __post_init__(self) -> None:
         flat: dict[str, Any] = {}
-        if isinstance(self.train, list) or isinstance(self.validation, list):
-            return  # refused by check_layout
         if self.train is not None:
             t = self.train
             flat.update(dataset_name=t.dataset_name, split_validation_size=t.split_validation_size)
@@ -152,17 +150,12 @@ class NeMoRLDataLayout:
 
     def split_seed(self, algorithm_seed: int) -> int:
         """The seed of validation hold-outs: ``data.train.seed``, else the algorithm's."""
-        seed = None if not isinstance(self.train, DataTrainConfig) else self.train.seed
+        seed = None if self.train is None else self.train.seed
         return algorithm_seed if seed is None else seed
 
     def check_layout(self, has: tuple[str, ...]) -> list[tuple[str, str]]:
         """Nested keys that have no flat key to land on in this run's data config (``has``: its flat keys)."""
         problems = []
-        several = [name for name in ("train", "validation") if isinstance(getattr(self, name), list)]
-        if several:
-            return [
-                (name, "not supported yet: several datasets in one run (a list); give one dataset") for name in several
-            ]
         if self.use_multiple_dataloader:
             problems.append(
                 ("use_multiple_dataloader", "not supported yet: one dataset trains per run here; set it to false")
@@ -196,8 +189,7 @@ class DataConfig(NeMoRLDataLayout):
     dataset_name: str = "OpenMathInstruct-2"
     prompt_file: str | None = "examples/prompts/cot.txt"
     system_prompt_file: str | None = None
-    # null is NeMo-RL's value for NeMo-Gym rows (no prompt limit): refused in check()
-    max_input_seq_length: int | None = 512
+    max_input_seq_length: int = 512
     shuffle: bool = True
     num_workers: int = 1
     # A local file (json/jsonl/parquet/csv) in the dataset's hub format, used instead of the hub.
@@ -217,14 +209,6 @@ class DataConfig(NeMoRLDataLayout):
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(self, 1, "max_input_seq_length") + check_at_least(self, 0, "num_workers")
-        if self.max_input_seq_length is None:
-            problems.append(
-                (
-                    "max_input_seq_length",
-                    "not supported yet: no prompt length limit (null, NeMo-RL's NeMo-Gym value); set a length up to "
-                    "policy.max_total_sequence_length",
-                )
-            )
         problems += self.check_layout(("split", "env_name", "other_validation_dataset"))
         problems += _check_dataset_name(self.dataset_name, DATASET_NAMES)
         if self.add_system_prompt:

@@ -130,14 +130,31 @@ def _merge(base: DictConfig, child: DictConfig, path: Path) -> DictConfig:
     _drop_overridden(base, child)
     try:
         return cast(DictConfig, OmegaConf.merge(base, child))  # merging mappings gives a mapping
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or "?"
+    except (OmegaConfBaseException, TypeError):
+        key = _clash(base, child, "") or "?"
         raise ConfigError(
             [
                 f"{path}: {key}: cannot merge over its defaults (a list over a mapping or the reverse); mark the "
                 "section `_override_: true` to replace it"
             ]
         ) from None
+
+
+def _clash(base: Any, child: Any, prefix: str) -> str | None:
+    """The first key where one side has a mapping and the other a list."""
+    if not (isinstance(base, DictConfig) and isinstance(child, DictConfig)):
+        return None
+    for key in child:
+        if key not in base:
+            continue
+        a, b = base._get_node(key), child._get_node(key)
+        dotted = f"{prefix}{key!s}"
+        if isinstance(a, DictConfig) != isinstance(b, DictConfig) and ListConfig in (type(a), type(b)):
+            return dotted
+        found = _clash(a, b, f"{dotted}.")
+        if found:
+            return found
+    return None
 
 
 def _drop_overridden(base: Any, child: Any) -> None:

@@ -8,6 +8,7 @@ accepted and dropped; any other value is refused. A typo matches no pattern and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
@@ -95,10 +96,21 @@ UNSUPPORTED_KEYS: dict[str, Unsupported] = {
 }
 
 
-# Values of keys this library has that select a NeMo-RL feature it does not build: (key, value) -> what.
-UNSUPPORTED_VALUES: dict[tuple[str, Any], str] = {
-    ("teacher", None): "distillation without a `teacher` section (NeMo-RL's off-policy form: `teachers`)",
-}
+# Values of keys this library has that select a NeMo-RL feature it does not build: (key, test of the value, what).
+UNSUPPORTED_VALUES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    (
+        "teacher",
+        lambda v: v is None,
+        "distillation without a `teacher` section (NeMo-RL's off-policy form: `teachers`)",
+    ),
+    ("data.train", lambda v: isinstance(v, list), "several training datasets in one run (a list); give one"),
+    ("data.validation", lambda v: isinstance(v, list), "several validation datasets in one run (a list); give one"),
+    (
+        "data.max_input_seq_length",
+        lambda v: v is None,
+        "no prompt length limit (null, NeMo-RL's NeMo-Gym value); set one up to policy.max_total_sequence_length",
+    ),
+)
 
 
 # Values of sections this library has that mean "the default" in NeMo-RL's recipes (the section left out).
@@ -110,8 +122,8 @@ def refused_value(dotted_key: str, value: Any) -> str | None:
     unbuilt NeMo-RL feature, else None (validate it as usual)."""
     if any(key == dotted_key and value is default for key, default in DEFAULT_VALUES):
         return ""
-    for (key, refused), what in UNSUPPORTED_VALUES.items():
-        if key == dotted_key and value == refused and type(value) is type(refused):
+    for key, refused, what in UNSUPPORTED_VALUES:
+        if key == dotted_key and refused(value):
             return f"{dotted_key}: not supported yet: {what}"
     return None
 

@@ -43,7 +43,6 @@ from nemo_rl_clone.data.config import (
     DataTrainConfig,
     DataValidationConfig,
     NeMoRLDataLayout,
-    SFTDataConfig,
 )
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import (
