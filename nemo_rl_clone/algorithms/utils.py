@@ -8,7 +8,6 @@ import logging
 import random
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -234,8 +233,9 @@ def get_tokenizer(
     """The tokenizer of ``tokenizer_config`` (a `TokenizerConfig` or NeMo-RL's ``{name, chat_template,
     chat_template_kwargs}`` dict, ``name`` required), with a pad token and the chat template settings applied.
 
-    ``chat_template`` null or ``"default"`` keeps the tokenizer's template, a path ending in ``.jinja`` is read from
-    that file, any other string is the template itself. ``get_processor`` (multimodal processors) is not supported.
+    ``chat_template``: ``"default"`` (or left out) keeps the tokenizer's template, null selects the pass-through
+    template, a path ending in ``.jinja`` is read from that file, any other string is the template itself.
+    ``get_processor`` (multimodal processors) is not supported.
     """
     from nemo_rl_clone.models.policy.config import TokenizerConfig
     from nemo_rl_clone.utils.config_validation import as_config
@@ -249,11 +249,5 @@ def get_tokenizer(
     name = config.name
     if not name:
         raise ValueError("tokenizer.name is required: the model name or tokenizer folder to load")
-    template = config.chat_template
-    if template is not None and template.endswith(".jinja"):
-        path = Path(template)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer.chat_template: template file {template!r} not found")
-        config = TokenizerConfig(name, path.read_text(encoding="utf-8"), config.chat_template_kwargs)
     tokenizer: PreTrainedTokenizerBase = config.load(name)
     return tokenizer

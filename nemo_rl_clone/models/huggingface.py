@@ -187,18 +187,29 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
 
 def configure_chat_template(
     tokenizer: PreTrainedTokenizerBase,
-    chat_template: str | None = None,
+    chat_template: str | None = "default",
     chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> PreTrainedTokenizerBase:
     """Apply ``tokenizer.chat_template`` / ``tokenizer.chat_template_kwargs`` of a config to ``tokenizer``, in place.
 
-    ``chat_template`` null or ``"default"`` keeps the tokenizer's template; any other string replaces it (Jinja).
+    ``chat_template`` (NeMo-RL's meanings): ``"default"`` keeps the tokenizer's template; null selects the
+    pass-through template (`COMMON_CHAT_TEMPLATES.passthrough_prompt_response`: the contents concatenated); a path
+    ending in ``.jinja`` is read from that file; any other string is the template itself (Jinja).
     ``chat_template_kwargs`` (e.g. ``{"enable_thinking": false}``) become ``{% set name = value %}`` statements at
     the top of the template, so every ``apply_chat_template`` call renders with them — data processing of every
     algorithm and evaluation alike — and the tokenizer saved with a checkpoint keeps rendering the same way. Kwargs
     set here replace kwargs set earlier (e.g. by the run that saved the tokenizer).
     """
-    if chat_template not in (None, "default"):
+    if chat_template is None:
+        from nemo_rl_clone.data.chat_templates import COMMON_CHAT_TEMPLATES
+
+        tokenizer.chat_template = COMMON_CHAT_TEMPLATES.passthrough_prompt_response
+    elif chat_template.endswith(".jinja"):
+        path = Path(chat_template)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer.chat_template: template file {chat_template!r} not found")
+        tokenizer.chat_template = path.read_text(encoding="utf-8")
+    elif chat_template.lower() != "default":
         tokenizer.chat_template = chat_template
     if chat_template_kwargs:
         if not isinstance(tokenizer.chat_template, str):

@@ -74,6 +74,32 @@ def test_default_template_keeps_the_tokenizers_own() -> None:
     own = load_tokenizer(MODEL).chat_template
     assert TokenizerConfig(chat_template="default").load(MODEL).chat_template == own
     assert TokenizerConfig().load(MODEL).chat_template == own
+    assert validate_config({"tokenizer": {}}, EvalMasterConfig).tokenizer.chat_template == "default"  # left out
+
+
+def test_null_template_is_the_passthrough_and_a_jinja_path_is_read(tmp_path) -> None:
+    """NeMo-RL's meanings of ``tokenizer.chat_template``: null concatenates the contents; ``*.jinja`` is a file."""
+    passthrough = validate_config({"tokenizer": {"chat_template": None}}, EvalMasterConfig).tokenizer.load(MODEL)
+    assert passthrough.apply_chat_template(CHAT, tokenize=False) == "".join(m["content"] for m in CHAT)
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}]{% endfor %}")
+    from_file = TokenizerConfig(chat_template=str(template)).load(MODEL)
+    assert from_file.apply_chat_template(CHAT, tokenize=False) == "".join(f"[{m['role']}]" for m in CHAT)
+    with pytest.raises(FileNotFoundError, match=r"tokenizer\.chat_template: template file"):
+        TokenizerConfig(chat_template=str(tmp_path / "missing.jinja")).load(MODEL)
+
+
+def test_simple_role_header_template() -> None:
+    from nemo_rl_clone.data.chat_templates import COMMON_CHAT_TEMPLATES
+
+    tokenizer = TokenizerConfig(chat_template=COMMON_CHAT_TEMPLATES.simple_role_header).load(MODEL)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": " hi "}], tokenize=False, add_generation_prompt=True
+    )
+    bos = tokenizer.bos_token or ""
+    assert text == (
+        f"{bos}<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
 
 
 @pytest.mark.parametrize("key", ["add_generation_prompt", "not-a-name"])

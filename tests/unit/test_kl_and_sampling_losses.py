@@ -86,3 +86,29 @@ def test_sampling_aware_loss_takes_ratios_filtered_and_the_kl_unfiltered():
         logits, data, seqs, toks
     )
     assert abs(without_sampling.item() - loss.item()) > 1e-3  # raw logprobs train another distribution
+
+
+def test_prepare_loss_input_gives_the_loss_what_the_logits_give():
+    """NeMo-RL v0.7.0's `prepare_loss_input`: the loss (value and gradient) from its output equals the loss from the
+    logits, for a sampling-aware loss with a KL term (filtered and unfiltered logprobs) and for one that reads the
+    logits whole (distillation's, given the logits back)."""
+    from nemo_rl_clone.algorithms.loss import DistillationLossFn, prepare_loss_input
+
+    params = TrainingSamplingParams(0.7, 3, 0.8)
+    logits, data = random_batch(seed=9, vocab=12)
+    data["reference_policy_logprobs"] = spec_layout(
+        token_logprobs_from_logits(logits.detach(), data["input_ids"], sampling=params.unfiltered()) - 0.1
+    )
+    loss_fn = ClippedPGLossFn({**NEMO_RL_LOSS_CFG, "reference_policy_kl_penalty": 0.5}, params)
+    seqs, toks = valid_counts(data)
+    direct, _ = loss_fn(logits, data, seqs, toks)
+    (grad_direct,) = torch.autograd.grad(direct, logits)
+    loss_input, same = prepare_loss_input(logits, data, loss_fn)
+    assert same is data and isinstance(loss_input["next_token_logits"], TokenLogprobs)
+    assert loss_input["next_token_logits"].unfiltered is not None  # the KL term's distribution
+    prepared, _ = loss_fn(loss_input.pop("next_token_logits"), data, seqs, toks, **loss_input)
+    (grad_prepared,) = torch.autograd.grad(prepared, logits)
+    assert prepared.item() == pytest.approx(direct.item(), abs=1e-6)
+    torch.testing.assert_close(grad_prepared, grad_direct, atol=1e-6, rtol=0)
+    whole, _ = prepare_loss_input(logits, data, DistillationLossFn({}))
+    assert whole["next_token_logits"] is logits

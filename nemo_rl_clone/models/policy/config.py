@@ -19,12 +19,13 @@ _RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_fina
 
 @dataclass
 class TokenizerConfig:
-    """``name`` null: the model's tokenizer. ``chat_template`` null or ``"default"``: the tokenizer's own template;
-    another string replaces it (Jinja). ``chat_template_kwargs``: variables every chat-template rendering sees (e.g.
-    ``{enable_thinking: false}``), see `nemo_rl_clone.models.huggingface.configure_chat_template`."""
+    """``name`` null: the model's tokenizer. ``chat_template`` (NeMo-RL's meanings): ``"default"`` (or left out)
+    the tokenizer's own template; null the pass-through template (contents concatenated, no markup); a ``.jinja``
+    path, that file; another string, the template itself. ``chat_template_kwargs``: variables every chat-template
+    rendering sees (e.g. ``{enable_thinking: false}``), see `nemo_rl_clone.models.huggingface.configure_chat_template`."""
 
     name: str | None = None  # null → policy.model_name
-    chat_template: str | None = None
+    chat_template: str | None = "default"
     chat_template_kwargs: dict[str, Any] | None = None
 
     def check(self) -> list[tuple[str, str]]:

@@ -30,6 +30,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+from nemo_rl_clone.algorithms.loss.utils import prepare_loss_input
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
@@ -264,14 +265,11 @@ class MegatronPolicyWorker(RefitSender):
             def finish(
                 microbatch: BatchedDataDict, logits: torch.Tensor, *, _valid=(valid_seqs, valid_toks), _scale=scale
             ) -> tuple[torch.Tensor, dict[str, Any]]:
-                loss, metrics = loss_fn(
-                    logits,
-                    microbatch,
-                    _valid[0],
-                    _valid[1],
-                    logprob_chunk_size=self.cfg.logprob_chunk_size,
-                    **self._vocab_parallel(),
+                loss_input, _ = prepare_loss_input(
+                    logits, microbatch, loss_fn, chunk_size=self.cfg.logprob_chunk_size, **self._vocab_parallel()
                 )
+                logits_or_logprobs = loss_input.pop("next_token_logits")
+                loss, metrics = loss_fn(logits_or_logprobs, microbatch, _valid[0], _valid[1], **loss_input)
                 return loss * _scale, {"loss_share": loss.detach().double().cpu(), **metrics}
 
             if not eval_mode:
