@@ -102,8 +102,8 @@ class EvalDataConfig:
     problem_key: str = "problem"
     solution_key: str = "answer"
     reasoning_gym: ReasoningGymDataConfig | None = None
-    # NeMo-RL's form of a local set: ``dataset_name`` is the file's path or URL, read as ``file_format``; a file has
-    # one split, ``train``.
+    # NeMo-RL's form of a local set: ``dataset_name`` is the file's path or http(s) URL, read as ``file_format``
+    # (null: by its extension); a file has one split, ``train``.
     split: str | None = None
     file_format: str | None = None
 
@@ -133,16 +133,10 @@ class EvalDataConfig:
             problems.append(("dataset_name", unknown_dataset_message(self.dataset_name, EVAL_DATASET_NAMES)))
         if self.split not in (None, "train"):
             problems.append(("split", f"not supported yet: split {self.split!r}; a local file has one split, 'train'"))
-        if self.file_format is not None:
-            suffix = (self.data_path or "").rsplit(".", 1)[-1].lower()
-            if self.file_format not in _FILE_FORMATS or suffix != self.file_format:
-                problems.append(
-                    (
-                        "file_format",
-                        f"not supported yet: reading {self.file_format!r} other than from a file ending "
-                        f"in .{self.file_format} (one of {', '.join(_FILE_FORMATS)}); the format follows the extension",
-                    )
-                )
+        if self.file_format not in (None, *_FILE_FORMATS):
+            problems.append(("file_format", f"must be one of {list(_FILE_FORMATS)} or null, got {self.file_format!r}"))
+        elif self.file_format is not None and self.dataset_name != LOCAL_DATASET:
+            problems.append(("file_format", f"only used by dataset_name 'local', not {self.dataset_name!r}"))
         if (self.dataset_name == "reasoning_gym") != (self.reasoning_gym is not None):
             problems.append(("reasoning_gym", "must be set exactly when dataset_name is 'reasoning_gym'"))
         if self.dataset_name == LOCAL_DATASET and self.data_path is None:

@@ -118,5 +118,7 @@ def test_an_evaluation_file_named_by_path(tmp_path):
     assert (data.dataset_name, data.data_path) == ("local", str(tmp_path / "math.csv"))
     from nemo_rl_clone.data.datasets.local_math import load_local_math
 
+    named = validate_config({"dataset_name": "local", "data_path": str(rows), "file_format": "csv"}, EvalDataConfig)
+    assert named.file_format == "csv"  # the format names the reader, whatever the extension
     loaded = load_local_math(str(rows), "Question", "Answer", file_format="csv")  # the format, not the extension
     assert loaded.validation is not None and loaded.validation[0]["expected_answer"] == "2"
