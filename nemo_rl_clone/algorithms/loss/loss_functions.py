@@ -73,7 +73,7 @@ def _require(data: Mapping[str, Any], keys: tuple[str, ...], owner: str) -> None
         raise KeyError(f"{owner}: data is missing {missing} (it needs {list(keys)})")
 
 
-def _policy_logprobs(
+def policy_logprobs(
     logits: torch.Tensor | TokenLogprobs,
     data: Mapping[str, Any],
     vocab_parallel_rank: int | None,
@@ -193,11 +193,11 @@ class ClippedPGLossFn:
         keys += ("reference_policy_logprobs",) if cfg.reference_policy_kl_penalty != 0 else ()
         _require(data, keys, type(self).__name__)
         parallel = (vocab_parallel_rank, vocab_parallel_group, context_parallel_group, logprob_chunk_size)
-        lp = _policy_logprobs(next_token_logits, data, *parallel, self.sampling_params)
+        lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params)
         kl_lp = lp  # the KL term's logprobs: the same unless top-k/top-p filter the sampled distribution
         if self.needs_unfiltered_logprobs:
             assert self.sampling_params is not None
-            kl_lp = _policy_logprobs(next_token_logits, data, *parallel, self.sampling_params.unfiltered())
+            kl_lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params.unfiltered())
         token_mask, sample_mask, mask = _masks(data, lp)
         valid = mask > 0
         advantages = torch.where(valid, _shifted(data, "advantages", lp), 0.0)
@@ -370,7 +370,7 @@ class NLLLossFn:
         dpo_average_log_probs: bool = False,
     ) -> tuple[torch.Tensor, Metrics]:
         _require(data, ("input_ids", "token_mask", "sample_mask"), type(self).__name__)
-        lp = _policy_logprobs(
+        lp = policy_logprobs(
             next_token_logits,
             data,
             vocab_parallel_rank,
@@ -504,7 +504,7 @@ class DPOLossFn:
     ) -> tuple[torch.Tensor, Metrics]:
         owner = type(self).__name__
         _require(data, ("input_ids", "token_mask", "sample_mask", "reference_policy_logprobs"), owner)
-        lp = _policy_logprobs(
+        lp = policy_logprobs(
             next_token_logits,
             data,
             vocab_parallel_rank,

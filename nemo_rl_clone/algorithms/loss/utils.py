@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+from nemo_rl_clone.algorithms.loss.loss_functions import policy_logprobs
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import LossFunction, TokenLogprobs, token_logprobs_from_logits
+from nemo_rl_clone.distributed.model_utils import LossFunction, TokenLogprobs
 
 
 def prepare_loss_input(
@@ -30,14 +31,15 @@ def prepare_loss_input(
     sampling_params: TrainingSamplingParams | None = None,
     chunk_size: int | None = None,
 ) -> tuple[dict[str, Any], BatchedDataDict[Any]]:
-    """``(loss_input, data)``: call ``loss_fn(**loss_input, data=data, global_valid_seqs=..., global_valid_toks=...)``.
+    """``(loss_input, data)``: call ``loss_fn(loss_input.pop("next_token_logits"), data, global_valid_seqs,
+    global_valid_toks, **loss_input)``.
 
     Args:
         logits: ``[B, S, V]`` next-token logits (``[B, S, V / TP]`` with a vocab-parallel group: this rank's slice).
         data: the microbatch; ``input_ids`` ``[B, S]`` is read. Returned unchanged.
         loss_fn: the loss the input is for.
         vocab_parallel_rank, vocab_parallel_group: the vocabulary shard of ``logits`` (Megatron's TP group).
-        context_parallel_group: refused above one rank (the losses do not split sequences).
+        context_parallel_group: passed on; the losses refuse more than one rank (they do not split sequences).
         sampling_params: the sampler's processing; default the loss's own ``sampling_params``.
         chunk_size: positions per logprob chunk (bounds the fp32 copy of the logits).
 
@@ -45,20 +47,14 @@ def prepare_loss_input(
         ``{"next_token_logits": TokenLogprobs}`` (``values`` ``[B, S - 1]`` fp32) for a loss that accepts token
         logprobs, else ``{"next_token_logits": logits}`` plus the parallel arguments the loss reads them with.
     """
-    if context_parallel_group is not None and dist.get_world_size(context_parallel_group) > 1:
-        raise NotImplementedError("prepare_loss_input: context parallelism is not supported by the losses")
     if not getattr(loss_fn, "accepts_token_logprobs", False):
         parallel = {"vocab_parallel_rank": vocab_parallel_rank, "vocab_parallel_group": vocab_parallel_group}
         return {"next_token_logits": logits, **parallel, "logprob_chunk_size": chunk_size}, data
     sampling = sampling_params if sampling_params is not None else getattr(loss_fn, "sampling_params", None)
-    vocab_start = None
-    if vocab_parallel_group is not None and vocab_parallel_rank is not None:
-        vocab_start = vocab_parallel_rank * logits.shape[-1]
 
-    def logprobs(processing: TrainingSamplingParams | None) -> torch.Tensor:
-        return token_logprobs_from_logits(
-            logits, data["input_ids"], vocab_parallel_group, vocab_start, chunk_size, sampling=processing
-        )
+    def logprobs(processing: TrainingSamplingParams | None) -> torch.Tensor:  # what the loss would compute itself
+        parallel = (vocab_parallel_rank, vocab_parallel_group, context_parallel_group, chunk_size)
+        return policy_logprobs(logits, data, *parallel, processing)
 
     values = logprobs(sampling)
     unfiltered = None

@@ -24,8 +24,8 @@ from nemo_rl_clone.utils.logger import check_no_samples_to_print
 class SupervisedLoopConfig:
     """Keys shared by the ``sft``, ``dpo`` and ``rm`` sections (NeMo-RL's names and defaults).
 
-    ``max_num_steps`` -1 sets no step limit (``max_num_epochs`` ends the run); ``val_period`` 0 (or negative, NeMo-RL's -1) disables periodic
-    validation; ``val_batches`` <= 0 (NeMo-RL writes -1) validates on every full batch of the validation set;
+    ``max_num_steps`` -1 sets no step limit (``max_num_epochs`` ends the run); ``val_period`` 0 (or negative,
+    NeMo-RL's -1) disables periodic validation; ``val_batches`` <= 0 (NeMo-RL writes -1) validates on every full batch of the validation set;
     ``val_at_end`` validates after the last step unless that step was just validated;
     ``val_global_batch_size`` / ``val_micro_batch_size`` count examples like the training sizes.
     """
