@@ -99,15 +99,24 @@ def reduce_train_results(
     A loss returns each microbatch's *share* of its global batch's mean (see `loss_functions`), so a share metric
     is the sum over microbatches divided by ``num_global_batches`` (the mean over the step's optimizer steps); a
     count metric (``num_valid_samples``, ...) is the plain sum. Adds ``grad_norm`` (mean over optimizer steps) and
-    ``lr`` (the last microbatch's) when present. Metrics missing from ``all_mb_metrics`` are left out.
+    ``lr`` (the last microbatch's) when present, and ``num_trained_samples`` when the policy left rows out. Metrics
+    missing from ``all_mb_metrics`` are left out.
     """
     num_global_batches = max(1, int(train_results.get("num_global_batches", 1)))
+    # With rows left out (`trained_rows`), a global batch without any row to train reports only its loss.
+    num_trained = max(1, int(train_results.get("num_trained_global_batches", num_global_batches)))
     mb = train_results["all_mb_metrics"]
-    metrics = {name: float(sum(mb[name])) / num_global_batches for name in share_metrics if name in mb}
+    metrics = {
+        name: float(sum(mb[name])) / (num_global_batches if name == "loss" else num_trained)
+        for name in share_metrics
+        if name in mb
+    }
     metrics.update({name: float(sum(mb[name])) for name in count_metrics if name in mb})
     metrics["grad_norm"] = float(torch.as_tensor(train_results["grad_norm"], dtype=torch.float32).mean())
     if "lr" in mb:
         metrics["lr"] = float(mb["lr"][-1])
+    if "num_trained_samples" in train_results:
+        metrics["num_trained_samples"] = float(train_results["num_trained_samples"])
     return metrics
 
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from nemo_rl_clone.algorithms.loss import NLLLossFn
+from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, NLLLossFn
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.model_utils import valid_counts
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
@@ -190,9 +191,21 @@ def packed_two_workers(
         record = {"initial_logprobs": policy.get_logprobs(batch)["logprobs"], "step1": policy.train(batch, NLLLossFn())}
         record["state1"] = policy.get_full_state_dict_for_refit()
         record["reference_logprobs"] = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
+        record["pg_batch"] = pg_batch(batch, record["initial_logprobs"])
+        record["pg_step"] = policy.train(record["pg_batch"], PG_LOSS)
     finally:
         policy.shutdown()
     return record
+
+
+# GRPO-like advantages: rows 3, 4 and 6 carry a gradient (row 5, the masked one, does not; the rest have A = 0).
+PG_ADVANTAGES = [0.0, 0.0, 0.0, 1.0, -1.0, 0.3, 0.5, 0.0]
+PG_LOSS = ClippedPGLossFn({"reference_policy_kl_penalty": 0.0, "force_on_policy_ratio": True})
+
+
+def pg_batch(batch: BatchedDataDict, generation_logprobs: torch.Tensor) -> BatchedDataDict:
+    advantages = torch.tensor(PG_ADVANTAGES)[:, None].expand_as(batch["token_mask"]).contiguous()
+    return BatchedDataDict({**batch, "advantages": advantages, "generation_logprobs": generation_logprobs})
 
 
 @pytest.fixture(scope="module")
@@ -373,6 +386,26 @@ def test_sequence_packing_equals_padded_rows(packed_two_workers: dict, reference
     assert max_state_diff(packed_two_workers["state1"], reference["states"][0]) <= 1e-5
     profile = step1["profile"]
     assert profile.computed_tokens == profile.valid_tokens == int(batch["input_lengths"].sum())
+
+
+def test_rows_without_gradient_left_out_of_a_packed_step_change_nothing(
+    packed_two_workers: dict, model_path: str
+) -> None:
+    """`Policy.train` with a GRPO loss runs rows 3, 4, 6 and one masked top-up row (2 ranks, packed bins), yet its
+    loss and grad norm (before clipping) are those of the whole batch, computed here by plain HF over every row."""
+    data, result = packed_two_workers["pg_batch"], packed_two_workers["pg_step"]
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.load_state_dict(packed_two_workers["state1"])
+    seqs, toks = valid_counts(data)
+    loss, _ = PG_LOSS(model(input_ids=data["input_ids"]).logits.float(), data, seqs, toks)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+    assert result["num_trained_samples"] == 3 and result["num_trained_global_batches"] == 1
+    assert result["loss"].item() == pytest.approx(loss.item(), abs=1e-5)
+    assert result["grad_norm"].item() == pytest.approx(grad_norm.item(), rel=1e-5)
+    assert abs(loss.item()) > 1e-3 and grad_norm.item() > 1e-2
+    metrics = result["all_mb_metrics"]
+    assert set(metrics["global_valid_toks"]) == {toks.item()} and sum(metrics["num_valid_samples"]) == 3
 
 
 @pytest.mark.parametrize("layout", ["selective", "full_logits", "dp2"])

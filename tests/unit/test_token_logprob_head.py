@@ -36,6 +36,15 @@ def test_projected_logprobs_and_gradients_match_log_softmax(chunk_size: int) -> 
         torch.testing.assert_close(got_grad, expected_grad, atol=1e-5, rtol=0)
 
 
+def test_no_selected_position_gives_zero_gradients() -> None:
+    """A microbatch with no loss token (e.g. only masked samples) selects nothing: the backward gives exact zeros."""
+    hidden = torch.zeros(0, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    got = project_token_logprobs(hidden, weight, torch.zeros(0, dtype=torch.long), 4, torch.float32)
+    got.sum().backward()
+    assert got.shape == (0,) and weight.grad is not None and not weight.grad.any()
+
+
 def test_bad_chunk_size_is_refused() -> None:
     with pytest.raises(ValueError, match="chunk_size must be >= 1"):
         project_token_logprobs(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2), 0, torch.float32)

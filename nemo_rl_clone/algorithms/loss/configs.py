@@ -41,6 +41,10 @@ class ClippedPGLossConfig:
     use_cispo: bool = False
     positive_example_nll_weight: float = 0.0
     use_kl_in_reward: bool = False
+    # Ours: the training pass leaves out samples whose every term is zero (advantage 0 on all their tokens, or
+    # sample_mask 0) while dividing by the whole batch's counts, so the gradient is unchanged. Only without a KL term,
+    # whose gradient does not vanish with the advantage; false trains every sample (docs/grpo.md).
+    train_only_samples_with_gradient: bool = True
 
     def check(self) -> list[tuple[str, str]]:
         """(key, message) for every impossible value or combination; types are checked by `validate_config`."""

@@ -273,6 +273,18 @@ class ClippedPGLossFn:
             }
         return loss, metrics
 
+    def rows_with_gradient(self, data: Mapping[str, Any]) -> torch.Tensor | None:
+        """[B] bool: the rows whose terms can be non-zero; the others' loss, gradient and share of the loss are
+        exactly 0 (every variant above multiplies each token's term by its advantage, and m zeroes masked rows), so a
+        trainer may leave them out if it keeps the whole batch's normalisation. None (train every row) with a KL
+        term, whose gradient does not vanish with the advantage, or with ``train_only_samples_with_gradient: false``.
+        """
+        if not self.cfg.train_only_samples_with_gradient or self.cfg.reference_policy_kl_penalty != 0:
+            return None
+        token_mask = data["token_mask"][:, 1:] != 0
+        advantage = data["advantages"][:, 1:]
+        return (data["sample_mask"] != 0) & ((advantage != 0) & token_mask).any(dim=-1)
+
     def _kl(self, lp: torch.Tensor, ref_lp: torch.Tensor, clamp: bool = True) -> torch.Tensor:
         cfg = self.cfg
         if not clamp:

@@ -358,8 +358,10 @@ class DTensorPolicyWorker(RefitSender):
         eval_mode: bool = False,
         gbs: int | None = None,
         mbs: int | None = None,
+        loss_normalization: list[tuple[float, float]] | None = None,
     ) -> dict[str, Any]:
         """Optimizer steps over this rank's shard: one per global batch of ``gbs`` samples (``gbs // dp`` here).
+        ``loss_normalization``: the whole global batches' counts when `Policy.train` left rows out (`trained_rows`).
 
         Returns (identical on every rank of a DP group except ``all_mb_metrics``, which holds this rank's
         microbatches): ``global_loss`` ``[num_global_batches]`` (the global mean loss of each step), ``grad_norm``
@@ -383,7 +385,9 @@ class DTensorPolicyWorker(RefitSender):
         with torch.set_grad_enabled(not eval_mode):
             for index in range(num_global_batches):
                 batch = data.get_batch(index, local_gbs)
-                valid_seqs, valid_toks = train_step.global_valid_counts(batch, self.dp_group)
+                whole = loss_normalization[index] if loss_normalization is not None else None
+                ran = train_step.global_valid_counts(batch, self.dp_group)
+                norm = train_step.step_normalization(ran, whole, getattr(loss_fn, "loss_type", None))
                 if not eval_mode:
                     assert self.optimizer is not None, "train() needs a policy built with init_optimizer=True"
                     self.optimizer.zero_grad(set_to_none=True)
@@ -395,10 +399,11 @@ class DTensorPolicyWorker(RefitSender):
                         loss, metrics = loss_fn(
                             self._loss_input(microbatch, loss_fn),
                             microbatch,
-                            valid_seqs,
-                            valid_toks,
+                            norm.valid_seqs,
+                            norm.valid_toks,
                             logprob_chunk_size=self.cfg.logprob_chunk_size,
                         )
+                        loss, metrics = train_step.scaled_loss(loss, metrics, norm)
                     if not eval_mode:
                         with profile.timed("backward_s", self.device):
                             (loss * self.dp_size).backward()
@@ -406,8 +411,8 @@ class DTensorPolicyWorker(RefitSender):
                     metrics = {
                         **metrics,
                         "lr": self._lr(),
-                        "global_valid_seqs": valid_seqs.item(),
-                        "global_valid_toks": valid_toks.item(),
+                        "global_valid_seqs": whole[0] if whole is not None else norm.valid_seqs.item(),
+                        "global_valid_toks": whole[1] if whole is not None else norm.valid_toks.item(),
                     }
                     for key, value in metrics.items():
                         all_mb_metrics[key].append(value)

@@ -34,6 +34,7 @@ from nemo_rl_clone.models.policy.megatron_config import local_spec_notes
 from nemo_rl_clone.models.policy.optim import check_import_paths
 from nemo_rl_clone.models.policy.reward_model import check_input_lengths, reward_model_error
 from nemo_rl_clone.models.policy.topk_logits import check_k
+from nemo_rl_clone.models.policy.trained_rows import select_trained_rows
 from nemo_rl_clone.utils.config_validation import validate_config
 
 DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
@@ -197,7 +198,10 @@ class Policy(ColocatablePolicyInterface):
         A reward model also needs ``input_lengths`` (its scores are read at ``input_lengths - 1``).
 
         Returns ``loss`` and ``grad_norm`` (``[B // gbs]``, identical whatever the number of DP workers),
-        ``all_mb_metrics`` (every microbatch of every DP rank) and ``num_global_batches``.
+        ``all_mb_metrics`` (every microbatch of every DP rank) and ``num_global_batches``. A loss with
+        ``rows_with_gradient`` gets only those rows run (`trained_rows`; same gradient); the result then also holds
+        ``num_trained_samples`` and ``num_trained_global_batches`` (those with any such row: the loss's metrics other
+        than ``loss`` describe only them).
         """
         gbs = gbs or self.cfg.train_global_batch_size
         mbs = mbs or self.cfg.train_micro_batch_size
@@ -219,9 +223,22 @@ class Policy(ColocatablePolicyInterface):
         groups = (
             {"rows_per_group": getattr(loss_fn, "rows_per_example", 1)} if self.cfg.sequence_packing.enabled else {}
         )
+        num_global_batches = data.size // gbs
+        kwargs: dict[str, Any] = {"loss_fn": loss_fn, "eval_mode": eval_mode, "mbs": mbs}
+        counts: dict[str, int] = {}
+        rows_with_gradient = getattr(loss_fn, "rows_with_gradient", None)
+        trained = None
+        if rows_with_gradient is not None and not eval_mode and (keep := rows_with_gradient(data)) is not None:
+            trained = select_trained_rows(data, keep, gbs, self.dp_size)
+        if trained is not None:
+            data, gbs = trained.data, trained.global_batch_size
+            kwargs["loss_normalization"] = trained.normalization
+            counts = {
+                "num_trained_samples": trained.num_rows_with_gradient,
+                "num_trained_global_batches": trained.num_global_batches_with_gradient,
+            }
         shards, _ = self._shard(data, "train", batch_size=gbs, **groups)
-        kwargs = {"loss_fn": loss_fn, "eval_mode": eval_mode, "gbs": gbs, "mbs": mbs}
-        results = self._run_sharded("train", shards, kwargs)
+        results = self._run_sharded("train", shards, kwargs | {"gbs": gbs})
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
         for result in results:  # one per DP rank, in rank order
             for key, values in result["all_mb_metrics"].items():
@@ -230,7 +247,8 @@ class Policy(ColocatablePolicyInterface):
             "loss": results[0]["global_loss"],
             "grad_norm": results[0]["grad_norm"],
             "all_mb_metrics": dict(all_mb_metrics),
-            "num_global_batches": data.size // gbs,
+            "num_global_batches": num_global_batches,
+            **counts,
             **({"profile": train_profile.merge([r["profile"] for r in results])} if "profile" in results[0] else {}),
         }
 

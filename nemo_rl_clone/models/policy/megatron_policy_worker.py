@@ -245,9 +245,11 @@ class MegatronPolicyWorker(RefitSender):
         eval_mode: bool = False,
         gbs: int | None = None,
         mbs: int | None = None,
+        loss_normalization: list[tuple[float, float]] | None = None,
     ) -> dict[str, Any]:
-        """Optimizer steps over this rank's shard, one per global batch; returns what `DTensorPolicyWorker.train`
-        returns (``global_loss``, ``grad_norm``, ``all_mb_metrics``), identical on every pipeline stage."""
+        """Optimizer steps over this rank's shard, one per global batch; takes and returns what
+        `DTensorPolicyWorker.train` does (``global_loss``, ``grad_norm``, ``all_mb_metrics``), identical on every
+        pipeline stage."""
         if self.optimizer is None and not eval_mode:
             raise RuntimeError("this policy was created with init_optimizer=False; it cannot train")
         gbs = gbs or self.cfg.train_global_batch_size
@@ -258,18 +260,23 @@ class MegatronPolicyWorker(RefitSender):
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
         for index in range(data.size // local_gbs):
             batch = data.get_batch(index, local_gbs)
-            valid_seqs, valid_toks = train_step.global_valid_counts(batch, self.dp_group)
+            whole = loss_normalization[index] if loss_normalization is not None else None
+            ran = train_step.global_valid_counts(batch, self.dp_group)
+            norm = train_step.step_normalization(ran, whole, getattr(loss_fn, "loss_type", None))
             microbatches = list(train_step.microbatches(batch, mbs))
             scale = self.dp_size * len(microbatches)
 
             def finish(
-                microbatch: BatchedDataDict, logits: torch.Tensor, *, _valid=(valid_seqs, valid_toks), _scale=scale
+                microbatch: BatchedDataDict, logits: torch.Tensor, *, _norm=norm, _scale=scale
             ) -> tuple[torch.Tensor, dict[str, Any]]:
                 loss_input, _ = prepare_loss_input(
                     logits, microbatch, loss_fn, chunk_size=self.cfg.logprob_chunk_size, **self._vocab_parallel()
                 )
                 logits_or_logprobs = loss_input.pop("next_token_logits")
-                loss, metrics = loss_fn(logits_or_logprobs, microbatch, _valid[0], _valid[1], **loss_input)
+                loss, metrics = loss_fn(
+                    logits_or_logprobs, microbatch, _norm.valid_seqs, _norm.valid_toks, **loss_input
+                )
+                loss, metrics = train_step.scaled_loss(loss, metrics, _norm)
                 return loss * _scale, {"loss_share": loss.detach().double().cpu(), **metrics}
 
             if not eval_mode:
@@ -284,8 +291,8 @@ class MegatronPolicyWorker(RefitSender):
                 step_loss += metrics.pop("loss_share")
                 metrics |= {
                     "lr": self._lr(),
-                    "global_valid_seqs": valid_seqs.item(),
-                    "global_valid_toks": valid_toks.item(),
+                    "global_valid_seqs": whole[0] if whole is not None else norm.valid_seqs.item(),
+                    "global_valid_toks": whole[1] if whole is not None else norm.valid_toks.item(),
                 }
                 for key, value in metrics.items():
                     step_metrics[key].append(value)

@@ -90,7 +90,7 @@ class _ProjectedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, targets, lse, threshold = ctx.saved_tensors
-        grad_out = grad_out.reshape(lse.shape[0], -1)
+        grad_out = grad_out.reshape(lse.shape)  # [N] or [N, 2]; N may be 0 (a microbatch with no loss token)
         w = weight.to(ctx.dtype)
         w_grad = weight.to(ctx.grad_dtype)
         temperature = ctx.sampling.temperature if ctx.sampling is not None else 1.0

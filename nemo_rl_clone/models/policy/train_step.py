@@ -8,6 +8,7 @@ of every logprob tensor a policy returns and a loss reads, see `nemo_rl_clone.mo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
+from nemo_rl_clone.distributed.model_utils import LossType, token_logprobs_from_logits, valid_counts
 
 
 def microbatches(batch: BatchedDataDict, micro_batch_size: int) -> Iterator[BatchedDataDict]:
@@ -92,6 +93,50 @@ def global_valid_counts(batch: Mapping[str, Any], group: dist.ProcessGroup) -> t
     counts = torch.stack([batch["sample_mask"].float().sum(), torch.tensor(0.0)])
     dist.all_reduce(counts, group=group)
     return counts[0], counts[1]
+
+
+@dataclass(frozen=True)
+class StepNormalization:
+    """What one global batch's loss calls divide by, and the factor that brings their loss to the whole batch's.
+
+    Without left-out rows (`trained_rows`) this is `global_valid_counts` and a factor of 1. With them, the loss
+    divides by the counts of the rows it runs (so its metrics are means over those rows) and ``loss_scale`` = those
+    counts / the whole batch's (of the count the loss type divides by) brings loss and gradient back to the whole
+    batch's normalisation. ``trains`` is False when no row of the global batch has a gradient: the loss then divides
+    by the whole counts (its top-up rows give exactly 0) and its other metrics describe nothing and are dropped.
+    """
+
+    valid_seqs: torch.Tensor
+    valid_toks: torch.Tensor
+    loss_scale: float = 1.0
+    trains: bool = True
+
+
+def step_normalization(
+    ran: tuple[torch.Tensor, torch.Tensor],
+    whole: tuple[float, float] | None = None,
+    loss_type: LossType | None = None,
+) -> StepNormalization:
+    """``ran``: `global_valid_counts` of the rows run; ``whole``: the whole global batch's (valid sequences, valid
+    tokens) when `Policy.train` left rows out."""
+    seqs, toks = ran
+    if whole is None:
+        return StepNormalization(seqs, toks)
+    index = 0 if loss_type == LossType.SEQUENCE_LEVEL else 1
+    count = float((seqs, toks)[index])
+    if count == 0 or whole[index] == 0:
+        return StepNormalization(torch.tensor(whole[0]), torch.tensor(whole[1]), trains=count != 0)
+    return StepNormalization(seqs, toks, loss_scale=count / whole[index])
+
+
+def scaled_loss(
+    loss: torch.Tensor, metrics: dict[str, Any], norm: StepNormalization
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A loss call's result brought to the whole global batch's normalisation (see `StepNormalization`)."""
+    if norm.loss_scale != 1.0:
+        loss = loss * norm.loss_scale
+        metrics = {**metrics, "loss": loss.item()}
+    return loss, metrics if norm.trains else {"loss": loss.item()}
 
 
 def pad_to_width(tensor: torch.Tensor, width: int) -> torch.Tensor:

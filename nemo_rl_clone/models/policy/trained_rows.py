@@ -1,0 +1,74 @@
+"""Leaving rows without a gradient out of a training pass, exactly.
+
+A loss may declare ``rows_with_gradient(data) -> [B] bool | None`` (`ClippedPGLossFn` does: in GRPO a prompt group
+whose rewards are all equal has advantage 0 on every token, and without a KL term its samples add exactly 0 to the
+loss and the gradient). `Policy.train` then runs only those rows of each global batch, and the workers divide by
+the *whole* global batch's counts (`StepNormalization` in `train_step`), so the optimizer sees the gradient of the
+whole batch up to summation order. Skipped rows still count everywhere outside the training pass (rewards,
+advantages, logged samples, the batch's metrics).
+
+Every global batch must keep the same number of rows, a multiple of the data-parallel size (each rank runs one
+share per optimizer step), so batches with fewer rows with a gradient are topped up with their shortest other rows,
+whose ``sample_mask`` is set to 0: they add nothing either. A global batch with no row with a gradient still runs
+one such row per rank, so its optimizer step happens as it would have (zero gradient; Adam's moments decay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.distributed.model_utils import valid_counts
+
+
+@dataclass(frozen=True)
+class TrainedRows:
+    """The rows a training pass runs and what the workers normalise by.
+
+    ``data``: ``G`` global batches of ``global_batch_size`` rows each, in order. ``normalization``: ``G`` pairs
+    (valid sequences, valid tokens) of the whole global batches (`valid_counts`). ``num_rows_with_gradient``: rows
+    that carry one (top-up rows not counted); ``num_global_batches_with_gradient``: global batches holding any.
+    """
+
+    data: BatchedDataDict
+    global_batch_size: int
+    normalization: list[tuple[float, float]]
+    num_rows_with_gradient: int
+    num_global_batches_with_gradient: int
+
+
+def select_trained_rows(
+    data: BatchedDataDict, rows_with_gradient: torch.Tensor, global_batch_size: int, dp_size: int
+) -> TrainedRows | None:
+    """The rows of ``data`` (``[B]`` rows, ``B`` a multiple of ``global_batch_size``) a training pass needs, or
+    None when leaving rows out would save nothing."""
+    num_batches = data.size // global_batch_size
+    keep = rows_with_gradient.to(torch.bool).cpu().view(num_batches, global_batch_size)
+    kept_per_batch = keep.sum(dim=1)
+    width = max(int(kept_per_batch.max()), 1)
+    width = -(-width // dp_size) * dp_size
+    if width >= global_batch_size:
+        return None
+    lengths = data["input_lengths"] if "input_lengths" in data else data["token_mask"].sum(dim=1)
+    chosen, top_ups = [], []
+    for index in range(num_batches):
+        rows = torch.arange(index * global_batch_size, (index + 1) * global_batch_size)
+        others = rows[~keep[index]]
+        others = others[torch.argsort(lengths[others], stable=True)][: width - int(kept_per_batch[index])]
+        chosen += rows[keep[index]].tolist() + others.tolist()
+        top_ups += [False] * int(kept_per_batch[index]) + [True] * len(others)
+    selected = data.select_indices(chosen)
+    selected["sample_mask"] = torch.where(torch.tensor(top_ups), 0.0, selected["sample_mask"].float())
+    normalization = []
+    for index in range(num_batches):
+        seqs, toks = valid_counts(data.get_batch(index, global_batch_size))
+        normalization.append((float(seqs), float(toks)))
+    return TrainedRows(
+        data=selected,
+        global_batch_size=width,
+        normalization=normalization,
+        num_rows_with_gradient=int(kept_per_batch.sum()),
+        num_global_batches_with_gradient=int((kept_per_batch > 0).sum()),
+    )
