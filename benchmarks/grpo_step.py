@@ -2,12 +2,11 @@
 old ones, in one invocation.
 
 Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, same prompts and seeds):
-- ``old``: full-sequence logits, i.e. every position projected onto the 49,152-wide vocabulary and log-softmaxed
-  (``policy.dtensor_cfg.logits_at_loss_tokens_only=false``), and dynamic batching (length-sorted microbatches
-  padded to their longest sample) instead of sequence packing, and an fp32 backward (the default is a bf16
-  backward under the fp32 forward where the CPU runs bf16 natively). The other old settings (fp32 forward and
-  engine, eager engine, uncompiled policy) are still the defaults, measured and kept: docs/grpo.md#step-time.
-- ``new``: the defaults.
+- ``old``: the defaults of 2026-11-26, which trained every sample: ``loss_fn.train_only_samples_with_gradient=false``
+  (the samples of prompt groups without reward variance, advantage 0, went through forward and backward too).
+  Earlier levers (the LM-head shortcut, sequence packing, the bf16 backward) were measured against their own
+  baselines: docs/grpo.md#step-time.
+- ``new``: the defaults (only samples with a non-zero advantage train; the update is the same).
 - ``dynamic`` (with ``--packing``): the defaults with dynamic batching in place of sequence packing (each
   microbatch's samples run as one row, no padding), same token budgets; ``train_padding_fraction`` shows what each
   computes in vain, and ``packing_ratio=<dynamic/new step time>`` what packing buys.
@@ -17,11 +16,12 @@ Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, sam
   and optimizer state, fp32 log-softmax), bf16 engine and eager attention. Faster on CPUs with native bf16, but the
   trainer-vs-engine logprob agreement (``token_mult_prob_error``) is reported beside it because it is worse.
 
-Step and phase times are medians over steps 2..N (step 1 carries one-off warm-up). Prints a line per mode, then
+Step and phase times are medians over steps 2..N (step 1 carries one-off warm-up); ``startup`` is the seconds from the
+process's start to the end of setup (imports, Ray, engine, policy, data: ``timing/startup_time``). Prints a line per mode, then
 ``ratio=<old/new step time>`` (and ``bf16_backward_ratio``, ``bf16_ratio``: old over those) last. Runs go one after another, so keep the machine
 otherwise idle; ``--rounds 2`` alternates the modes twice and keeps each mode's faster round.
 
-    uv run --no-sync python benchmarks/grpo_step.py [--steps 4] [--rounds 1] [--packing] [--bf16]
+    uv run --no-sync python benchmarks/grpo_step.py [--steps 6] [--rounds 1] [--packing] [--bf16]
 """
 
 from __future__ import annotations
@@ -49,11 +49,7 @@ DYNAMIC_BATCHING = [
     "policy.dynamic_batching.logprob_mb_tokens=${policy.sequence_packing.logprob_mb_tokens}",
 ]
 MODES = {
-    "old": [
-        "policy.dtensor_cfg.logits_at_loss_tokens_only=false",
-        "policy.dtensor_cfg.backward_precision=float32",
-        *DYNAMIC_BATCHING,
-    ],
+    "old": ["loss_fn.train_only_samples_with_gradient=false"],
     "new": [],
     "dynamic": DYNAMIC_BATCHING,
     "bf16_backward": ["policy.dtensor_cfg.backward_precision=bfloat16"],
@@ -82,7 +78,11 @@ def run(mode: str, steps: int, log_dir: Path) -> dict[str, float]:
         values = [m[f"timing/train/{phase}"] for m in timed if f"timing/train/{phase}" in m]
         if values:
             summary[phase] = statistics.median(values)
+    startup = [row["timing/startup_time"] for row in rows if "timing/startup_time" in row]
+    if startup:
+        summary["startup"] = startup[0]
     for key in (
+        "train/num_trained_samples",
         "train/token_mult_prob_error",
         "performance/train_gflops",
         "performance/train_padding_fraction",
@@ -96,7 +96,7 @@ def run(mode: str, steps: int, log_dir: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="steps per run (>= 2: step 1 is not timed)")
+    parser.add_argument("--steps", type=int, default=6, help="steps per run (>= 2: step 1 is not timed)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--packing", action="store_true", help="also run the dynamic-batching mode")
     parser.add_argument("--bf16", action="store_true", help="also run the bf16 modes")

@@ -103,8 +103,8 @@ def reduce_train_results(
     missing from ``all_mb_metrics`` are left out.
     """
     num_global_batches = max(1, int(train_results.get("num_global_batches", 1)))
-    # With rows left out (`trained_rows`), a global batch without any row to train reports only its loss.
-    num_trained = max(1, int(train_results.get("num_trained_global_batches", num_global_batches)))
+    # With rows left out (`trained_rows`), a global batch that ran only masked rows reports only its loss.
+    num_trained = max(1, int(train_results.get("num_global_batches_with_metrics", num_global_batches)))
     mb = train_results["all_mb_metrics"]
     metrics = {
         name: float(sum(mb[name])) / (num_global_batches if name == "loss" else num_trained)

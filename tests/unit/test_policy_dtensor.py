@@ -391,7 +391,7 @@ def test_sequence_packing_equals_padded_rows(packed_two_workers: dict, reference
 def test_rows_without_gradient_left_out_of_a_packed_step_change_nothing(
     packed_two_workers: dict, model_path: str
 ) -> None:
-    """`Policy.train` with a GRPO loss runs rows 3, 4, 6 and one masked top-up row (2 ranks, packed bins), yet its
+    """`Policy.train` with a GRPO loss runs rows 3, 4, 6 and one top-up row (2 ranks, packed bins), yet its
     loss and grad norm (before clipping) are those of the whole batch, computed here by plain HF over every row."""
     data, result = packed_two_workers["pg_batch"], packed_two_workers["pg_step"]
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -400,12 +400,13 @@ def test_rows_without_gradient_left_out_of_a_packed_step_change_nothing(
     loss, _ = PG_LOSS(model(input_ids=data["input_ids"]).logits.float(), data, seqs, toks)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
-    assert result["num_trained_samples"] == 3 and result["num_trained_global_batches"] == 1
+    assert result["num_trained_samples"] == 3 and result["num_global_batches_with_metrics"] == 1
     assert result["loss"].item() == pytest.approx(loss.item(), abs=1e-5)
     assert result["grad_norm"].item() == pytest.approx(grad_norm.item(), rel=1e-5)
     assert abs(loss.item()) > 1e-3 and grad_norm.item() > 1e-2
     metrics = result["all_mb_metrics"]
-    assert set(metrics["global_valid_toks"]) == {toks.item()} and sum(metrics["num_valid_samples"]) == 3
+    # the loss's metrics cover the 4 rows that ran (the top-up is unmasked); the normalisation is the whole batch's
+    assert set(metrics["global_valid_toks"]) == {toks.item()} and sum(metrics["num_valid_samples"]) == 4
 
 
 @pytest.mark.parametrize("layout", ["selective", "full_logits", "dp2"])

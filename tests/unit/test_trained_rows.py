@@ -142,12 +142,12 @@ def test_which_rows_run_and_what_the_top_up_rows_are() -> None:
     data = make_batch()
     trained = select_trained_rows(data, pg().rows_with_gradient(data), global_batch_size=12, dp_size=2)
     assert trained is not None
-    # rows 4, 5, 7 carry a gradient; 3 rounds up to 4 for 2 ranks: the shortest zero-advantage row tops it up
-    others = [i for i in range(ROWS) if i not in (4, 5, 7)]
+    # rows 4, 5, 7 carry a gradient; 3 rounds up to 4 for 2 ranks: the shortest unmasked other row tops it up
+    others = [i for i in range(ROWS) if i not in (4, 5, 7, MASKED_ROW)]
     shortest = min(others, key=lambda i: (int(data["input_lengths"][i]), i))
     assert trained.data["input_ids"].tolist() == data["input_ids"][[4, 5, 7, shortest]].tolist()
-    assert trained.data["sample_mask"].tolist() == [1.0, 1.0, 1.0, 0.0]
-    assert trained.global_batch_size == 4 and trained.num_global_batches_with_gradient == 1
+    assert trained.data["sample_mask"].tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert trained.global_batch_size == 4 and trained.num_global_batches_with_metrics == 1
     seqs, toks = valid_counts(data)
     assert trained.normalization == [(float(seqs), float(toks))] and seqs == ROWS - 1
 
@@ -163,7 +163,7 @@ def test_metrics_describe_the_trained_rows() -> None:
             "all_mb_metrics": {"token_mult_prob_error": [m["token_mult_prob_error"] for m in after["metrics"]]},
             "grad_norm": [0.0],
             "num_global_batches": 1,
-            "num_trained_global_batches": 1,
+            "num_global_batches_with_metrics": 1,
         },
         ["token_mult_prob_error"],
     )
@@ -179,26 +179,34 @@ def test_metrics_describe_the_trained_rows() -> None:
 
 
 def test_a_batch_without_any_gradient_still_steps_with_zero_gradient() -> None:
-    """Every group without reward variance: one masked row per rank runs, the loss is 0 and every gradient exactly
-    0 (not None), so the optimizer steps as it would have (Adam's moments decay); only `loss` is reported."""
+    """Every group without reward variance: the shortest row per rank runs, the loss is 0 and every gradient exactly
+    0 (not None), so the optimizer steps as it would have (Adam's moments decay); the metrics describe those rows."""
     loss_fn, data = pg(), make_batch(advantages=[0.0] * ROWS)
     after = train_rows_with_gradient(loss_fn, data, gbs=12, dp=2)
     trained = after["trained"]
-    assert trained.data.size == 2 and trained.data["sample_mask"].tolist() == [0.0, 0.0]
-    assert trained.num_rows_with_gradient == 0 and trained.num_global_batches_with_gradient == 0
+    assert trained.data.size == 2 and trained.data["sample_mask"].tolist() == [1.0, 1.0]
+    assert trained.num_rows_with_gradient == 0 and trained.num_global_batches_with_metrics == 1
     assert all(g.abs().max() == 0 for g in after["grads"])
     assert after["losses"] == [0.0]
-    assert {key for m in after["metrics"] for key in m} == {"loss"}
+    assert sum(m["num_valid_samples"] for m in after["metrics"]) == 2
+    assert {"token_mult_prob_error", "approx_entropy"} <= {key for m in after["metrics"] for key in m}
 
 
-def test_a_global_batch_without_gradient_does_not_dilute_the_metrics() -> None:
-    """Two global batches, the second without variance: the share metrics average over the one that trained."""
-    advantages = ADVANTAGES[:6] + [0.0] * 6
-    loss_fn, data = pg(), make_batch(advantages=advantages)
+def test_a_global_batch_of_masked_rows_reports_only_its_loss() -> None:
+    """Two global batches, every row of the second masked (e.g. all overlong): it runs masked rows (loss 0, zero
+    gradient) and reports only its loss, so the share metrics average over the first alone."""
+    loss_fn, data = pg(), make_batch()
+    data["sample_mask"] = torch.tensor([1.0] * 6 + [0.0] * 6)
     after = train_rows_with_gradient(loss_fn, data, gbs=6, dp=1)
-    assert after["trained"].num_global_batches_with_gradient == 1
+    assert after["trained"].num_global_batches_with_metrics == 1
+    assert {key for m in after["metrics"][-1:] for key in m} == {"loss"}
     mb = {key: [m[key] for m in after["metrics"] if key in m] for key in ("loss", "probs_ratio")}
-    results = {"all_mb_metrics": mb, "grad_norm": [0.0, 0.0], "num_global_batches": 2, "num_trained_global_batches": 1}
+    results = {
+        "all_mb_metrics": mb,
+        "grad_norm": [0.0, 0.0],
+        "num_global_batches": 2,
+        "num_global_batches_with_metrics": 1,
+    }
     reduced = reduce_train_results(results, ["loss", "probs_ratio"])
     assert reduced["probs_ratio"] == pytest.approx(sum(mb["probs_ratio"]), abs=1e-7)
     assert reduced["loss"] == pytest.approx(sum(mb["loss"]) / 2, abs=1e-7)

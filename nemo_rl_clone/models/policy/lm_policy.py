@@ -200,8 +200,8 @@ class Policy(ColocatablePolicyInterface):
         Returns ``loss`` and ``grad_norm`` (``[B // gbs]``, identical whatever the number of DP workers),
         ``all_mb_metrics`` (every microbatch of every DP rank) and ``num_global_batches``. A loss with
         ``rows_with_gradient`` gets only those rows run (`trained_rows`; same gradient); the result then also holds
-        ``num_trained_samples`` and ``num_trained_global_batches`` (those with any such row: the loss's metrics other
-        than ``loss`` describe only them).
+        ``num_trained_samples`` and ``num_global_batches_with_metrics`` (the loss's metrics other than ``loss`` are
+        means over the rows that ran, and a global batch whose rows are all masked reports none).
         """
         gbs = gbs or self.cfg.train_global_batch_size
         mbs = mbs or self.cfg.train_micro_batch_size
@@ -235,7 +235,7 @@ class Policy(ColocatablePolicyInterface):
             kwargs["loss_normalization"] = trained.normalization
             counts = {
                 "num_trained_samples": trained.num_rows_with_gradient,
-                "num_trained_global_batches": trained.num_global_batches_with_gradient,
+                "num_global_batches_with_metrics": trained.num_global_batches_with_metrics,
             }
         shards, _ = self._shard(data, "train", batch_size=gbs, **groups)
         results = self._run_sharded("train", shards, kwargs | {"gbs": gbs})

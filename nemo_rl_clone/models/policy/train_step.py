@@ -102,8 +102,8 @@ class StepNormalization:
     Without left-out rows (`trained_rows`) this is `global_valid_counts` and a factor of 1. With them, the loss
     divides by the counts of the rows it runs (so its metrics are means over those rows) and ``loss_scale`` = those
     counts / the whole batch's (of the count the loss type divides by) brings loss and gradient back to the whole
-    batch's normalisation. ``trains`` is False when no row of the global batch has a gradient: the loss then divides
-    by the whole counts (its top-up rows give exactly 0) and its other metrics describe nothing and are dropped.
+    batch's normalisation. ``trains`` is False when every row run is masked (``sample_mask`` 0): the loss then
+    divides by the whole counts (those rows give exactly 0) and its other metrics describe nothing and are dropped.
     """
 
     valid_seqs: torch.Tensor

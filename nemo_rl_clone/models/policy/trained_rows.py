@@ -8,9 +8,10 @@ whole batch up to summation order. Skipped rows still count everywhere outside t
 advantages, logged samples, the batch's metrics).
 
 Every global batch must keep the same number of rows, a multiple of the data-parallel size (each rank runs one
-share per optimizer step), so batches with fewer rows with a gradient are topped up with their shortest other rows,
-whose ``sample_mask`` is set to 0: they add nothing either. A global batch with no row with a gradient still runs
-one such row per rank, so its optimizer step happens as it would have (zero gradient; Adam's moments decay).
+share per optimizer step), so batches with fewer rows with a gradient are topped up with their shortest other rows
+(unmasked first): they add nothing to the gradient either, and the loss's metrics cover them with the rest. A global
+batch with no row with a gradient still runs one such row per rank, so its optimizer step happens as it would have
+(an exactly-zero gradient; Adam's moments decay) and its metrics describe those rows.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ class TrainedRows:
 
     ``data``: ``G`` global batches of ``global_batch_size`` rows each, in order. ``normalization``: ``G`` pairs
     (valid sequences, valid tokens) of the whole global batches (`valid_counts`). ``num_rows_with_gradient``: rows
-    that carry one (top-up rows not counted); ``num_global_batches_with_gradient``: global batches holding any.
+    that carry one (top-up rows not counted); ``num_global_batches_with_metrics``: global batches whose rows include
+    an unmasked one (the others report only their loss, see `train_step.StepNormalization`).
     """
 
     data: BatchedDataDict
     global_batch_size: int
     normalization: list[tuple[float, float]]
     num_rows_with_gradient: int
-    num_global_batches_with_gradient: int
+    num_global_batches_with_metrics: int
 
 
 def select_trained_rows(
@@ -52,23 +54,24 @@ def select_trained_rows(
     if width >= global_batch_size:
         return None
     lengths = data["input_lengths"] if "input_lengths" in data else data["token_mask"].sum(dim=1)
-    chosen, top_ups = [], []
+    # top-ups: unmasked rows first (their metrics then describe something), shortest first (cheapest)
+    cost = lengths.double() + (data["sample_mask"] == 0).double() * (lengths.max().item() + 1)
+    chosen = []
     for index in range(num_batches):
         rows = torch.arange(index * global_batch_size, (index + 1) * global_batch_size)
         others = rows[~keep[index]]
-        others = others[torch.argsort(lengths[others], stable=True)][: width - int(kept_per_batch[index])]
+        others = others[torch.argsort(cost[others], stable=True)][: width - int(kept_per_batch[index])]
         chosen += rows[keep[index]].tolist() + others.tolist()
-        top_ups += [False] * int(kept_per_batch[index]) + [True] * len(others)
     selected = data.select_indices(chosen)
-    selected["sample_mask"] = torch.where(torch.tensor(top_ups), 0.0, selected["sample_mask"].float())
     normalization = []
     for index in range(num_batches):
         seqs, toks = valid_counts(data.get_batch(index, global_batch_size))
         normalization.append((float(seqs), float(toks)))
+    reporting = selected["sample_mask"].view(num_batches, width).ne(0).any(dim=1)
     return TrainedRows(
         data=selected,
         global_batch_size=width,
         normalization=normalization,
         num_rows_with_gradient=int(kept_per_batch.sum()),
-        num_global_batches_with_gradient=int((kept_per_batch > 0).sum()),
+        num_global_batches_with_metrics=int(reporting.sum()),
     )
