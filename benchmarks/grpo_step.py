@@ -17,7 +17,7 @@ Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, sam
   trainer-vs-engine logprob agreement (``token_mult_prob_error``) is reported beside it because it is worse.
 
 Step and phase times are medians over steps 2..N (step 1 carries one-off warm-up); ``startup`` is the seconds from the
-process's start to the end of setup (imports, Ray, engine, policy, data: ``timing/startup_time``). Prints a line per mode, then
+process's start to its first step (imports, Ray, engine, policy, data: ``timing/train/startup_time``). Prints a line per mode, then
 ``ratio=<old/new step time>`` (and ``bf16_backward_ratio``, ``bf16_ratio``: old over those) last. Runs go one after another, so keep the machine
 otherwise idle; ``--rounds 2`` alternates the modes twice and keeps each mode's faster round.
 
@@ -78,7 +78,7 @@ def run(mode: str, steps: int, log_dir: Path) -> dict[str, float]:
         values = [m[f"timing/train/{phase}"] for m in timed if f"timing/train/{phase}" in m]
         if values:
             summary[phase] = statistics.median(values)
-    startup = [row["timing/startup_time"] for row in rows if "timing/startup_time" in row]
+    startup = [row["timing/train/startup_time"] for row in rows if "timing/train/startup_time" in row]
     if startup:
         summary["startup"] = startup[0]
     for key in (

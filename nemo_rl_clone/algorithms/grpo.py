@@ -7,9 +7,11 @@ reward arithmetic in `algorithms.utils`, batch plumbing in `rl.batches`, the col
 
 from __future__ import annotations
 
+import time
 from functools import partial
 from typing import Any
 
+import psutil
 import torch
 
 from nemo_rl_clone.algorithms.rl.async_rollouts import AsyncRollouts
@@ -65,6 +67,8 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
     monitors = CollapseMonitors(cfg.monitors, cfg.grpo.num_generations_per_prompt, state.monitors)
     if cfg.grpo.val_at_start and state.step == 0 and cfg.grpo.val_period > 0:
         source.validate(0, timer, partial(log_validation, c, 0))
+    # process start to the first step this process runs (imports, Ray, engines, policy, data, validation at start)
+    startup_time: float | None = time.time() - psutil.Process().create_time()
     while state.step < cfg.grpo.max_num_steps and source.position.completed_epochs < cfg.grpo.max_num_epochs:
         timer.reset()
         step = state.begin_step()
@@ -137,6 +141,8 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
 
         # 10. log
         timing = {**rollouts.timing, **timer.get_timing_metrics("sum")}
+        if startup_time is not None:
+            timing["startup_time"], startup_time = startup_time, None
         performance = {**_performance(metrics, timing), **rollouts.generation_performance}
         if "profile" in train_results:
             profile = profile_metrics(train_results["profile"], timing["policy_training"])

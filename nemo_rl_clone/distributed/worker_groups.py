@@ -176,9 +176,8 @@ class RayWorkerGroup:
         env_vars: extra environment for every worker (may not set the distributed variables).
         dp_leader_worker_indices: the rank that owns each data-parallel shard, ascending; default: the ranks at
             coordinate 0 on every axis but ``"data_parallel"`` (see `get_dp_leader_worker_idx`).
-
-    The constructor returns when every actor's constructor has finished, and raises (after killing the group) if
-    one failed.
+        wait: return only when every actor's constructor has finished, raising (after killing the group) if one
+            failed; False returns at once and leaves that to `wait_until_constructed`.
     """
 
     def __init__(
@@ -191,6 +190,7 @@ class RayWorkerGroup:
         sharding_annotations: NamedSharding | None = None,
         env_vars: dict[str, str] | None = None,
         dp_leader_worker_indices: list[int] | None = None,
+        wait: bool = True,
     ) -> None:
         self.cluster = cluster
         self.builder = remote_worker_builder
@@ -241,7 +241,8 @@ class RayWorkerGroup:
                     name=f"{name_prefix}-{meta.rank}" if name_prefix else None,
                 )
             )
-        self._wait_until_constructed()
+        if wait:
+            self.wait_until_constructed()
 
     @property
     def workers(self) -> list[ActorHandle]:
@@ -450,7 +451,9 @@ class RayWorkerGroup:
                 f"actor class {self.builder.ray_actor_class_fqn} (worker group {self.name!r}) has no method {method!r}"
             ) from None
 
-    def _wait_until_constructed(self) -> None:
+    def wait_until_constructed(self) -> None:
+        """Block until every actor's constructor has returned (the constructor does it unless ``wait=False``, which
+        lets a caller start another group meanwhile); a failed start shuts the group down and raises."""
         refs: list[ray.ObjectRef] = [worker.__ray_ready__.remote() for worker in self._workers]
         label = f"worker group {self.name!r} constructing {self.builder.ray_actor_class_fqn}"
         try:

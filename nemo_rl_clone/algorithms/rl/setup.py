@@ -225,6 +225,7 @@ def _setup_workers(
         optimizer_path=optimizer_path,
         init_reference_model=config.loss_fn.reference_policy_kl_penalty > 0,
         env_vars=threads,
+        wait=False,  # the engines start while the policy workers load and shard the model
     )
     async_grpo = config.grpo.async_grpo
     generation = VllmGeneration(
@@ -236,6 +237,7 @@ def _setup_workers(
         weight_updates_during_generation=async_grpo.enabled and async_grpo.in_flight_weight_updates,
         hf_config_overrides=config.policy.hf_config_overrides,
     )
+    policy.wait_until_ready()
     prepare_refit(policy, generation)
     if not colocated:
         init_refit_collective(policy, generation, train_cluster)

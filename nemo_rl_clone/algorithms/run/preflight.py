@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -65,23 +64,10 @@ def run_training(config: Any, setup: Callable[[Any], _R], train: Callable[[_R], 
         preflight(config)
         with removed_if_run_start_fails(config):
             run = setup(config)
-        _log_startup_time(run)
         try:
             train(run)
         finally:
             run.shutdown()
-
-
-def _log_startup_time(run: Any) -> None:
-    """``timing/startup_time``: seconds from the process's start to the end of setup (imports, Ray, engines, policy,
-    data), at the step the run starts from; `benchmarks/grpo_step.py` reports it."""
-    import psutil
-
-    seconds = time.time() - psutil.Process().create_time()
-    logging.getLogger(__name__).info("run set up %.1f s after the process started", seconds)
-    run_logger, state = getattr(run, "logger", None), getattr(run, "state", None)
-    if run_logger is not None:
-        run_logger.log_metrics({"startup_time": seconds}, int(getattr(state, "step", 0)), prefix="timing")
 
 
 @contextlib.contextmanager

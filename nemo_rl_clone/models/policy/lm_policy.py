@@ -94,7 +94,10 @@ class Policy(ColocatablePolicyInterface):
         weights_path: str | None = None,
         optimizer_path: str | None = None,
         env_vars: dict[str, str] | None = None,
+        wait: bool = True,
     ) -> None:
+        """``wait=False`` returns while the workers are still starting (model load, sharding), so a caller can start
+        the engines meanwhile; `wait_until_ready` must then come before any other call."""
         self.cfg = config if isinstance(config, PolicyConfig) else validate_config(config, PolicyConfig)
         _check_config(self.cfg, init_optimizer)
         for note in _unused_settings(self.cfg):
@@ -129,8 +132,12 @@ class Policy(ColocatablePolicyInterface):
         if backend_env:
             env_vars = {**backend_env, **(env_vars or {})}
         self.worker_group = RayWorkerGroup(
-            cluster, builder, name_prefix=name_prefix, sharding_annotations=sharding, env_vars=env_vars
+            cluster, builder, name_prefix=name_prefix, sharding_annotations=sharding, env_vars=env_vars, wait=wait
         )
+
+    def wait_until_ready(self) -> None:
+        """Return once every worker has started (see ``wait`` in the constructor); raises if one failed."""
+        self.worker_group.wait_until_constructed()
 
     # ------------------------------------------------------------------ logprobs
     def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
