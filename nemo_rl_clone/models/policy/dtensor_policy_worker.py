@@ -385,9 +385,7 @@ class DTensorPolicyWorker(RefitSender):
         with torch.set_grad_enabled(not eval_mode):
             for index in range(num_global_batches):
                 batch = data.get_batch(index, local_gbs)
-                whole = loss_normalization[index] if loss_normalization is not None else None
-                ran = train_step.global_valid_counts(batch, self.dp_group)
-                norm = train_step.step_normalization(ran, whole, getattr(loss_fn, "loss_type", None))
+                norm = train_step.global_batch_normalization(batch, self.dp_group, loss_normalization, index, loss_fn)
                 if not eval_mode:
                     assert self.optimizer is not None, "train() needs a policy built with init_optimizer=True"
                     self.optimizer.zero_grad(set_to_none=True)
@@ -411,8 +409,7 @@ class DTensorPolicyWorker(RefitSender):
                     metrics = {
                         **metrics,
                         "lr": self._lr(),
-                        "global_valid_seqs": whole[0] if whole is not None else norm.valid_seqs.item(),
-                        "global_valid_toks": whole[1] if whole is not None else norm.valid_toks.item(),
+                        **norm.reported_counts(),
                     }
                     for key, value in metrics.items():
                         all_mb_metrics[key].append(value)

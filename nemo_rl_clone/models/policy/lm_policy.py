@@ -34,7 +34,7 @@ from nemo_rl_clone.models.policy.megatron_config import local_spec_notes
 from nemo_rl_clone.models.policy.optim import check_import_paths
 from nemo_rl_clone.models.policy.reward_model import check_input_lengths, reward_model_error
 from nemo_rl_clone.models.policy.topk_logits import check_k
-from nemo_rl_clone.models.policy.trained_rows import select_trained_rows
+from nemo_rl_clone.models.policy.trained_rows import trained_rows_for
 from nemo_rl_clone.utils.config_validation import validate_config
 
 DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
@@ -233,10 +233,7 @@ class Policy(ColocatablePolicyInterface):
         num_global_batches = data.size // gbs
         kwargs: dict[str, Any] = {"loss_fn": loss_fn, "eval_mode": eval_mode, "mbs": mbs}
         counts: dict[str, int] = {}
-        rows_with_gradient = getattr(loss_fn, "rows_with_gradient", None)
-        trained = None
-        if rows_with_gradient is not None and not eval_mode and (keep := rows_with_gradient(data)) is not None:
-            trained = select_trained_rows(data, keep, gbs, self.dp_size)
+        trained = None if eval_mode else trained_rows_for(loss_fn, data, gbs, self.dp_size)
         if trained is not None:
             data, gbs = trained.data, trained.global_batch_size
             kwargs["loss_normalization"] = trained.normalization

@@ -260,9 +260,7 @@ class MegatronPolicyWorker(RefitSender):
         all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
         for index in range(data.size // local_gbs):
             batch = data.get_batch(index, local_gbs)
-            whole = loss_normalization[index] if loss_normalization is not None else None
-            ran = train_step.global_valid_counts(batch, self.dp_group)
-            norm = train_step.step_normalization(ran, whole, getattr(loss_fn, "loss_type", None))
+            norm = train_step.global_batch_normalization(batch, self.dp_group, loss_normalization, index, loss_fn)
             microbatches = list(train_step.microbatches(batch, mbs))
             scale = self.dp_size * len(microbatches)
 
@@ -291,8 +289,7 @@ class MegatronPolicyWorker(RefitSender):
                 step_loss += metrics.pop("loss_share")
                 metrics |= {
                     "lr": self._lr(),
-                    "global_valid_seqs": whole[0] if whole is not None else norm.valid_seqs.item(),
-                    "global_valid_toks": whole[1] if whole is not None else norm.valid_toks.item(),
+                    **norm.reported_counts(),
                 }
                 for key, value in metrics.items():
                     step_metrics[key].append(value)

@@ -110,6 +110,12 @@ class StepNormalization:
     valid_toks: torch.Tensor
     loss_scale: float = 1.0
     trains: bool = True
+    whole: tuple[float, float] | None = None  # the whole global batch's counts, when rows were left out
+
+    def reported_counts(self) -> dict[str, float]:
+        """``global_valid_seqs`` / ``global_valid_toks`` as the workers report them: the whole global batch's."""
+        seqs, toks = self.whole if self.whole is not None else (self.valid_seqs.item(), self.valid_toks.item())
+        return {"global_valid_seqs": seqs, "global_valid_toks": toks}
 
 
 def step_normalization(
@@ -125,8 +131,21 @@ def step_normalization(
     index = 0 if loss_type == LossType.SEQUENCE_LEVEL else 1
     count = float((seqs, toks)[index])
     if count == 0 or whole[index] == 0:
-        return StepNormalization(torch.tensor(whole[0]), torch.tensor(whole[1]), trains=count != 0)
-    return StepNormalization(seqs, toks, loss_scale=count / whole[index])
+        return StepNormalization(torch.tensor(whole[0]), torch.tensor(whole[1]), trains=count != 0, whole=whole)
+    return StepNormalization(seqs, toks, loss_scale=count / whole[index], whole=whole)
+
+
+def global_batch_normalization(
+    batch: Mapping[str, Any],
+    group: dist.ProcessGroup,
+    loss_normalization: list[tuple[float, float]] | None,
+    index: int,
+    loss_fn: Any,
+) -> StepNormalization:
+    """`step_normalization` of global batch ``index`` of a worker's ``train`` call (``loss_normalization``: what
+    `Policy.train` passed, the whole global batches' counts when it left rows out)."""
+    whole = loss_normalization[index] if loss_normalization is not None else None
+    return step_normalization(global_valid_counts(batch, group), whole, getattr(loss_fn, "loss_type", None))
 
 
 def scaled_loss(

@@ -17,6 +17,7 @@ batch with no row with a gradient still runs one such row per rank, so its optim
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,6 +40,14 @@ class TrainedRows:
     normalization: list[tuple[float, float]]
     num_rows_with_gradient: int
     num_global_batches_with_metrics: int
+
+
+def trained_rows_for(loss_fn: Any, data: BatchedDataDict, global_batch_size: int, dp_size: int) -> TrainedRows | None:
+    """`select_trained_rows` by ``loss_fn``'s ``rows_with_gradient`` (None: the loss declares none, or none to
+    leave out)."""
+    rows_with_gradient = getattr(loss_fn, "rows_with_gradient", None)
+    keep = rows_with_gradient(data) if rows_with_gradient is not None else None
+    return select_trained_rows(data, keep, global_batch_size, dp_size) if keep is not None else None
 
 
 def select_trained_rows(
