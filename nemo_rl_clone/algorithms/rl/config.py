@@ -169,6 +169,9 @@ class GRPOConfig:
     # Samples whose mean per-token exp|lp_gen − lp_prev| (the token_mult_prob_error of that sequence) exceeds this
     # train nothing (sample_mask 0); null keeps every sample.
     seq_logprob_error_threshold: float | None = None
+    # Ours: steps whose repro bundle is written even when nothing trips (docs/debugging.md); their previous step
+    # is checkpointed so that the bundle holds the weights the step started from.
+    dump_steps: list[int] = field(default_factory=list)
     adv_estimator: AdvEstimatorConfig = field(default_factory=AdvEstimatorConfig)
     reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
     reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
@@ -213,6 +216,8 @@ class GRPOConfig:
         threshold = self.seq_logprob_error_threshold
         if threshold is not None and threshold < 1:
             problems.append(("seq_logprob_error_threshold", f"must be >= 1 (1 is exact agreement), got {threshold}"))
+        if any(step < 1 for step in self.dump_steps):
+            problems.append(("dump_steps", f"must be step numbers >= 1, got {self.dump_steps}"))
         return problems
 
     @property
