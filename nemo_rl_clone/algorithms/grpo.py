@@ -2,7 +2,8 @@
 
 `grpo_train` is the whole step loop and reads top to bottom; building the run lives in `rl.setup`, where
 rollouts come from (on demand, or from async GRPO's replay buffer) in `rl.rollouts` / `rl.async_rollouts`, the
-reward arithmetic in `algorithms.utils`, batch plumbing in `rl.batches`, the collapse monitors in `rl.monitors`.
+reward arithmetic in `algorithms.utils`, batch plumbing in `rl.batches`, the collapse monitors in `rl.monitors`, repro
+bundles in `rl.repro`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from nemo_rl_clone.algorithms.rl.batches import (
 )
 from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rl.monitors import CollapseMonitors
+from nemo_rl_clone.algorithms.rl.repro import ReproBundles
 from nemo_rl_clone.algorithms.rl.rollouts import RolloutSource, SyncRollouts, roll_out
 from nemo_rl_clone.algorithms.rl.setup import GRPOComponents, GRPOState, save_checkpoint, setup
 from nemo_rl_clone.algorithms.run.state import run_validation, validates_at_end
@@ -65,6 +67,7 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
     cfg, state, timer = c.config, c.state, Timer()
     deadline = SaveDeadline(cfg.checkpointing)
     monitors = CollapseMonitors(cfg.monitors, cfg.grpo.num_generations_per_prompt, state.monitors)
+    repro = ReproBundles(c, monitors.alerting)
     if cfg.grpo.val_at_start and state.step == 0 and cfg.grpo.val_period > 0:
         source.validate(0, timer, partial(log_validation, c, 0))
     # process start to the first step this process runs (imports, Ray, engines, policy, data, validation at start)
@@ -133,11 +136,13 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
             # collapse monitors on this step's metrics and validation (docs/monitors.md); their history is checkpointed
             monitor_metrics = monitors.update(step, metrics, rewards, state.val_metrics)
             state.monitors = monitors.state_dict()
-            if should_save(step, cfg.checkpointing, is_last):
+            # a repro bundle (docs/debugging.md) when the step went non-finite, a monitor fired or grpo.dump_steps
+            # asks; before this step's save, which may prune the checkpoint the bundle links
+            repro.after_step(step, train_data, rewards, train_results, metrics, monitor_metrics)
+            if should_save(step, cfg.checkpointing, is_last) or repro.wants_checkpoint(step):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
-                    path = save_checkpoint(c, source.position)
-                console.print(f"[green]step {step}: saved checkpoint {path}")
+                    save_checkpoint(c, source.position)
 
         # 10. log
         timing = {**rollouts.timing, **timer.get_timing_metrics("sum")}

@@ -139,6 +139,12 @@ def build_train_batch(
     )
 
 
+def training_metrics(train_results: Mapping[str, Any]) -> dict[str, float]:
+    """The ``train/*`` metrics of one `Policy.train` result: loss, grad_norm, the loss's metrics, lr (the step
+    replay compares these, docs/debugging.md)."""
+    return reduce_train_results(train_results, _SUMMED_LOSS_METRICS)
+
+
 def aggregate_train_metrics(
     train_results: dict[str, Any],
     train_data: BatchedDataDict,
@@ -152,7 +158,7 @@ def aggregate_train_metrics(
     ``reward`` is the mean of the rewards the advantages came from (scaled and shaped, as NeMo-RL logs it);
     ``accuracy`` the share of samples whose environment reward (``task_rewards``, before scaling and shaping;
     default ``rewards``) is 1."""
-    metrics = reduce_train_results(train_results, _SUMMED_LOSS_METRICS)
+    metrics = training_metrics(train_results)
     mask = train_data["token_mask"]
     prompt_lengths = train_data["input_lengths"] - mask.sum(dim=1)
     metrics.update(

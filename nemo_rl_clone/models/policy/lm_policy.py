@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -59,6 +60,59 @@ def _backend(config: PolicyConfig) -> tuple[str, str, int, int]:
     if dtensor.context_parallel_size > 1:  # validation refuses it together with TP: one of the two is 1
         return DTENSOR_WORKER, "dtensor_cfg.context_parallel_size", dtensor.context_parallel_size, 1
     return DTENSOR_WORKER, "dtensor_cfg.tensor_parallel_size", dtensor.tensor_parallel_size, 1
+
+
+@dataclass
+class TrainPlan:
+    """What `Policy.train` hands its workers (one shard per DP rank, the common keyword arguments) and how it turns
+    their results into its own; also used by a worker run in-process (the step replay, docs/debugging.md)."""
+
+    shards: list[BatchedDataDict]
+    kwargs: dict[str, Any]
+    num_global_batches: int
+    counts: dict[str, int]
+
+    @classmethod
+    def make(
+        cls,
+        cfg: PolicyConfig,
+        dp_size: int,
+        data: BatchedDataDict,
+        loss_fn: LossFunction,
+        gbs: int,
+        mbs: int,
+        eval_mode: bool = False,
+    ) -> TrainPlan:
+        # A loss reading rows in groups (DPO/Bradley-Terry pairs) declares `rows_per_example`; packing keeps them whole.
+        groups = {"rows_per_group": getattr(loss_fn, "rows_per_example", 1)} if cfg.sequence_packing.enabled else {}
+        num_global_batches = data.size // gbs
+        kwargs: dict[str, Any] = {"loss_fn": loss_fn, "eval_mode": eval_mode, "mbs": mbs}
+        counts: dict[str, int] = {}
+        trained = None if eval_mode else trained_rows_for(loss_fn, data, gbs, dp_size)
+        if trained is not None:
+            data, gbs = trained.data, trained.global_batch_size
+            kwargs["loss_normalization"] = trained.normalization
+            counts = {
+                "num_trained_samples": trained.num_rows_with_gradient,
+                "num_global_batches_with_metrics": trained.num_global_batches_with_metrics,
+            }
+        shards, _ = shard_batch(cfg, dp_size, data, "train", batch_size=gbs, **groups)
+        return cls(shards, kwargs | {"gbs": gbs}, num_global_batches, counts)
+
+    def result(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        """`Policy.train`'s result from the workers' (one per DP rank, in rank order)."""
+        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
+        for result in results:
+            for key, values in result["all_mb_metrics"].items():
+                all_mb_metrics[key].extend(values)
+        return {
+            "loss": results[0]["global_loss"],
+            "grad_norm": results[0]["grad_norm"],
+            "all_mb_metrics": dict(all_mb_metrics),
+            "num_global_batches": self.num_global_batches,
+            **self.counts,
+            **({"profile": train_profile.merge([r["profile"] for r in results])} if "profile" in results[0] else {}),
+        }
 
 
 class Policy(ColocatablePolicyInterface):
@@ -186,11 +240,7 @@ class Policy(ColocatablePolicyInterface):
         if self.is_reward_model:
             check_input_lengths(data, method)
         shards, order = self._shard(data, "logprob", allow_uneven_shards=True)
-        results = self._run_sharded(method, shards, {"micro_batch_size": micro_batch_size, **kwargs})
-        merged = BatchedDataDict.from_batches(results)
-        if order is not None:
-            merged.reorder_data(order)
-        return merged
+        return merge_shards(self._run_sharded(method, shards, {"micro_batch_size": micro_batch_size, **kwargs}), order)
 
     # ------------------------------------------------------------------ training
     def train(
@@ -226,35 +276,8 @@ class Policy(ColocatablePolicyInterface):
             raise ValueError(f"train: batch of {data.size} samples is not a multiple of the global batch size {gbs}")
         if self.is_reward_model:
             _check_pairs_stay_together(self.cfg, gbs // self.dp_size, mbs)
-        # A loss reading rows in groups (DPO/Bradley-Terry pairs) declares `rows_per_example`; packing keeps them whole.
-        groups = (
-            {"rows_per_group": getattr(loss_fn, "rows_per_example", 1)} if self.cfg.sequence_packing.enabled else {}
-        )
-        num_global_batches = data.size // gbs
-        kwargs: dict[str, Any] = {"loss_fn": loss_fn, "eval_mode": eval_mode, "mbs": mbs}
-        counts: dict[str, int] = {}
-        trained = None if eval_mode else trained_rows_for(loss_fn, data, gbs, self.dp_size)
-        if trained is not None:
-            data, gbs = trained.data, trained.global_batch_size
-            kwargs["loss_normalization"] = trained.normalization
-            counts = {
-                "num_trained_samples": trained.num_rows_with_gradient,
-                "num_global_batches_with_metrics": trained.num_global_batches_with_metrics,
-            }
-        shards, _ = self._shard(data, "train", batch_size=gbs, **groups)
-        results = self._run_sharded("train", shards, kwargs | {"gbs": gbs})
-        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
-        for result in results:  # one per DP rank, in rank order
-            for key, values in result["all_mb_metrics"].items():
-                all_mb_metrics[key].extend(values)
-        return {
-            "loss": results[0]["global_loss"],
-            "grad_norm": results[0]["grad_norm"],
-            "all_mb_metrics": dict(all_mb_metrics),
-            "num_global_batches": num_global_batches,
-            **counts,
-            **({"profile": train_profile.merge([r["profile"] for r in results])} if "profile" in results[0] else {}),
-        }
+        plan = TrainPlan.make(self.cfg, self.dp_size, data, loss_fn, gbs, mbs, eval_mode)
+        return plan.result(self._run_sharded("train", plan.shards, plan.kwargs))
 
     # ------------------------------------------------------------------ lifecycle
     def prepare_for_training(self) -> None:
@@ -362,29 +385,40 @@ class Policy(ColocatablePolicyInterface):
     def _shard(
         self, data: BatchedDataDict, phase: Literal["train", "logprob"], **kwargs: Any
     ) -> tuple[list[BatchedDataDict], list[int] | None]:
-        """DP shards of ``data`` and, with dynamic batching or sequence packing (token-bounded microbatches of at
-        most the section's ``<phase>_mb_tokens``), the order that undoes their length sorting."""
-        dynamic, packing = self.cfg.dynamic_batching, self.cfg.sequence_packing
-        if not dynamic.enabled and not packing.enabled:
-            return cast(list[BatchedDataDict], data.shard_by_batch_size(self.dp_size, **kwargs)), None
-        args: dict[str, Any] = {"input_key": "input_ids", "input_lengths_key": "input_lengths"}
-        if dynamic.enabled:
-            budget = (
-                dynamic.train_mb_tokens if phase == "train" else dynamic.logprob_mb_tokens or dynamic.train_mb_tokens
-            )
-            args |= {"max_tokens_per_microbatch": budget, "sequence_length_round": dynamic.sequence_length_round}
-            sharded = data.shard_by_batch_size(self.dp_size, dynamic_batching_args=args, **kwargs)
-        else:
-            budget = (
-                packing.train_mb_tokens if phase == "train" else packing.logprob_mb_tokens or packing.train_mb_tokens
-            )
-            args |= {
-                "max_tokens_per_microbatch": budget,
-                "algorithm": packing.algorithm,
-                "sequence_length_round": packing.sequence_length_round,
-            }
-            sharded = data.shard_by_batch_size(self.dp_size, sequence_packing_args=args, **kwargs)
-        return cast(tuple[list[BatchedDataDict], list[int]], sharded)
+        return shard_batch(self.cfg, self.dp_size, data, phase, **kwargs)
+
+
+def shard_batch(
+    cfg: PolicyConfig, dp_size: int, data: BatchedDataDict, phase: Literal["train", "logprob"], **kwargs: Any
+) -> tuple[list[BatchedDataDict], list[int] | None]:
+    """``dp_size`` shards of ``data`` and, with dynamic batching or sequence packing (token-bounded microbatches of
+    at most the section's ``<phase>_mb_tokens``), the order that undoes their length sorting. Also what a worker
+    run in-process (the step replay) is handed."""
+    dynamic, packing = cfg.dynamic_batching, cfg.sequence_packing
+    if not dynamic.enabled and not packing.enabled:
+        return cast(list[BatchedDataDict], data.shard_by_batch_size(dp_size, **kwargs)), None
+    args: dict[str, Any] = {"input_key": "input_ids", "input_lengths_key": "input_lengths"}
+    if dynamic.enabled:
+        budget = dynamic.train_mb_tokens if phase == "train" else dynamic.logprob_mb_tokens or dynamic.train_mb_tokens
+        args |= {"max_tokens_per_microbatch": budget, "sequence_length_round": dynamic.sequence_length_round}
+        sharded = data.shard_by_batch_size(dp_size, dynamic_batching_args=args, **kwargs)
+    else:
+        budget = packing.train_mb_tokens if phase == "train" else packing.logprob_mb_tokens or packing.train_mb_tokens
+        args |= {
+            "max_tokens_per_microbatch": budget,
+            "algorithm": packing.algorithm,
+            "sequence_length_round": packing.sequence_length_round,
+        }
+        sharded = data.shard_by_batch_size(dp_size, sequence_packing_args=args, **kwargs)
+    return cast(tuple[list[BatchedDataDict], list[int]], sharded)
+
+
+def merge_shards(results: list[BatchedDataDict], order: list[int] | None) -> BatchedDataDict:
+    """The per-rank results of a logprob-type call as one batch in ``data``'s row order (`shard_batch`'s order)."""
+    merged = BatchedDataDict.from_batches(results)
+    if order is not None:
+        merged.reorder_data(order)
+    return merged
 
 
 def _check_pairs_stay_together(config: PolicyConfig, rank_batch_size: int, mbs: int) -> None:
