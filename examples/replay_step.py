@@ -23,7 +23,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the replay runs on CPU, whatever the machine has
     from nemo_rl_clone.algorithms.rl import replay
     from nemo_rl_clone.utils.errors import reporting_user_errors
 
@@ -57,4 +56,5 @@ def _print_nonfinite(lines: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # on CPU whatever the machine has; before torch is imported
     sys.exit(main())

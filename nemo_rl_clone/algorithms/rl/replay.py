@@ -72,7 +72,8 @@ def load_bundle(path: str | Path) -> Bundle:
     try:
         batch = torch.load(path / repro.BATCH_FILE, weights_only=True)
     except Exception as err:  # torch raises many kinds on a damaged file
-        raise ReplayError(f"{path / repro.BATCH_FILE}: unreadable ({type(err).__name__}: {err})") from None
+        # torch's messages run over many lines and suggest weights_only=False, which is not the fix here
+        raise ReplayError(f"{path / repro.BATCH_FILE}: not a readable torch.save file ({type(err).__name__})") from None
     needed = {"input_ids", "input_lengths", "token_mask", "sample_mask", "advantages", "generation_logprobs"}
     if not isinstance(batch, dict) or not needed <= set(batch):
         have = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
