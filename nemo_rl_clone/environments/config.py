@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from nemo_rl_clone.environments.sandbox import SandboxLimits
+from nemo_rl_clone.environments.sandbox import SandboxLimits, SandboxMode
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.imports import import_by_path
 
@@ -96,7 +96,8 @@ class SlidingPuzzleEnvConfig:
 class CodeEnvConfig:
     """``env.code``: ``num_workers`` scorer actors, each running one program at a time. ``timeout_s``: wall clock
     per program; the others are the sandbox's limits (`SandboxLimits`); ``python``: the interpreter programs run
-    under (null: found automatically)."""
+    under (null: found automatically); ``sandbox_mode``: the sandbox's path (auto: root if root, else user
+    namespaces, else bwrap; docs/environments.md)."""
 
     num_workers: int = 2
     timeout_s: float = 10.0
@@ -107,6 +108,7 @@ class CodeEnvConfig:
     max_file_mb: int = 16
     disk_mb: int = 64
     python: str | None = None
+    sandbox_mode: SandboxMode = "auto"
 
     def sandbox_limits(self) -> SandboxLimits:
         return SandboxLimits(
@@ -118,11 +120,12 @@ class CodeEnvConfig:
             max_file_mb=self.max_file_mb,
             disk_mb=self.disk_mb,
             python=self.python,
+            mode=self.sandbox_mode,
         )
 
     def check(self) -> list[tuple[str, str]]:
         problems = [] if self.num_workers >= 1 else [("num_workers", f"must be >= 1, got {self.num_workers}")]
-        renamed = {"wall_s": "timeout_s", "cpu_s": "cpu_time_s"}
+        renamed = {"wall_s": "timeout_s", "cpu_s": "cpu_time_s", "mode": "sandbox_mode"}
         return problems + [(renamed.get(key, key), message) for key, message in self.sandbox_limits().check()]
 
 
