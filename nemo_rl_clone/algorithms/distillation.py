@@ -215,8 +215,7 @@ def _run_steps(c: DistillationComponents) -> None:
             if should_save(step, cfg.checkpointing, is_last):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
-                    path = save_checkpoint(c)
-                console.print(f"[green]step {step}: saved checkpoint {path}")
+                    save_checkpoint(c)
 
         # 7. log
         timing = {**rollouts.timing, **timer.get_timing_metrics("sum")}
@@ -237,7 +236,7 @@ def _run_steps(c: DistillationComponents) -> None:
     console.print(f"Done after step {state.step}. Logs: {run.log_dir}  Checkpoints: {cfg.checkpointing.checkpoint_dir}")
 
 
-def save_checkpoint(c: DistillationComponents) -> Path:
+def save_checkpoint(c: DistillationComponents) -> Path | None:
     """The student's checkpoint (``step_N``), with this run's config as its ``config.yaml``."""
     run = c.run
     return save_run_checkpoint(run.checkpointer, run.policy, run.dataloader, run.state, c.config)

@@ -261,6 +261,19 @@ def _node_ip_and_free_port(port_range: tuple[int, int] | None, excluded: set[int
     return ray.util.get_node_ip_address(), pick_free_port(low, high, excluded)
 
 
+def _note_simulated_nodes(name: str, num_nodes: int) -> None:
+    """One line when a config's nodes outnumber the machines of the Ray cluster: a single-machine run with
+    ``num_nodes > 1`` works (it tests a multi-node layout), but no node is a machine of its own."""
+    machines = len(ray_node_resources())
+    if num_nodes > 1 and machines < num_nodes:
+        print(
+            f"{name or 'cluster'}: {num_nodes} nodes asked for, and the Ray cluster has {machines} machine(s): the "
+            "nodes are simulated, sharing machines (for one machine per node, start the run on a multi-node Ray "
+            "cluster, e.g. with `sbatch ray.sub` or RAY_ADDRESS)",
+            flush=True,
+        )
+
+
 class RayVirtualCluster:
     """Placement groups reserving ``sum(bundle_ct_per_node_list)`` worker slots.
 
@@ -333,6 +346,7 @@ class RayVirtualCluster:
         init_ray()
         self._placement_groups = self._reserve()
         self._slots = self._compute_slots()
+        _note_simulated_nodes(self.name, len(self.bundle_ct_per_node_list))
 
     @property
     def is_unified(self) -> bool:

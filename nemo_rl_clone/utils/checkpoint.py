@@ -12,14 +12,15 @@ Names in ``checkpoint_dir`` and what they mean:
 - ``old_step_N``: a complete checkpoint moved aside while a re-save of step N was being put in place (only on
   filesystems without an atomic directory exchange); restored as ``step_N`` on construction if the new one never
   arrived, otherwise removed.
+- ``corrupt_step_N``: a checkpoint that failed its manifest (`checkpoint_manifest`) when a run looked for one to
+  resume from; kept for inspection, never read or deleted.
+- ``run.lock``: the advisory lock of the run that owns the directory (`checkpoint_lock`).
 
-One manager (one process) owns a ``checkpoint_dir`` at a time.
+One manager (one process) owns a ``checkpoint_dir`` at a time; a run makes sure of it with ``lock=True``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import logging
 import math
@@ -35,13 +36,18 @@ from typing import Any, overload
 
 from omegaconf import OmegaConf
 
+from nemo_rl_clone.utils.checkpoint_fs import fsync_path, fsync_tree, replace_dir
+from nemo_rl_clone.utils.checkpoint_lock import CheckpointDirLock
+from nemo_rl_clone.utils.checkpoint_manifest import MANIFEST_FLAG, verify_checkpoint, write_manifest
 from nemo_rl_clone.utils.config_validation import as_config
+from nemo_rl_clone.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
 TRAINING_INFO_FILE = "training_info.json"
 CONFIG_FILE = "config.yaml"
 MODEL_SAVE_FORMATS = ("safetensors", "torch_save")
+SAVE_FAILURE_ACTIONS = ("stop", "continue")
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_STEP_RE = re.compile(r"^tmp_step_(\d+)$")
@@ -79,6 +85,9 @@ class CheckpointingConfig:
     # After SIGTERM (a scheduler's warning before SIGKILL) the run has this long to stop at the next phase boundary
     # and save the last completed step; a save that would end later is not started or is abandoned.
     sigterm_grace_period_s: float = 60.0
+    # Ours. A save that cannot fit the free disk space or fails mid-way (ENOSPC, EIO, a quota): "stop" ends the run
+    # (exit code 74, the previous checkpoint intact), "continue" trains on without that checkpoint.
+    on_save_failure: str = "stop"
 
     def __post_init__(self) -> None:
         # NeMo-RL names validation metrics per validation set, "val:validation-<set>_<metric>"; a run here has one
@@ -108,6 +117,10 @@ class CheckpointingConfig:
                 problems.append(("checkpoint_must_save_by", str(e)))
         if not self.sigterm_grace_period_s > 0:
             problems.append(("sigterm_grace_period_s", f"must be > 0 seconds, got {self.sigterm_grace_period_s}"))
+        if self.on_save_failure not in SAVE_FAILURE_ACTIONS:
+            problems.append(
+                ("on_save_failure", f"must be one of {list(SAVE_FAILURE_ACTIONS)}, got {self.on_save_failure!r}")
+            )
         if self.model_save_format is None and self.save_consolidated:
             problems.append(
                 ("model_save_format", f"null writes no consolidated folder; pick one of {list(MODEL_SAVE_FORMATS)}")
@@ -206,67 +219,6 @@ def get_metric(training_info: Mapping[str, Any], metric_name: str) -> float | No
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Filesystem primitives
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """fsync every file and directory under ``root`` (directories too, so their entries are durable)."""
-    for dirpath, _, filenames in os.walk(root):
-        for filename in filenames:
-            file_path = Path(dirpath, filename)
-            if not file_path.is_symlink():
-                _fsync_path(file_path)
-        _fsync_path(Path(dirpath))
-
-
-_RENAME_EXCHANGE = 2  # linux/fs.h
-_AT_FDCWD = -100
-
-
-def _exchange_dirs(a: Path, b: Path) -> bool:
-    """Atomically swap two directory entries (Linux ``renameat2(RENAME_EXCHANGE)``); False if unsupported."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
-        return False
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EPERM):
-        return False
-    raise OSError(err, f"exchanging {a} and {b}: {os.strerror(err)}")
-
-
-def _replace_dir(new: Path, dest: Path, use_exchange: bool = True) -> None:
-    """Put directory ``new`` at ``dest``, replacing a directory already there, without ever losing both.
-
-    With an atomic exchange ``dest`` always names a complete directory. Without one the old directory sits at
-    ``old_<dest>`` for the instant between two renames; `CheckpointManager` restores it after a crash there.
-    """
-    if not dest.exists():
-        os.rename(new, dest)
-        return
-    if use_exchange and _exchange_dirs(new, dest):
-        shutil.rmtree(new)  # now holds the old contents; a crash here leaves tmp_* debris, cleaned later
-        return
-    backup = dest.with_name(f"old_{dest.name}")
-    if backup.exists():
-        shutil.rmtree(backup)
-    os.rename(dest, backup)
-    os.rename(new, dest)
-    shutil.rmtree(backup)
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Manager
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -281,10 +233,15 @@ class CheckpointManager:
     are a `ConfigError`). NeMo-RL's attributes (``metric_name``, ``keep_top_k``, ...) read through to ``cfg``.
     """
 
-    def __init__(self, cfg: CheckpointingConfig | Mapping[str, Any]):
+    def __init__(self, cfg: CheckpointingConfig | Mapping[str, Any], *, lock: bool = False):
         self.cfg = as_config(cfg, CheckpointingConfig, key="checkpointing")
         self.checkpoint_dir = Path(self.cfg.checkpoint_dir)
         self._warned_missing_metric = False
+        # Checkpoints whose files this process hashed (written) or verified: pruning never removes the last of them.
+        self._verified: set[Path] = set()
+        self.lock = CheckpointDirLock(self.checkpoint_dir) if lock else None
+        if self.lock is not None:
+            self.lock.acquire()  # before debris recovery: another live run's tmp_step_N is not debris
         self._recover_debris()
 
     @property
@@ -319,6 +276,7 @@ class CheckpointManager:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
         training_info = {key: _as_number(value) for key, value in training_info.items()}
+        training_info[MANIFEST_FLAG] = True
         self._check_metric_type(training_info)
         try:
             info_text = json.dumps(training_info, indent=2, sort_keys=True)
@@ -351,10 +309,14 @@ class CheckpointManager:
                 f"{tmp_dir / TRAINING_INFO_FILE} is missing; create the directory with init_tmp_checkpoint"
             )
 
-        final_dir = self.checkpoint_dir / f"step_{int(match.group(1))}"
-        _fsync_tree(tmp_dir)
-        _replace_dir(tmp_dir, final_dir)
-        _fsync_path(self.checkpoint_dir)
+        step = int(match.group(1))
+        final_dir = self.checkpoint_dir / f"step_{step}"
+        # Written last and renamed with the rest: a step_N always carries the manifest of exactly its files.
+        write_manifest(tmp_dir, step, self.load_training_info(tmp_dir))
+        fsync_tree(tmp_dir)
+        replace_dir(tmp_dir, final_dir)
+        fsync_path(self.checkpoint_dir)
+        self._verified.add(final_dir)
         self.remove_old_checkpoints()
         return final_dir
 
@@ -375,6 +337,34 @@ class CheckpointManager:
         """The complete checkpoint with the highest step, or None when there is none."""
         checkpoints = self.list_checkpoints()
         return checkpoints[-1][1] if checkpoints else None
+
+    def verify_latest(self) -> Path | None:
+        """The newest checkpoint that passes its manifest (see `checkpoint_manifest`); None when there is none.
+
+        Newer ones that fail are reported in one line naming the file and moved aside to ``corrupt_step_N``; a
+        checkpoint written before manifests existed is used with a notice. A `CheckpointsUnusable` (exit code 2) when
+        checkpoints exist but none passes.
+        """
+        moved: list[str] = []
+        for step, path in reversed(self.list_checkpoints()):
+            try:
+                problem = verify_checkpoint(path)
+            except FileNotFoundError:
+                print(f"Checkpoint {path} was written before checkpoints had manifests: resuming from it unverified")
+                return path
+            if problem is None:
+                self._verified.add(path)
+                return path
+            aside = _free_name(self.checkpoint_dir / f"corrupt_step_{step}")
+            os.rename(path, aside)
+            moved.append(aside.name)
+            print(f"Checkpoint {path} fails verification: {problem}; moved aside to {aside.name}", flush=True)
+        if moved:
+            raise CheckpointsUnusable(
+                f"checkpointing.checkpoint_dir {self.checkpoint_dir}: no checkpoint passes verification (moved aside: "
+                f"{', '.join(moved)}); restore one, or use another checkpoint_dir to start fresh"
+            )
+        return None
 
     def get_best_checkpoint_path(self) -> Path | None:
         """The best checkpoint by ``metric_name``/``higher_is_better`` (latest on ties or without a metric)."""
@@ -436,6 +426,9 @@ class CheckpointManager:
             return []
         latest_step = checkpoints[-1][0]
         keep = {step for step, _ in self._ranked_best_first()[:k]} | ({latest_step} if exclude_latest else set())
+        verified = [step for step, path in checkpoints if path in self._verified]
+        if verified and not keep & set(verified):
+            keep.add(verified[-1])  # never prune away the only checkpoints known to be whole
         removed = []
         for step, path in checkpoints:
             if step not in keep:
@@ -488,6 +481,19 @@ class CheckpointManager:
         remove_save_debris(self.checkpoint_dir)
 
 
+class CheckpointsUnusable(UserInputError):
+    """Checkpoints exist but none passes its manifest: resuming would load damaged weights."""
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``... whichever does not exist yet."""
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
 def _as_number(value: Any) -> Any:
     """A one-element numpy array or tensor (or numpy scalar) as its Python number; anything else unchanged."""
     if getattr(value, "size", None) == 1 or (callable(getattr(value, "numel", None)) and value.numel() == 1):
@@ -516,7 +522,7 @@ def remove_save_debris(checkpoint_dir: Path) -> None:
                 if final_dir.exists():
                     shutil.rmtree(final_dir)
                 os.rename(child, final_dir)
-    _fsync_path(checkpoint_dir)
+    fsync_path(checkpoint_dir)
 
 
 def find_checkpoint_step(path: Path) -> Path | None:

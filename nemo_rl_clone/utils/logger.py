@@ -177,6 +177,7 @@ class Logger:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.base_log_dir = str(self.log_dir)  # NeMo-RL's attribute
         self._warned_keys: set[str] = set()
+        self._failed_sinks: set[str] = set()
         self._finished = False
         self._last_gpu_step: int | None = None
         self._last_gpu_sample_time = -math.inf
@@ -294,8 +295,15 @@ class Logger:
                         ) from None
                 raise
         path = self.log_dir / filename.format(step=step)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(lines), encoding="utf-8")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(lines), encoding="utf-8")
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                path.unlink()  # no half-written dump left to mislead the viewer
+            self._write_failed("sample dump", step, error)
+        else:
+            self._failed_sinks.discard("sample dump")
         return path
 
     def log_batched_dict_as_jsonl(self, to_log: Mapping[str, Any], filename: str) -> Path:
@@ -367,7 +375,25 @@ class Logger:
 
     def _emit(self, flat: dict[str, int | float], step: int) -> None:
         for backend in self._backends:
-            backend.log_metrics(flat, step)
+            try:
+                backend.log_metrics(flat, step)
+            except OSError as error:  # a full disk or a lost mount: the run goes on, the sink reports once
+                self._write_failed(type(backend).__name__, step, error)
+            else:
+                self._failed_sinks.discard(type(backend).__name__)
+
+    def _write_failed(self, sink: str, step: int, error: OSError) -> None:
+        """One warning line per sink and failure streak; the sink tries again on the next write."""
+        if sink not in self._failed_sinks:
+            self._failed_sinks.add(sink)
+            log.warning(
+                "logger: %s could not write step %d under %s (%s); the run goes on, and this sink's writes are lost "
+                "until the error clears",
+                sink,
+                step,
+                self.log_dir,
+                error,
+            )
 
     def _check_open(self) -> None:
         if self._finished:

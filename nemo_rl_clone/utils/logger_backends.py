@@ -7,6 +7,8 @@ tensorboard) happen inside the constructors so that disabled backends cost nothi
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -81,7 +83,7 @@ def format_value(value: Scalar) -> str:
 
 
 class JsonlBackend:
-    """Appends `{"step": int, "<prefix>/<name>": value, ...}` per call to a JSONL file, flushed per line.
+    """Appends `{"step": int, "<prefix>/<name>": value, ...}` per call to a JSONL file, one whole line per write.
 
     Append mode keeps earlier lines when a resumed run reuses the log dir. NaN/inf are written as the
     JavaScript literals `NaN`/`Infinity` (Python's json reads them back), so a diverged loss stays visible.
@@ -89,17 +91,25 @@ class JsonlBackend:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = path.open("a", encoding="utf-8")
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
-        self._file.write(json.dumps({"step": step, **metrics}) + "\n")
-        self._file.flush()
+        line = (json.dumps({"step": step, **metrics}) + "\n").encode()
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            written = os.write(self._fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({written} of {len(line)} bytes written)")
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, end)  # a whole line or none: readers never meet half a record
+            raise
 
     def log_hyperparams(self, flat_params: Mapping[str, Any], params: Mapping[str, Any]) -> None:
         pass
 
     def finish(self, failed: bool) -> None:
-        self._file.close()
+        os.close(self._fd)
 
 
 class TensorboardBackend:

@@ -91,7 +91,7 @@ def setup(
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
     dataloader, val_dataset = setup_data(config, tokenizer)
-    checkpointer = CheckpointManager(config.checkpointing)
+    checkpointer = CheckpointManager(config.checkpointing, lock=config.checkpointing.enabled)
     model = model_identity(config.policy.model_name, tokenizer, config.policy.backend)
     check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
     init_ray(log_dir=str(log_dir))
@@ -167,7 +167,7 @@ def _validation_rows(data: DataConfig, own: Any, seed: int) -> Any:
     return list(rows) * section.repeat
 
 
-def save_checkpoint(components: GRPOComponents, loader_position: Any = None) -> Path:
+def save_checkpoint(components: GRPOComponents, loader_position: Any = None) -> Path | None:
     """Write ``step_N`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards.
 
     ``loader_position`` is what the prompt loader's saved position is read from (default: the loader itself; async

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig
 
+from nemo_rl_clone.algorithms.run.save_guard import guarded_save
 from nemo_rl_clone.algorithms.utils import set_seed
 from nemo_rl_clone.models.huggingface import resolve_model_path
 from nemo_rl_clone.utils.config_validation import config_to_dict
@@ -144,12 +145,13 @@ def _describe(model: Mapping[str, Any]) -> str:
 
 
 def check_checkpoint_model(checkpointer: CheckpointManager, model: Mapping[str, Any]) -> None:
-    """Refuse (a one-line :class:`UserInputError`) a checkpoint to resume from that holds another model than ``model``.
+    """Pick the checkpoint to resume from and refuse (a one-line :class:`UserInputError`) one of another model.
 
-    Called before Ray starts and before any weights load. Checkpoints written before the identity was recorded
-    pass unchecked.
+    The newest checkpoint that passes its manifest is the one (`CheckpointManager.verify_latest`: newer ones that
+    fail are moved aside). Called before Ray starts and before any weights load. Checkpoints written before the
+    identity was recorded pass unchecked.
     """
-    latest = checkpointer.get_latest_checkpoint_path() if checkpointer.cfg.enabled else None
+    latest = checkpointer.verify_latest() if checkpointer.cfg.enabled else None
     saved = checkpointer.load_training_info(latest).get("model") if latest is not None else None
     # Checkpoints from before the backend was recorded are DTensor's (the only backend then).
     saved_backend, backend = (saved or {}).get("backend", "dtensor"), model.get("backend", "dtensor")
@@ -203,26 +205,34 @@ def save_run_checkpoint(
     dataloader: StatefulPromptLoader,
     state: RunState,
     run_config: Any,
-) -> Path:
+) -> Path | None:
     """Write ``step_{state.step}`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards.
 
     ``run_config`` (the run's validated config) is saved as the checkpoint's ``config.yaml``; its
     ``checkpointing.save_consolidated`` adds a Hugging Face folder at ``policy/hf`` with
     ``checkpointing.model_save_format`` weights; ``checkpointing.save_optimizer=false`` leaves the optimizer state out.
+    A save the disk cannot hold follows ``checkpointing.on_save_failure`` (`save_guard`): None with ``continue``.
     """
     checkpointing = run_config.checkpointing
-    tmp = checkpointer.init_tmp_checkpoint(state.step, state.training_info(), config_to_dict(run_config))
-    policy.save_checkpoint(
-        weights_path=str(tmp / "policy" / "weights"),
-        optimizer_path=str(tmp / "policy" / "optimizer") if checkpointing.save_optimizer else None,
-        tokenizer_path=str(tmp / "policy" / "tokenizer"),
-        save_hf_path=str(tmp / "policy" / "hf") if checkpointing.save_consolidated else None,
-        save_hf_format=checkpointing.model_save_format or "safetensors",  # null only without a consolidated folder
-    )
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    torch.save({"dataloader": dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)
-    seconds, _, at_step = os.environ.get(SAVE_PAUSE_ENV, "").partition("@")
-    if seconds and at_step in ("", str(state.step)):  # bounded: a forgotten run goes on by itself
-        print(f"checkpoint save paused ({SAVE_PAUSE_ENV}) in {tmp}", flush=True)
-        time.sleep(float(seconds))
-    return checkpointer.finalize_checkpoint(tmp)
+
+    def write() -> Path:
+        tmp = checkpointer.init_tmp_checkpoint(state.step, state.training_info(), config_to_dict(run_config))
+        policy.save_checkpoint(
+            weights_path=str(tmp / "policy" / "weights"),
+            optimizer_path=str(tmp / "policy" / "optimizer") if checkpointing.save_optimizer else None,
+            tokenizer_path=str(tmp / "policy" / "tokenizer"),
+            save_hf_path=str(tmp / "policy" / "hf") if checkpointing.save_consolidated else None,
+            save_hf_format=checkpointing.model_save_format or "safetensors",  # null only without a consolidated folder
+        )
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        torch.save({"dataloader": dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)
+        seconds, _, at_step = os.environ.get(SAVE_PAUSE_ENV, "").partition("@")
+        if seconds and at_step in ("", str(state.step)):  # bounded: a forgotten run goes on by itself
+            print(f"checkpoint save paused ({SAVE_PAUSE_ENV}) in {tmp}", flush=True)
+            time.sleep(float(seconds))
+        return checkpointer.finalize_checkpoint(tmp)
+
+    path = guarded_save(checkpointer, state.step, run_config, write, checkpointing.on_save_failure)
+    if path is not None:
+        console.print(f"[green]step {state.step}: saved checkpoint {path}")
+    return path

@@ -7,6 +7,8 @@
   checkpoint and the command that resumes; the process exits with 130.
 - A Ray worker dies (an engine, a trainer rank, an environment): one line names it, the last complete checkpoint
   and the command that resumes; exit code 1.
+- A checkpoint the disk cannot hold, with ``checkpointing.on_save_failure: stop`` (`save_guard`): one line naming
+  the directory, the reason and the last complete checkpoint; exit code 74.
 - SIGTERM: at the next phase boundary the last *completed* step is saved if no checkpoint holds it yet and the grace
   period leaves time for a save as long as the longest one seen; then one line, and exit code 143. A step in flight
   is dropped: the loader position and RNG states saved are those of its start (`_ResumePoint`), so a resumed run
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nemo_rl_clone.algorithms.run.save_guard import SAVE_FAILED_EXIT_CODE, SaveFailed
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
@@ -98,7 +101,7 @@ def stop_on_signals(
     checkpointer: CheckpointManager,
     state: RunState,
     dataloader: StatefulPromptLoader,
-    save: Callable[[], Path],
+    save: Callable[[], Path | None],
     grace_s: float,
 ) -> Iterator[None]:
     """Run the block (a training loop) under the Ctrl-C / SIGTERM handling described above."""
@@ -125,12 +128,17 @@ def stop_on_signals(
                 if signals.grace_left() > resume_point.longest_save_s:
                     if resume_point.step == state.step + 1:  # the step in flight moved the loader and RNGs
                         resume_point.restore()
-                    note = f"saved step {state.step}"
-                    save()
+                    try:
+                        note = f"saved step {state.step}" if save() is not None else "nothing saved"
+                    except SaveFailed as failed:
+                        note = str(failed)
                 else:
                     note = f"step {state.step} not saved (the grace period left is shorter than a save)"
             print(f"Stopped by SIGTERM ({stop}): {note}; {describe()}", flush=True)
             raise SystemExit(EXIT_CODE[signal.SIGTERM]) from None
+        except SaveFailed as failed:
+            print(f"Stopped after step {state.step}: {failed}. Resume: {resume_command()}", flush=True)
+            raise SystemExit(SAVE_FAILED_EXIT_CODE) from None
         except Exception as error:
             died = worker_death(error)
             if died is None:

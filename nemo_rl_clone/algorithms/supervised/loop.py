@@ -73,7 +73,7 @@ def supervised_train(run: SupervisedRun) -> None:
         _run_steps(run, total_steps)
 
 
-def _save(run: SupervisedRun) -> Path:
+def _save(run: SupervisedRun) -> Path | None:
     return save_run_checkpoint(
         run.checkpointer,
         run.policy,
@@ -120,8 +120,7 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
             if should_save(step, checkpointing, is_last):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
-                    path = _save(run)
-                console.print(f"[green]step {step}: saved checkpoint {path}")
+                    _save(run)
 
         timing = timer.get_timing_metrics("sum")
         if "profile" in results:

@@ -83,7 +83,7 @@ def build_supervised_run(
     run_logger.log_hyperparams(resolved)
     dataloader = StatefulPromptLoader(train_dataset, gbs, collate_fn, shuffle=config.data.shuffle, seed=loop.seed)
 
-    checkpointer = CheckpointManager(config.checkpointing)
+    checkpointer = CheckpointManager(config.checkpointing, lock=config.checkpointing.enabled)
     model = model_identity(config.policy.model_name, tokenizer, config.policy.backend)
     check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
     init_ray(log_dir=str(log_dir))
