@@ -172,6 +172,10 @@ class GRPOConfig:
     # Ours: steps whose repro bundle is written even when nothing trips (docs/debugging.md); their previous step
     # is checkpointed so that the bundle holds the weights the step started from.
     dump_steps: list[int] = field(default_factory=list)
+    # Ours: greedy rollouts (temperature 0 or top_k 1) make a group's samples identical, so every advantage is 0 and
+    # nothing is learned; refused with several generations per prompt unless this is true (e.g. an environment
+    # whose rewards are random on their own).
+    allow_greedy_groups: bool = False
     adv_estimator: AdvEstimatorConfig = field(default_factory=AdvEstimatorConfig)
     reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
     reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
@@ -331,6 +335,19 @@ class GRPOMasterConfig:
                     f"env.{self.data.task_name}",
                     f"required: this environment scores the rows ({key}: {getattr(self.data, key[5:])!r}); "
                     f"configured environments: {', '.join(self.env) or 'none'}",
+                )
+            )
+        generation = self.policy.generation
+        greedy = generation is not None and (generation.temperature == 0 or generation.top_k == 1)
+        if greedy and self.grpo.num_generations_per_prompt > 1 and not self.grpo.allow_greedy_groups:
+            assert generation is not None
+            what = "temperature 0" if generation.temperature == 0 else "top_k 1"
+            problems.append(
+                (
+                    "policy.generation.temperature" if generation.temperature == 0 else "policy.generation.top_k",
+                    f"{what} samples greedily: the {self.grpo.num_generations_per_prompt} generations of a prompt are "
+                    "identical, so every advantage is 0 and GRPO learns nothing; sample (e.g. temperature 1.0), or "
+                    "set grpo.allow_greedy_groups=true if the rewards vary on their own",
                 )
             )
         if self.grpo.async_grpo.enabled:
