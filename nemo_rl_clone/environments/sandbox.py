@@ -266,6 +266,8 @@ def _run(code: str, limits: SandboxLimits, stdin: str, mode: SandboxMode) -> San
     status, reason = _classify(reports, cut, proc.returncode, stderr, limits)
     wall_s = time.monotonic() - start
     returncode, cpu_s = reports.get("returncode"), reports.get("cpu_s")
+    if mode == "bwrap" and cut is not None:  # bwrap reports the SIGKILL of a cut-off run; the others report nothing
+        returncode = None
     return SandboxResult(status, returncode, stdout, stderr, wall_s, reason, uid, cpu_s, mode)
 
 

@@ -15,6 +15,7 @@ Paths (the job's ``mode``):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -29,9 +30,10 @@ _NEWNS, _NEWIPC, _NEWUSER, _NEWPID, _NEWNET = 0x20000, 0x8000000, 0x10000000, 0x
 _RDONLY, _NOSUID, _NODEV, _NOEXEC, _REMOUNT, _BIND, _REC, _PRIVATE = 1, 2, 4, 8, 32, 4096, 0x4000, 0x40000
 _KEPT_FLAGS = {"nosuid": _NOSUID, "nodev": _NODEV, "noexec": _NOEXEC, "noatime": 1024, "nodiratime": 2048}
 _KEPT_FLAGS |= {"relatime": 1 << 21, "strictatime": 1 << 24}
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS = 1, 38
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 36, 38
 # The launcher and init run as the program's uid in the userns path, and RLIMIT_NPROC counts them too.
 USERNS_EXTRA_PROCESSES = 2
+BWRAP_EXTRA_PROCESSES = 1  # its pid 1 (bwrap outside is counted where the caller is)
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": WORKDIR, "TMPDIR": WORKDIR}
 ENV |= {"USER": "sandbox", "LOGNAME": "sandbox"}  # getpass.getuser() without a passwd entry
 
@@ -68,7 +70,7 @@ def _launcher_main() -> None:
     try:
         _die_with_parent(libc, job["parent"])
         if job["mode"] == "bwrap":
-            _exec_bwrap(job)
+            _bwrap_main(libc, job)
         if job["mode"] == "userns":
             outer_uid, outer_gid = os.getuid(), os.getgid()  # unmapped (65534) once unshared
             step = "unshare(user, mount, network, pid, ipc namespaces)"
@@ -161,14 +163,21 @@ def _write(path: str, text: str, uid: int, gid: int) -> None:
     os.chown(path, uid, gid)
 
 
-def _set_rlimits(limits: dict[str, Any], extra_processes: int) -> None:
+def _rlimits(limits: dict[str, Any], extra_processes: int) -> list[tuple[str, tuple[int, int]]]:
     megabyte = 1 << 20
-    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))  # SIGXCPU, then SIGKILL
-    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * megabyte,) * 2)
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"] + extra_processes,) * 2)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["max_file_mb"] * megabyte,) * 2)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return [
+        ("RLIMIT_CPU", (limits["cpu_s"], limits["cpu_s"] + 1)),  # SIGXCPU, then SIGKILL
+        ("RLIMIT_AS", (limits["memory_mb"] * megabyte,) * 2),
+        ("RLIMIT_NPROC", (limits["max_processes"] + extra_processes,) * 2),
+        ("RLIMIT_FSIZE", (limits["max_file_mb"] * megabyte,) * 2),
+        ("RLIMIT_NOFILE", (limits["max_open_files"],) * 2),
+        ("RLIMIT_CORE", (0, 0)),
+    ]
+
+
+def _set_rlimits(limits: dict[str, Any], extra_processes: int) -> None:
+    for name, limit in _rlimits(limits, extra_processes):
+        resource.setrlimit(getattr(resource, name), limit)
 
 
 def _exec_program(libc: Any, job: dict[str, Any], stdin_fd: int) -> None:
@@ -195,9 +204,74 @@ def _exec_program(libc: Any, job: dict[str, Any], stdin_fd: int) -> None:
     os._exit(127)
 
 
-def _exec_bwrap(job: dict[str, Any]) -> None:
-    """The bwrap path: this process becomes bubblewrap, which becomes the program; the rlimits are inherited."""
-    raise NotImplementedError
+def _bwrap_main(libc: Any, job: dict[str, Any]) -> None:
+    """The bwrap path: bubblewrap builds the namespaces (its pid 1 runs the program as pid 2); this process waits."""
+    fd, limits, step = job["status_fd"], job["limits"], "starting bwrap"
+    try:
+        _call(libc.prctl, _PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        program, stdin = os.memfd_create("main.py"), os.memfd_create("stdin")  # no pipe buffer to fill
+        for memfd, text in [(program, job["code"]), (stdin, job["stdin"])]:
+            os.write(memfd, text.encode("utf-8", "replace"))
+            os.lseek(memfd, 0, os.SEEK_SET)
+        status_r, status_w = os.pipe()
+        command = ["bwrap", "--unshare-all", "--unshare-user", "--uid", str(INNER_ID), "--gid", str(INNER_ID)]
+        command += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/"]
+        command += ["--proc", "/proc", "--perms", "0755", "--size", "4096", "--tmpfs", "/tmp"]  # as in the root path
+        command += ["--perms", "0700", "--size", str(limits["disk_mb"] << 20), "--tmpfs", WORKDIR]
+        command += ["--file", str(program), f"{WORKDIR}/main.py", "--remount-ro", "/tmp"]
+        for hidden in job["hide"]:
+            command += ["--perms", "0000", "--tmpfs", hidden, "--remount-ro", hidden]
+        command += ["--chdir", WORKDIR, "--clearenv", "--json-status-fd", str(status_w)]
+        for key, value in ENV.items():
+            command += ["--setenv", key, value]
+        # The rlimits are set inside, by a shim: RLIMIT_NPROC set before bwrap creates its user namespace would also
+        # cap the caller's other processes (the namespace's parent level takes its creator's limit).
+        rlimits = dict(_rlimits(limits, BWRAP_EXTRA_PROCESSES))
+        shim = f"import os, resource as r\nfor name, limit in {rlimits!r}.items():\n    r.setrlimit(getattr(r, name), limit)\n"
+        shim += f"os.execv({job['python']!r}, [{job['python']!r}, '-I', 'main.py'])"
+        command += ["--", job["python"], "-I", "-S", "-c", shim]
+        bwrap = os.fork()
+        if bwrap == 0:
+            os.dup2(stdin, 0)
+            os.set_inheritable(fd, False)
+            _call(libc.prctl, _PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            _call(libc.prctl, _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+            os.set_inheritable(program, True)
+            os.set_inheritable(status_w, True)
+            os.execvp("bwrap", command)
+        os.close(status_w)
+        step = "waiting for bwrap"
+        statuses = _bwrap_statuses(fd, status_r, first=True)
+        _, status = os.waitpid(bwrap, 0)
+        statuses |= _bwrap_statuses(fd, status_r, first=False)
+        with contextlib.suppress(ChildProcessError):  # bwrap does not wait for its pid 1: this subreaper does
+            while True:
+                os.wait()
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the program's, reaped by that pid 1
+    except Exception as error:
+        _report(fd, error=_failed(step, error))
+        os._exit(1)
+    if "exit-code" not in statuses:  # bwrap itself failed (its stderr says why)
+        _report(fd, error=f"bwrap exited with {os.waitstatus_to_exitcode(status)} before the program ended")
+        os._exit(1)
+    code = statuses["exit-code"]
+    returncode = -(code - 128) if code > 128 else code  # bwrap reports death by signal N as 128 + N
+    _report(fd, returncode=returncode, cpu_s=round(usage.ru_utime + usage.ru_stime, 3))
+    os._exit(0)
+
+
+def _bwrap_statuses(fd: int, status_r: int, first: bool) -> dict[str, Any]:
+    """bwrap's JSON status: its first line (the sandbox's pid 1, reported on), or all the rest once bwrap is gone."""
+    data, found = b"", {}
+    while chunk := os.read(status_r, 1 if first else 4096):
+        data += chunk
+        if first and chunk == b"\n":
+            found = json.loads(data)
+            _report(fd, init=found["child-pid"], pidns=os.readlink(f"/proc/{found['child-pid']}/ns/pid"))
+            return found
+    for line in data.splitlines():
+        found |= json.loads(line)
+    return found
 
 
 if __name__ == "__main__":
