@@ -14,7 +14,7 @@ Paths (`SandboxMode`; ``auto`` picks the first that works here, names it in the 
 - ``root`` (CAP_SYS_ADMIN, CAP_SETUID): the program runs as a uid of its own per run, owning no file;
 - ``userns`` (any user, where unprivileged user namespaces work): a user namespace maps only the caller's uid, so the
   program keeps the caller's file permissions (read-only; the caller's home is hidden) and shares its uid with init;
-- ``bwrap`` (bubblewrap on PATH, e.g. setuid where user namespaces are closed to users): the same, built by bwrap.
+- ``bwrap`` (bubblewrap 0.7+ on PATH, unprivileged: a setuid one refuses ``--size``): the same, built by bwrap.
 
 Process chain: caller → launcher (`sandbox_launcher` as a script) → init (pid 1 of the new pid namespace) → program
 (pid 2). The launcher is a fresh interpreter rather than a ``preexec_fn``: no Python code then runs in a fork of a
