@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from nemo_rl_clone.algorithms.run.state import SAVE_PAUSE_ENV
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA
 from tests.functional.supervised_runs import (
+    REPO,
     LiveRun,
     entry_point_args,
     read_metrics,
@@ -159,7 +163,8 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     with the main job's model sampling at temperature 0.7, top-p 0.9, top-k 50 (the KL term unfiltered).
 
     The same run checks that ``max_num_epochs`` stops after the epoch's last batch (6 prompts, 2 per step: 3 steps)
-    and that a checkpoint saved on a step without validation does not rank by an older validation (keep_top_k).
+    and that a checkpoint saved on a step without validation does not rank by an older validation (keep_top_k), and
+    replays its step-3 repro bundle (`check_replay`).
     """
     run_grpo(
         tmp_path,
@@ -175,6 +180,7 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
         "grpo.val_period=2",
         "checkpointing.metric_name=val:accuracy",
         "checkpointing.keep_top_k=1",
+        "++grpo.dump_steps=[3]",  # links step_2, which keep_top_k keeps: no more disk
     )
     (run_dir,) = run_dirs(tmp_path)
     metrics = read_metrics(run_dir)
@@ -202,6 +208,50 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     assert info["val"] == {} and info["step"] == 3
     assert info["model"]["name"] == "SmolLM2-135M-Instruct" and info["model"]["num_hidden_layers"] == 30
     assert "accuracy" in json.loads((ckpt / "step_2" / "training_info.json").read_text())["val"]
+    check_replay(run_dir / "repro" / "step_3", metrics[3], tmp_path)
+
+
+def replay_step(bundle: Path) -> subprocess.CompletedProcess:
+    args = [sys.executable, str(REPO / "examples" / "replay_step.py"), str(bundle)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=bundle.parent)
+
+
+def replay_table(stdout: str) -> dict[str, list[str]]:
+    """The replay's table: quantity → [logged, recomputed, |diff|, verdict] (the logprob row has no numbers)."""
+    rows = {}
+    for line in stdout.splitlines():
+        name, _, rest = line.partition("  ")
+        if name.startswith(("train/", "trainer logprobs")):
+            rows[name] = rest.split()
+    return rows
+
+
+def check_replay(bundle: Path, logged: dict[str, float], tmp_path: Path) -> None:
+    """The replay of a requested bundle recomputes the step's trainer logprobs, loss and gradient norm to 1e-5 (fp32;
+    measured: equal to the last bit); the same bundle with one advantage NaN names that sample."""
+    assert (bundle / "checkpoint" / "policy" / "weights" / ".metadata").is_file()
+    proc = replay_step(bundle)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = replay_table(proc.stdout)
+    ((logprob_row, logprob_cells),) = [(k, v) for k, v in table.items() if k.startswith("trainer logprobs")]
+    assert float(logprob_cells[-2]) <= 1e-5 and logprob_cells[-1] == "ok", (logprob_row, logprob_cells)
+    assert logged["train/grad_norm"] > 0  # a step with an update, so the comparison means something
+    for key in ("train/loss", "train/grad_norm", "train/kl_penalty", "train/probs_ratio"):
+        recomputed = float(table[key][1])  # against the run's metrics.jsonl, not only the bundle's copy
+        assert recomputed == pytest.approx(logged[key], rel=1e-5, abs=1e-5), (key, table[key], logged[key])
+    broken = tmp_path / "broken" / bundle.name
+    shutil.copytree(bundle, broken, copy_function=os.link)  # links: no copy of the checkpoint
+    batch = torch.load(broken / "batch.pt", weights_only=True)
+    batch["advantages"][5] = float("nan")
+    (broken / "batch.pt").unlink()  # a new file, not the bundle's linked one
+    torch.save(batch, broken / "batch.pt")
+    proc = replay_step(broken)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # the loss no longer agrees
+    assert replay_table(proc.stdout)["train/loss"][1] == "nan"
+    nonfinite = [line for line in proc.stdout.splitlines() if line.startswith("non-finite: ")]
+    assert nonfinite[0].startswith("non-finite: row 5 (prompt group 1, sample 1): advantages is nan"), nonfinite
+    assert all(line.startswith("non-finite: row 5 ") for line in nonfinite), nonfinite
+    shutil.rmtree(broken)
 
 
 @pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -108,6 +109,8 @@ def test_nonfinite_step_writes_a_bundle_linking_the_previous_checkpoint(tmp_path
     assert info["reasons"] == ["train/loss is nan"] and info["start"]["kind"] == "checkpoint"
     linked = out / "checkpoint" / "policy" / "weights" / "w.distcp"
     assert os.stat(linked).st_ino == os.stat(ckpt / "policy" / "weights" / "w.distcp").st_ino  # a hard link
+    shutil.rmtree(ckpt)  # keep_top_k pruning the checkpoint: the bundle keeps the weights
+    assert linked.read_bytes() == b"weights"
     batch = torch.load(out / "batch.pt", weights_only=True)
     assert torch.equal(batch["advantages"], _batch()["advantages"]) and batch["rewards"].tolist() == [1.0, 0.0]
     logged = json.loads((out / "metrics.json").read_text())
