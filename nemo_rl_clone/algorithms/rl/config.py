@@ -337,14 +337,11 @@ class GRPOMasterConfig:
                     f"configured environments: {', '.join(self.env) or 'none'}",
                 )
             )
-        generation = self.policy.generation
-        greedy = generation is not None and (generation.temperature == 0 or generation.top_k == 1)
-        if greedy and self.grpo.num_generations_per_prompt > 1 and not self.grpo.allow_greedy_groups:
-            assert generation is not None
-            what = "temperature 0" if generation.temperature == 0 else "top_k 1"
+        if (greedy := self.identical_groups) is not None:
+            key, what = greedy
             problems.append(
                 (
-                    "policy.generation.temperature" if generation.temperature == 0 else "policy.generation.top_k",
+                    key,
                     f"{what} samples greedily: the {self.grpo.num_generations_per_prompt} generations of a prompt are "
                     "identical, so every advantage is 0 and GRPO learns nothing; sample (e.g. temperature 1.0), or "
                     "set grpo.allow_greedy_groups=true if the rewards vary on their own",
@@ -355,6 +352,19 @@ class GRPOMasterConfig:
         if self.policy.reward_model_cfg.enabled:
             problems.append(("policy.reward_model_cfg.enabled", "must be false: GRPO trains a language model"))
         return problems
+
+    @property
+    def identical_groups(self) -> tuple[str, str] | None:
+        """``(key, setting)`` that makes every group's generations identical (greedy sampling with several per
+        prompt) unless ``grpo.allow_greedy_groups``; None when groups can differ."""
+        generation = self.policy.generation
+        if generation is None or self.grpo.num_generations_per_prompt < 2 or self.grpo.allow_greedy_groups:
+            return None
+        if generation.temperature == 0:
+            return "policy.generation.temperature", "temperature 0"
+        if generation.top_k == 1:
+            return "policy.generation.top_k", "top_k 1"
+        return None
 
     def _check_async(self) -> list[tuple[str, str]]:
         problems = []

@@ -58,7 +58,10 @@ def estimated_bytes(checkpointer: CheckpointManager, run_config: Any) -> tuple[i
     from nemo_rl_clone.models.memory_estimate import ModelShape
 
     overrides = getattr(policy, "hf_config_overrides", None)
-    params = ModelShape.of(resolve_model_path(policy.model_name), overrides).num_parameters
+    try:
+        params = ModelShape.of(resolve_model_path(policy.model_name), overrides).num_parameters
+    except Exception as e:  # an estimate that cannot be made never blocks a save; a real failure still names itself
+        return 0, f"no estimate ({type(e).__name__})"
     per_param = _WEIGHT_BYTES + (_OPTIMIZER_BYTES if run_config.checkpointing.save_optimizer else 0)
     return params * per_param, f"estimated: {params / 1e6:.1f}M parameters x {per_param} bytes"
 
