@@ -212,6 +212,8 @@ def _run_steps(c: DistillationComponents) -> None:
             # 6. checkpoint
             metrics = _train_metrics(train_results, train_data, rollouts.rewards, rollouts.rollout_metrics)
             state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
+            # logged before the save: a run killed right after it resumes after this step (docs/grpo.md)
+            run.logger.log_metrics(metrics, step, prefix="train")
             if should_save(step, cfg.checkpointing, is_last):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
@@ -219,7 +221,6 @@ def _run_steps(c: DistillationComponents) -> None:
 
         # 7. log
         timing = {**rollouts.timing, **timer.get_timing_metrics("sum")}
-        run.logger.log_metrics(metrics, step, prefix="train")
         run.logger.log_metrics(_performance(metrics, timing), step, prefix="performance")
         run.logger.log_metrics(timing, step, prefix="timing/train")
         run.logger.log_samples_jsonl(

@@ -139,12 +139,19 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
             # a repro bundle (docs/debugging.md) when the step went non-finite, a monitor fired or grpo.dump_steps
             # asks; before this step's save, which may prune the checkpoint the bundle links
             repro.after_step(step, train_data, rewards, train_results, metrics, monitor_metrics)
+            # the step's results are logged before its save: a run killed right after the save resumes after this
+            # step, so they would be lost; killed before it, the resumed run redoes and logs the step again
+            c.logger.log_metrics(metrics, step, prefix="train")
+            if rollouts.extra_metrics:
+                c.logger.log_metrics(rollouts.extra_metrics, step, prefix="async")
+            c.logger.log_metrics(monitor_metrics, step, prefix="monitor")
+            c.logger.log_samples_jsonl(sample_rows(batch, rewards, advantages, c.tokenizer, train_data), step)
             if should_save(step, cfg.checkpointing, is_last) or repro.wants_checkpoint(step):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
                     save_checkpoint(c, source.position)
 
-        # 10. log
+        # 10. log how the step went (its time includes the save)
         timing = {**rollouts.timing, **timer.get_timing_metrics("sum")}
         if startup_time is not None:
             timing["startup_time"], startup_time = startup_time, None
@@ -153,14 +160,9 @@ def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
             profile = profile_metrics(train_results["profile"], timing["policy_training"])
             timing.update(profile["timing"])
             performance.update(profile["performance"])
-        c.logger.log_metrics(metrics, step, prefix="train")
         c.logger.log_metrics(memory_metrics(performance), step, prefix="memory")
         c.logger.log_metrics(performance, step, prefix="performance")
         c.logger.log_metrics(timing, step, prefix="timing/train")
-        if rollouts.extra_metrics:
-            c.logger.log_metrics(rollouts.extra_metrics, step, prefix="async")
-        c.logger.log_metrics(monitor_metrics, step, prefix="monitor")
-        c.logger.log_samples_jsonl(sample_rows(batch, rewards, advantages, c.tokenizer, train_data), step)
         advance(step)
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")

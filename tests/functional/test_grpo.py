@@ -21,6 +21,7 @@ from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.run.state import SAVE_PAUSE_ENV
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA
+from nemo_rl_clone.utils.checkpoint_manifest import verify_checkpoint
 from tests.functional.supervised_runs import (
     REPO,
     LiveRun,
@@ -320,58 +321,6 @@ def final_weights(workdir: Path, step: int) -> dict[str, torch.Tensor]:
     return load_dcp_model_state_dict(workdir / "ckpt" / f"step_{step}" / "policy" / "weights")
 
 
-@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
-def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
-    """4 steps straight vs 2 steps, SIGKILL of the driver, restart, 2 more: same rewards, losses, final weights."""
-    steps, cut = 4, 2
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    straight.mkdir(), resumed.mkdir()
-    common = (
-        *LEARNING_MODEL,
-        "grpo.num_prompts_per_step=1",
-        "grpo.num_generations_per_prompt=4",
-        "policy.train_global_batch_size=4",
-        "policy.logprob_batch_size=4",
-        f"grpo.max_num_steps={steps}",
-        f"grpo.val_period={steps}",
-        f"checkpointing.save_period={cut}",
-        "checkpointing.keep_top_k=1",  # the cut's checkpoint goes once the last is saved: 1.7 GB each, CI's disk is small
-    )
-    run_grpo(straight, *common)
-
-    killed = start_grpo(resumed, *common)
-    try:
-        killed.wait_for_line(f"step {cut}: saved checkpoint", timeout_s=540)  # printed once the save is complete
-    finally:
-        killed.kill()
-    assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == [f"step_{cut}"]
-    initial = final_weights(resumed, cut)  # read now: keep_top_k=1 removes it once the last step is saved
-    proc = run_grpo(resumed, *common)
-    assert "Resuming from checkpoint" in proc.stdout and f"step_{cut} (step {cut})" in proc.stdout
-
-    expected = read_metrics(run_dirs(straight)[0])
-    first, second = (read_metrics(d) for d in run_dirs(resumed))
-    assert sorted(s for s in second if "train/loss" in second[s]) == list(range(cut + 1, steps + 1))  # continued
-    got = {**{s: m for s, m in first.items() if "train/loss" in m}, **second}
-    assert set(range(1, cut)) <= set(got)  # the cut's step may have been killed before its metrics were logged
-    # The comparison means something only if the policy really learned from non-zero advantages.
-    assert any(expected[s]["train/grad_norm"] > 0 for s in range(1, steps + 1)), expected
-    for step in sorted(got):
-        # Identical samples (seeded per step and row) and restored weights/optimizer: rewards match exactly,
-        # losses to fp32 summation noise.
-        assert got[step]["train/reward"] == expected[step]["train/reward"], step
-        assert got[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], abs=1e-6), step
-        assert got[step]["train/grad_norm"] == pytest.approx(expected[step]["train/grad_norm"], rel=1e-4), step
-    assert expected[steps]["validation/accuracy"] == second[steps]["validation/accuracy"]
-    weights, reference = final_weights(resumed, steps), final_weights(straight, steps)
-    assert weights.keys() == reference.keys()
-    # The steps after the cut changed the weights (by their gradients or Adam's momentum), so equal weights need the
-    # optimizer state restored too.
-    assert any(not torch.equal(reference[k], initial[k]) for k in reference)
-    for name, tensor in weights.items():
-        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
-
-
 def test_sigkill_during_checkpoint_then_resume(tmp_path):
     """A run killed while writing step 2's checkpoint restarts from step 1, the last complete one; a run of another
     model refuses that checkpoint before Ray starts."""
@@ -381,6 +330,16 @@ def test_sigkill_during_checkpoint_then_resume(tmp_path):
         killed.wait_for_line(
             "checkpoint save paused", timeout_s=540
         )  # step 2's files are written, its rename is not done
+        # a second run on the same checkpoint_dir refuses in one line naming the live one (before Ray starts)
+        second = subprocess.run(
+            grpo_args(tmp_path, "grpo.max_num_steps=3"), capture_output=True, text=True, cwd=tmp_path
+        )
+        assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
+        assert second.stderr.startswith(
+            f"error: checkpointing.checkpoint_dir {ckpt} is in use by another run (pid {killed.proc.pid} on "
+        ), second.stderr
+        assert len(second.stderr.splitlines()) == 1 and "Started a local Ray instance" not in second.stdout
+        assert (ckpt / "tmp_step_2").is_dir()  # the live run's save was left alone
     finally:
         killed.kill()
     assert (ckpt / "tmp_step_2").is_dir()  # the kill really hit a half-written save
@@ -400,6 +359,39 @@ def test_sigkill_during_checkpoint_then_resume(tmp_path):
     ), line
     assert "Started a local Ray instance" not in refused.stdout + refused.stderr  # refused before Ray starts
 
+    # the killed run's lock was stale: this run took it over (and let it go at exit)
+    assert f"Taking over the lock {ckpt / 'run.lock'} of a run that is gone (pid {killed.proc.pid} on" in refused.stdout
     proc = run_grpo(tmp_path, "grpo.max_num_steps=3")
     assert "Resuming from checkpoint" in proc.stdout and "step_1 (step 1)" in proc.stdout
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_1", "step_2", "step_3"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_1", "step_2", "step_3"]  # the lock went with the run
+    assert all(verify_checkpoint(ckpt / f"step_{n}") is None for n in (1, 2, 3))
+
+
+def test_a_disk_that_fills_during_a_save_stops_the_run_in_one_line(tmp_path):
+    """The checkpoint dir on a tmpfs a little larger than the estimate of a checkpoint (so the save starts) but
+    smaller than the checkpoint: the policy worker's write fails mid-way; one line names the directory and the OS
+    error, the debris is gone, exit code 74."""
+    from nemo_rl_clone.algorithms.run.save_guard import SAVE_FAILED_EXIT_CODE
+    from nemo_rl_clone.models.huggingface import resolve_model_path
+    from nemo_rl_clone.models.memory_estimate import ModelShape
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    estimate = ModelShape.of(resolve_model_path(TINY_LLAMA)).num_parameters * 12  # fp32 weights and Adam's moments
+    size = estimate + (1 << 20)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()}): needs root with CAP_SYS_ADMIN")
+    try:
+        args = grpo_args(tmp_path, "grpo.max_num_steps=1", f"checkpointing.checkpoint_dir={disk}")
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == SAVE_FAILED_EXIT_CODE, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (line,) = [line for line in proc.stdout.splitlines() if line.startswith("Stopped after step 1: ")]
+        assert line.startswith(
+            f"Stopped after step 1: checkpoint of step 1 not saved: writing to {disk} failed: [Errno 28] No space "
+            "left on device; no complete checkpoint yet. Resume: uv run "
+        ), line
+        assert "Traceback" not in proc.stdout + proc.stderr
+        assert sorted(p.name for p in disk.iterdir()) == []  # the half-written tmp_step_1 is gone, and the lock
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

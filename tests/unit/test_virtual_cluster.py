@@ -73,8 +73,14 @@ def test_init_ray_is_idempotent(ray_local):
     assert ray.cluster_resources()["CPU"] == cpus != 1
 
 
-def test_per_node_placement_groups_and_master_address(ray_local):
+def test_per_node_placement_groups_and_master_address(ray_local, capsys):
     cluster = RayVirtualCluster([2, 1], use_gpus=False, name="t-per-node")
+    # two nodes on this one machine work, and say so
+    assert capsys.readouterr().out == (
+        "t-per-node: 2 nodes asked for, and the Ray cluster has 1 machine(s): the nodes are simulated, sharing "
+        "machines (for one machine per node, start the run on a multi-node Ray cluster, e.g. with `sbatch ray.sub` "
+        "or RAY_ADDRESS)\n"
+    )
     try:
         groups = cluster.get_placement_groups()
         assert len(groups) == 2

@@ -62,7 +62,9 @@ def run_training(config: Any, setup: Callable[[Any], _R], train: Callable[[_R], 
             check_and_plan(config)
             return
         preflight(config)
-        with removed_if_run_start_fails(config):
+        from nemo_rl_clone.algorithms.run.stop import stop_on_worker_death
+
+        with stop_on_worker_death("start-up"), removed_if_run_start_fails(config):
             run = setup(config)
         try:
             train(run)

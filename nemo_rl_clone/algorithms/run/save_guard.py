@@ -85,11 +85,15 @@ def storage_error(error: BaseException, directory: Path) -> str | None:
             return f"[Errno {current.errno}] {os.strerror(current.errno)}"
         cause = getattr(current, "cause", None)  # ray.exceptions.RayTaskError keeps the worker's exception here
         current = cause if isinstance(cause, BaseException) else (current.__cause__ or current.__context__)
-    # Writers report a full disk as a RuntimeError (torch's zip writer) or a bare OSError; a dead worker or a bug in
-    # a full directory is not the disk's fault.
-    if isinstance(error, (RuntimeError, OSError)) and not _is_worker_death(error):
-        return _probe(directory)
-    return None
+    # Writers report a full disk in their own words (torch's zip writer: a RuntimeError; DCP: a CheckpointException
+    # around it); a dead worker or an error that is a bug (Ray's wrapper is an instance of the worker's exception
+    # class) is not the disk's fault, even in a full directory.
+    if isinstance(error, _BUGS) or _is_worker_death(error):
+        return None
+    return _probe(directory)
+
+
+_BUGS = (ArithmeticError, LookupError, TypeError, AttributeError, NameError, AssertionError, ValueError)
 
 
 def _is_worker_death(error: BaseException) -> bool:

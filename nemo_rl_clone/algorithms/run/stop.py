@@ -34,6 +34,7 @@ import torch
 from nemo_rl_clone.algorithms.run.save_guard import SAVE_FAILED_EXIT_CODE, SaveFailed
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.distributed.oom import oom_cause, remember_oom_kills
 from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
 from nemo_rl_clone.utils.checkpoint import CheckpointManager, remove_save_debris
 from nemo_rl_clone.utils.signals import EXIT_CODE, RunInterrupted, StopRequested, handle_stop_signals
@@ -78,16 +79,33 @@ class _ResumePoint:
 
 def worker_death(error: BaseException) -> str | None:
     """One line naming the Ray worker whose death ``error`` reports (directly or as the cause of another error,
-    e.g. async GRPO's `CollectorError`); None when it is not a worker death."""
+    e.g. async GRPO's `CollectorError`), and the OOM killer that took it if one did; None when it is not a worker
+    death."""
     import ray
 
     while error is not None and not isinstance(error, ray.exceptions.RayActorError):
         error = error.__cause__  # type: ignore[assignment]
     if error is None:
         return None
-    fields = dict(re.findall(r"^\s*(class_name|name|pid): (\S+)", str(error), flags=re.MULTILINE))
+    text = str(error)
+    fields = dict(re.findall(r"^\s*(class_name|name|pid): (\S+)", text, flags=re.MULTILINE))
     who = " ".join(f"{key} {fields[key]}" for key in ("name", "pid") if key in fields) or "unknown"
-    return f"a {fields.get('class_name', 'Ray')} worker died ({who}): {type(error).__name__}"
+    line = f"a {fields.get('class_name', 'Ray')} worker died ({who}): {type(error).__name__}"
+    return line + oom_cause(text)
+
+
+@contextmanager
+def stop_on_worker_death(during: str) -> Iterator[None]:
+    """A worker that dies in the block (e.g. while the run starts) ends the run in one line and exit code 1."""
+    remember_oom_kills()
+    try:
+        yield
+    except Exception as error:
+        died = worker_death(error)
+        if died is None:
+            raise
+        print(f"Stopped during {during}: {died}. Resume: {resume_command()}", flush=True)
+        raise SystemExit(1) from None
 
 
 def resume_command() -> str:

@@ -117,6 +117,8 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
             is_last = (
                 step >= loop.step_limit or run.dataloader.completed_epochs >= loop.max_num_epochs or stop_for_deadline
             )
+            # logged before the save: a run killed right after it resumes after this step (docs/grpo.md)
+            run.logger.log_metrics(metrics, step, prefix="train")
             if should_save(step, checkpointing, is_last):
                 phase(step, "checkpoint")
                 with timer.time("checkpointing"):
@@ -128,7 +130,6 @@ def _run_steps(run: SupervisedRun, total_steps: int) -> None:
             timing.update(profile["timing"])
             run.logger.log_metrics(memory_metrics(profile["performance"]), step, prefix="memory")
             run.logger.log_metrics(profile["performance"], step, prefix="performance")
-        run.logger.log_metrics(metrics, step, prefix="train")
         run.logger.log_metrics(timing, step, prefix="timing/train")
         console.print(f"step {step}/{total_steps}: " + format_metrics(metrics, SHOWN_METRICS))
         advance(step)
