@@ -24,6 +24,7 @@ from transformers import AutoConfig
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy import lora
+from nemo_rl_clone.utils.checkpoint import require_verified_weights
 from nemo_rl_clone.utils.config import load_config, resolve_to_container
 from nemo_rl_clone.utils.config_validation import ConfigError
 
@@ -37,6 +38,7 @@ def convert_dcp_to_hf(
     overwrite: bool = False,
 ) -> Path:
     """Write ``hf_ckpt_path`` from the DCP weights at ``dcp_ckpt_path``; see the module docstring."""
+    require_verified_weights(dcp_ckpt_path)  # a damaged checkpoint is named, not converted
     config = resolve_to_container(load_config(config_path))
     policy = _policy_section(config, config_path)
     save_format = (config.get("checkpointing") or {}).get("model_save_format") or "safetensors"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_rl_clone.models.policy.megatron_export import export_megatron_checkpoint, single_process_policy
+from nemo_rl_clone.utils.checkpoint import require_verified_weights
 from nemo_rl_clone.utils.config import load_config, resolve_to_container
 from nemo_rl_clone.utils.config_validation import ConfigError
 from nemo_rl_clone.utils.errors import UserInputError
@@ -36,6 +37,7 @@ def convert_megatron_to_hf(
     overwrite: bool = False,
 ) -> Path:
     """Write ``hf_ckpt_path`` from the Megatron weights at ``megatron_ckpt_path``; see the module docstring."""
+    require_verified_weights(megatron_ckpt_path)  # a damaged checkpoint is named, not converted
     config = resolve_to_container(load_config(config_path))
     policy_section = _policy_section(config, config_path)
     save_format = (config.get("checkpointing") or {}).get("model_save_format") or "safetensors"

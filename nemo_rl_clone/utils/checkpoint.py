@@ -527,17 +527,38 @@ def remove_save_debris(checkpoint_dir: Path) -> None:
 
 def find_checkpoint_step(path: Path) -> Path | None:
     """The checkpoint step folder ``path`` names: itself (``step_N``), its parent (``step_N/policy``), or the latest
-    complete ``step_N`` inside it (a ``checkpoint_dir``); None when ``path`` is no checkpoint."""
+    complete ``step_N`` inside it (a ``checkpoint_dir``); None when ``path`` is no checkpoint. A step folder that
+    fails its manifest is a `CheckpointsUnusable` naming the file (`require_verified`)."""
     if _is_step_dir(path):
-        return path
+        return require_verified(path)
     if path.name == "policy" and _is_step_dir(path.parent):
-        return path.parent
+        return require_verified(path.parent)
     steps = [
         (int(m.group(1)), child)
         for child in path.iterdir()
         if (m := _STEP_RE.match(child.name)) and (child / TRAINING_INFO_FILE).is_file() and _is_step_dir(child)
     ]
-    return max(steps)[1] if steps else None
+    return require_verified(max(steps)[1]) if steps else None
+
+
+def require_verified(step_dir: Path) -> Path:
+    """``step_dir`` if it passes its manifest (or predates manifests); else a one-line `CheckpointsUnusable`. Files
+    added after the save (an evaluation's converted ``policy/hf``) are not the manifest's business."""
+    try:
+        problem = verify_checkpoint(step_dir)
+    except FileNotFoundError:
+        return step_dir  # written before manifests existed
+    if problem is not None:
+        raise CheckpointsUnusable(f"checkpoint {step_dir} fails verification: {problem}")
+    return step_dir
+
+
+def require_verified_weights(weights: Path) -> None:
+    """`require_verified` for the checkpoint a ``step_N/policy/weights`` folder belongs to (nothing for a folder
+    outside a checkpoint)."""
+    step_dir = weights.resolve().parent.parent
+    if (step_dir / TRAINING_INFO_FILE).is_file():
+        require_verified(step_dir)
 
 
 def _is_step_dir(path: Path) -> bool:

@@ -67,8 +67,11 @@ def write_manifest(checkpoint: Path, step: int, training_info: Mapping[str, Any]
 
 def expects_manifest(checkpoint: Path) -> bool:
     """Whether ``checkpoint``'s ``training_info.json`` says it was written with a manifest."""
+    path = checkpoint / "training_info.json"
+    if not path.is_file():
+        return False  # not a folder this package finalized: nothing says what it should hold
     try:
-        info = json.loads((checkpoint / "training_info.json").read_text())
+        info = json.loads(path.read_text())
     except (OSError, ValueError):
         return True  # an unreadable training_info.json is damage, not an old format
     return bool(info.get(MANIFEST_FLAG))

@@ -20,7 +20,12 @@ from omegaconf import OmegaConf
 
 from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.run.save_guard import SaveFailed, guarded_save, storage_error
-from nemo_rl_clone.utils.checkpoint import CheckpointManager, CheckpointsUnusable
+from nemo_rl_clone.utils.checkpoint import (
+    CheckpointManager,
+    CheckpointsUnusable,
+    find_checkpoint_step,
+    require_verified_weights,
+)
 from nemo_rl_clone.utils.checkpoint_lock import LOCK_FILE, CheckpointDirInUse, CheckpointDirLock
 from nemo_rl_clone.utils.checkpoint_manifest import MANIFEST_FILE, verify_checkpoint
 from nemo_rl_clone.utils.config import load_config
@@ -293,3 +298,19 @@ def test_greedy_groups_are_refused_unless_asked_for(overrides, key, what):
     assert _grpo(*overrides, "grpo.allow_greedy_groups=true").grpo.allow_greedy_groups
     one = ("grpo.num_generations_per_prompt=1", "grpo.use_leave_one_out_baseline=false")
     assert _grpo(*overrides, *one, "policy.train_global_batch_size=4")  # one sample per prompt: nothing to compare
+
+
+def test_evaluation_and_converters_refuse_a_damaged_checkpoint_by_name(tmp_path):
+    step_1 = _save(_manager(tmp_path), 1)
+    (step_1 / "policy" / "hf").mkdir()  # what an evaluation adds later (a converted folder) is not damage
+    (step_1 / "policy" / "hf" / "config.json").write_text("{}")
+    assert find_checkpoint_step(tmp_path) == step_1
+    require_verified_weights(step_1 / "policy" / "weights")
+    (step_1 / "policy/weights/__0_0.pt").write_bytes(b"")
+    for call in (lambda: find_checkpoint_step(tmp_path), lambda: require_verified_weights(step_1 / "policy/weights")):
+        with pytest.raises(CheckpointsUnusable) as refused:
+            call()
+        assert str(refused.value) == (
+            f"checkpoint {step_1} fails verification: policy/weights/__0_0.pt has 0 bytes, the manifest says "
+            f"{json.loads((step_1 / MANIFEST_FILE).read_text())['files']['policy/weights/__0_0.pt']['size']}"
+        )
