@@ -389,6 +389,7 @@ class CheckpointManager:
         if not info_path.is_file():
             raise FileNotFoundError(f"{checkpoint_path} is not a complete checkpoint: {TRAINING_INFO_FILE} is missing")
         info: dict[str, Any] = json.loads(info_path.read_text())
+        info.pop(MANIFEST_FLAG, None)  # ours, for verification; callers get back what they saved
         return info
 
     @staticmethod

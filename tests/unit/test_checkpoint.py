@@ -58,7 +58,7 @@ def test_finalize_produces_complete_step_dir(tmp_path):
 
     assert final == manager.checkpoint_dir / "step_3"
     assert _names(manager) == ["step_3"]
-    assert manager.load_training_info(final) == {"step": 3, "val:accuracy": 0.5, "manifest": True}
+    assert manager.load_training_info(final) == {"step": 3, "val:accuracy": 0.5}
     saved_config = OmegaConf.load(final / "config.yaml")
     assert saved_config.tokenizer.name == "tiny"  # saved resolved
     assert torch.equal(torch.load(final / "policy" / "weights.pt")["w"], torch.ones(2))
@@ -74,7 +74,7 @@ def test_resave_replaces_existing_step_completely(tmp_path):
     _save(manager, 5, {"version": 2}, payload="new")
 
     step_5 = manager.checkpoint_dir / "step_5"
-    assert manager.load_training_info(step_5) == {"version": 2, "manifest": True}
+    assert manager.load_training_info(step_5) == {"version": 2}
     assert (step_5 / "payload.txt").read_text() == "new"
     assert not (step_5 / "only_in_old.txt").exists()
     assert _names(manager) == ["step_5"]
@@ -108,8 +108,8 @@ def test_interrupted_fallback_replace_is_recovered(tmp_path):
     recovered = CheckpointManager(manager.cfg)
 
     assert _names(recovered) == ["step_1", "step_2"]
-    assert recovered.load_training_info(ckpt / "step_1") == {"version": 1, "manifest": True}
-    assert recovered.load_training_info(ckpt / "step_2") == {"version": 1, "manifest": True}
+    assert recovered.load_training_info(ckpt / "step_1") == {"version": 1}
+    assert recovered.load_training_info(ckpt / "step_2") == {"version": 1}
 
 
 def test_stale_tmp_dirs_are_removed(tmp_path, caplog):
@@ -353,7 +353,7 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_intact(tmp_path, crash_step
 
     latest = manager.get_latest_checkpoint_path()
     assert latest == ckpt_dir / "step_1"
-    assert manager.load_training_info(latest) == {"step": 1, "val:accuracy": 0.5, "manifest": True}
+    assert manager.load_training_info(latest) == {"step": 1, "val:accuracy": 0.5}
     assert OmegaConf.load(latest / "config.yaml").seed == 1
     assert torch.equal(torch.load(latest / "policy" / "weights.pt"), reference)
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_1"]  # no step_2, tmp debris cleaned

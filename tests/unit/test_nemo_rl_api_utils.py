@@ -88,7 +88,9 @@ def test_checkpoint_training_info_tensors_become_numbers_and_tmp_path_is_absolut
         "step": 1,
         "val:accuracy": 0.75,
         "consumed_samples": 64,
+        "manifest": True,  # ours: this checkpoint has a manifest to verify (load_training_info leaves it out)
     }
+    assert manager.load_training_info(final) == {"step": 1, "val:accuracy": 0.75, "consumed_samples": 64}
 
 
 def test_checkpoint_resume_paths(tmp_path):
