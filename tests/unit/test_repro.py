@@ -132,6 +132,16 @@ def test_monitor_entering_alert_and_missing_start_weights(tmp_path):
     assert start["kind"] == "not_saved" and "step 6" in start["summary"] and not (out / "checkpoint").exists()
     assert _step(bundles, 8, alerts=1.0) is None  # still alerting: no second bundle
 
+    # a monitor's bundle names the checkpoint it started from but does not keep it alive (monitors fire often)
+    ckpt = tmp_path / "ckpt" / "step_8"
+    (ckpt / "policy" / "weights").mkdir(parents=True)
+    named = repro.ReproBundles(_components(tmp_path, [], ckpt), {"kl": False})
+    out = _step(named, 9, alerts=1.0)
+    assert out is not None and not (out / "checkpoint").exists()
+    start = json.loads((out / "bundle.json").read_text())["start"]
+    assert start["kind"] == "checkpoint" and start["linked"] is False and start["checkpoint"] == str(ckpt)
+    assert start["summary"] == "starts from checkpoint step_8, not linked: replayable while keep_top_k keeps it"
+
 
 def test_requested_step_checkpoints_the_one_before_and_a_failed_write_warns(tmp_path, capsys):
     bundles = repro.ReproBundles(_components(tmp_path, [3], None), {})

@@ -165,9 +165,14 @@ def replay(bundle: Bundle) -> Replayed:
         raise ReplayError(f"{bundle.path / repro.CONFIG_FILE}: loss_fn.{err.problems[0]}") from None
     weights = optimizer = None
     if bundle.start.get("kind") == "checkpoint":
-        policy_dir = bundle.path / repro.CHECKPOINT_DIR / "policy"
+        policy_dir = start_checkpoint(bundle) / "policy"
         if not (policy_dir / "weights").is_dir():
-            raise ReplayError(f"{policy_dir / 'weights'}: missing (the bundle's linked checkpoint is incomplete)")
+            why = (
+                "the bundle's linked checkpoint is incomplete"
+                if bundle.start.get("linked", True)
+                else ("a monitor's bundle names its checkpoint without keeping it, and keep_top_k has pruned it")
+            )
+            raise ReplayError(f"{policy_dir / 'weights'}: missing ({why})")
         weights = str(policy_dir / "weights")
         optimizer = str(policy_dir / "optimizer") if (policy_dir / "optimizer").is_dir() else None
     try:
@@ -254,12 +259,19 @@ def format_table(rows: list[tuple[str, str, str, str, bool]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in cells]
 
 
+def start_checkpoint(bundle: Bundle) -> Path:
+    """The checkpoint folder the bundle's step started from: its linked copy, or the run's own (not linked)."""
+    if bundle.start.get("linked", True):  # bundles before "linked" existed were always linked
+        return bundle.path / repro.CHECKPOINT_DIR
+    return Path(str(bundle.start["checkpoint"]))
+
+
 def describe_start(bundle: Bundle) -> str:
     kind = bundle.start.get("kind")
     if kind == "initial_model":
         return f"the initial weights (policy.model_name {bundle.config['policy'].get('model_name')})"
     if kind == "checkpoint":
-        optimizer = (bundle.path / repro.CHECKPOINT_DIR / "policy" / "optimizer").is_dir()
+        optimizer = (start_checkpoint(bundle) / "policy" / "optimizer").is_dir()
         name = Path(str(bundle.start.get("checkpoint", "checkpoint"))).name
         return f"checkpoint {name} ({'with' if optimizer else 'without'} optimizer state)"
     return "weights that were not saved"

@@ -114,8 +114,11 @@ class ReproBundles:
             )
             return None
         out = Path(self.c.log_dir) / REPRO_DIR / f"step_{step}"
+        # A requested or non-finite step keeps its start checkpoint alive (hard links); a monitor's bundle only names
+        # it: monitors fire in ordinary runs, and each kept checkpoint costs a checkpoint's disk.
+        link = planned or any(reason.startswith("train/") for reason in reasons)
         try:
-            start = self._write(out, step, reasons, train_data, rewards, train_results, metrics, monitor_metrics)
+            start = self._write(out, step, reasons, train_data, rewards, train_results, metrics, monitor_metrics, link)
         except Exception as err:  # a debugging aid must not end the run (disk full, permissions, ...)
             _warn(f"step {step}: repro bundle not written ({type(err).__name__}: {err})")
             return None
@@ -133,13 +136,14 @@ class ReproBundles:
         train_results: Mapping[str, Any],
         metrics: Mapping[str, float],
         monitor_metrics: Mapping[str, float],
+        link: bool,
     ) -> str:
         """Build the bundle next to ``out`` and rename it into place; returns how the start weights are held."""
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.parent / f".tmp-{out.name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            start = self._link_start(tmp, step)
+            start = self._link_start(tmp, step, link)
             batch = {key: value.detach().cpu() for key, value in train_data.items() if isinstance(value, torch.Tensor)}
             torch.save({**batch, "rewards": rewards.detach().cpu().float()}, tmp / BATCH_FILE)
             logged = {
@@ -164,8 +168,9 @@ class ReproBundles:
             raise
         return str(start["summary"])
 
-    def _link_start(self, tmp: Path, step: int) -> dict[str, Any]:
-        """``bundle.json``'s ``start``: the weights step ``step`` trained from, linked into ``tmp/checkpoint``."""
+    def _link_start(self, tmp: Path, step: int, link: bool) -> dict[str, Any]:
+        """``bundle.json``'s ``start``: the weights step ``step`` trained from, linked into ``tmp/checkpoint`` (or,
+        without ``link``, named only)."""
         if step == 1:
             return {"kind": "initial_model", "summary": "starts from policy.model_name"}
         checkpointer = self.c.checkpointer
@@ -176,12 +181,15 @@ class ReproBundles:
                 "kind": "not_saved",
                 "summary": f"the weights it started from (step {step - 1}) were not saved: {saved}",
             }
-        link_tree(latest, tmp / CHECKPOINT_DIR)
+        if link:
+            link_tree(latest, tmp / CHECKPOINT_DIR)
+        held = "linked" if link else "not linked: replayable while keep_top_k keeps it"
         return {
             "kind": "checkpoint",
             "checkpoint": str(latest),
+            "linked": link,
             "optimizer": (latest / "policy" / "optimizer").is_dir(),
-            "summary": f"starts from checkpoint {latest.name}, linked",
+            "summary": f"starts from checkpoint {latest.name}, {held}",
         }
 
     def versions(self) -> dict[str, Any]:

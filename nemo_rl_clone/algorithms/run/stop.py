@@ -37,6 +37,7 @@ from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.oom import oom_cause, remember_oom_kills
 from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
 from nemo_rl_clone.utils.checkpoint import CheckpointManager, remove_save_debris
+from nemo_rl_clone.utils.errors import find_user_input_error
 from nemo_rl_clone.utils.signals import EXIT_CODE, RunInterrupted, StopRequested, handle_stop_signals
 
 # Before any save has been timed, assume one takes this long (a SmolLM2-sized save on CPU takes a few seconds).
@@ -102,7 +103,7 @@ def stop_on_worker_death(during: str) -> Iterator[None]:
         yield
     except Exception as error:
         died = worker_death(error)
-        if died is None:
+        if died is None or find_user_input_error(error) is not None:  # bad input: `reporting_user_errors` says it
             raise
         print(f"Stopped during {during}: {died}. Resume: {resume_command()}", flush=True)
         raise SystemExit(1) from None
