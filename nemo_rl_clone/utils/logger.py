@@ -46,6 +46,7 @@ from nemo_rl_clone.utils.logger_backends import (
     WandbBackend,
     default_mlflow_tracking_uri,
 )
+from nemo_rl_clone.utils.samples import print_samples, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -445,9 +446,6 @@ def print_message_log_samples(
 ) -> None:
     """Prints up to ``num_samples`` conversations with their rewards: when there are more, the best and the worst
     half each (and the median one for an odd count), so both ends of the reward range show."""
-    from nemo_rl_clone.algorithms.rl.batches import print_samples, sample_rows
-    from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-
     if len(message_logs) != len(rewards):
         raise ValueError(f"print_message_log_samples: {len(message_logs)} message logs but {len(rewards)} rewards")
     if num_samples <= 0 or not message_logs:
@@ -456,7 +454,7 @@ def print_message_log_samples(
     if len(order) > num_samples:
         half = num_samples // 2
         order = order[:half] + order[len(order) - half :] + ([order[len(order) // 2]] if num_samples % 2 else [])
-    picked = BatchedDataDict({"message_log": [message_logs[i] for i in order], "idx": order})
+    picked = {"message_log": [message_logs[i] for i in order], "idx": order}
     rows = sample_rows(picked, torch.tensor([float(rewards[i]) for i in order]))
     print_samples(rows, f"Step {step} sample")
 

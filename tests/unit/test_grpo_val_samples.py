@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from nemo_rl_clone.algorithms.rl.batches import print_samples, sample_rows
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.utils.samples import print_samples, sample_rows
 
 
 def _batch() -> BatchedDataDict:

@@ -1,4 +1,4 @@
-"""The per-token fields of the sample rows the rollout viewer reads (`rl.batches.sample_rows`, docs/rollout_viewer.md).
+"""The per-token fields of the sample rows the rollout viewer reads (`samples.sample_rows`, docs/rollout_viewer.md).
 
 A hand-made two-sample batch with the real SmolLM2 tokenizer: a one-turn answer with multi-byte characters, and a
 two-turn episode whose environment reply sits between two assistant turns. The training batch comes from the real
@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.rl.batches import build_train_batch, sample_rows, token_texts
+from nemo_rl_clone.algorithms.rl.batches import build_train_batch
 from nemo_rl_clone.data.llm_message_utils import message_from_token_ids, observation_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
+from nemo_rl_clone.utils.samples import sample_rows, token_texts
 
 ANSWER = "π ≈ 3.14, so the answer is 日本 ✓ café"
 
