@@ -1,0 +1,152 @@
+"""PPO config sections (NeMo-RL v0.7.0's keys and defaults): ``ppo`` (with ``ppo.adv_estimator``) and
+``value_loss_fn``.
+
+Keys come from NeMo-RL v0.7.0's ``examples/configs/ppo_math_1B.yaml`` and its ``recipes/llm/ppo-*.yaml``; defaults
+are those of NeMo-RL's ``PPOConfig`` / ``GAEConfig`` / ``MseValueLossConfig`` where they differ from the YAML.
+``reward_shaping`` and ``reward_scaling`` are GRPO's sections (NeMo-RL's PPO imports them from GRPO too).
+
+Refused when set to anything but their inert value (each names what it would switch on):
+``adv_estimator.name: raw_reward`` (advantage = reward, no critic), ``use_dynamic_sampling: true`` and
+``batch_multiplier`` ≠ 1 (DAPO dynamic sampling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from nemo_rl_clone.algorithms.rl.config import RewardScalingConfig, RewardShapingConfig
+from nemo_rl_clone.utils.config_validation import check_at_least
+
+
+def _check_unit_interval(section: object, *names: str) -> list[tuple[str, str]]:
+    """A problem for each named field that is set and outside [0, 1]."""
+    problems = []
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and not 0.0 <= value <= 1.0:
+            problems.append((name, f"must be in [0, 1], got {value}"))
+    return problems
+
+
+@dataclass
+class GAEConfig:
+    """``ppo.adv_estimator``: GAE over response tokens (`nemo_rl_clone.algorithms.ppo.gae`).
+
+    VAPO (arXiv 2504.05118) decouples λ: the critic's targets use ``gae_lambda_value`` and the policy's advantages
+    ``gae_lambda_policy`` (null: ``gae_lambda``). ``length_adaptive_alpha`` > 0 replaces λ_policy per sample by
+    1 − 1/(α·l), l the sample's response length (0 when α·l ≤ 1).
+    """
+
+    name: Literal["gae", "raw_reward"] = "gae"
+    gae_lambda: float = 0.95
+    gae_gamma: float = 1.0
+    normalize_advantages: bool = True
+    gae_lambda_value: float | None = None
+    gae_lambda_policy: float | None = None
+    length_adaptive_alpha: float = 0.0
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = _check_unit_interval(self, "gae_lambda", "gae_gamma", "gae_lambda_value", "gae_lambda_policy")
+        if self.length_adaptive_alpha < 0:
+            problems.append(
+                ("length_adaptive_alpha", f"must be >= 0 (0 disables it), got {self.length_adaptive_alpha}")
+            )
+        if self.name == "raw_reward":
+            problems.append(("name", "not supported yet: 'raw_reward' (the reward as advantage, no critic); use 'gae'"))
+        return problems
+
+    @property
+    def value_lambda(self) -> float:
+        """λ of the critic's targets (returns)."""
+        return self.gae_lambda if self.gae_lambda_value is None else self.gae_lambda_value
+
+    @property
+    def policy_lambda(self) -> float:
+        """λ of the policy's advantages when ``length_adaptive_alpha`` is 0."""
+        return self.gae_lambda if self.gae_lambda_policy is None else self.gae_lambda_policy
+
+
+@dataclass(frozen=True)
+class MseValueLossConfig:
+    """``value_loss_fn`` (NeMo-RL's name and defaults): L = scale · ½ · token mean of the (clipped) squared error.
+    ``cliprange`` null or 0 disables the clip (NeMo-RL's ``MseValueLossFn`` clips only when it is > 0)."""
+
+    scale: float = 1.0
+    cliprange: float | None = None
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.scale < 0:
+            problems.append(("scale", f"must be >= 0, got {self.scale}"))
+        if self.cliprange is not None and self.cliprange < 0:
+            problems.append(("cliprange", f"must be >= 0 or null (null or 0: no clipping), got {self.cliprange}"))
+        return problems
+
+
+@dataclass
+class PPOConfig:
+    """``ppo``: the PPO loop's keys (NeMo-RL v0.7.0's names, its ``PPOConfig`` defaults)."""
+
+    num_prompts_per_step: int = 32
+    num_generations_per_prompt: int = 16
+    max_rollout_turns: int = 1
+    max_num_epochs: int = 100000
+    max_num_steps: int = 100000
+    # Optimizer passes of the policy over each rollout batch.
+    ppo_epochs: int = 4
+    # Critic warm-up: steps 0 .. policy_training_start_step - 1 train only the value model.
+    policy_training_start_step: int = 0
+    val_period: int = 20
+    val_at_start: bool = True
+    val_at_end: bool = False
+    overlong_filtering: bool = False
+    # null: every validation row, in one batch (as in the GRPO section).
+    max_val_samples: int | None = 256
+    val_batch_size: int | None = 256
+    seed: int = 42
+    use_dynamic_sampling: bool = False
+    dynamic_sampling_max_gen_batches: int = 10
+    batch_multiplier: float = 1.0
+    # True by default in PPO (NeMo-RL): its recipes have no KL term; the run's master config pairs it with
+    # loss_fn.reference_policy_kl_penalty.
+    skip_reference_policy_logprobs_calculation: bool = True
+    reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
+    adv_estimator: GAEConfig = field(default_factory=GAEConfig)
+    reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = check_at_least(
+            self,
+            1,
+            "num_prompts_per_step",
+            "num_generations_per_prompt",
+            "max_rollout_turns",
+            "max_num_epochs",
+            "max_num_steps",
+            "ppo_epochs",
+            "max_val_samples",
+            "val_batch_size",
+            "dynamic_sampling_max_gen_batches",
+        )
+        problems += check_at_least(self, 0, "policy_training_start_step", "val_period")
+        if self.use_dynamic_sampling:
+            problems.append(
+                (
+                    "use_dynamic_sampling",
+                    "not supported yet with PPO: DAPO dynamic sampling (dropping prompt groups whose rewards do not "
+                    "vary); set it to false",
+                )
+            )
+        if self.batch_multiplier != 1:
+            problems.append(
+                (
+                    "batch_multiplier",
+                    f"only applies with use_dynamic_sampling; set it to 1 (got {self.batch_multiplier})",
+                )
+            )
+        return problems
+
+    def trains_policy(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) trains the policy; earlier steps train only the critic."""
+        return step >= self.policy_training_start_step

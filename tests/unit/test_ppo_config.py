@@ -1,0 +1,124 @@
+"""The ``ppo`` and ``value_loss_fn`` sections: NeMo-RL v0.7.0's PPO recipes validate, defaults are NeMo-RL's, and
+values of features not built here are refused naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_rl_clone.algorithms.ppo import GAEConfig, MseValueLossConfig, PPOConfig
+from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
+
+# The ppo section of NeMo-RL v0.7.0's examples/configs/ppo_math_1B.yaml, as its keys and values.
+PPO_MATH_1B = {
+    "num_prompts_per_step": 32,
+    "num_generations_per_prompt": 16,
+    "max_rollout_turns": 1,
+    "max_num_epochs": 100000,
+    "max_num_steps": 100000,
+    "ppo_epochs": 4,
+    "policy_training_start_step": 0,
+    "val_period": 20,
+    "val_at_start": True,
+    "val_at_end": False,
+    "overlong_filtering": False,
+    "max_val_samples": 256,
+    "val_batch_size": 256,
+    "seed": 42,
+    "use_dynamic_sampling": False,
+    "dynamic_sampling_max_gen_batches": 10,
+    "batch_multiplier": 1,
+    "skip_reference_policy_logprobs_calculation": True,
+    "reward_shaping": {
+        "enabled": True,
+        "overlong_buffer_length": 2048,
+        "overlong_buffer_penalty": 1,
+        "max_response_length": 14336,
+        "stop_properly_penalty_coef": None,
+    },
+    "adv_estimator": {
+        "name": "gae",
+        "gae_lambda": 0.95,
+        "gae_gamma": 1,
+        "normalize_advantages": True,
+        "gae_lambda_value": None,
+        "gae_lambda_policy": None,
+        "length_adaptive_alpha": 0.0,
+    },
+    "reward_scaling": {"enabled": True, "source_min": 0.0, "source_max": 1.0, "target_min": -1.0, "target_max": 1.0},
+}
+
+
+def ppo(**overrides) -> PPOConfig:
+    section = {**PPO_MATH_1B, **overrides}
+    return validate_config(section, PPOConfig)
+
+
+def problems_of(section: dict, schema: type) -> list[str]:
+    with pytest.raises(ConfigError) as error:
+        validate_config(section, schema)
+    return error.value.problems
+
+
+def test_ppo_math_1b_and_the_recipes_overrides_validate():
+    cfg = ppo()
+    assert cfg.adv_estimator == GAEConfig(gae_gamma=1.0)
+    assert cfg.reward_scaling.target_min == -1.0 and cfg.reward_shaping.max_response_length == 14336
+    # recipes/llm/ppo-qwen2.5-1.5b-gsm8k-*: VAPO's λ split, overlong filtering, one generation per prompt
+    recipe = ppo(
+        num_prompts_per_step=1024,
+        num_generations_per_prompt=1,
+        max_num_epochs=15,
+        ppo_epochs=1,
+        val_period=1,
+        overlong_filtering=True,
+        reward_shaping={"enabled": False},
+        adv_estimator={"gae_lambda_value": 1.0, "gae_lambda_policy": 1},
+        reward_scaling={"enabled": False},
+    )
+    assert recipe.adv_estimator.value_lambda == 1.0 and recipe.adv_estimator.policy_lambda == 1.0
+    assert recipe.adv_estimator.gae_lambda == 0.95  # the rest of the section keeps its defaults
+    for section in ({"scale": 0.4, "cliprange": 0.2}, {"scale": 1.0, "cliprange": 0.5}):
+        assert validate_config(section, MseValueLossConfig) == MseValueLossConfig(**section)
+
+
+def test_defaults_are_nemo_rls():
+    assert PPOConfig() == ppo(reward_shaping={}, reward_scaling={})
+    assert GAEConfig().policy_lambda == GAEConfig().value_lambda == 0.95
+    assert MseValueLossConfig() == MseValueLossConfig(scale=1.0, cliprange=None)
+
+
+def test_critic_warm_up_steps():
+    cfg = ppo(policy_training_start_step=2)
+    assert [cfg.trains_policy(step) for step in range(4)] == [False, False, True, True]
+    assert ppo().trains_policy(0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"use_dynamic_sampling": True}, "use_dynamic_sampling: not supported yet with PPO"),
+        ({"batch_multiplier": 2}, "batch_multiplier: only applies with use_dynamic_sampling"),
+        ({"adv_estimator": {"name": "raw_reward"}}, "adv_estimator.name: not supported yet: 'raw_reward'"),
+        ({"adv_estimator": {"gae_lambda": 1.5}}, "adv_estimator.gae_lambda: must be in [0, 1]"),
+        ({"adv_estimator": {"gae_lambda_value": -0.1}}, "adv_estimator.gae_lambda_value: must be in [0, 1]"),
+        ({"adv_estimator": {"length_adaptive_alpha": -1}}, "adv_estimator.length_adaptive_alpha: must be >= 0"),
+        ({"adv_estimator": {"name": "grpo"}}, "adv_estimator.name: must be one of 'gae', 'raw_reward'"),
+        ({"ppo_epochs": 0}, "ppo_epochs: must be >= 1"),
+        ({"policy_training_start_step": -1}, "policy_training_start_step: must be >= 0"),
+        (
+            {"reward_shaping": {"stop_properly_penalty_coef": 0.5}},
+            "reward_shaping.stop_properly_penalty_coef: not supported yet",
+        ),
+        ({"gae_lambda": 0.9}, "gae_lambda: unknown key (did you mean adv_estimator.gae_lambda?)"),
+    ],
+)
+def test_refusals_name_the_key(overrides, message):
+    assert any(problem.startswith(message) for problem in problems_of({**PPO_MATH_1B, **overrides}, PPOConfig)), (
+        problems_of({**PPO_MATH_1B, **overrides}, PPOConfig)
+    )
+
+
+def test_value_loss_fn_refusals():
+    assert problems_of({"scale": -1.0}, MseValueLossConfig) == ["scale: must be >= 0, got -1.0"]
+    assert problems_of({"cliprange": -0.2}, MseValueLossConfig)[0].startswith("cliprange: must be >= 0 or null")
+    assert problems_of({"clip_range": 0.2}, MseValueLossConfig) == ["clip_range: unknown key (did you mean cliprange?)"]
