@@ -180,13 +180,14 @@ def run_evaluation(config: EvalMasterConfig) -> dict[str, Any]:
 def _generate_with_engines(
     config: EvalMasterConfig, model_path: str, dataset: Any, tokenizer: Any
 ) -> list[dict[str, Any]]:
-    """Start the scoring environment and one vLLM engine per cluster bundle, roll out, and always shut them down."""
+    """Start the scoring environment and the generation backend's engines (one per cluster bundle), roll out, and
+    always shut them down."""
     import ray
     import torch
 
     from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
     from nemo_rl_clone.environments import create_env
-    from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
+    from nemo_rl_clone.models.generation.factory import build_generation
 
     task = config.data.task_name
     env = create_env(task, config.env[task])
@@ -203,7 +204,7 @@ def _generate_with_engines(
         )
         # Ray gives each CPU actor 1 thread; the engines are all that runs here, so they share every core.
         cores = max(1, (os.cpu_count() or 1) // config.cluster.gpus_per_node)
-        generation = VllmGeneration(
+        generation = build_generation(
             cluster,
             config.generation,
             model_path,

@@ -32,7 +32,8 @@ from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
 from nemo_rl_clone.data.interfaces import TaskDataSpec
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
 from nemo_rl_clone.environments import create_env
-from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
+from nemo_rl_clone.models.generation.factory import build_generation
+from nemo_rl_clone.models.generation.interfaces import GenerationInterface
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
 from nemo_rl_clone.utils.config import save_config
@@ -48,7 +49,7 @@ class GRPOComponents:
     config: GRPOMasterConfig
     tokenizer: Any
     policy: Policy
-    generation: VllmGeneration
+    generation: GenerationInterface
     dataloader: StatefulPromptLoader
     val_dataset: AllTaskProcessedDataset | None
     task_to_env: dict[str, Any]
@@ -183,7 +184,7 @@ def _setup_workers(
     weights_path: str | None,
     optimizer_path: str | None,
     extra_worker_groups: int = 0,
-) -> tuple[Policy, VllmGeneration, list[RayVirtualCluster], bool]:
+) -> tuple[Policy, GenerationInterface, list[RayVirtualCluster], bool]:
     """Colocated: one cluster, two worker groups time-sharing its bundles. Otherwise a cluster each."""
     use_gpus = torch.cuda.is_available()
     gen_cfg = config.policy.generation
@@ -228,7 +229,7 @@ def _setup_workers(
         wait=False,  # the engines start while the policy workers load and shard the model
     )
     async_grpo = config.grpo.async_grpo
-    generation = VllmGeneration(
+    generation = build_generation(
         gen_cluster,
         gen_cfg,
         config.policy.model_name,

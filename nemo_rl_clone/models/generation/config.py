@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nemo_rl_clone.models.generation.factory import GENERATION_BACKENDS
 from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
 
 # vLLM's sampling temperatures: it refuses more than 2 and raises anything in (0, 0.01) to 0.01.
@@ -93,7 +94,8 @@ class ColocatedConfig:
 
 @dataclass
 class GenerationConfig:
-    backend: Literal["vllm", "hf", "megatron", "sglang"] = "vllm"  # all NeMo-RL's; only vllm is built
+    # All NeMo-RL's names; only those in `GENERATION_BACKENDS` are built, the others are refused.
+    backend: Literal["vllm", "hf", "megatron", "sglang"] = "vllm"
     max_new_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
@@ -138,6 +140,7 @@ class GenerationConfig:
             problems.append(("top_p", f"must be in (0, 1], got {self.top_p}"))
         if self.top_k is not None and self.top_k < 1 and self.top_k != -1:
             problems.append(("top_k", f"must be >= 1 (or -1/null for no limit), got {self.top_k}"))
-        if self.backend != "vllm":
-            problems.append(("backend", f"the {self.backend!r} generation backend is not supported yet; use 'vllm'"))
+        if self.backend not in GENERATION_BACKENDS:
+            names = " or ".join(repr(name) for name in GENERATION_BACKENDS)
+            problems.append(("backend", f"the {self.backend!r} generation backend is not supported yet; use {names}"))
         return problems
