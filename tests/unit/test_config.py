@@ -223,6 +223,42 @@ def test_grpo_impossible_combinations():
     assert "grpo.use_leave_one_out_baseline: needs num_generations_per_prompt >= 2" in text
 
 
+@pytest.mark.parametrize(
+    ("overrides", "reference", "prev"),
+    [
+        ([], True, True),  # the recipe: KL 0.01, PPO ratio against the pre-update logprobs
+        (["loss_fn.reference_policy_kl_penalty=0"], False, True),
+        (
+            ["loss_fn.reference_policy_kl_penalty=0", "++grpo.skip_reference_policy_logprobs_calculation=true"],
+            False,
+            True,
+        ),
+        (["++loss_fn.force_on_policy_ratio=true"], True, False),
+        (["++loss_fn.force_on_policy_ratio=true", "++grpo.seq_logprob_error_threshold=2.0"], True, True),
+    ],
+    ids=["recipe", "no_kl", "no_kl_skip", "on_policy_ratio", "on_policy_ratio_with_threshold"],
+)
+def test_grpo_derived_switches(overrides, reference, prev):
+    """The one place a run reads whether it computes reference and pre-update logprobs each step."""
+    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", overrides, grpo_schema())
+    assert cfg.loss_fn.uses_reference_kl is reference
+    assert cfg.needs_reference_model is reference
+    assert cfg.needs_prev_logprobs is prev
+
+
+def test_skipping_the_reference_pass_is_refused_with_a_kl_term():
+    with pytest.raises(ConfigError) as err:
+        load_validated_config(
+            REPO / "configs" / "grpo_math_1B.yaml",
+            ["++grpo.skip_reference_policy_logprobs_calculation=true"],
+            grpo_schema(),
+        )
+    assert (
+        "grpo.skip_reference_policy_logprobs_calculation: needs loss_fn.reference_policy_kl_penalty=0: the KL term "
+        "reads the reference logprobs" in err.value.problems
+    )
+
+
 ASYNC_CFG = REPO / "configs" / "grpo_smollm2_cpu_async.yaml"
 
 

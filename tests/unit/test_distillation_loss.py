@@ -139,7 +139,9 @@ def test_config_errors_name_the_key() -> None:
     with pytest.raises(ValueError, match="zero_outside_top_k"):
         DistillationLossFn({"zero_outside_top_k": True})
     with pytest.raises(ValueError, match="mixed_kl_weight"):
-        DistillationLossFn(DistillationLossConfig(mixed_kl_weight=-0.1))
+        DistillationLossFn({"mixed_kl_weight": -0.1})
+    typed = DistillationLossConfig(kl_type="reverse")  # validated where the config was loaded: used as is
+    assert DistillationLossFn(typed).cfg is typed
     fn = DistillationLossFn()  # NeMo-RL's recipe defaults
     assert (fn.kl_type, fn.mixed_kl_weight, fn.zero_outside_topk) == ("forward", 0.5, False)
 

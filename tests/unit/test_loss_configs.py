@@ -50,10 +50,34 @@ def test_impossible_loss_configs_are_rejected_with_the_key(overrides, message):
 def test_wrong_types_are_rejected_with_the_key():
     with pytest.raises(ValueError, match="token_level_loss: expected bool, got str 'yes'"):
         ClippedPGLossFn({**NEMO_RL_LOSS_CFG, "token_level_loss": "yes"})
-    with pytest.raises(ValueError, match="ratio_clip_c: expected float, got str '3'"):
-        ClippedPGLossFn(ClippedPGLossConfig(ratio_clip_c="3"))
     with pytest.raises(TypeError, match="ClippedPGLossFn config must be a mapping or ClippedPGLossConfig"):
         ClippedPGLossFn([("ratio_clip_c", 3.0)])
+
+
+def test_a_typed_config_is_used_as_loaded_without_a_second_validation():
+    # The config loader validated it; the loss keeps the very object (no dict round trip).
+    cfg = ClippedPGLossConfig(ratio_clip_c=3.0, token_level_loss=True)
+    assert ClippedPGLossFn(cfg).cfg is cfg
+    dpo = DPOLossConfig(reference_policy_kl_penalty=0.1)
+    assert DPOLossFn(dpo).cfg is dpo
+    assert ClippedPGLossFn(None).cfg == ClippedPGLossConfig()
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.01, 1.0])
+def test_uses_reference_kl_is_what_the_loss_does(beta):
+    """The property decides the KL term for the loss and for the run (reference model, reference logprobs)."""
+    loss_fn = pg_loss(reference_policy_kl_penalty=beta)
+    assert loss_fn.cfg.uses_reference_kl is (beta != 0)
+    logits, data = uniform_batch([[1.0, -1.0]], ref_shift=[[0.5, -0.5]])
+    _, metrics = call(loss_fn, logits, data)
+    assert (metrics["kl_penalty"] != 0) is loss_fn.cfg.uses_reference_kl
+    del data["reference_policy_logprobs"]
+    if loss_fn.cfg.uses_reference_kl:  # only a KL term reads the reference logprobs
+        with pytest.raises(KeyError, match="reference_policy_logprobs"):
+            call(loss_fn, logits, data)
+    else:
+        call(loss_fn, logits, data)
+    assert (loss_fn.rows_with_gradient(data) is None) is loss_fn.cfg.uses_reference_kl
 
 
 def test_invalid_dpo_config_and_missing_data_keys():

@@ -29,6 +29,7 @@ from nemo_rl_clone.models.policy.config import (
     SequencePackingConfig,
 )
 from nemo_rl_clone.models.policy.lm_policy import Policy
+from nemo_rl_clone.utils.config_validation import config_to_dict
 from tests.unit.policy_reference import (
     LR,
     MAX_GRAD_NORM,
@@ -499,7 +500,8 @@ def test_bad_batches_raise_one_clear_error(two_workers: dict) -> None:
 def test_bad_config_fails_before_any_worker_starts(
     cluster: RayVirtualCluster, model_path: str, tokenizer: Any, overrides: dict, error: type, message: str
 ) -> None:
-    config = policy_config(model_path, **overrides)
+    # As NeMo-RL's mapping: the facade validates it (a PolicyConfig was validated where the config was loaded).
+    config = config_to_dict(policy_config(model_path, **overrides))
     with pytest.raises(error) as raised:
         Policy(cluster, config, tokenizer, name_prefix="policy-bad")
     assert message in str(raised.value)

@@ -31,7 +31,7 @@ from nemo_rl_clone.models.policy.config import (
 )
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.models.policy.reward_model import SCORE_HEAD_INIT_SEED
-from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
+from nemo_rl_clone.utils.config_validation import ConfigError, config_to_dict, validate_config
 
 TRAIN_STEPS = 15
 TRAIN_QUESTIONS = range(8)  # 8 pairs = 16 rows = one global batch
@@ -308,8 +308,8 @@ def test_language_model_methods_raise_a_clear_error(two_workers: dict) -> None:
 def test_unknown_reward_model_type_is_refused(model_path: str, tokenizer: Any) -> None:
     message = "reward_model_cfg.reward_model_type: must be one of ['bradley_terry'], got 'pairwise'"
     config = rm_config(model_path, reward_model_cfg=RewardModelConfig(enabled=True, reward_model_type="pairwise"))
-    with pytest.raises(ValueError) as raised:
-        Policy(None, config, tokenizer)  # fails on the config, before the cluster is touched
+    with pytest.raises(ValueError) as raised:  # a PolicyConfig was validated at load; a mapping is validated here
+        Policy(None, config_to_dict(config), tokenizer)  # fails on the config, before the cluster is touched
     assert f"policy.{message}" in str(raised.value)
     with pytest.raises(ConfigError) as raised:
         validate_config({"reward_model_cfg": {"enabled": True, "reward_model_type": "pairwise"}}, PolicyConfig)

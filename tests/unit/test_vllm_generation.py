@@ -24,6 +24,7 @@ from nemo_rl_clone.models.generation.config import VllmConfig
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.generation.vllm.engine_io import shm_files_mapped_by_process_tree
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.utils.config_validation import config_to_dict
 from tests.unit.vllm_test_utils import (
     LOGPROB_ATOL,
     MAX_MODEL_LEN,
@@ -271,8 +272,8 @@ def test_invalid_configs_fail_before_any_engine_starts(
     config = tiny_config()
     for key, value in overrides.items():
         setattr(config, key, value)
-    with pytest.raises(error, match=match):
-        VllmGeneration(cluster, config, TINY_LLAMA)
+    with pytest.raises(error, match=match):  # as NeMo-RL's mapping, which the facade validates
+        VllmGeneration(cluster, config_to_dict(config), TINY_LLAMA)
 
 
 # ---------------------------------------------------------------------------- files left behind

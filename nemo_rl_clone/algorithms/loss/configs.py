@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict, TypeVar
 
 import torch
 
-from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
+from nemo_rl_clone.utils.config_validation import ConfigError, as_config
 
 
 @dataclass(frozen=True)
@@ -45,6 +44,12 @@ class ClippedPGLossConfig:
     # sample_mask 0) while dividing by the whole batch's counts, so the gradient is unchanged. Only without a KL term,
     # whose gradient does not vanish with the advantage; false trains every sample (docs/grpo.md).
     train_only_samples_with_gradient: bool = True
+
+    @property
+    def uses_reference_kl(self) -> bool:
+        """Whether the loss has a KL term, and so reads ``reference_policy_logprobs``: a non-zero coefficient
+        (NeMo-RL's rule; `check` refuses negative ones)."""
+        return self.reference_policy_kl_penalty != 0
 
     def check(self) -> list[tuple[str, str]]:
         """(key, message) for every impossible value or combination; types are checked by `validate_config`."""
@@ -193,19 +198,19 @@ __all__ = [
 _Config = TypeVar("_Config")
 
 
-def validated_loss_config(schema: type[_Config], cfg: Mapping[str, Any] | _Config | None, owner: str) -> _Config:
-    """`cfg` (a NeMo-RL config mapping, an OmegaConf DictConfig or the dataclass itself) checked against `schema`.
+def as_loss_config(schema: type[_Config], cfg: Mapping[str, Any] | _Config | None, owner: str) -> _Config:
+    """`cfg` as a `schema` for a loss function's constructor. The dataclass is used as is (it was validated where the
+    config was loaded); None gives the defaults; a NeMo-RL config mapping or an OmegaConf DictConfig goes through
+    `as_config`, missing keys taking the defaults.
 
-    Missing keys take the defaults. Raises one ValueError listing every unknown key (with the nearest valid name),
-    wrong type and impossible combination, one line each.
+    Raises one ValueError listing every unknown key (with the nearest valid name), wrong type and impossible
+    combination of a mapping, one line each.
     """
     if cfg is None:
-        cfg = schema()
-    if isinstance(cfg, schema):
-        cfg = dataclasses.asdict(cfg)  # type: ignore[call-overload]  # every schema here is a dataclass
-    if not isinstance(cfg, Mapping):
+        return schema()
+    if not isinstance(cfg, (schema, Mapping)):
         raise TypeError(f"{owner} config must be a mapping or {schema.__name__}, got {type(cfg).__name__}")
     try:
-        return validate_config(cfg, schema)
+        return as_config(cfg, schema)
     except ConfigError as error:
         raise ValueError(f"invalid {owner} config:\n" + "\n".join(f"  {line}" for line in error.problems)) from None

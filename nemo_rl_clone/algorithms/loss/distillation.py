@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, scale
-from nemo_rl_clone.algorithms.loss.configs import validated_loss_config
+from nemo_rl_clone.algorithms.loss.configs import as_loss_config
 from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.distributed.model_utils import LossType
 
@@ -76,10 +76,11 @@ class DistillationLossFn:
     """Forward / reverse / mixed KL of the student to the teacher's top-k distribution (see the module docstring).
 
     Args:
-        cfg: a `DistillationLossConfig` or NeMo-RL's ``loss_fn`` mapping (missing keys take the defaults).
+        cfg: a `DistillationLossConfig` (validated where the config was loaded, used as is) or NeMo-RL's ``loss_fn``
+            mapping (missing keys take the defaults).
 
     Raises:
-        ValueError: an unknown key, a ``kl_type`` other than forward/reverse/mixed, or ``mixed_kl_weight`` outside
+        ValueError: a mapping with an unknown key, a ``kl_type`` other than forward/reverse/mixed, or ``mixed_kl_weight`` outside
             [0, 1] (NeMo-RL asserts the same two).
 
     Metrics (each the microbatch's share, summed over microbatches by the trainer): ``loss``, ``kl_forward`` and
@@ -94,7 +95,7 @@ class DistillationLossFn:
         cfg: DistillationLossConfig | Mapping[str, Any] | None = None,
         sampling_params: TrainingSamplingParams | None = None,
     ) -> None:
-        self.cfg = validated_loss_config(DistillationLossConfig, cfg, "DistillationLossFn")
+        self.cfg = as_loss_config(DistillationLossConfig, cfg, "DistillationLossFn")
         # The student's sampling temperature: its logits are divided by it, as its sampler's were (no top-k/top-p:
         # the KL compares whole distributions).
         self.sampling_params = sampling_params.unfiltered() if sampling_params is not None else None

@@ -37,7 +37,7 @@ from nemo_rl_clone.algorithms.loss.configs import (
     DPOLossConfig,
     DPOLossDataDict,
     PreferenceLossDataDict,
-    validated_loss_config,
+    as_loss_config,
 )
 from nemo_rl_clone.algorithms.loss.distillation import (
     DistillationLossConfig,
@@ -168,12 +168,12 @@ class ClippedPGLossFn:
         cfg: Mapping[str, Any] | ClippedPGLossConfig | None = None,
         sampling_params: TrainingSamplingParams | None = None,
     ) -> None:
-        self.cfg = validated_loss_config(ClippedPGLossConfig, cfg, "ClippedPGLossFn")
+        self.cfg = as_loss_config(ClippedPGLossConfig, cfg, "ClippedPGLossFn")
         self.loss_type = LossType.TOKEN_LEVEL if self.cfg.token_level_loss else LossType.SEQUENCE_LEVEL
         # The sampler's processing: lp (ratios, entropy) is taken under it, the KL term under its temperature alone.
         self.sampling_params = sampling_params
         self.needs_unfiltered_logprobs = (
-            sampling_params is not None and sampling_params.filters and self.cfg.reference_policy_kl_penalty != 0
+            sampling_params is not None and sampling_params.filters and self.cfg.uses_reference_kl
         )
 
     def __call__(
@@ -190,7 +190,7 @@ class ClippedPGLossFn:
         cfg = self.cfg
         keys: tuple[str, ...] = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
         keys += () if cfg.force_on_policy_ratio else ("prev_logprobs",)
-        keys += ("reference_policy_logprobs",) if cfg.reference_policy_kl_penalty != 0 else ()
+        keys += ("reference_policy_logprobs",) if cfg.uses_reference_kl else ()
         _require(data, keys, type(self).__name__)
         parallel = (vocab_parallel_rank, vocab_parallel_group, context_parallel_group, logprob_chunk_size)
         lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params)
@@ -230,7 +230,7 @@ class ClippedPGLossFn:
             per_token = per_token * is_weights
 
         kl_per_token = torch.zeros_like(lp)
-        if cfg.reference_policy_kl_penalty != 0:
+        if cfg.uses_reference_kl:
             ref_lp = _shifted(data, "reference_policy_logprobs", lp)
             kl_per_token = self._kl(kl_lp, torch.where(valid, ref_lp, kl_lp.detach()))
             # The tokens were sampled from the policy being optimised, so the penalty's gradient needs the
@@ -279,7 +279,7 @@ class ClippedPGLossFn:
         trainer may leave them out if it keeps the whole batch's normalisation. None (train every row) with a KL
         term, whose gradient does not vanish with the advantage, or with ``train_only_samples_with_gradient: false``.
         """
-        if not self.cfg.train_only_samples_with_gradient or self.cfg.reference_policy_kl_penalty != 0:
+        if not self.cfg.train_only_samples_with_gradient or self.cfg.uses_reference_kl:
             return None
         token_mask = data["token_mask"][:, 1:] != 0
         advantage = data["advantages"][:, 1:]
@@ -501,7 +501,7 @@ class DPOLossFn:
     accepts_token_logprobs = True
 
     def __init__(self, cfg: Mapping[str, Any] | DPOLossConfig | None = None) -> None:
-        self.cfg = validated_loss_config(DPOLossConfig, cfg, "DPOLossFn")
+        self.cfg = as_loss_config(DPOLossConfig, cfg, "DPOLossFn")
 
     def __call__(
         self,

@@ -287,7 +287,7 @@ class GRPOMasterConfig:
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
-        if self.grpo.skip_reference_policy_logprobs_calculation and self.loss_fn.reference_policy_kl_penalty > 0:
+        if self.grpo.skip_reference_policy_logprobs_calculation and self.loss_fn.uses_reference_kl:
             problems.append(
                 (
                     "grpo.skip_reference_policy_logprobs_calculation",
@@ -352,6 +352,19 @@ class GRPOMasterConfig:
         if self.policy.reward_model_cfg.enabled:
             problems.append(("policy.reward_model_cfg.enabled", "must be false: GRPO trains a language model"))
         return problems
+
+    @property
+    def needs_reference_model(self) -> bool:
+        """Whether each step computes the reference policy's logprobs (so the policy holds a reference model): the
+        loss has a KL term and ``grpo.skip_reference_policy_logprobs_calculation`` is off."""
+        return self.loss_fn.uses_reference_kl and not self.grpo.skip_reference_policy_logprobs_calculation
+
+    @property
+    def needs_prev_logprobs(self) -> bool:
+        """Whether each step computes the pre-update policy's logprobs before training: the loss's ratio reads them
+        unless ``loss_fn.force_on_policy_ratio``, and ``grpo.seq_logprob_error_threshold`` compares them with the
+        engines'."""
+        return not self.loss_fn.force_on_policy_ratio or self.grpo.seq_logprob_error_threshold is not None
 
     @property
     def identical_groups(self) -> tuple[str, str] | None:

@@ -224,7 +224,7 @@ def _setup_workers(
         tokenizer,
         weights_path=weights_path,
         optimizer_path=optimizer_path,
-        init_reference_model=config.loss_fn.reference_policy_kl_penalty > 0,
+        init_reference_model=config.needs_reference_model,
         env_vars=threads,
         wait=False,  # the engines start while the policy workers load and shard the model
     )

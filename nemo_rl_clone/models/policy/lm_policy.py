@@ -1,11 +1,12 @@
 """``Policy``: the driver-side facade of a policy spread over Ray workers, DTensor (FSDP2 + TP) or Megatron Core
 (TP + PP + DP), whichever the config enables.
 
-It checks the config, the model name and every batch on the driver (so mistakes surface as one clear exception,
-not a remote traceback), shards batches over data-parallel ranks and merges the workers' results. Each bundle of
-the cluster hosts one worker (`DTensorPolicyWorker` or `MegatronPolicyWorker`); ranks form a
-``pipeline_parallel x data_parallel x tensor_parallel`` grid, the ranks of one TP group and of one pipeline receive the
-same data and only one of them returns results (the workers hand the last stage's results to every stage).
+It validates a config given as a mapping, resolves the model name and checks every batch on the driver (so mistakes
+surface as one clear exception, not a remote traceback), shards batches over data-parallel ranks and merges the
+workers' results. Each bundle of the cluster hosts one worker (`DTensorPolicyWorker` or `MegatronPolicyWorker`);
+ranks form a ``pipeline_parallel x data_parallel x tensor_parallel`` grid, the ranks of one TP group and of one
+pipeline receive the same data and only one of them returns results (the workers hand the last stage's results to
+every stage).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from nemo_rl_clone.distributed.named_sharding import NamedSharding
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S
 from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
-from nemo_rl_clone.models.huggingface import check_model_available
+from nemo_rl_clone.models.huggingface import resolve_model_path
 from nemo_rl_clone.models.policy import train_profile
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
@@ -36,7 +37,7 @@ from nemo_rl_clone.models.policy.optim import check_import_paths
 from nemo_rl_clone.models.policy.reward_model import check_input_lengths, reward_model_error
 from nemo_rl_clone.models.policy.topk_logits import check_k
 from nemo_rl_clone.models.policy.trained_rows import trained_rows_for
-from nemo_rl_clone.utils.config_validation import validate_config
+from nemo_rl_clone.utils.config_validation import as_config
 
 DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
 MEGATRON_WORKER = "nemo_rl_clone.models.policy.megatron_policy_worker.MegatronPolicyWorker"
@@ -122,7 +123,8 @@ class Policy(ColocatablePolicyInterface):
 
     Args:
         cluster: one worker per bundle; ``world_size / (tensor x pipeline parallel size)`` data-parallel ranks.
-        config: the ``policy`` section (a `PolicyConfig` or a mapping validated into one).
+        config: the ``policy`` section: a `PolicyConfig` (validated where the config was loaded, used as is) or a
+            NeMo-RL mapping, validated here.
         tokenizer: saved with checkpoints.
         name_prefix: Ray actor names ``{name_prefix}-{rank}``.
         init_optimizer / init_reference_model: see `DTensorPolicyWorker`.
@@ -131,10 +133,10 @@ class Policy(ColocatablePolicyInterface):
         env_vars: extra environment for the workers (e.g. ``OMP_NUM_THREADS`` when they time-share the cores).
 
     Raises:
-        ValueError: an invalid config (optimizer or scheduler class path that does not exist, model-parallel
-            size that does not divide the workers, a feature not supported yet such as sequence packing, ...),
-            naming the ``policy.*`` key.
-        OSError: ``model_name`` cannot be resolved to a loadable model.
+        ValueError: an invalid config (a mapping's bad keys and values, an optimizer or scheduler class path that
+            does not exist, a model-parallel size that does not divide the workers, ...), naming the ``policy.*`` key.
+        OSError: ``model_name`` is a path to no folder (whether a model loads is pre-flight's check; a worker
+            reports weights that do not load).
     """
 
     def __init__(
@@ -152,11 +154,14 @@ class Policy(ColocatablePolicyInterface):
     ) -> None:
         """``wait=False`` returns while the workers are still starting (model load, sharding), so a caller can start
         the engines meanwhile; `wait_until_ready` must then come before any other call."""
-        self.cfg = config if isinstance(config, PolicyConfig) else validate_config(config, PolicyConfig)
-        _check_config(self.cfg, init_optimizer)
+        # A PolicyConfig was validated where the config was loaded; a NeMo-RL mapping is validated here.
+        self.cfg = as_config(config, PolicyConfig, key="policy")
+        if init_optimizer:
+            check_import_paths(self.cfg.optimizer, self.cfg.scheduler)
         for note in _unused_settings(self.cfg):
             logger.warning(note)
-        model_path = check_model_available(self.cfg.model_name)
+        # Whether the model loads is pre-flight's check (`check_model_source`); here it is only resolved.
+        model_path = resolve_model_path(self.cfg.model_name)
         world_size = cluster.world_size()
         worker_class, tp_key, tp_size, pp_size = _backend(self.cfg)
         if world_size % (tp_size * pp_size):
@@ -433,18 +438,6 @@ def _check_pairs_stay_together(config: PolicyConfig, rank_batch_size: int, mbs: 
             f"train: a reward model trains on (chosen, rejected) row pairs, so the per-rank batch (global batch / "
             f"data-parallel size = {rank_batch_size}) and the micro batch size ({mbs}) must both be even"
         )
-
-
-def _check_config(config: PolicyConfig, init_optimizer: bool) -> None:
-    problems = config.check() + [
-        (f"reward_model_cfg.{key}", message) for key, message in config.reward_model_cfg.check()
-    ]
-    if problems:
-        raise ValueError(
-            "invalid policy config:\n" + "\n".join(f"  policy.{key}: {message}" for key, message in problems)
-        )
-    if init_optimizer:
-        check_import_paths(config.optimizer, config.scheduler)
 
 
 def _unused_settings(config: PolicyConfig) -> list[str]:

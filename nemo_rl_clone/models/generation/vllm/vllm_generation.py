@@ -45,8 +45,8 @@ from nemo_rl_clone.models.generation.interfaces import (
     check_per_sample_options,
 )
 from nemo_rl_clone.models.generation.vllm import engine_io
-from nemo_rl_clone.models.huggingface import check_model_available
-from nemo_rl_clone.utils.config_validation import validate_config
+from nemo_rl_clone.models.huggingface import resolve_model_path
+from nemo_rl_clone.utils.config_validation import as_config
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ class VllmGeneration(GenerationInterface):
 
     Args:
         cluster: the generation bundles (the policy's own cluster when colocated).
-        config: ``policy.generation`` (a `GenerationConfig` or a mapping validated into one); ``backend: vllm``.
+        config: ``policy.generation``, ``backend: vllm``: a `GenerationConfig` (validated where the config was loaded,
+            used as is) or a NeMo-RL mapping, validated here.
         model_name: what the policy loads (``policy.model_name``): a folder, a built-in name or a hub id.
         name_prefix: Ray actor names ``{name_prefix}-{rank}``.
         seed: engine ``r`` samples with seed ``seed + r`` (per-sample ``seeds`` in a batch override it).
@@ -79,8 +80,9 @@ class VllmGeneration(GenerationInterface):
             ``in_flight_weight_updates``).
 
     Raises:
-        ValueError: an invalid or unsupported config, naming the ``policy.generation.*`` key.
-        OSError: ``model_name`` cannot be resolved.
+        ValueError: an invalid or unsupported config (a mapping's bad keys and values, a precision or engine argument
+            vLLM does not know), naming the ``policy.generation.*`` key.
+        OSError: ``model_name`` is a path to no folder (whether a model loads is pre-flight's check).
         RuntimeError: an engine failed to start (the group is torn down and its files removed).
     """
 
@@ -95,9 +97,11 @@ class VllmGeneration(GenerationInterface):
         weight_updates_during_generation: bool = False,
         hf_config_overrides: Mapping[str, Any] | None = None,
     ) -> None:
-        self.cfg = config if isinstance(config, GenerationConfig) else validate_config(config, GenerationConfig)
-        _check_config(self.cfg)
-        model_path = check_model_available(model_name)
+        # A GenerationConfig was validated where the config was loaded; a NeMo-RL mapping is validated here.
+        self.cfg = as_config(config, GenerationConfig, key="policy.generation")
+        _check_engine_args(self.cfg)
+        # Whether the model loads is pre-flight's check (`check_model_source`); here it is only resolved.
+        model_path = resolve_model_path(model_name)
         ensure_worker_environment()
         # vLLM's IPC sockets and rendezvous files go here (one subfolder per engine); removed on shutdown.
         self._tmp_root: Path | None = Path(tempfile.gettempdir()) / f"nrl-vllm-{uuid.uuid4().hex[:8]}"
@@ -254,11 +258,7 @@ def _split(data: BatchedDataDict, parts: int) -> list[BatchedDataDict]:
     return pieces
 
 
-def _check_config(config: GenerationConfig) -> None:
-    problems = config.check() + [(f"vllm_cfg.{key}", message) for key, message in config.vllm_cfg.check()]
-    if problems:
-        raise ValueError(
-            "invalid generation config:\n" + "\n".join(f"  policy.generation.{key}: {msg}" for key, msg in problems)
-        )
+def _check_engine_args(config: GenerationConfig) -> None:
+    """The precision's vLLM dtype and the names of vLLM's engine arguments (vLLM's import), before any engine starts."""
     engine_io.engine_dtype(config.vllm_cfg.precision)
     engine_io.check_vllm_kwargs(config.vllm_kwargs)
