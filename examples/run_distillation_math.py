@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nemo_rl_clone.algorithms.rl.distillation_config import DistillationMasterConfig
-from nemo_rl_clone.utils.config import load_run_from_cli, print_config
-from nemo_rl_clone.utils.config_validation import config_to_dict
+from nemo_rl_clone.algorithms.run.cli import run_algorithm_cli
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "distillation_smoke.yaml"
 
@@ -22,16 +20,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "distillation
 def main(argv: list[str] | None = None, default_config: Path = DEFAULT_CONFIG) -> None:
     """Validate the config (``--config`` or ``default_config`` plus overrides), print it, and train (with
     ``--dry-run``: check everything and print the plan instead, docs/preflight.md)."""
-    config, dry_run = load_run_from_cli(
-        DistillationMasterConfig, default_config, argv, description="On-policy distillation on math problems."
-    )
-    print_config(config_to_dict(config), title="Distillation config (validated)")
-
-    # Heavy imports only after the config is known to be valid: a typo fails in a second, not after torch loads.
-    from nemo_rl_clone.algorithms.distillation import distillation_train, setup
-    from nemo_rl_clone.algorithms.run.preflight import run_training
-
-    run_training(config, setup, distillation_train, dry_run)  # bad input: one `error:` line per problem and exit 2
+    run_algorithm_cli("distillation", default_config, argv, description="On-policy distillation on math problems.")
 
 
 if __name__ == "__main__":  # vLLM spawns engine processes: the entry point must be import-safe

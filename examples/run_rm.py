@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nemo_rl_clone.algorithms.rm import RMMasterConfig, setup
-from nemo_rl_clone.algorithms.supervised.setup import run_supervised_cli
+from nemo_rl_clone.algorithms.run.cli import run_algorithm_cli
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "rm.yaml"
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_supervised_cli(RMMasterConfig, DEFAULT_CONFIG, setup, argv, description="Reward-model training.")
+    run_algorithm_cli("rm", DEFAULT_CONFIG, argv, description="Reward-model training.")
 
 
 if __name__ == "__main__":  # Ray workers import modules by name: the entry point must be import-safe

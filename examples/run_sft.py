@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nemo_rl_clone.algorithms.sft import SFTMasterConfig, setup
-from nemo_rl_clone.algorithms.supervised.setup import run_supervised_cli
+from nemo_rl_clone.algorithms.run.cli import run_algorithm_cli
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "sft.yaml"
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_supervised_cli(SFTMasterConfig, DEFAULT_CONFIG, setup, argv, description="SFT.")
+    run_algorithm_cli("sft", DEFAULT_CONFIG, argv, description="SFT.")
 
 
 if __name__ == "__main__":  # Ray workers import modules by name: the entry point must be import-safe

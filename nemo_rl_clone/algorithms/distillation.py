@@ -14,29 +14,32 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from nemo_rl_clone.algorithms.grpo import log_validation
+from nemo_rl_clone.algorithms.grpo import ALGORITHM as GRPO_ALGORITHM
+from nemo_rl_clone.algorithms.grpo import log_validation, response_token_share
+from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss.distillation import DistillationLossFn
-from nemo_rl_clone.algorithms.rl.batches import build_train_batch, sample_rows
+from nemo_rl_clone.algorithms.rl.batches import build_train_batch
 from nemo_rl_clone.algorithms.rl.distillation_config import DistillationConfig, DistillationMasterConfig
-from nemo_rl_clone.algorithms.rl.rollouts import generate_step_rollouts, refit
+from nemo_rl_clone.algorithms.rl.rollouts import SyncRollouts
 from nemo_rl_clone.algorithms.rl.setup import GRPOComponents
 from nemo_rl_clone.algorithms.rl.setup import setup as setup_student_run
+from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
-from nemo_rl_clone.algorithms.run.stop import stop_on_signals
 from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.lm_policy import Policy
-from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
 from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
-from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
+from nemo_rl_clone.utils.progress import console, phase
+from nemo_rl_clone.utils.samples import sample_rows
 from nemo_rl_clone.utils.timer import Timer
 
 __all__ = [
@@ -139,102 +142,119 @@ def check_vocab_equality(
 
 def distillation_train(c: DistillationComponents) -> None:
     """Run distillation steps until ``distillation.max_num_steps``, ``max_num_epochs``, the end of the data or the
-    save deadline."""
-    run, cfg = c.run, c.config
-    with (
-        StepProgress("Distillation", cfg.distillation.max_num_steps, start_step=run.state.step),
-        stop_on_signals(
-            run.checkpointer,
-            run.state,
-            run.dataloader,
-            lambda: save_checkpoint(c),
-            cfg.checkpointing.sigterm_grace_period_s,
-        ),
-    ):
-        _run_steps(c)
+    save deadline (`run.loop.train_loop`)."""
+    train_loop(DistillationSteps(c))
 
 
-def _run_steps(c: DistillationComponents) -> None:
-    run, cfg, state, timer = c.run, c.config, c.run.state, Timer()
-    steps = cfg.distillation
-    deadline = SaveDeadline(cfg.checkpointing)
-    batches = iter(run.dataloader)
-    if state.step > 0:  # a resumed student differs from the model the engines loaded
-        refit(run, timer)
-    if steps.val_at_start and state.step == 0 and steps.val_period > 0:
-        log_validation(run, 0)
-    while state.step < steps.max_num_steps and run.dataloader.completed_epochs < steps.max_num_epochs:
-        timer.reset()
-        step = state.begin_step()
-        with timer.time("total_step_time"):
-            # 1. the student samples num_prompts_per_step x num_generations_per_prompt responses; rewards are logged
-            phase(step, "generation")
-            rollouts = generate_step_rollouts(run, step, batches, weight_version=step - 1)
-            no_advantages = torch.zeros(rollouts.batch.size)
-            train_data = build_train_batch(rollouts.batch, no_advantages, run.tokenizer, cfg.rollout_view())
-            del train_data["advantages"], train_data["generation_logprobs"]
+class DistillationSteps:
+    """Distillation's step for `train_loop`: the student samples (GRPO's synchronous rollouts, so the engines get
+    the student's new weights before they next sample or validate), the teacher scores, the student trains."""
 
-            # 2. the teacher's top-k logits at every position of those samples
-            phase(step, "teacher top-k")
-            with timer.time("teacher_logprob_inference"):
-                c.teacher.prepare_for_lp_inference()
-                topk = c.teacher.get_topk_logits(train_data, k=steps.topk_logits_k)
-                c.teacher.offload_after_refit()
-            train_data["teacher_topk_logits"] = topk["topk_logits"]
-            train_data["teacher_topk_indices"] = topk["topk_indices"]
-
-            # 3. train the student towards them
-            phase(step, "training")
-            with timer.time("policy_training"):
-                run.policy.prepare_for_training()
-                train_results = run.policy.train(train_data, c.loss_fn)
-                run.policy.finish_training()
-            state.step = step
-            state.total_valid_samples += int(train_data["sample_mask"].sum())
-
-            # 4. sync weights: the engines sample the next step and the validation with the weights just trained
-            deadline.mark_step()
-            stop_for_deadline = deadline.reached()
-            is_last = (
-                step >= steps.max_num_steps
-                or run.dataloader.completed_epochs >= steps.max_num_epochs
-                or stop_for_deadline
-            )
-            validating = (steps.val_period > 0 and step % steps.val_period == 0) or (steps.val_at_end and is_last)
-            if validating or not is_last:
-                phase(step, "weight sync")
-                refit(run, timer)
-
-            # 5. validation
-            if validating:
-                log_validation(run, step)
-
-            # 6. checkpoint
-            metrics = _train_metrics(train_results, train_data, rollouts.rewards, rollouts.rollout_metrics)
-            state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
-            # logged before the save: a run killed right after it resumes after this step (docs/grpo.md)
-            run.logger.log_metrics(metrics, step, prefix="train")
-            if should_save(step, cfg.checkpointing, is_last):
-                phase(step, "checkpoint")
-                with timer.time("checkpointing"):
-                    save_checkpoint(c)
-
-        # 7. log
-        timing = {**rollouts.timing, **timer.get_timing_metrics("sum")}
-        run.logger.log_metrics(_performance(metrics, timing), step, prefix="performance")
-        run.logger.log_metrics(timing, step, prefix="timing/train")
-        run.logger.log_samples_jsonl(
-            sample_rows(rollouts.batch, rollouts.rewards, None, run.tokenizer, train_data), step
+    def __init__(self, c: DistillationComponents) -> None:
+        run, steps = c.run, c.config.distillation
+        self.c, self.run, self.state, self.logger = c, run, run.state, run.logger
+        self.checkpointer, self.checkpointing, self.log_dir = run.checkpointer, c.config.checkpointing, run.log_dir
+        self.schedule = Schedule(
+            "Distillation",
+            steps.max_num_steps,
+            steps.max_num_epochs,
+            steps.val_period,
+            val_at_start=steps.val_at_start and steps.val_period > 0,
+            val_at_end=steps.val_at_end,
         )
+        self.source = SyncRollouts(run)
+
+    @property
+    def position(self) -> Any:
+        return self.run.dataloader
+
+    def start(self, timer: Timer) -> None:
+        pass
+
+    def train_step(self, step: int, timer: Timer) -> StepResult | None:
+        run, cfg = self.run, self.c.config
+        # 1. the student samples num_prompts_per_step x num_generations_per_prompt responses; rewards are logged
+        rollouts = self.source.next(step, timer)
+        if rollouts is None:
+            return None
+        no_advantages = torch.zeros(rollouts.batch.size)
+        train_data = build_train_batch(rollouts.batch, no_advantages, run.tokenizer, run.config)
+        del train_data["advantages"], train_data["generation_logprobs"]
+
+        # 2. the teacher's top-k logits at every position of those samples
+        phase(step, "teacher top-k")
+        with timer.time("teacher_logprob_inference"):
+            self.c.teacher.prepare_for_lp_inference()
+            topk = self.c.teacher.get_topk_logits(train_data, k=cfg.distillation.topk_logits_k)
+            self.c.teacher.offload_after_refit()
+        train_data["teacher_topk_logits"] = topk["topk_logits"]
+        train_data["teacher_topk_indices"] = topk["topk_indices"]
+
+        # 3. train the student towards them
+        phase(step, "training")
+        with timer.time("policy_training"):
+            run.policy.prepare_for_training()
+            train_results = run.policy.train(train_data, self.c.loss_fn)
+            run.policy.finish_training()
+        metrics = _train_metrics(train_results, train_data, rollouts.rewards, rollouts.rollout_metrics)
+        return StepResult(
+            metrics,
+            valid_samples=int(train_data["sample_mask"].sum()),
+            samples=sample_rows(rollouts.batch, rollouts.rewards, None, run.tokenizer, train_data),
+            timing=rollouts.timing,
+            kept=("loss", "reward"),
+        )
+
+    def sync_weights(self, step: int, timer: Timer) -> None:
+        # 4. the engines sample the next step and the validation with the weights just trained
+        self.source.after_training(step, timer)
+
+    def validate(self, step: int, timer: Timer) -> None:
+        self.source.validate(step, timer, partial(log_validation, self.run, step))
+
+    def after_step(self, step: int, result: StepResult) -> None:
+        pass
+
+    def save(self) -> Path | None:
+        return save_checkpoint(self.c)
+
+    def log_step(self, step: int, result: StepResult, timing: dict[str, float]) -> None:
+        metrics = result.metrics
+        self.logger.log_metrics(_performance(metrics, timing), step, prefix="performance")
+        self.logger.log_metrics(timing, step, prefix="timing/train")
         console.print(
             f"step {step}: loss {metrics['loss']:.4f}, forward KL {metrics['kl_forward']:.4f}, "
             f"reverse KL {metrics['kl_reverse']:.4f}, reward {metrics['reward']:.3f}"
         )
-        advance(step)
-        if stop_for_deadline:
-            console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
-            break
-    console.print(f"Done after step {state.step}. Logs: {run.log_dir}  Checkpoints: {cfg.checkpointing.checkpoint_dir}")
+
+    def close(self) -> None:
+        self.source.close()
+
+
+class Distillation(Algorithm):
+    name = "distillation"
+    config_class = DistillationMasterConfig
+
+    def setup(self, config: DistillationMasterConfig) -> DistillationComponents:
+        return setup(config)
+
+    def train(self, run: DistillationComponents) -> None:
+        distillation_train(run)
+
+    def datasets(self, config: DistillationMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
+        return GRPO_ALGORITHM.datasets(config.rollout_view(), tokenizer)  # the student samples as GRPO's policy
+
+    def loss_token_share(self, config: DistillationMasterConfig) -> float:
+        return response_token_share(config.rollout_view())
+
+    def multi_turn(self, config: DistillationMasterConfig) -> bool:
+        return GRPO_ALGORITHM.multi_turn(config.rollout_view())
+
+    def frozen_models(self, config: DistillationMasterConfig) -> dict[str, Any]:
+        return {"teacher": config.teacher}
+
+
+ALGORITHM = Distillation()
 
 
 def save_checkpoint(c: DistillationComponents) -> Path | None:

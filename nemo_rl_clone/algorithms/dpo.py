@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.loss import DPOLossConfig, DPOLossFn
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.config import (
@@ -25,7 +26,7 @@ from nemo_rl_clone.algorithms.supervised.config import (
     check_supervised_config,
 )
 from nemo_rl_clone.algorithms.supervised.loop import supervised_train
-from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_preference_run
+from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_preference_run, preference_datasets
 from nemo_rl_clone.data.config import PreferenceDataConfig
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
@@ -111,6 +112,27 @@ def setup(config: DPOMasterConfig | Mapping[str, Any]) -> SupervisedRun:
 
 def dpo_train(run: SupervisedRun) -> None:
     supervised_train(run)
+
+
+class DPO(Algorithm):
+    name = "dpo"
+    config_class = DPOMasterConfig
+
+    def setup(self, config: DPOMasterConfig) -> SupervisedRun:
+        return setup(config)
+
+    def train(self, run: SupervisedRun) -> None:
+        supervised_train(run)
+
+    def datasets(self, config: DPOMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
+        train, validation = preference_datasets(config, "dpo", tokenizer)
+        return train, validation, config.data.max_input_seq_length
+
+    def needs_reference_model(self, config: DPOMasterConfig) -> bool:
+        return True  # the loss reads the frozen initial policy's logprobs
+
+
+ALGORITHM = DPO()
 
 
 # NeMo-RL's names: `from nemo_rl_clone.algorithms.dpo import MasterConfig, setup, dpo_train`.

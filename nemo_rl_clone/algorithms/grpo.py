@@ -1,6 +1,7 @@
 """GRPO: generate → reward → advantages → logprobs → train → sync → validate → checkpoint → log (see docs/grpo.md).
 
-`grpo_train` is the whole step loop and reads top to bottom; building the run lives in `rl.setup`, where
+`GRPOSteps.train_step` is GRPO's step and reads top to bottom; the loop around it (schedule, validation, logging,
+checkpoints, signals) is every algorithm's `run.loop.train_loop`. Building the run lives in `rl.setup`, where
 rollouts come from (on demand, or from async GRPO's replay buffer) in `rl.rollouts` / `rl.async_rollouts`, the
 reward arithmetic in `algorithms.utils`, batch plumbing in `rl.batches`, the collapse monitors in `rl.monitors`, repro
 bundles in `rl.repro`.
@@ -10,31 +11,31 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
 
+from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.rl.async_rollouts import AsyncRollouts
 from nemo_rl_clone.algorithms.rl.batches import (
     aggregate_train_metrics,
     build_train_batch,
     mask_logprob_mismatch,
-    print_samples,
-    sample_rows,
     step_advantages,
 )
 from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rl.monitors import CollapseMonitors
 from nemo_rl_clone.algorithms.rl.repro import ReproBundles
 from nemo_rl_clone.algorithms.rl.rollouts import RolloutSource, SyncRollouts, roll_out
-from nemo_rl_clone.algorithms.rl.setup import GRPOComponents, GRPOState, save_checkpoint, setup
-from nemo_rl_clone.algorithms.run.state import run_validation, validates_at_end
-from nemo_rl_clone.algorithms.run.stop import stop_on_signals
+from nemo_rl_clone.algorithms.rl.setup import GRPOComponents, GRPOState, save_checkpoint, setup, setup_data
+from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
+from nemo_rl_clone.algorithms.run.state import run_validation
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.models.policy.train_profile import memory_metrics, profile_metrics
-from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
-from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
+from nemo_rl_clone.utils.progress import phase
+from nemo_rl_clone.utils.samples import print_samples, sample_rows
 from nemo_rl_clone.utils.timer import Timer
 
 # NeMo-RL's names: `from nemo_rl_clone.algorithms.grpo import MasterConfig, setup, grpo_train`.
@@ -45,131 +46,130 @@ __all__ = ["GRPOConfig", "GRPOSaveState", "MasterConfig", "grpo_train", "setup",
 
 def grpo_train(c: GRPOComponents) -> None:
     """Run GRPO steps until ``grpo.max_num_steps``, ``grpo.max_num_epochs``, the end of the collector's data or the
-    save deadline. Rollouts come from `SyncRollouts`, or `AsyncRollouts` with ``grpo.async_grpo.enabled``."""
-    source: RolloutSource = AsyncRollouts(c) if c.config.grpo.async_grpo.enabled else SyncRollouts(c)
-    try:
-        with (
-            StepProgress("GRPO", c.config.grpo.max_num_steps, start_step=c.state.step),
-            stop_on_signals(
-                c.checkpointer,
-                c.state,
-                source.position,
-                lambda: save_checkpoint(c, source.position),
-                c.config.checkpointing.sigterm_grace_period_s,
-            ),
-        ):
-            _run_steps(c, source)
-    finally:
-        source.close()
+    save deadline (`run.loop.train_loop`). Rollouts come from `SyncRollouts`, or `AsyncRollouts` with
+    ``grpo.async_grpo.enabled``."""
+    train_loop(GRPOSteps(c))
 
 
-def _run_steps(c: GRPOComponents, source: RolloutSource) -> None:
-    cfg, state, timer = c.config, c.state, Timer()
-    deadline = SaveDeadline(cfg.checkpointing)
-    monitors = CollapseMonitors(cfg.monitors, cfg.grpo.num_generations_per_prompt, state.monitors)
-    repro = ReproBundles(c, monitors.alerting)
-    if cfg.grpo.val_at_start and state.step == 0 and cfg.grpo.val_period > 0:
-        source.validate(0, timer, partial(log_validation, c, 0))
-    # process start to the first step this process runs (imports, Ray, engines, policy, data, validation at start)
-    startup_time: float | None = time.time() - psutil.Process().create_time()
-    while state.step < cfg.grpo.max_num_steps and source.position.completed_epochs < cfg.grpo.max_num_epochs:
-        timer.reset()
-        step = state.begin_step()
-        with timer.time("total_step_time"):
-            # 1-4. prompts × generations with fresh (sync) or recent enough (async) weights, rollouts, rewards
-            rollouts = source.next(step, timer)
-            if rollouts is None:
-                console.print(f"[yellow]step {step}: the trajectory collector has no more data; stopping")
-                break
-            batch, rewards = rollouts.batch, rollouts.rewards
+class GRPOSteps:
+    """GRPO's step for `train_loop`: sync and async GRPO differ only in their rollout source."""
 
-            # 5. advantages: leave-one-out baseline, normalised by the group std, optionally clipped
-            advantages = step_advantages(rewards, cfg.grpo, batch)
-            train_data = build_train_batch(batch, advantages, c.tokenizer, cfg)
+    def __init__(self, c: GRPOComponents) -> None:
+        cfg = c.config
+        self.c, self.state, self.logger, self.checkpointer = c, c.state, c.logger, c.checkpointer
+        self.checkpointing, self.log_dir = cfg.checkpointing, c.log_dir
+        grpo = cfg.grpo
+        self.schedule = Schedule(
+            "GRPO",
+            grpo.max_num_steps,
+            grpo.max_num_epochs,
+            grpo.val_period,
+            val_at_start=grpo.val_at_start and grpo.val_period > 0,
+            val_at_end=grpo.val_at_end,
+        )
+        self.source: RolloutSource = AsyncRollouts(c) if grpo.async_grpo.enabled else SyncRollouts(c)
+        self.monitors = CollapseMonitors(cfg.monitors, grpo.num_generations_per_prompt, c.state.monitors)
+        self.repro = ReproBundles(c, self.monitors.alerting)
+        self._startup_time: float | None = None
+        self._first_step = True
 
-            # 6. logprobs of the pre-update policy (unless the loss takes them on-policy from the training forward)
-            # and of the reference policy (when the KL term is on)
-            phase(step, "logprobs")
-            with timer.time("policy_and_reference_logprobs"):
-                c.policy.prepare_for_lp_inference()
-                threshold = cfg.grpo.seq_logprob_error_threshold
-                if not cfg.loss_fn.force_on_policy_ratio or threshold is not None:
-                    train_data["prev_logprobs"] = c.policy.get_logprobs(train_data)["logprobs"]
-                if threshold is not None:
-                    num_masked = mask_logprob_mismatch(train_data, threshold)
-                if (
-                    cfg.loss_fn.reference_policy_kl_penalty > 0
-                    and not cfg.grpo.skip_reference_policy_logprobs_calculation
-                ):
-                    reference = c.policy.get_reference_policy_logprobs(train_data)["reference_logprobs"]
-                    train_data["reference_policy_logprobs"] = reference
+    @property
+    def position(self) -> Any:
+        return self.source.position
 
-            # 7. train, then hand the engines the new weights (sync: before the next generation; async: now)
-            phase(step, "training")
-            with timer.time("policy_training"):
-                c.policy.prepare_for_training()
-                train_results = c.policy.train(train_data, c.loss_fn)
-                c.policy.finish_training()
-            state.step = step
-            state.total_valid_samples += int(train_data["sample_mask"].sum())
-            source.after_training(step, timer)
+    def start(self, timer: Timer) -> None:
+        pass
 
-            # 8. validation (on fresh weights)
-            if cfg.grpo.val_period > 0 and step % cfg.grpo.val_period == 0:
-                source.validate(step, timer, partial(log_validation, c, step))
+    def train_step(self, step: int, timer: Timer) -> StepResult | None:
+        c, cfg = self.c, self.c.config
+        if self._first_step:  # process start to this process's first step (imports, Ray, engines, validation at start)
+            self._startup_time, self._first_step = time.time() - psutil.Process().create_time(), False
+        # 1-4. prompts × generations with fresh (sync) or recent enough (async) weights, rollouts, rewards
+        rollouts = self.source.next(step, timer)
+        if rollouts is None:
+            return None
+        batch, rewards = rollouts.batch, rollouts.rewards
 
-            # 9. checkpoint
-            deadline.mark_step()
-            stop_for_deadline = deadline.reached()
-            is_last = (
-                step >= cfg.grpo.max_num_steps
-                or source.position.completed_epochs >= cfg.grpo.max_num_epochs
-                or stop_for_deadline
-            )
-            metrics = aggregate_train_metrics(
-                train_results, train_data, rewards, advantages, rollouts.rollout_metrics, batch["total_reward"]
-            )
-            metrics.update(rollouts.sampling_metrics)
-            if cfg.grpo.seq_logprob_error_threshold is not None:
-                metrics["num_masked_seqs_by_logprob_error"] = float(num_masked)
-            state.train_metrics = {"loss": metrics["loss"], "reward": metrics["reward"]}
-            # collapse monitors on this step's metrics and validation (docs/monitors.md); their history is checkpointed
-            monitor_metrics = monitors.update(step, metrics, rewards, state.val_metrics)
-            state.monitors = monitors.state_dict()
-            # a repro bundle (docs/debugging.md) when the step went non-finite, a monitor fired or grpo.dump_steps
-            # asks; before this step's save, which may prune the checkpoint the bundle links
-            repro.after_step(step, train_data, rewards, train_results, metrics, monitor_metrics)
-            # the step's results are logged before its save: a run killed right after the save resumes after this
-            # step, so they would be lost; killed before it, the resumed run redoes and logs the step again
-            c.logger.log_metrics(metrics, step, prefix="train")
-            if rollouts.extra_metrics:
-                c.logger.log_metrics(rollouts.extra_metrics, step, prefix="async")
-            c.logger.log_metrics(monitor_metrics, step, prefix="monitor")
-            c.logger.log_samples_jsonl(sample_rows(batch, rewards, advantages, c.tokenizer, train_data), step)
-            if should_save(step, cfg.checkpointing, is_last) or repro.wants_checkpoint(step):
-                phase(step, "checkpoint")
-                with timer.time("checkpointing"):
-                    save_checkpoint(c, source.position)
+        # 5. advantages: leave-one-out baseline, normalised by the group std, optionally clipped
+        advantages = step_advantages(rewards, cfg.grpo, batch)
+        train_data = build_train_batch(batch, advantages, c.tokenizer, cfg)
 
-        # 10. log how the step went (its time includes the save)
-        timing = {**rollouts.timing, **timer.get_timing_metrics("sum")}
-        if startup_time is not None:
-            timing["startup_time"], startup_time = startup_time, None
-        performance = {**_performance(metrics, timing), **rollouts.generation_performance}
+        # 6. logprobs of the pre-update policy (unless the loss takes them on-policy from the training forward)
+        # and of the reference policy (when the KL term is on)
+        phase(step, "logprobs")
+        with timer.time("policy_and_reference_logprobs"):
+            c.policy.prepare_for_lp_inference()
+            threshold = cfg.grpo.seq_logprob_error_threshold
+            if cfg.needs_prev_logprobs:
+                train_data["prev_logprobs"] = c.policy.get_logprobs(train_data)["logprobs"]
+            if threshold is not None:
+                num_masked = mask_logprob_mismatch(train_data, threshold)
+            if cfg.needs_reference_model:
+                reference = c.policy.get_reference_policy_logprobs(train_data)["reference_logprobs"]
+                train_data["reference_policy_logprobs"] = reference
+
+        # 7. train
+        phase(step, "training")
+        with timer.time("policy_training"):
+            c.policy.prepare_for_training()
+            train_results = c.policy.train(train_data, c.loss_fn)
+            c.policy.finish_training()
+
+        metrics = aggregate_train_metrics(
+            train_results, train_data, rewards, advantages, rollouts.rollout_metrics, batch["total_reward"]
+        )
+        metrics.update(rollouts.sampling_metrics)
+        if threshold is not None:
+            metrics["num_masked_seqs_by_logprob_error"] = float(num_masked)
+        return StepResult(
+            metrics,
+            valid_samples=int(train_data["sample_mask"].sum()),
+            logs={"async": rollouts.extra_metrics} if rollouts.extra_metrics else {},
+            samples=sample_rows(batch, rewards, advantages, c.tokenizer, train_data),
+            timing=rollouts.timing,
+            kept=("loss", "reward"),
+            extra={"rollouts": rollouts, "train_data": train_data, "train_results": train_results},
+        )
+
+    def sync_weights(self, step: int, timer: Timer) -> None:
+        # 8. the engines get the new weights: sync GRPO before they next sample, async GRPO now
+        self.source.after_training(step, timer)
+
+    def validate(self, step: int, timer: Timer) -> None:
+        self.source.validate(step, timer, partial(log_validation, self.c, step))
+
+    def after_step(self, step: int, result: StepResult) -> None:
+        rollouts, train_data = result.extra["rollouts"], result.extra["train_data"]
+        # collapse monitors on this step's metrics and validation (docs/monitors.md); their history is checkpointed
+        monitor_metrics = self.monitors.update(step, result.metrics, rollouts.rewards, self.state.val_metrics)
+        self.state.monitors = self.monitors.state_dict()
+        result.logs["monitor"] = monitor_metrics
+        # a repro bundle (docs/debugging.md) when the step went non-finite, a monitor fired or grpo.dump_steps
+        # asks; before this step's save, which may prune the checkpoint the bundle links
+        self.repro.after_step(
+            step, train_data, rollouts.rewards, result.extra["train_results"], result.metrics, monitor_metrics
+        )
+        result.save = result.save or self.repro.wants_checkpoint(step)
+
+    def save(self) -> Path | None:
+        return save_checkpoint(self.c, self.source.position)
+
+    def log_step(self, step: int, result: StepResult, timing: dict[str, float]) -> None:
+        # how the step went (its time includes the save)
+        rollouts, train_results = result.extra["rollouts"], result.extra["train_results"]
+        if self._startup_time is not None:
+            timing["startup_time"], self._startup_time = self._startup_time, None
+        performance = {**_performance(result.metrics, timing), **rollouts.generation_performance}
         if "profile" in train_results:
             profile = profile_metrics(train_results["profile"], timing["policy_training"])
             timing.update(profile["timing"])
             performance.update(profile["performance"])
-        c.logger.log_metrics(memory_metrics(performance), step, prefix="memory")
-        c.logger.log_metrics(performance, step, prefix="performance")
-        c.logger.log_metrics(timing, step, prefix="timing/train")
-        advance(step)
-        if stop_for_deadline:
-            console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
-            break
-    if validates_at_end(cfg.grpo.val_at_end, cfg.grpo.val_period, state.step):
-        source.validate(state.step, timer, partial(log_validation, c, state.step))
-    console.print(f"Done after step {state.step}. Logs: {c.log_dir}  Checkpoints: {cfg.checkpointing.checkpoint_dir}")
+        self.logger.log_metrics(memory_metrics(performance), step, prefix="memory")
+        self.logger.log_metrics(performance, step, prefix="performance")
+        self.logger.log_metrics(timing, step, prefix="timing/train")
+
+    def close(self) -> None:
+        self.source.close()
 
 
 def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
@@ -208,6 +208,40 @@ def log_validation(c: GRPOComponents, step: int) -> None:
     samples: list[dict[str, Any]] = []
     run_validation(lambda: validate(c, samples), c.state, c.logger, step, shown=("accuracy", "avg_length"))
     print_samples(samples, f"step {step}: validation sample")
+
+
+class GRPO(Algorithm):
+    name = "grpo"
+    config_class = GRPOMasterConfig
+
+    def setup(self, config: GRPOMasterConfig) -> GRPOComponents:
+        return setup(config)
+
+    def train(self, run: GRPOComponents) -> None:
+        grpo_train(run)
+
+    def datasets(self, config: GRPOMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
+        loader, validation = setup_data(config, tokenizer)
+        return loader.dataset, validation, config.data.max_input_seq_length
+
+    def needs_reference_model(self, config: GRPOMasterConfig) -> bool:
+        return config.needs_reference_model
+
+    def loss_token_share(self, config: GRPOMasterConfig) -> float:
+        return response_token_share(config)
+
+    def multi_turn(self, config: GRPOMasterConfig) -> bool:
+        return config.grpo.max_rollout_turns > 1
+
+
+def response_token_share(config: GRPOMasterConfig) -> float:
+    """At most this share of a sequence is response tokens, the ones an RL loss reads."""
+    generation = config.policy.generation
+    assert generation is not None  # GRPOMasterConfig.check requires it
+    return min(1.0, generation.max_new_tokens / config.policy.max_total_sequence_length)
+
+
+ALGORITHM = GRPO()
 
 
 def _performance(metrics: dict[str, float], timing: dict[str, float]) -> dict[str, float]:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.loss import PreferenceLossFn
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.config import (
@@ -23,7 +24,7 @@ from nemo_rl_clone.algorithms.supervised.config import (
     check_supervised_config,
 )
 from nemo_rl_clone.algorithms.supervised.loop import supervised_train
-from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_preference_run
+from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_preference_run, preference_datasets
 from nemo_rl_clone.data.config import PreferenceDataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
@@ -73,6 +74,24 @@ def setup(config: RMMasterConfig | Mapping[str, Any]) -> SupervisedRun:
 
 def rm_train(run: SupervisedRun) -> None:
     supervised_train(run)
+
+
+class RM(Algorithm):
+    name = "rm"
+    config_class = RMMasterConfig
+
+    def setup(self, config: RMMasterConfig) -> SupervisedRun:
+        return setup(config)
+
+    def train(self, run: SupervisedRun) -> None:
+        supervised_train(run)
+
+    def datasets(self, config: RMMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
+        train, validation = preference_datasets(config, "rm", tokenizer)
+        return train, validation, config.data.max_input_seq_length
+
+
+ALGORITHM = RM()
 
 
 # NeMo-RL's names: `from nemo_rl_clone.algorithms.rm import MasterConfig, setup, rm_train`.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.loss import NLLLossFn
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.config import (
@@ -98,6 +99,24 @@ def setup(config: SFTMasterConfig | Mapping[str, Any]) -> SupervisedRun:
 
 def sft_train(run: SupervisedRun) -> None:
     supervised_train(run)
+
+
+class SFT(Algorithm):
+    name = "sft"
+    config_class = SFTMasterConfig
+
+    def setup(self, config: SFTMasterConfig) -> SupervisedRun:
+        return setup(config)
+
+    def train(self, run: SupervisedRun) -> None:
+        supervised_train(run)
+
+    def datasets(self, config: SFTMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
+        train, validation = sft_datasets(config, tokenizer)
+        return train, validation, config.data.max_input_seq_length
+
+
+ALGORITHM = SFT()
 
 
 # NeMo-RL's names: `from nemo_rl_clone.algorithms.sft import MasterConfig, setup, sft_train`.

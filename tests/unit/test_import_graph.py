@@ -16,18 +16,6 @@ import nemo_rl_clone
 
 PACKAGE_DIR = Path(nemo_rl_clone.__file__).parent
 
-# Another change is rewriting these modules to remove the cycle dry_run -> preflight -> sft -> supervised.* ->
-# dry_run; until it lands, a cycle made only of them is tolerated. Remove this once it lands.
-KNOWN_CYCLES_BEING_FIXED = (
-    "nemo_rl_clone.algorithms.run",
-    "nemo_rl_clone.algorithms.supervised",
-    "nemo_rl_clone.algorithms.sft",
-    "nemo_rl_clone.algorithms.dpo",
-    "nemo_rl_clone.algorithms.rm",
-    "nemo_rl_clone.algorithms.grpo",
-    "nemo_rl_clone.algorithms.distillation",
-)
-
 
 def find_modules(package_dir: Path) -> dict[str, Path]:
     """Dotted module name -> its file; a package is named by its directory and maps to its ``__init__.py``."""
@@ -163,17 +151,13 @@ def _shortest_path(graph: Mapping[str, set[str]], members: set[str], start: str,
     return path[::-1]
 
 
-def _being_fixed(cycle: list[str]) -> bool:
-    return all(any(m == p or m.startswith(p + ".") for p in KNOWN_CYCLES_BEING_FIXED) for m in cycle)
-
-
 def _all_cycles() -> list[list[str]]:
     graph = import_graph(PACKAGE_DIR)
     return [cycle for component in strongly_connected(graph) for cycle in cycles(graph, component)]
 
 
 def test_no_import_cycles() -> None:
-    bad = [" -> ".join(cycle) for cycle in _all_cycles() if not _being_fixed(cycle)]
+    bad = [" -> ".join(cycle) for cycle in _all_cycles()]
     assert not bad, "import cycles (move the shared piece to the module that owns it):\n" + "\n".join(bad)
 
 

@@ -10,11 +10,12 @@ import torch
 
 from nemo_rl_clone.algorithms.dpo import DPOAlgorithm, DPOConfig, DPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMAlgorithm, RMMasterConfig
+from nemo_rl_clone.algorithms.run.cli import run_algorithm_cli
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.sft import SFTAlgorithm, SFTMasterConfig
 from nemo_rl_clone.algorithms.supervised.config import SupervisedLoopConfig
 from nemo_rl_clone.algorithms.supervised.loop import step_metrics
-from nemo_rl_clone.algorithms.supervised.setup import run_supervised_cli, validation_batches
+from nemo_rl_clone.algorithms.supervised.setup import validation_batches
 from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
@@ -256,9 +257,7 @@ def test_top_k_by_a_validation_metric_at_any_save_period():
 
 def test_cli_exits_2_on_a_bad_key_before_building_anything(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        run_supervised_cli(
-            SFTMasterConfig, REPO / "configs" / "sft_smoke.yaml", setup=None, argv=["sft.max_num_step=3"]
-        )
+        run_algorithm_cli("sft", REPO / "configs" / "sft_smoke.yaml", argv=["sft.max_num_step=3"])
     assert exit_info.value.code == 2
     assert "sft.max_num_step does not exist (did you mean sft.max_num_steps?)" in capsys.readouterr().err
 

@@ -30,8 +30,6 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.errors import UserInputError
 
 # Re-exported (the `as` form tells ruff so): grpo.py and distillation.py import them from here.
-from nemo_rl_clone.utils.samples import print_samples as print_samples
-from nemo_rl_clone.utils.samples import sample_rows as sample_rows
 
 # Loss metrics are each microbatch's share of the global mean (the call contract in `loss_functions`), so they add
 # up over microbatches.

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_rl_clone.algorithms import registry
 from nemo_rl_clone.models.memory_estimate import (
     COLUMNS,
     ModelShape,
@@ -96,24 +97,8 @@ def _data(config: Any, tokenizer: Any, plan: Plan) -> None:
 
 def _datasets(config: Any, tokenizer: Any) -> tuple[Any, Any, int | None]:
     """(train, validation, length limit) as the run's setup builds them; (None, None, None) for evaluation."""
-    if hasattr(config, "rollout_view"):  # distillation: GRPO's data path
-        config = config.rollout_view()
-    if hasattr(config, "grpo"):
-        from nemo_rl_clone.algorithms.rl.setup import setup_data
-
-        loader, validation = setup_data(config, tokenizer)
-        return loader.dataset, validation, config.data.max_input_seq_length
-    if hasattr(config, "sft"):
-        from nemo_rl_clone.algorithms.sft import sft_datasets
-
-        train, validation = sft_datasets(config, tokenizer)
-    elif hasattr(config, "dpo") or hasattr(config, "rm"):
-        from nemo_rl_clone.algorithms.supervised.setup import preference_datasets
-
-        train, validation = preference_datasets(config, "dpo" if hasattr(config, "dpo") else "rm", tokenizer)
-    else:
-        return None, None, None
-    return train, validation, config.data.max_input_seq_length
+    algorithm = registry.algorithm_for(config)
+    return (None, None, None) if algorithm is None else algorithm.datasets(config, tokenizer)
 
 
 def _chat_template(config: Any, tokenizer: Any, plan: Plan) -> None:
@@ -135,8 +120,8 @@ def _chat_template(config: Any, tokenizer: Any, plan: Plan) -> None:
 
 
 def _multi_turn(config: Any) -> bool:
-    grpo = getattr(config, "grpo", None)
-    return grpo is not None and getattr(grpo, "max_rollout_turns", 1) > 1
+    algorithm = registry.algorithm_for(config)
+    return algorithm is not None and algorithm.multi_turn(config)
 
 
 def plan_memory(config: Any, plan: Plan) -> None:
@@ -162,12 +147,13 @@ def plan_memory(config: Any, plan: Plan) -> None:
                 "optimizer differ (calibrated on DTensor runs only)"
             )
         shards = workers * config.cluster.num_nodes
-        reference = _needs_reference(config)
+        algorithm = registry.algorithm_for(config)
+        reference = algorithm is not None and algorithm.needs_reference_model(config)
         generation: Any = getattr(policy, "generation", None)
         has_engines = generation is not None and getattr(generation, "vllm_cfg", None) is not None
         refit = refit_bytes(generation.vllm_cfg, shape, generation.colocated.enabled, on_gpu) if has_engines else 0
         plan.workers.append(
-            policy_worker_memory(policy, shape, shards, reference, _loss_share(config), refit, count=workers)
+            policy_worker_memory(policy, shape, shards, reference, _loss_share(config, algorithm), refit, count=workers)
         )
         if has_engines:
             engines = _engines_per_node(generation, workers)
@@ -176,11 +162,11 @@ def plan_memory(config: Any, plan: Plan) -> None:
         shape = ModelShape.of(resolve_model_path(config.generation.model_name))
         engines = _engines_per_node(config.generation, workers)
         plan.workers.append(engine_memory(config.generation.vllm_cfg, shape, device_bytes, engines))
-    teacher = getattr(config, "teacher", None)
-    if teacher is not None:
-        shape = ModelShape.of(resolve_model_path(teacher.model_name), teacher.hf_config_overrides)
+    algorithm = registry.algorithm_for(config)
+    for section, model in (algorithm.frozen_models(config) if algorithm else {}).items():
+        shape = ModelShape.of(resolve_model_path(model.model_name), model.hf_config_overrides)
         shards = workers * config.cluster.num_nodes
-        plan.workers.append(inference_worker_memory("teacher worker", teacher.precision, shape, shards, workers))
+        plan.workers.append(inference_worker_memory(f"{section} worker", model.precision, shape, shards, workers))
     _fits(config, plan, on_gpu)
 
 
@@ -190,19 +176,9 @@ def _eval_model(config: Any) -> str | None:
     return None if os.path.isfile(os.path.join(os.path.expanduser(model), "training_info.json")) else model
 
 
-def _loss_share(config: Any) -> float:
-    """The share of a training microbatch's tokens the loss reads: GRPO and distillation read the responses."""
-    generation = getattr(config.policy, "generation", None)
-    if generation is None or not (hasattr(config, "grpo") or hasattr(config, "teacher")):
-        return 1.0
-    return min(1.0, generation.max_new_tokens / config.policy.max_total_sequence_length)
-
-
-def _needs_reference(config: Any) -> bool:
-    loss = getattr(config, "loss_fn", None)
-    if hasattr(config, "grpo"):
-        return bool(loss is not None and loss.reference_policy_kl_penalty > 0)
-    return hasattr(config, "dpo")  # DPO's loss reads reference logprobs; SFT, RM and distillation's student do not
+def _loss_share(config: Any, algorithm: Any) -> float:
+    """The share of a training microbatch's tokens the loss reads (RL losses: the responses)."""
+    return 1.0 if algorithm is None else algorithm.loss_token_share(config)
 
 
 def _engines_per_node(generation: Any, workers: int) -> int:

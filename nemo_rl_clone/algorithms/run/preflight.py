@@ -10,18 +10,19 @@ cluster.* against its nodes.
     with removed_if_run_start_fails(config):
         run = setup(config)               # a failure here removes the new exp_N / checkpoint dir again
 
-`run_training` is that sequence for the training entry points (GRPO, SFT, DPO, RM); with ``dry_run`` it runs
-`algorithms.dry_run` instead (these checks, then tokenizer, data, chat template and the memory plan; docs/preflight.md).
+`run.cli.run_training` is that sequence for the training entry points; with ``--dry-run`` they run `run.dry_run`
+instead (these checks, then tokenizer, data, chat template and the memory plan; docs/preflight.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
-from nemo_rl_clone.utils.errors import UserInputError, reporting_user_errors
+from nemo_rl_clone.algorithms import registry
+from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.run_dirs import check_writable_dir, removed_if_start_fails
 
 logger = logging.getLogger(__name__)
@@ -33,43 +34,15 @@ def preflight(config: Any) -> None:
     policy = getattr(config, "policy", None)
     if policy is not None:
         problems.extend(_policy_problems(config, policy))
-    teacher = getattr(config, "teacher", None)
-    if teacher is not None:  # distillation's frozen teacher: inference only, on the training workers
-        problems.extend(_teacher_problems(config, teacher))
+    algorithm = registry.algorithm_for(config)
+    for section, model in (algorithm.frozen_models(config) if algorithm else {}).items():
+        problems.extend(_frozen_model_problems(config, section, model))  # e.g. distillation's teacher
     if getattr(config, "data", None) is not None:
         from nemo_rl_clone.data.checks import check_data_config
 
         problems.extend(check_data_config(config.data))
     if problems:
         raise UserInputError(*problems)
-
-
-class _Run(Protocol):
-    def shutdown(self) -> None: ...
-
-
-_R = TypeVar("_R", bound=_Run)
-
-
-def run_training(config: Any, setup: Callable[[Any], _R], train: Callable[[_R], None], dry_run: bool = False) -> None:
-    """A training entry point's work: pre-flight, setup (its directories removed again if it fails), train, shut
-    down; bad input anywhere ends as ``error:`` lines and exit code 2 (`reporting_user_errors`). ``dry_run``: the
-    pre-flight checks and the plan of `algorithms.dry_run` only."""
-    with reporting_user_errors():
-        if dry_run:
-            from nemo_rl_clone.algorithms.run.dry_run import dry_run as check_and_plan
-
-            check_and_plan(config)
-            return
-        preflight(config)
-        from nemo_rl_clone.algorithms.run.stop import stop_on_worker_death
-
-        with stop_on_worker_death("start-up"), removed_if_run_start_fails(config):
-            run = setup(config)
-        try:
-            train(run)
-        finally:
-            run.shutdown()
 
 
 @contextlib.contextmanager
@@ -166,17 +139,18 @@ def _attached_cluster_problems(shapes: dict[str, tuple[int, int]], use_gpus: boo
     return check_cluster_shape(nodes, shapes, use_gpus, where)
 
 
-def _teacher_problems(config: Any, teacher: Any) -> list[str]:
+def _frozen_model_problems(config: Any, section: str, model: Any) -> list[str]:
+    """An inference-only model on the training workers: its source, and its model parallelism against them."""
     from nemo_rl_clone.models.huggingface import check_model_source
 
     problems = []
-    model_problem = check_model_source(teacher.model_name, "teacher.model_name")
+    model_problem = check_model_source(model.model_name, f"{section}.model_name")
     if model_problem is not None:
         problems.append(model_problem)
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
-    if workers % teacher.model_parallel_size():
+    if workers % model.model_parallel_size():
         problems.append(
-            f"teacher.dtensor_cfg.tensor_parallel_size: {teacher.model_parallel_size()} must divide the {workers} "
+            f"{section}.dtensor_cfg.tensor_parallel_size: {model.model_parallel_size()} must divide the {workers} "
             "workers of cluster.*"
         )
     return problems

@@ -26,14 +26,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from nemo_rl_clone.algorithms.run.save_guard import SAVE_FAILED_EXIT_CODE, SaveFailed
 from nemo_rl_clone.algorithms.run.state import RunState
-from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.oom import oom_cause, remember_oom_kills
 from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
 from nemo_rl_clone.utils.checkpoint import CheckpointManager, remove_save_debris
@@ -44,11 +43,21 @@ from nemo_rl_clone.utils.signals import EXIT_CODE, RunInterrupted, StopRequested
 _DEFAULT_SAVE_S = 10.0
 
 
+class LoaderPosition(Protocol):
+    """Where a run is in its data: what a checkpoint saves and a resume restores (a `StatefulPromptLoader`, or async
+    GRPO's position of the last trained rollouts)."""
+
+    @property
+    def completed_epochs(self) -> int: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 class _ResumePoint:
     """Follows the phases: keeps the loader position and RNG states at the start of the step in flight (what a
     checkpoint of the step before it must hold) and how long the longest checkpoint phase took."""
 
-    def __init__(self, dataloader: StatefulPromptLoader) -> None:
+    def __init__(self, dataloader: LoaderPosition) -> None:
         self.dataloader = dataloader
         self.step: int | None = None
         self.saved: dict[str, Any] = {}
@@ -119,7 +128,7 @@ def resume_command() -> str:
 def stop_on_signals(
     checkpointer: CheckpointManager,
     state: RunState,
-    dataloader: StatefulPromptLoader,
+    dataloader: LoaderPosition,
     save: Callable[[], Path | None],
     grace_s: float,
 ) -> Iterator[None]:

@@ -7,18 +7,17 @@ batch rows one example fills, a `prepare_batch` hook (DPO adds the reference pol
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_clone.algorithms.run.state import format_metrics, run_validation, save_run_checkpoint, validates_at_end
-from nemo_rl_clone.algorithms.run.stop import stop_on_signals
+from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
+from nemo_rl_clone.algorithms.run.state import format_metrics, run_validation, save_run_checkpoint
 from nemo_rl_clone.algorithms.supervised.config import SupervisedAlgorithm
 from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun
 from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
 from nemo_rl_clone.models.policy.train_profile import memory_metrics, profile_metrics
-from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
-from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
+from nemo_rl_clone.utils.progress import console, phase
 from nemo_rl_clone.utils.timer import Timer
 
 # Printed after each step and validation.
@@ -58,84 +57,76 @@ def log_validation(run: SupervisedRun, step: int) -> dict[str, float]:
 
 
 def supervised_train(run: SupervisedRun) -> None:
-    """Train until ``max_num_steps``, ``max_num_epochs`` or ``checkpointing.checkpoint_must_save_by``."""
-    total_steps = int(min(run.loop.step_limit, run.loop.max_num_epochs * run.dataloader.batches_per_epoch))
-    with (
-        StepProgress(run.algorithm.section.upper(), total_steps, start_step=run.state.step),
-        stop_on_signals(
-            run.checkpointer,
-            run.state,
-            run.dataloader,
-            lambda: _save(run),
-            run.config.checkpointing.sigterm_grace_period_s,
-        ),
-    ):
-        _run_steps(run, total_steps)
+    """Train until ``max_num_steps``, ``max_num_epochs`` or ``checkpointing.checkpoint_must_save_by``
+    (`run.loop.train_loop`)."""
+    train_loop(SupervisedSteps(run))
 
 
-def _save(run: SupervisedRun) -> Path | None:
-    return save_run_checkpoint(
-        run.checkpointer,
-        run.policy,
-        run.dataloader,
-        run.state,
-        run.config,
-    )
+class SupervisedSteps:
+    """SFT's, DPO's and RM's step for `train_loop`: prepare the batch (DPO: reference logprobs), train."""
 
+    def __init__(self, run: SupervisedRun) -> None:
+        loop = run.loop
+        self.run, self.algorithm, self.policy = run, run.algorithm, run.policy
+        self.state, self.logger, self.checkpointer, self.log_dir = run.state, run.logger, run.checkpointer, run.log_dir
+        self.checkpointing = run.config.checkpointing
+        total = int(min(loop.step_limit, loop.max_num_epochs * run.dataloader.batches_per_epoch))
+        self.schedule = Schedule(
+            run.algorithm.section.upper(),
+            loop.step_limit,
+            loop.max_num_epochs,
+            loop.val_period,
+            val_at_start=loop.val_at_start,
+            val_at_end=loop.val_at_end,
+            total_steps=total,
+        )
+        self.total_steps = total
+        self.rows = run.algorithm.rows_per_example
+        self.batches: Iterator[Any] | None = None
 
-def _run_steps(run: SupervisedRun, total_steps: int) -> None:
-    loop, state, algorithm, policy = run.loop, run.state, run.algorithm, run.policy
-    checkpointing = run.config.checkpointing
-    rows = algorithm.rows_per_example
-    train_gbs, train_mbs = run.config.policy.train_global_batch_size, run.config.policy.train_micro_batch_size
-    timer, deadline = Timer(), SaveDeadline(checkpointing)
-    policy.prepare_for_training()  # nothing else shares the devices: the weights stay put from here on
-    if loop.val_at_start and state.step == 0:
-        log_validation(run, step=0)
-    batches = iter(run.dataloader)
-    while state.step < loop.step_limit and run.dataloader.completed_epochs < loop.max_num_epochs:
-        timer.reset()
-        step = state.step + 1
-        state.val_metrics = {}  # a checkpoint carries the validation metrics of its own step only (keep_top_k)
-        with timer.time("total_step_time"):
-            phase(step, "training")
-            with timer.time("data_processing"):
-                batch = algorithm.prepare_batch(next(batches), policy, rows * train_mbs)
-            with timer.time("policy_training"):
-                results = policy.train(batch, algorithm.loss_fn, gbs=rows * train_gbs, mbs=rows * train_mbs)
-            metrics = algorithm.train_metrics(step_metrics(algorithm, results))
-            state.step = step
-            state.total_valid_samples += int(metrics.get("num_valid_samples", 0))
-            state.train_metrics = metrics
+    @property
+    def position(self) -> Any:
+        return self.run.dataloader
 
-            if loop.val_period > 0 and step % loop.val_period == 0:
-                with timer.time("validation"):
-                    log_validation(run, step)
+    def start(self, timer: Timer) -> None:
+        self.policy.prepare_for_training()  # nothing else shares the devices: the weights stay put from here on
 
-            deadline.mark_step()
-            stop_for_deadline = deadline.reached()
-            is_last = (
-                step >= loop.step_limit or run.dataloader.completed_epochs >= loop.max_num_epochs or stop_for_deadline
-            )
-            # logged before the save: a run killed right after it resumes after this step (docs/grpo.md)
-            run.logger.log_metrics(metrics, step, prefix="train")
-            if should_save(step, checkpointing, is_last):
-                phase(step, "checkpoint")
-                with timer.time("checkpointing"):
-                    _save(run)
+    def train_step(self, step: int, timer: Timer) -> StepResult | None:
+        if self.batches is None:  # after validation at start, which must not move the loader
+            self.batches = iter(self.run.dataloader)
+        policy, algorithm, config = self.policy, self.algorithm, self.run.config
+        gbs, mbs = self.rows * config.policy.train_global_batch_size, self.rows * config.policy.train_micro_batch_size
+        phase(step, "training")
+        with timer.time("data_processing"):
+            batch = algorithm.prepare_batch(next(self.batches), policy, mbs)
+        with timer.time("policy_training"):
+            results = policy.train(batch, algorithm.loss_fn, gbs=gbs, mbs=mbs)
+        metrics = algorithm.train_metrics(step_metrics(algorithm, results))
+        return StepResult(metrics, valid_samples=int(metrics.get("num_valid_samples", 0)), extra={"results": results})
 
-        timing = timer.get_timing_metrics("sum")
+    def sync_weights(self, step: int, timer: Timer) -> None:
+        pass  # no generation engines
+
+    def validate(self, step: int, timer: Timer) -> None:
+        with timer.time("validation"):
+            log_validation(self.run, step)
+
+    def after_step(self, step: int, result: StepResult) -> None:
+        pass
+
+    def save(self) -> Path | None:
+        run = self.run
+        return save_run_checkpoint(run.checkpointer, run.policy, run.dataloader, run.state, run.config)
+
+    def log_step(self, step: int, result: StepResult, timing: dict[str, float]) -> None:
+        results = result.extra["results"]
         if "profile" in results:
             profile = profile_metrics(results["profile"], timing["policy_training"])
             timing.update(profile["timing"])
-            run.logger.log_metrics(memory_metrics(profile["performance"]), step, prefix="memory")
-            run.logger.log_metrics(profile["performance"], step, prefix="performance")
-        run.logger.log_metrics(timing, step, prefix="timing/train")
-        console.print(f"step {step}/{total_steps}: " + format_metrics(metrics, SHOWN_METRICS))
-        advance(step)
-        if stop_for_deadline:
-            console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")
-            break
-    if validates_at_end(loop.val_at_end, loop.val_period, state.step):
-        log_validation(run, state.step)
-    console.print(f"Done after step {state.step}. Logs: {run.log_dir}  Checkpoints: {checkpointing.checkpoint_dir}")
+            self.logger.log_metrics(memory_metrics(profile["performance"]), step, prefix="memory")
+            self.logger.log_metrics(profile["performance"], step, prefix="performance")
+        self.logger.log_metrics(timing, step, prefix="timing/train")
+        console.print(f"step {step}/{self.total_steps}: " + format_metrics(result.metrics, SHOWN_METRICS))
+
+    def close(self) -> None:
+        pass

@@ -166,22 +166,3 @@ def validation_batches(
         )
     count = available if loop.val_batches <= 0 else min(available, loop.val_batches)
     return [collate_fn([val_dataset[i] for i in range(b * size, (b + 1) * size)]) for b in range(count)]
-
-
-def run_supervised_cli(
-    schema: type,
-    default_config: str | Path,
-    setup: Callable[[Any], SupervisedRun],
-    argv: list[str] | None = None,
-    description: str = "",
-) -> None:
-    """The examples' front door: parse ``[--config PATH] [--dry-run] [overrides]``, validate (exit 2 with one line per problem),
-    print the config, build the run (resuming when a checkpoint exists), train, shut down."""
-    from nemo_rl_clone.algorithms.run.preflight import run_training
-    from nemo_rl_clone.algorithms.supervised.loop import supervised_train
-    from nemo_rl_clone.utils.config import load_run_from_cli, print_config
-
-    config: Any
-    config, dry_run = load_run_from_cli(schema, default_config, argv, description=description)
-    print_config(config_to_dict(config), title=f"{schema.__name__} (validated)")
-    run_training(config, setup, supervised_train, dry_run)
