@@ -37,7 +37,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: A
     from nemo_rl_clone.algorithms.sft import SFTMasterConfig
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
-    from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
+    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
     from nemo_rl_clone.utils.config import load_validated_config
 
     overrides = [
@@ -71,7 +71,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, results: A
 
 
 def run_layout(world: int, args: argparse.Namespace) -> dict[str, Any]:
-    from nemo_rl_clone.models.policy.worker_setup import free_local_port
+    from nemo_rl_clone.models.policy.workers.worker_setup import free_local_port
 
     port = free_local_port()
     context = mp.get_context("spawn")

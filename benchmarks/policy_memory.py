@@ -50,8 +50,8 @@ def child(variant: str, steps: int) -> dict[str, float]:
     from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
-    from nemo_rl_clone.models.policy import worker_setup
-    from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
+    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
+    from nemo_rl_clone.models.policy.workers import worker_setup
     from nemo_rl_clone.utils.config import load_validated_config
 
     worker_setup.set_single_process_env()

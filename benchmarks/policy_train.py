@@ -26,7 +26,7 @@ from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ra
 from nemo_rl_clone.models.huggingface import SMOLLM2, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.config import OptimizerConfig, PolicyConfig
 from nemo_rl_clone.models.policy.lm_policy import Policy
-from nemo_rl_clone.models.policy.megatron_config import MegatronConfig, MegatronOptimizerConfig, MegatronSchedulerConfig
+from nemo_rl_clone.models.policy.megatron.config import MegatronConfig, MegatronOptimizerConfig, MegatronSchedulerConfig
 
 OPTIMIZER_KWARGS = {"lr": 1e-5, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
 WORKER_THREADS = 1  # a CPU bundle is 1 CPU; Ray gives its actor OMP_NUM_THREADS=1

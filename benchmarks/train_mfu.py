@@ -84,10 +84,10 @@ def child(args: argparse.Namespace, precision: str) -> dict[str, float]:
 
     from nemo_rl_clone.algorithms.loss import NLLLossFn
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
-    from nemo_rl_clone.models.policy import worker_setup
     from nemo_rl_clone.models.policy.config import PolicyConfig
-    from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
-    from nemo_rl_clone.models.policy.train_profile import profile_metrics
+    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
+    from nemo_rl_clone.models.policy.workers import worker_setup
+    from nemo_rl_clone.models.policy.workers.train_profile import profile_metrics
     from nemo_rl_clone.utils.config_validation import validate_config
 
     model_path = (

@@ -23,7 +23,7 @@ from transformers import AutoConfig
 
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
-from nemo_rl_clone.models.policy import lora
+from nemo_rl_clone.models.policy.dtensor import lora
 from nemo_rl_clone.utils.checkpoint import require_verified_weights
 from nemo_rl_clone.utils.config import load_config, resolve_to_container
 from nemo_rl_clone.utils.config_validation import ConfigError

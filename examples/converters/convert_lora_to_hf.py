@@ -25,7 +25,7 @@ from convert_dcp_to_hf import _policy_section, convert_dcp_to_hf
 
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import resolve_model_path
-from nemo_rl_clone.models.policy import lora
+from nemo_rl_clone.models.policy.dtensor import lora
 from nemo_rl_clone.utils.config import load_config, resolve_to_container
 from nemo_rl_clone.utils.config_validation import ConfigError
 

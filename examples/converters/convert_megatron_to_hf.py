@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_clone.models.policy.megatron_export import export_megatron_checkpoint, single_process_policy
+from nemo_rl_clone.models.policy.megatron.export import export_megatron_checkpoint, single_process_policy
 from nemo_rl_clone.utils.checkpoint import require_verified_weights
 from nemo_rl_clone.utils.config import load_config, resolve_to_container
 from nemo_rl_clone.utils.config_validation import ConfigError

@@ -33,7 +33,7 @@ from nemo_rl_clone.algorithms.rl.setup import GRPOComponents, GRPOState, save_ch
 from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import run_validation
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
-from nemo_rl_clone.models.policy.train_profile import memory_metrics, profile_metrics
+from nemo_rl_clone.models.policy.workers.train_profile import memory_metrics, profile_metrics
 from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.samples import print_samples, sample_rows
 from nemo_rl_clone.utils.timer import Timer

@@ -3,7 +3,7 @@
 The model is a checkpoint of ``examples/run_rm.py`` (``checkpoint_path``) or any Hugging Face
 ``*ForSequenceClassification`` reward model (``model_name``). It runs in this environment's own Ray actor (on a GPU
 with ``resources.gpus_per_node: 1``), batched by ``batch_size``, through the same last-token scorer the reward-model
-trainer uses (`models.policy.reward_model`): the one environment that imports model code, since its scorer is a model.
+trainer uses (`models.policy.workers.reward_model`): the one environment that imports model code, since its scorer is a model.
 
 What is scored: the conversation's text exactly as the policy saw it (its messages' ``content`` are the chat
 template's rendering, see `data.llm_message_utils`), with the final assistant turn closed the way the reward model's
@@ -148,7 +148,7 @@ class RewardModelEnvironment(EnvironmentInterface):
         from nemo_rl_clone.data.llm_message_utils import assistant_turn_closing
         from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
         from nemo_rl_clone.models.huggingface import load_tokenizer
-        from nemo_rl_clone.models.policy.reward_model import LastTokenScorer, load_reward_model
+        from nemo_rl_clone.models.policy.workers.reward_model import LastTokenScorer, load_reward_model
 
         check_env_config("reward_model", cfg)
         self.cfg = cfg

@@ -147,8 +147,8 @@ def convert_checkpoint_to_hf(
 
     from nemo_rl_clone.models.hf_export import save_consolidated_hf
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
-    from nemo_rl_clone.models.policy import lora
-    from nemo_rl_clone.models.policy.megatron_export import (
+    from nemo_rl_clone.models.policy.dtensor import lora
+    from nemo_rl_clone.models.policy.megatron.export import (
         export_in_subprocess,
         is_megatron_run,
         single_process_policy,

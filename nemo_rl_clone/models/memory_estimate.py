@@ -129,7 +129,7 @@ def policy_worker_memory(
         )
     activations = tokens * shape.num_layers * per_layer * compute_bytes
     if dtensor.logits_at_loss_tokens_only:
-        from nemo_rl_clone.models.policy.token_logprob_head import DEFAULT_CHUNK_SIZE
+        from nemo_rl_clone.models.policy.workers.token_logprob_head import DEFAULT_CHUNK_SIZE
 
         positions = min(int(tokens * loss_share), policy.logprob_chunk_size or DEFAULT_CHUNK_SIZE)
         logits = 2 * positions * shape.vocab_size * 4

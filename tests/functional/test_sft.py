@@ -135,7 +135,7 @@ def test_sft_lora_learns_resumes_and_exports(tmp_path):
     from nemo_rl_clone.evals.checkpoint import convert_checkpoint_to_hf
     from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
     from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
-    from nemo_rl_clone.models.policy.lora import is_adapter_key
+    from nemo_rl_clone.models.policy.dtensor.lora import is_adapter_key
     from tests.functional.supervised_runs import REPO
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

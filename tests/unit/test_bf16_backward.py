@@ -1,12 +1,13 @@
-"""`models/policy/bf16_backward.py` and `worker_setup.backward_dtype`: fp32 forward, bf16 gradient matmuls."""
+"""`models/policy/dtensor/bf16_backward.py` and `worker_setup.backward_dtype`: fp32 forward, bf16 gradient matmuls."""
 
 import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from nemo_rl_clone.models.policy import bf16_backward, token_logprob_head
-from nemo_rl_clone.models.policy.bf16_backward import Bf16BackwardLinear
-from nemo_rl_clone.models.policy.worker_setup import backward_dtype
+from nemo_rl_clone.models.policy.dtensor import bf16_backward
+from nemo_rl_clone.models.policy.dtensor.bf16_backward import Bf16BackwardLinear
+from nemo_rl_clone.models.policy.workers import token_logprob_head
+from nemo_rl_clone.models.policy.workers.worker_setup import backward_dtype
 from nemo_rl_clone.utils.platform import cpu_has_native_bf16
 from tests.unit.test_token_logprob_head import tiny_llama
 

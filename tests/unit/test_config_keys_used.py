@@ -64,7 +64,7 @@ from nemo_rl_clone.models.policy.config import (
     RouterReplayConfig,
     SequencePackingConfig,
 )
-from nemo_rl_clone.models.policy.megatron_config import (
+from nemo_rl_clone.models.policy.megatron.config import (
     MegatronConfig,
     MegatronDDPConfig,
     MegatronFP8Config,

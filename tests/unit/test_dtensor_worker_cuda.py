@@ -28,7 +28,7 @@ GPU_ATOL = 1e-4
 def run_worker(model_path: str, batch: BatchedDataDict, overrides: dict[str, Any]) -> dict[str, Any]:
     """In the spawned process: one worker through a GRPO-like cycle; everything returned on CPU."""
     from nemo_rl_clone.algorithms.loss import NLLLossFn
-    from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
+    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
 
     def cpu_state(state: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
         assert state is not None, "rank 0 of a world of 1 holds the full state dict"

@@ -20,7 +20,7 @@ from nemo_rl_clone.environments.reward_model_environment import (
     resolve_reward_model,
 )
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
-from nemo_rl_clone.models.policy.reward_model import load_reward_model
+from nemo_rl_clone.models.policy.workers.reward_model import load_reward_model
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 ATOL = 1e-5  # fp32 scorer vs fp32 HF forward of the same tokens

@@ -26,7 +26,7 @@ from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
 from nemo_rl_clone.models.generation.vllm import VllmGeneration, engine_io
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_hf_config, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.lm_policy import Policy
-from nemo_rl_clone.models.policy.worker_setup import clear_cache_due
+from nemo_rl_clone.models.policy.workers.worker_setup import clear_cache_due
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
 from nemo_rl_clone.utils.config import load_validated_config
 from nemo_rl_clone.utils.config_validation import validate_config

@@ -11,7 +11,7 @@ import torch
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, keep_threshold, processed_logits
 from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits
-from nemo_rl_clone.models.policy.token_logprob_head import project_token_logprobs
+from nemo_rl_clone.models.policy.workers.token_logprob_head import project_token_logprobs
 
 SETTINGS = [
     TrainingSamplingParams(0.7, None, 1.0),

@@ -1,4 +1,4 @@
-"""`nemo_rl_clone.models.policy.lora` in one process, against peft's own PeftModel as the reference: which layers get
+"""`nemo_rl_clone.models.policy.dtensor.lora` in one process, against peft's own PeftModel as the reference: which layers get
 adapters, that a fresh adapter changes nothing, that merging equals peft's merge, that switching the adapters off gives
 the base model, and that the exported adapter folder loads in peft. fp32 throughout; tolerances 1e-5 absolute on
 logits of order 1 (only the order of float sums differs)."""
@@ -15,8 +15,8 @@ from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
-from nemo_rl_clone.models.policy import lora
 from nemo_rl_clone.models.policy.config import LoraConfig
+from nemo_rl_clone.models.policy.dtensor import lora
 
 INPUT_IDS = torch.tensor([[5, 17, 42, 8, 99, 3, 64, 21], [7, 7, 120, 11, 2, 56, 90, 13]])
 

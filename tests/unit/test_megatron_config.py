@@ -13,7 +13,7 @@ import pytest
 
 from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
-from nemo_rl_clone.models.policy.megatron_config import MegatronConfig
+from nemo_rl_clone.models.policy.megatron.config import MegatronConfig
 from nemo_rl_clone.utils.config import load_validated_config
 from nemo_rl_clone.utils.config_validation import ConfigError, _dataclass_in, validate_config
 from tests.unit.test_config_keys_used import INERT

@@ -1,4 +1,4 @@
-"""Hugging Face ↔ Megatron Core weight conversion (`nemo_rl_clone.models.megatron.converter`), without processes:
+"""Hugging Face ↔ Megatron Core weight conversion (`nemo_rl_clone.models.policy.megatron.converter`), without processes:
 every layout a tensor/pipeline-parallel run can shard into must merge back to the exact Hugging Face tensors.
 
 Models: a tiny Llama (tied embeddings, GQA 4 heads / 2 KV heads) and a tiny Qwen2 (untied head, QKV bias), random
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen2Config
 
-from nemo_rl_clone.models.megatron import converter
+from nemo_rl_clone.models.policy.megatron import converter
 
 DIMS = {
     "vocab_size": 128,

@@ -201,7 +201,7 @@ def max_diff(a: Any, b: Any) -> float:
 # ---------------------------------------------------------------------------- scenarios (run in the children)
 def _megatron_worker(model_dir: str, tp: int, pp: int, megatron: dict[str, Any] | None = None, **kwargs: Any) -> Any:
     from nemo_rl_clone.models.huggingface import load_tokenizer
-    from nemo_rl_clone.models.policy.megatron_policy_worker import MegatronPolicyWorker
+    from nemo_rl_clone.models.policy.megatron.policy_worker import MegatronPolicyWorker
 
     config = megatron_config(model_dir, tp, pp, **(megatron or {}))
     return MegatronPolicyWorker(config, load_tokenizer(model_dir), model_dir, **kwargs)
@@ -226,7 +226,7 @@ def _step(worker: Any, data: BatchedDataDict) -> dict[str, Any]:
 
 def run_single(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
     from nemo_rl_clone.models.huggingface import load_tokenizer
-    from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
+    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
 
     dtensor = DTensorPolicyWorker(
         dtensor_config(model_dir),
@@ -479,7 +479,7 @@ def test_converter_refuses_dtensor_runs_and_other_folders(
 # ---------------------------------------------------------------------------- GPU (skipped without CUDA)
 def run_bf16(model_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
     from nemo_rl_clone.models.huggingface import load_tokenizer
-    from nemo_rl_clone.models.policy.megatron_policy_worker import MegatronPolicyWorker
+    from nemo_rl_clone.models.policy.megatron.policy_worker import MegatronPolicyWorker
 
     config = validate_config(policy_dict(model_dir, precision="bfloat16"), PolicyConfig)
     worker = MegatronPolicyWorker(config, load_tokenizer(model_dir), model_dir)

@@ -86,7 +86,7 @@ def test_engine_on_cpu_and_gpu(shape):
 
 
 def test_worker_peaks_are_logged_as_memory_metrics():
-    from nemo_rl_clone.models.policy.train_profile import TrainProfile, memory_metrics, merge, profile_metrics
+    from nemo_rl_clone.models.policy.workers.train_profile import TrainProfile, memory_metrics, merge, profile_metrics
 
     ranks = [TrainProfile(forward_s=1.0, peak_rss_bytes=3_000_000_000), TrainProfile(peak_rss_bytes=5_000_000_000)]
     merged = merge(ranks)

@@ -1,4 +1,4 @@
-"""`models/policy/packed_sequences.py`: a microbatch run as one packed row gives the padded rows' logits, logprobs,
+"""`models/policy/workers/packed_sequences.py`: a microbatch run as one packed row gives the padded rows' logits, logprobs,
 losses and gradients (fp64 for the attention itself; fp32 through the real losses, 1e-5)."""
 
 import pytest
@@ -7,9 +7,9 @@ import torch
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, NLLLossFn
 from nemo_rl_clone.distributed.model_utils import TokenLogprobs, valid_counts
-from nemo_rl_clone.models.policy import token_logprob_head
-from nemo_rl_clone.models.policy.packed_sequences import PACKED_ATTENTION, PackedRows, PaddedRows, rows_for
-from nemo_rl_clone.models.policy.token_logprob_head import Selection, next_token_selection
+from nemo_rl_clone.models.policy.workers import token_logprob_head
+from nemo_rl_clone.models.policy.workers.packed_sequences import PACKED_ATTENTION, PackedRows, PaddedRows, rows_for
+from nemo_rl_clone.models.policy.workers.token_logprob_head import Selection, next_token_selection
 from tests.unit.test_token_logprob_head import _batch, tiny_llama
 
 LENGTHS = torch.tensor([12, 9, 5, 11])  # _batch()'s rows

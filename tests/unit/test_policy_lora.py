@@ -18,8 +18,8 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
-from nemo_rl_clone.models.policy import lora
 from nemo_rl_clone.models.policy.config import LoraConfig
+from nemo_rl_clone.models.policy.dtensor import lora
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from tests.unit.policy_reference import ReferenceTrainer, hf_logprobs, make_batch, max_state_diff, policy_config
 

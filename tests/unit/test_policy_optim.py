@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from nemo_rl_clone.models.policy.config import OptimizerConfig, PolicyConfig
-from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler, check_import_paths, import_by_path
+from nemo_rl_clone.models.policy.workers.optim import (
+    build_optimizer,
+    build_scheduler,
+    check_import_paths,
+    import_by_path,
+)
 
 
 def _params() -> list[torch.nn.Parameter]:

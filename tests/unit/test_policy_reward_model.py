@@ -30,7 +30,7 @@ from nemo_rl_clone.models.policy.config import (
     RewardModelConfig,
 )
 from nemo_rl_clone.models.policy.lm_policy import Policy
-from nemo_rl_clone.models.policy.reward_model import SCORE_HEAD_INIT_SEED
+from nemo_rl_clone.models.policy.workers.reward_model import SCORE_HEAD_INIT_SEED
 from nemo_rl_clone.utils.config_validation import ConfigError, config_to_dict, validate_config
 
 TRAIN_STEPS = 15

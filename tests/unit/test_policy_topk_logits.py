@@ -15,7 +15,7 @@ from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.config import DynamicBatchingConfig
 from nemo_rl_clone.models.policy.lm_policy import Policy
-from nemo_rl_clone.models.policy.topk_logits import topk_of_logits
+from nemo_rl_clone.models.policy.workers.topk_logits import topk_of_logits
 from tests.unit.policy_reference import make_batch, policy_config
 
 K = 5

@@ -1,4 +1,4 @@
-"""`models/policy/token_logprob_head.py`: token logprobs projected at selected positions only, against the full
+"""`models/policy/workers/token_logprob_head.py`: token logprobs projected at selected positions only, against the full
 logits path (fp64 for the kernel; fp32 through a real tiny Llama and the real losses)."""
 
 import pytest
@@ -8,8 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, DPOLossFn, NLLLossFn
 from nemo_rl_clone.distributed.model_utils import TokenLogprobs, token_logprobs_from_logits, valid_counts
-from nemo_rl_clone.models.policy import token_logprob_head
-from nemo_rl_clone.models.policy.token_logprob_head import (
+from nemo_rl_clone.models.policy.workers import token_logprob_head
+from nemo_rl_clone.models.policy.workers.token_logprob_head import (
     Selection,
     SelectiveLMHead,
     next_token_selection,

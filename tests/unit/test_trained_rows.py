@@ -15,8 +15,8 @@ from nemo_rl_clone.algorithms.loss import ClippedPGLossFn
 from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import valid_counts
-from nemo_rl_clone.models.policy.train_step import scaled_loss, step_normalization
-from nemo_rl_clone.models.policy.trained_rows import select_trained_rows
+from nemo_rl_clone.models.policy.workers.train_step import scaled_loss, step_normalization
+from nemo_rl_clone.models.policy.workers.trained_rows import select_trained_rows
 from tests.unit.test_loss_functions import NEMO_RL_LOSS_CFG
 
 VOCAB, HIDDEN, ROWS, WIDTH = 8, 4, 12, 7

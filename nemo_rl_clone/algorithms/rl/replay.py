@@ -153,9 +153,9 @@ def replay(bundle: Bundle) -> Replayed:
     from nemo_rl_clone.algorithms.rl.batches import training_metrics
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import check_model_available
-    from nemo_rl_clone.models.policy import worker_setup
-    from nemo_rl_clone.models.policy.dtensor_policy_worker import DTensorPolicyWorker
+    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
     from nemo_rl_clone.models.policy.lm_policy import TrainPlan, merge_shards, shard_batch
+    from nemo_rl_clone.models.policy.workers import worker_setup
     from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
     cfg = policy_config(bundle)

@@ -1,7 +1,7 @@
 """Pre-flight: every check of a validated config that needs the machine or the files it names, run by the entry
 points before Ray starts and before any log or checkpoint directory is created. Each check lives with its component
 (model sources in ``models/huggingface.py``, data files in ``data/checks.py``, optimizer and scheduler in
-``models/policy/optim.py``, cluster shape and Ray's port in ``distributed/virtual_cluster.py``, directories in
+``models/policy/workers/optim.py``, cluster shape and Ray's port in ``distributed/virtual_cluster.py``, directories in
 ``utils/run_dirs.py``); this module composes them by the sections a config has, for GRPO, SFT, DPO, RM and
 evaluation alike. A run on a running Ray cluster (``RAY_ADDRESS``, ``ray job submit``) connects to it here, to check
 cluster.* against its nodes.
@@ -158,7 +158,7 @@ def _frozen_model_problems(config: Any, section: str, model: Any) -> list[str]:
 
 def _policy_problems(config: Any, policy: Any) -> list[str]:
     from nemo_rl_clone.models.huggingface import check_model_source
-    from nemo_rl_clone.models.policy.optim import OptimizerConfigError, check_optimizer_and_scheduler
+    from nemo_rl_clone.models.policy.workers.optim import OptimizerConfigError, check_optimizer_and_scheduler
 
     problems = []
     model_problem = check_model_source(policy.model_name, "policy.model_name")

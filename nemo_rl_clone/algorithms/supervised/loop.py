@@ -16,7 +16,7 @@ from nemo_rl_clone.algorithms.run.state import format_metrics, run_validation, s
 from nemo_rl_clone.algorithms.supervised.config import SupervisedAlgorithm
 from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun
 from nemo_rl_clone.algorithms.utils import combine_batches, reduce_train_results
-from nemo_rl_clone.models.policy.train_profile import memory_metrics, profile_metrics
+from nemo_rl_clone.models.policy.workers.train_profile import memory_metrics, profile_metrics
 from nemo_rl_clone.utils.progress import console, phase
 from nemo_rl_clone.utils.timer import Timer
 

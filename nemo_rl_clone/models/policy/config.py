@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_rl_clone.models.generation.config import GenerationConfig
-from nemo_rl_clone.models.policy.megatron_config import (
+from nemo_rl_clone.models.policy.megatron.config import (
     MegatronConfig,
     check_megatron_against_policy,
     check_megatron_config,
@@ -97,7 +97,7 @@ def check_scheduler_entries(entries: list[dict[str, Any]]) -> list[tuple[str, st
 @dataclass
 class LoraConfig:
     """``policy.dtensor_cfg.lora_cfg``: LoRA adapters (peft) on linear layers; only the adapters train and are
-    checkpointed, and the engines receive merged weights (see `nemo_rl_clone.models.policy.lora`)."""
+    checkpointed, and the engines receive merged weights (see `nemo_rl_clone.models.policy.dtensor.lora`)."""
 
     enabled: bool = False
     # Which linear layers get an adapter: all but the output head (match_all_linear), or those matching
@@ -228,7 +228,7 @@ PACKERS = ("modified_first_fit_decreasing", "first_fit_decreasing")
 @dataclass
 class SequencePackingConfig:
     """Bin-pack samples into microbatches of at most ``*_mb_tokens`` tokens, each run as one row without padding
-    (DTensor backend, see `nemo_rl_clone.models.policy.packed_sequences`)."""
+    (DTensor backend, see `nemo_rl_clone.models.policy.workers.packed_sequences`)."""
 
     enabled: bool = False
     train_mb_tokens: int | None = None
@@ -383,7 +383,7 @@ class PolicyConfig:
 
 def _check_backend(config: PolicyConfig) -> list[tuple[str, str]]:
     """Exactly one backend, and the keys of the other backend's kind null (``megatron_cfg`` keys: only checked
-    when it is the backend, see `nemo_rl_clone.models.policy.megatron_config`)."""
+    when it is the backend, see `nemo_rl_clone.models.policy.megatron.config`)."""
     dtensor, megatron = config.dtensor_cfg.enabled, config.megatron_cfg.enabled
     if dtensor and megatron:
         return [
@@ -427,7 +427,7 @@ def _check_backend(config: PolicyConfig) -> list[tuple[str, str]]:
 
 def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
     """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored
-    (``megatron_cfg``'s own: `nemo_rl_clone.models.policy.megatron_config`)."""
+    (``megatron_cfg``'s own: `nemo_rl_clone.models.policy.megatron.config`)."""
     problems = _check_sequence_packing(config) + _check_lora(config) + _check_context_parallel(config)
     if config.dtensor_cfg.sequence_parallel:
         problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))

@@ -29,18 +29,18 @@ from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S
 from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
 from nemo_rl_clone.models.huggingface import resolve_model_path
-from nemo_rl_clone.models.policy import train_profile
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
-from nemo_rl_clone.models.policy.megatron_config import local_spec_notes
-from nemo_rl_clone.models.policy.optim import check_import_paths
-from nemo_rl_clone.models.policy.reward_model import check_input_lengths, reward_model_error
-from nemo_rl_clone.models.policy.topk_logits import check_k
-from nemo_rl_clone.models.policy.trained_rows import trained_rows_for
+from nemo_rl_clone.models.policy.megatron.config import local_spec_notes
+from nemo_rl_clone.models.policy.workers import train_profile
+from nemo_rl_clone.models.policy.workers.optim import check_import_paths
+from nemo_rl_clone.models.policy.workers.reward_model import check_input_lengths, reward_model_error
+from nemo_rl_clone.models.policy.workers.topk_logits import check_k
+from nemo_rl_clone.models.policy.workers.trained_rows import trained_rows_for
 from nemo_rl_clone.utils.config_validation import as_config
 
-DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor_policy_worker.DTensorPolicyWorker"
-MEGATRON_WORKER = "nemo_rl_clone.models.policy.megatron_policy_worker.MegatronPolicyWorker"
+DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor.policy_worker.DTensorPolicyWorker"
+MEGATRON_WORKER = "nemo_rl_clone.models.policy.megatron.policy_worker.MegatronPolicyWorker"
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class Policy(ColocatablePolicyInterface):
     def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
         """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}``: the ``k`` largest next-token logits
         at every position (largest first) and their vocab ids, 0 at positions ``>= input_lengths`` (layout:
-        `nemo_rl_clone.models.policy.topk_logits`). Needs ``input_ids`` and ``input_lengths``; sharded like
+        `nemo_rl_clone.models.policy.workers.topk_logits`). Needs ``input_ids`` and ``input_lengths``; sharded like
         `get_logprobs`. The DTensor backend only: Megatron raises NotImplementedError."""
         self._require_language_model("get_topk_logits")
         if self.cfg.megatron_cfg.enabled:

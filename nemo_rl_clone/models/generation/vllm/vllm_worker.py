@@ -52,7 +52,7 @@ from nemo_rl_clone.distributed.weight_transfer import (
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.generation.interfaces import RefitError
 from nemo_rl_clone.models.generation.vllm import engine_io
-from nemo_rl_clone.models.policy.train_profile import peak_rss_bytes
+from nemo_rl_clone.models.policy.workers.train_profile import peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForSequenceClassification, PretrainedConfig, PreTrainedModel
 
-from nemo_rl_clone.models.policy.packed_sequences import PackedRows, PaddedRows
+from nemo_rl_clone.models.policy.workers.packed_sequences import PackedRows, PaddedRows
 
 # A causal-LM checkpoint has no score head; from_pretrained initialises it from torch's global RNG. Seeding that
 # draw (inside a forked RNG, so nothing else is affected) gives every rank, every run and every resume-from-HF the

@@ -41,11 +41,10 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction, TokenLogprobs
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
-from nemo_rl_clone.models.policy import (
-    bf16_backward,
-    context_parallel,
-    dtensor_parallel,
-    lora,
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.models.policy.dtensor import bf16_backward, context_parallel, lora
+from nemo_rl_clone.models.policy.dtensor import parallel as dtensor_parallel
+from nemo_rl_clone.models.policy.workers import (
     packed_sequences,
     reward_model,
     token_logprob_head,
@@ -53,10 +52,9 @@ from nemo_rl_clone.models.policy import (
     train_step,
     worker_setup,
 )
-from nemo_rl_clone.models.policy.config import PolicyConfig
-from nemo_rl_clone.models.policy.optim import build_optimizer, build_scheduler
-from nemo_rl_clone.models.policy.refit_sender import RefitSender
-from nemo_rl_clone.models.policy.train_profile import TrainProfile, device_peak_flops, peak_rss_bytes
+from nemo_rl_clone.models.policy.workers.optim import build_optimizer, build_scheduler
+from nemo_rl_clone.models.policy.workers.refit_sender import RefitSender
+from nemo_rl_clone.models.policy.workers.train_profile import TrainProfile, device_peak_flops, peak_rss_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import (
 )
 from transformers import PreTrainedModel
 
-from nemo_rl_clone.models.policy.optim import import_by_path
+from nemo_rl_clone.models.policy.workers.optim import import_by_path
 
 # Hugging Face's `base_model_tp_plan` vocabulary → DTensor styles. Other entries (e.g. Qwen3's
 # "replicated_with_grad_allreduce" q/k norms over head_dim) need nothing: those parameters stay replicated.

@@ -12,8 +12,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_clone.models.policy import worker_setup
 from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.models.policy.workers import worker_setup
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 # What Megatron's dist_checkpointing writes into every checkpoint folder (a DCP folder has only ``.metadata``).
@@ -72,8 +72,8 @@ def export_megatron_checkpoint(
     # Imported here: Megatron Core is only needed once the inputs are known to be usable.
     from nemo_rl_clone.models.hf_export import save_consolidated_hf
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
-    from nemo_rl_clone.models.megatron.model import gather_hf_state_dict
-    from nemo_rl_clone.models.policy.megatron_policy_worker import MegatronPolicyWorker
+    from nemo_rl_clone.models.policy.megatron.model import gather_hf_state_dict
+    from nemo_rl_clone.models.policy.megatron.policy_worker import MegatronPolicyWorker
 
     tokenizer = load_tokenizer(tokenizer_path)
     worker_setup.set_single_process_env()

@@ -1,7 +1,7 @@
 """``MegatronPolicyWorker``: one rank of a Megatron Core GPT policy (tensor × pipeline × data parallel), run as a
 Ray actor behind the same `Policy` facade and method contract as `DTensorPolicyWorker`.
 
-Weights come from a Hugging Face Llama/Qwen2 model, converted in memory at start-up (`models.megatron.converter`);
+Weights come from a Hugging Face Llama/Qwen2 model, converted in memory at start-up (`models.policy.megatron.converter`);
 refit and consolidated exports convert back. Training runs Megatron's forward/backward schedules (1F1B across
 pipeline stages), its DDP and (distributed) optimizer; checkpoints use Megatron's distributed checkpoint format,
 which reloads at any parallel layout.
@@ -35,11 +35,11 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import LossFunction
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
-from nemo_rl_clone.models.megatron import converter
-from nemo_rl_clone.models.megatron import model as mmodel
-from nemo_rl_clone.models.policy import train_step, worker_setup
 from nemo_rl_clone.models.policy.config import PolicyConfig
-from nemo_rl_clone.models.policy.refit_sender import RefitSender
+from nemo_rl_clone.models.policy.megatron import converter
+from nemo_rl_clone.models.policy.megatron import model as mmodel
+from nemo_rl_clone.models.policy.workers import train_step, worker_setup
+from nemo_rl_clone.models.policy.workers.refit_sender import RefitSender
 from nemo_rl_clone.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)

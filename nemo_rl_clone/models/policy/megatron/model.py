@@ -24,7 +24,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
-from nemo_rl_clone.models.megatron import converter
+from nemo_rl_clone.models.policy.megatron import converter
 from nemo_rl_clone.utils.errors import UserInputError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
