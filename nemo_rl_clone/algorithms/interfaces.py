@@ -48,3 +48,8 @@ class Algorithm(ABC):
     def frozen_models(self, config: Any) -> dict[str, Any]:
         """Inference-only models on the training workers, by config section (distillation's ``teacher``)."""
         return {}
+
+    def trained_models(self, config: Any) -> dict[str, Any]:
+        """Further trained models on the training workers besides ``policy``, by config section (PPO's critic,
+        ``value``): pre-flight checks their sources and the dry run plans their optimizer state too."""
+        return {}

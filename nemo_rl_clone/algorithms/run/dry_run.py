@@ -163,10 +163,15 @@ def plan_memory(config: Any, plan: Plan) -> None:
         engines = _engines_per_node(config.generation, workers)
         plan.workers.append(engine_memory(config.generation.vllm_cfg, shape, device_bytes, engines))
     algorithm = registry.algorithm_for(config)
+    shards = workers * config.cluster.num_nodes
     for section, model in (algorithm.frozen_models(config) if algorithm else {}).items():
         shape = ModelShape.of(resolve_model_path(model.model_name), model.hf_config_overrides)
-        shards = workers * config.cluster.num_nodes
         plan.workers.append(inference_worker_memory(f"{section} worker", model.precision, shape, shards, workers))
+    for section, model in (algorithm.trained_models(config) if algorithm else {}).items():
+        shape = ModelShape.of(resolve_model_path(model.model_name), model.hf_config_overrides)
+        share = algorithm.loss_token_share(config) if algorithm else 1.0
+        kind = f"{section} worker"
+        plan.workers.append(policy_worker_memory(model, shape, shards, False, share, kind=kind, count=workers))
     _fits(config, plan, on_gpu)
 
 

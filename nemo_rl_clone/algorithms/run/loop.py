@@ -21,9 +21,12 @@ run redoes the step and logs it again.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+import psutil
 
 from nemo_rl_clone.algorithms.run.stop import LoaderPosition, stop_on_signals
 from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
@@ -122,6 +125,9 @@ def _run_steps(steps: StepAlgorithm) -> None:
     steps.start(timer)
     if schedule.val_at_start and state.step == 0:
         steps.validate(0, timer)
+    # process start to this process's first step (imports, Ray, workers, engines, validation at start): logged
+    # with that step as timing/train/startup_time
+    startup_time: float | None = time.time() - psutil.Process().create_time()
     while state.step < schedule.max_num_steps and steps.position.completed_epochs < schedule.max_num_epochs:
         timer.reset()
         step = state.begin_step()
@@ -145,7 +151,11 @@ def _run_steps(steps: StepAlgorithm) -> None:
                 steps.validate(step, timer)
 
             steps.after_step(step, result)
-            kept = result.metrics if result.kept is None else {k: result.metrics[k] for k in result.kept}
+            kept = (
+                result.metrics
+                if result.kept is None
+                else {k: result.metrics[k] for k in result.kept if k in result.metrics}
+            )
             state.train_metrics = dict(kept)
             steps.logger.log_metrics(result.metrics, step, prefix="train")
             for prefix, metrics in result.logs.items():
@@ -157,7 +167,10 @@ def _run_steps(steps: StepAlgorithm) -> None:
                 with timer.time("checkpointing"):
                     steps.save()
 
-        steps.log_step(step, result, {**result.timing, **timer.get_timing_metrics("sum")})
+        timing = {**result.timing, **timer.get_timing_metrics("sum")}
+        if startup_time is not None:
+            timing["startup_time"], startup_time = startup_time, None
+        steps.log_step(step, result, timing)
         advance(step)
         if stop_for_deadline:
             console.print(f"[yellow]checkpointing.checkpoint_must_save_by reached: saved and stopping at step {step}")

@@ -35,8 +35,9 @@ def preflight(config: Any) -> None:
     if policy is not None:
         problems.extend(_policy_problems(config, policy))
     algorithm = registry.algorithm_for(config)
-    for section, model in (algorithm.frozen_models(config) if algorithm else {}).items():
-        problems.extend(_frozen_model_problems(config, section, model))  # e.g. distillation's teacher
+    others = {**algorithm.frozen_models(config), **algorithm.trained_models(config)} if algorithm else {}
+    for section, model in others.items():  # distillation's teacher, PPO's critic
+        problems.extend(_other_model_problems(config, section, model))
     if getattr(config, "data", None) is not None:
         from nemo_rl_clone.data.checks import check_data_config
 
@@ -139,8 +140,8 @@ def _attached_cluster_problems(shapes: dict[str, tuple[int, int]], use_gpus: boo
     return check_cluster_shape(nodes, shapes, use_gpus, where)
 
 
-def _frozen_model_problems(config: Any, section: str, model: Any) -> list[str]:
-    """An inference-only model on the training workers: its source, and its model parallelism against them."""
+def _other_model_problems(config: Any, section: str, model: Any) -> list[str]:
+    """A model besides the policy on the training workers: its source, and its model parallelism against them."""
     from nemo_rl_clone.models.huggingface import check_model_source
 
     problems = []

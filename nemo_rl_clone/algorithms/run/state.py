@@ -205,8 +205,12 @@ def save_run_checkpoint(
     dataloader: StatefulPromptLoader,
     state: RunState,
     run_config: Any,
+    extra_models: Mapping[str, Policy] | None = None,
 ) -> Path | None:
     """Write ``step_{state.step}`` through ``tmp_step_N`` (atomic rename); the manager prunes to the top-k afterwards.
+
+    ``extra_models`` are further trained models of the run (PPO's critic), each saved under ``<name>/weights`` and
+    ``<name>/optimizer`` next to ``policy/``, inside the same atomic save and manifest.
 
     ``run_config`` (the run's validated config) is saved as the checkpoint's ``config.yaml``; its
     ``checkpointing.save_consolidated`` adds a Hugging Face folder at ``policy/hf`` with
@@ -224,6 +228,11 @@ def save_run_checkpoint(
             save_hf_path=str(tmp / "policy" / "hf") if checkpointing.save_consolidated else None,
             save_hf_format=checkpointing.model_save_format or "safetensors",  # null only without a consolidated folder
         )
+        for name, model in (extra_models or {}).items():
+            model.save_checkpoint(
+                weights_path=str(tmp / name / "weights"),
+                optimizer_path=str(tmp / name / "optimizer") if checkpointing.save_optimizer else None,
+            )
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
         torch.save({"dataloader": dataloader.state_dict(), "rng": rng}, tmp / DATALOADER_FILE)
         seconds, _, at_step = os.environ.get(SAVE_PAUSE_ENV, "").partition("@")
