@@ -37,6 +37,7 @@ _REGISTRY: dict[str, _Entry] = {
     "sft": _Entry(f"{_PACKAGE}.sft:SFTMasterConfig", f"{_PACKAGE}.sft:ALGORITHM", "SFT"),
     "dpo": _Entry(f"{_PACKAGE}.dpo:DPOMasterConfig", f"{_PACKAGE}.dpo:ALGORITHM", "DPO"),
     "rm": _Entry(f"{_PACKAGE}.rm:RMMasterConfig", f"{_PACKAGE}.rm:ALGORITHM", "RM"),
+    "ppo": _Entry(f"{_PACKAGE}.ppo.config:PPOMasterConfig", f"{_PACKAGE}.ppo.train:ALGORITHM", "PPO"),
 }
 
 

@@ -3,10 +3,14 @@ values of features not built here are refused naming the key."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nemo_rl_clone.algorithms.ppo import GAEConfig, MseValueLossConfig, PPOConfig
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
+
+REPO = Path(__file__).resolve().parents[2]
 
 # The ppo section of NeMo-RL v0.7.0's examples/configs/ppo_math_1B.yaml, as its keys and values.
 PPO_MATH_1B = {
@@ -122,3 +126,47 @@ def test_value_loss_fn_refusals():
     assert problems_of({"scale": -1.0}, MseValueLossConfig) == ["scale: must be >= 0, got -1.0"]
     assert problems_of({"cliprange": -0.2}, MseValueLossConfig)[0].startswith("cliprange: must be >= 0 or null")
     assert problems_of({"clip_range": 0.2}, MseValueLossConfig) == ["clip_range: unknown key (did you mean cliprange?)"]
+
+
+# ------------------------------------------------------------------ the whole-run schema
+@pytest.mark.parametrize("name", ["ppo_smollm2_cpu.yaml", "ppo_smoke.yaml"])
+def test_shipped_ppo_configs_validate_with_a_regression_critic(name):
+    from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
+    from nemo_rl_clone.utils.config import load_validated_config
+
+    config = load_validated_config(REPO / "configs" / name, [], PPOMasterConfig)
+    assert config.value.reward_model_cfg.reward_model_type == "regression"
+    assert config.value.model_name == config.policy.model_name  # interpolated from the actor's section
+    view = config.rollout_view()
+    assert view.grpo.num_prompts_per_step == config.ppo.num_prompts_per_step and not view.needs_reference_model
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["value.reward_model_cfg.reward_model_type=bradley_terry"], "value.reward_model_cfg: the critic is a scalar"),
+        (["value.reward_model_cfg.enabled=false"], "value.reward_model_cfg: the critic is a scalar head"),
+        (["ppo.ppo_epochs=2"], "loss_fn.force_on_policy_ratio: must be false with ppo.ppo_epochs=2"),
+        (["loss_fn.reference_policy_kl_penalty=0.01"], "ppo.skip_reference_policy_logprobs_calculation: needs"),
+        (["value.max_total_sequence_length=64"], "value.max_total_sequence_length: must be >= policy."),
+        (["ppo.num_prompts_per_step=0"], "ppo.num_prompts_per_step"),
+    ],
+)
+def test_whole_run_refusals_name_the_key(overrides, message):
+    from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
+    from nemo_rl_clone.utils.config import load_validated_config
+
+    with pytest.raises(ConfigError) as raised:
+        load_validated_config(REPO / "configs" / "ppo_smoke.yaml", overrides, PPOMasterConfig)
+    assert any(message in problem for problem in raised.value.problems), raised.value.problems
+
+
+def test_reward_model_training_refuses_a_regression_head():
+    from nemo_rl_clone.algorithms.rm import RMMasterConfig
+    from nemo_rl_clone.utils.config import load_validated_config
+
+    with pytest.raises(ConfigError) as raised:
+        load_validated_config(
+            REPO / "configs" / "rm_smoke.yaml", ["policy.reward_model_cfg.reward_model_type=regression"], RMMasterConfig
+        )
+    assert any("must be bradley_terry for reward-model training" in p for p in raised.value.problems)

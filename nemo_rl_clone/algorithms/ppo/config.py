@@ -15,8 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nemo_rl_clone.algorithms.rl.config import RewardScalingConfig, RewardShapingConfig
+from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
+from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig, RewardScalingConfig, RewardShapingConfig
+from nemo_rl_clone.data.config import DataConfig
+from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
+from nemo_rl_clone.environments.config import EnvConfig
+from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.policy.config import PolicyConfig, RewardModelConfig
+from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.logger import LoggerConfig
 
 
 def _check_unit_interval(section: object, *names: str) -> list[tuple[str, str]]:
@@ -150,3 +158,100 @@ class PPOConfig:
     def trains_policy(self, step: int) -> bool:
         """Whether step ``step`` (0-based) trains the policy; earlier steps train only the critic."""
         return step >= self.policy_training_start_step
+
+
+def _value_section() -> PolicyConfig:
+    return PolicyConfig(
+        reward_model_cfg=RewardModelConfig(enabled=True, reward_model_type="regression"), generation=None
+    )
+
+
+@dataclass
+class PPOMasterConfig:
+    """Everything a PPO run reads (NeMo-RL's sections): ``policy`` is the actor, ``value`` the critic — a policy
+    section whose ``reward_model_cfg`` is ``{enabled: true, reward_model_type: regression}`` (a scalar head read at
+    every token)."""
+
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    loss_fn: ClippedPGLossConfig = field(default_factory=lambda: ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
+    value_loss_fn: MseValueLossConfig = field(default_factory=MseValueLossConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    value: PolicyConfig = field(default_factory=_value_section)
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def check(self) -> list[tuple[str, str]]:
+        # The actor's run is a GRPO run with GAE advantages: its checks (batch sizes, generation, lengths,
+        # environments, the KL term against skip_reference_policy_logprobs_calculation) apply under PPO's names.
+        problems = [(_renamed(key), message.replace("grpo.", "ppo.")) for key, message in self.rollout_view().check()]
+        value = self.value
+        if not (value.reward_model_cfg.enabled and value.reward_model_cfg.reward_model_type == "regression"):
+            problems.append(
+                (
+                    "value.reward_model_cfg",
+                    "the critic is a scalar head read at every token: set enabled: true, reward_model_type: regression",
+                )
+            )
+        if value.megatron_cfg.enabled:
+            problems.append(("value.megatron_cfg.enabled", "not supported yet: the critic runs on the DTensor backend"))
+        if self.policy.reward_model_cfg.enabled:
+            problems.append(("policy.reward_model_cfg.enabled", "must be false: the actor is a language model"))
+        if self.ppo.ppo_epochs > 1 and self.loss_fn.force_on_policy_ratio:
+            problems.append(
+                (
+                    "loss_fn.force_on_policy_ratio",
+                    f"must be false with ppo.ppo_epochs={self.ppo.ppo_epochs}: later passes need the ratio against the "
+                    "rollout policy's logprobs, not against themselves",
+                )
+            )
+        if value.max_total_sequence_length < self.policy.max_total_sequence_length:
+            problems.append(
+                (
+                    "value.max_total_sequence_length",
+                    "must be >= policy.max_total_sequence_length: the critic reads the actor's whole samples",
+                )
+            )
+        if value.generation not in (None, GenerationConfig()):
+            problems.append(("value.generation", "the critic generates nothing; set it to null"))
+        return problems
+
+    def rollout_view(self) -> GRPOMasterConfig:
+        """This run as the GRPO config whose setup, rollouts, reward shaping, validation and refit it reuses: the
+        actor is GRPO's policy; its advantages come from GAE instead of the group baseline."""
+        p = self.ppo
+        grpo = GRPOConfig(
+            num_prompts_per_step=p.num_prompts_per_step,
+            num_generations_per_prompt=p.num_generations_per_prompt,
+            max_rollout_turns=p.max_rollout_turns,
+            max_num_epochs=p.max_num_epochs,
+            max_num_steps=p.max_num_steps,
+            val_period=p.val_period,
+            val_at_start=p.val_at_start,
+            val_at_end=p.val_at_end,
+            overlong_filtering=p.overlong_filtering,
+            max_val_samples=p.max_val_samples,
+            val_batch_size=p.val_batch_size,
+            seed=p.seed,
+            skip_reference_policy_logprobs_calculation=p.skip_reference_policy_logprobs_calculation,
+            reward_shaping=p.reward_shaping,
+            reward_scaling=p.reward_scaling,
+            use_leave_one_out_baseline=False,
+            allow_greedy_groups=True,  # PPO's baseline is the critic, not the group: identical samples still teach
+        )
+        return GRPOMasterConfig(
+            grpo=grpo,
+            loss_fn=self.loss_fn,
+            policy=self.policy,
+            data=self.data,
+            env=self.env,
+            logger=self.logger,
+            checkpointing=self.checkpointing,
+            cluster=self.cluster,
+        )
+
+
+def _renamed(key: str) -> str:
+    return "ppo." + key[len("grpo.") :] if key.startswith("grpo.") else key

@@ -119,6 +119,13 @@ def check_supervised_config(
     if policy.reward_model_cfg.enabled != reward_model:
         want = "true: reward-model training needs a scalar head" if reward_model else f"false for {section}"
         problems.append(("policy.reward_model_cfg.enabled", f"must be {want}"))
+    elif reward_model and policy.reward_model_cfg.reward_model_type != "bradley_terry":
+        problems.append(
+            (
+                "policy.reward_model_cfg.reward_model_type",
+                "must be bradley_terry for reward-model training (regression is a PPO critic's per-token head)",
+            )
+        )
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
     model_parallel = policy.model_parallel_size()
     dp = workers // model_parallel if model_parallel >= 1 and workers % model_parallel == 0 else 1

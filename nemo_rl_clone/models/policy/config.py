@@ -291,7 +291,9 @@ class RouterReplayConfig:
         return []
 
 
-REWARD_MODEL_TYPES = ("bradley_terry",)
+# bradley_terry: a reward model scored at each row's last token (RM training, reward environments); regression: a
+# critic read at every token (PPO's ``value`` section, NeMo-RL's name).
+REWARD_MODEL_TYPES = ("bradley_terry", "regression")
 
 
 @dataclass
@@ -299,7 +301,7 @@ class RewardModelConfig:
     """``policy.reward_model_cfg``: train a scalar-head (sequence-classification, 1 label) model instead of an LM."""
 
     enabled: bool = False
-    reward_model_type: str = "bradley_terry"  # the loss family the head is trained for; only Bradley-Terry exists
+    reward_model_type: str = "bradley_terry"  # what the head is read as: REWARD_MODEL_TYPES
 
     def check(self) -> list[tuple[str, str]]:
         if self.reward_model_type not in REWARD_MODEL_TYPES:

@@ -226,7 +226,9 @@ class Policy(ColocatablePolicyInterface):
         return self._logprob_call("get_topk_logits", data, micro_batch_size, k=k)
 
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """A reward model's ``{"scores": [B] fp32}`` (inference): the head at each row's ``input_lengths - 1``.
+        """A reward model's ``{"scores": [B] fp32}`` (inference): the head at each row's ``input_lengths - 1``; with
+        ``reward_model_type: regression`` (a PPO critic) ``[B, S]``: ``scores[:, t]`` is the value of the state in which
+        token t is generated (the head at position t − 1; 0 at t = 0).
 
         Needs ``input_ids`` (right-padded) and ``input_lengths``; sharded over DP ranks like `get_logprobs`
         (dynamic batching included), microbatches of ``micro_batch_size`` (default ``logprob_batch_size``).
@@ -279,7 +281,7 @@ class Policy(ColocatablePolicyInterface):
             )
         if data.size % gbs:
             raise ValueError(f"train: batch of {data.size} samples is not a multiple of the global batch size {gbs}")
-        if self.is_reward_model:
+        if self.is_reward_model and self.cfg.reward_model_cfg.reward_model_type == "bradley_terry":
             _check_pairs_stay_together(self.cfg, gbs // self.dp_size, mbs)
         plan = TrainPlan.make(self.cfg, self.dp_size, data, loss_fn, gbs, mbs, eval_mode)
         return plan.result(self._run_sharded("train", plan.shards, plan.kwargs))

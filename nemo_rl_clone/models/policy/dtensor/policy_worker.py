@@ -153,7 +153,11 @@ class DTensorPolicyWorker(RefitSender):
         self.num_parameters = sum(param.numel() for param in self.model.parameters())  # DTensors count in full
         trainable = [param for param in self.model.parameters() if param.requires_grad]
         self.num_trainable_parameters = sum(param.numel() for param in trainable)
-        self.scorer = reward_model.LastTokenScorer(self.model) if self.is_reward_model else None
+        self.scorer = (
+            reward_model.make_scorer(self.model, config.reward_model_cfg.reward_model_type)
+            if self.is_reward_model
+            else None
+        )
         self.reference_weights: dict[str, torch.Tensor] | None = None
         if init_reference_model and not self.is_reward_model and self.lora is None:
             # Kept in CPU memory and copied into the live shards only while reference logprobs are computed.
@@ -205,8 +209,8 @@ class DTensorPolicyWorker(RefitSender):
             return self.model(input_ids=input_ids, use_cache=False, **model_kwargs).logits
 
     def _forward(self, batch: BatchedDataDict) -> torch.Tensor:
-        """Next-token logits ``[B, S, V]``, or a reward model's scores ``[B, 1]`` at each row's last valid token
-        (compute dtype)."""
+        """Next-token logits ``[B, S, V]``, or a reward model's scores: ``[B, 1]`` at each row's last valid token, or
+        a critic's ``[B, S]`` per-token values (`reward_model.TokenValueScorer`); compute dtype."""
         input_ids = batch["input_ids"].to(self.device)
         if self.scorer is not None:
             return self.scorer(input_ids, batch["input_lengths"].to(self.device), self._rows(batch))
@@ -306,10 +310,18 @@ class DTensorPolicyWorker(RefitSender):
         return BatchedDataDict({"topk_logits": values, "topk_indices": torch.cat(indices)})
 
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """A reward model's ``{"scores": [B] fp32}`` for this rank's shard, each read at ``input_lengths - 1``."""
-        if self.scorer is None:
+        """A reward model's ``{"scores": [B] fp32}`` for this rank's shard, each read at ``input_lengths - 1``; a
+        critic's (``reward_model_type: regression``) ``[B, S]`` values of every token."""
+        scorer = self.scorer
+        if scorer is None:
             raise RuntimeError("score needs a reward model (policy.reward_model_cfg.enabled=true); this is a causal LM")
-        scores = self._inference_pass(data, micro_batch_size, lambda batch: self._forward(batch).float()[:, 0].cpu())
+        width = data["input_ids"].shape[1]
+
+        def scores_of(batch: BatchedDataDict) -> torch.Tensor:
+            out = self._forward(batch).float()
+            return (train_step.pad_to_width(out, width) if scorer.per_token else out[:, 0]).cpu()
+
+        scores = self._inference_pass(data, micro_batch_size, scores_of)
         return BatchedDataDict({"scores": scores})
 
     def _require_language_model(self, method: str) -> None:

@@ -76,6 +76,8 @@ class LastTokenScorer:
     scores can be trained); the pooled output Hugging Face computes is ignored.
     """
 
+    per_token = False
+
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._token_scores: torch.Tensor | None = None
@@ -93,6 +95,27 @@ class LastTokenScorer:
         token_scores, self._token_scores = self._token_scores, None
         assert token_scores is not None, "the score head did not run"
         return scores_at_last_valid_token(rows.unpack(token_scores), input_lengths)
+
+
+class TokenValueScorer(LastTokenScorer):
+    """``reward_model_type: regression`` (PPO's critic): the head at every position, ``[B, S]``, shifted one to the
+    right — ``values[:, t]`` is read at position t − 1, i.e. it is the value of the state in which token t is
+    generated (0 at t = 0). GAE, the actor's per-token advantages and the value loss then all index tokens alike."""
+
+    per_token = True
+
+    def __call__(
+        self, input_ids: torch.Tensor, input_lengths: torch.Tensor, rows: PaddedRows | PackedRows | None = None
+    ) -> torch.Tensor:
+        rows = rows or PaddedRows(input_ids)
+        self.model(input_ids=rows.pack(input_ids), use_cache=False, **rows.model_kwargs())
+        token_scores, self._token_scores = self._token_scores, None
+        assert token_scores is not None, "the score head did not run"
+        return torch.nn.functional.pad(rows.unpack(token_scores)[:, :-1, 0], (1, 0))
+
+
+def make_scorer(model: nn.Module, reward_model_type: str) -> LastTokenScorer:
+    return TokenValueScorer(model) if reward_model_type == "regression" else LastTokenScorer(model)
 
 
 def check_input_lengths(data: Mapping[str, Any], method: str) -> None:

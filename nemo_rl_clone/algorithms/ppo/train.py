@@ -1,0 +1,288 @@
+"""PPO with a critic: generate → reward → values → GAE → logprobs → train the critic → train the actor → sync.
+
+The actor's run is GRPO's (`rl.setup.setup` builds it from `PPOMasterConfig.rollout_view`: vLLM engines, data,
+environments, reward scaling and shaping, validation, refit, checkpoints); PPO adds a critic — a second policy worker
+group on the training workers with a scalar head read at every token (``value.reward_model_cfg.reward_model_type:
+regression``) — and replaces the group baseline by GAE over the critic's values. The loop around the step is every
+algorithm's (`run.loop.train_loop`).
+
+Per step, with the token-aligned layout of the batch (``values[:, t]`` is the critic's value of the state in which
+token t is generated, so GAE, the actor's loss and the critic's loss all index response tokens alike):
+
+1. rollouts of ``num_prompts_per_step × num_generations_per_prompt`` samples; their (scaled, shaped) rewards;
+2. the critic's values of every response token, at rollout time;
+3. GAE (``ppo.adv_estimator``): the reward on each sample's last response token, advantages (λ_policy, whitened
+   with ``normalize_advantages``) for the actor, returns (λ_value) for the critic;
+4. the actor's pre-update logprobs (and the reference's, with a KL term);
+5. ``ppo_epochs`` passes of the critic over the batch (`MseValueLossFn`), then — from step
+   ``policy_training_start_step + 1`` on (critic warm-up before that) — ``ppo_epochs`` passes of the actor
+   (`ClippedPGLossFn`, the ratio against the logprobs of 4.);
+6. the engines get the actor's new weights before they next sample.
+
+Checkpoints hold both models: ``policy/`` (the actor) and ``value/`` (the critic), and resume both.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_rl_clone.algorithms.grpo import ALGORITHM as GRPO_ALGORITHM
+from nemo_rl_clone.algorithms.grpo import log_validation, response_token_share
+from nemo_rl_clone.algorithms.interfaces import Algorithm
+from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
+from nemo_rl_clone.algorithms.ppo.gae import compute_advantages_and_returns, last_token_rewards
+from nemo_rl_clone.algorithms.ppo.value_loss import MseValueLossFn, explained_variance
+from nemo_rl_clone.algorithms.rl.batches import build_train_batch, training_metrics
+from nemo_rl_clone.algorithms.rl.rollouts import SyncRollouts
+from nemo_rl_clone.algorithms.rl.setup import GRPOComponents
+from nemo_rl_clone.algorithms.rl.setup import setup as setup_actor_run
+from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
+from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
+from nemo_rl_clone.algorithms.utils import reduce_train_results
+from nemo_rl_clone.models.policy.lm_policy import Policy
+from nemo_rl_clone.utils.config_validation import as_config
+from nemo_rl_clone.utils.progress import console, phase
+from nemo_rl_clone.utils.samples import sample_rows
+from nemo_rl_clone.utils.timer import Timer
+
+# The critic's checkpoint folder inside step_N (the actor's is policy/).
+VALUE_DIR = "value"
+# Value-loss metrics that are each microbatch's share of a global mean (`MseValueLossFn`).
+_VALUE_SHARES = ("loss", "vf_clipfrac", "values_mean", "returns_mean", "returns_sq_mean", "residual_sq_mean")
+
+
+@dataclass
+class PPOComponents:
+    config: PPOMasterConfig
+    run: GRPOComponents  # the actor's run: policy, vLLM engines, data, environments, logger, checkpoints, state
+    critic: Policy
+    value_loss_fn: MseValueLossFn
+
+    def shutdown(self) -> None:
+        self.critic.shutdown()
+        self.run.shutdown()
+
+
+def setup(config: PPOMasterConfig | Any) -> PPOComponents:
+    """Build a PPO run (validated here when given as NeMo-RL's plain dict); resumes the actor and the critic from
+    ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
+    config = as_config(config, PPOMasterConfig)
+    run = setup_actor_run(config.rollout_view(), extra_worker_groups=1, run_config=config)
+    try:
+        latest = run.checkpointer.get_latest_checkpoint_path() if run.state.step > 0 else None
+        weights, optimizer = None, None
+        if latest is not None:
+            weights = str(latest / VALUE_DIR / "weights")
+            optimizer_dir = latest / VALUE_DIR / "optimizer"
+            optimizer = str(optimizer_dir) if optimizer_dir.exists() else None
+        threads = {} if torch.cuda.is_available() else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+        critic = Policy(
+            run.clusters[0],
+            config.value,
+            run.tokenizer,  # the critic reads the actor's token ids
+            name_prefix="value",
+            init_reference_model=False,
+            weights_path=weights,
+            optimizer_path=optimizer,
+            env_vars=threads,
+        )
+    except BaseException:
+        run.shutdown()
+        raise
+    return PPOComponents(config, run, critic, MseValueLossFn(config.value_loss_fn))
+
+
+def ppo_train(c: PPOComponents) -> None:
+    """Run PPO steps until ``ppo.max_num_steps``, ``max_num_epochs``, the end of the data or the save deadline."""
+    train_loop(PPOSteps(c))
+
+
+class PPOSteps:
+    """PPO's step for `train_loop` (the module doc)."""
+
+    def __init__(self, c: PPOComponents) -> None:
+        run, ppo = c.run, c.config.ppo
+        self.c, self.run, self.state, self.logger = c, run, run.state, run.logger
+        self.checkpointer, self.checkpointing, self.log_dir = run.checkpointer, c.config.checkpointing, run.log_dir
+        self.schedule = Schedule(
+            "PPO",
+            ppo.max_num_steps,
+            ppo.max_num_epochs,
+            ppo.val_period,
+            val_at_start=ppo.val_at_start and ppo.val_period > 0,
+            val_at_end=ppo.val_at_end,
+        )
+        self.source = SyncRollouts(run)
+        self._actor_trained = False
+
+    @property
+    def position(self) -> Any:
+        return self.run.dataloader
+
+    def start(self, timer: Timer) -> None:
+        pass
+
+    def train_step(self, step: int, timer: Timer) -> StepResult | None:
+        c, run, cfg = self.c, self.run, self.c.config
+        # 1. rollouts and their rewards
+        rollouts = self.source.next(step, timer)
+        if rollouts is None:
+            return None
+        batch, rewards = rollouts.batch, rollouts.rewards
+        train_data = build_train_batch(batch, torch.zeros(batch.size), run.tokenizer, run.config)
+
+        # 2. the critic's values at rollout time
+        phase(step, "values")
+        with timer.time("value_inference"):
+            c.critic.prepare_for_lp_inference()
+            values = c.critic.score(train_data)["scores"].float()
+
+        # 3. GAE: advantages for the actor, returns for the critic (response tokens of kept samples only)
+        mask = train_data["token_mask"] * train_data["sample_mask"][:, None]
+        token_rewards = last_token_rewards(rewards.float(), mask)
+        advantages, returns = compute_advantages_and_returns(cfg.ppo.adv_estimator, token_rewards, values, mask)
+        train_data["advantages"], train_data["returns"] = advantages.float(), returns.float()
+        train_data["values"] = values
+
+        # 4. the actor's pre-update logprobs (and the reference's with a KL term)
+        phase(step, "logprobs")
+        with timer.time("policy_and_reference_logprobs"):
+            run.policy.prepare_for_lp_inference()
+            if run.config.needs_prev_logprobs:
+                train_data["prev_logprobs"] = run.policy.get_logprobs(train_data)["logprobs"]
+            if run.config.needs_reference_model:
+                reference = run.policy.get_reference_policy_logprobs(train_data)["reference_logprobs"]
+                train_data["reference_policy_logprobs"] = reference
+
+        # 5. the critic, then (after its warm-up) the actor, ppo_epochs passes each
+        phase(step, "value training")
+        with timer.time("value_training"):
+            c.critic.prepare_for_training()
+            value_results = [c.critic.train(train_data, c.value_loss_fn) for _ in range(cfg.ppo.ppo_epochs)]
+            c.critic.finish_training()
+        policy_results = []
+        self._actor_trained = cfg.ppo.trains_policy(step - 1)
+        if self._actor_trained:
+            phase(step, "training")
+            with timer.time("policy_training"):
+                run.policy.prepare_for_training()
+                policy_results = [run.policy.train(train_data, run.loss_fn) for _ in range(cfg.ppo.ppo_epochs)]
+                run.policy.finish_training()
+
+        metrics = _step_metrics(policy_results, value_results, train_data, rewards, batch["total_reward"], mask)
+        metrics.update({f"rollout/{k}": v for k, v in rollouts.rollout_metrics.items()})
+        return StepResult(
+            metrics,
+            valid_samples=int(train_data["sample_mask"].sum()),
+            samples=sample_rows(batch, rewards, None, run.tokenizer, train_data),
+            timing=rollouts.timing,
+            kept=("loss", "reward", "value_loss"),
+        )
+
+    def sync_weights(self, step: int, timer: Timer) -> None:
+        # 6. the engines sample the next step and the validation with the actor's new weights (none while the
+        # critic warms up)
+        if self._actor_trained:
+            self.source.after_training(step, timer)
+
+    def validate(self, step: int, timer: Timer) -> None:
+        self.source.validate(step, timer, partial(log_validation, self.run, step))
+
+    def after_step(self, step: int, result: StepResult) -> None:
+        pass
+
+    def save(self) -> Path | None:
+        return save_checkpoint(self.c)
+
+    def log_step(self, step: int, result: StepResult, timing: dict[str, float]) -> None:
+        self.logger.log_metrics(timing, step, prefix="timing/train")
+        m = result.metrics
+        actor = f"loss {m['loss']:.4f}, " if "loss" in m else "critic warm-up, "
+        console.print(
+            f"step {step}: {actor}value loss {m['value_loss']:.4f}, explained variance "
+            f"{m['value_explained_variance']:.3f}, reward {m['reward']:.3f}"
+        )
+
+    def close(self) -> None:
+        self.source.close()
+
+
+def save_checkpoint(c: PPOComponents) -> Path | None:
+    """``step_N`` with the actor (``policy/``) and the critic (``value/``), this run's config as ``config.yaml``."""
+    run = c.run
+    return save_run_checkpoint(
+        run.checkpointer, run.policy, run.dataloader, run.state, c.config, extra_models={VALUE_DIR: c.critic}
+    )
+
+
+def _step_metrics(
+    policy_results: list[dict[str, Any]],
+    value_results: list[dict[str, Any]],
+    train_data: Any,
+    rewards: torch.Tensor,
+    task_rewards: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    """``train/*``: the actor's loss metrics (last epoch; absent during the critic's warm-up), the critic's as
+    ``value_*`` (last epoch), the reward, accuracy and GAE statistics over response tokens."""
+    metrics = training_metrics(policy_results[-1]) if policy_results else {}
+    value = reduce_train_results(value_results[-1], _VALUE_SHARES)
+    metrics.update(
+        value_loss=value["loss"],
+        value_clipfrac=value["vf_clipfrac"],
+        value_mean=value["values_mean"],
+        value_grad_norm=value.get("grad_norm", float("nan")),
+        value_explained_variance=explained_variance(value),
+        returns_mean=value["returns_mean"],
+        reward=rewards.float().mean().item(),
+        accuracy=(task_rewards == 1.0).float().mean().item(),
+        total_num_tokens=float(train_data["input_lengths"].sum()),
+        generated_tokens=float(train_data["token_mask"].sum()),
+        num_valid_samples=float(train_data["sample_mask"].sum()),
+    )
+    valid = mask != 0
+    if valid.any():
+        advantages = train_data["advantages"][valid]
+        metrics.update(
+            {
+                "advantages/mean": advantages.mean().item(),
+                "advantages/max": advantages.max().item(),
+                "advantages/min": advantages.min().item(),
+            }
+        )
+    return metrics
+
+
+class PPO(Algorithm):
+    name = "ppo"
+    config_class = PPOMasterConfig
+
+    def setup(self, config: PPOMasterConfig) -> PPOComponents:
+        return setup(config)
+
+    def train(self, run: PPOComponents) -> None:
+        ppo_train(run)
+
+    def datasets(self, config: PPOMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
+        return GRPO_ALGORITHM.datasets(config.rollout_view(), tokenizer)
+
+    def needs_reference_model(self, config: PPOMasterConfig) -> bool:
+        return config.rollout_view().needs_reference_model
+
+    def loss_token_share(self, config: PPOMasterConfig) -> float:
+        return response_token_share(config.rollout_view())
+
+    def multi_turn(self, config: PPOMasterConfig) -> bool:
+        return config.ppo.max_rollout_turns > 1
+
+    def trained_models(self, config: PPOMasterConfig) -> dict[str, Any]:
+        return {VALUE_DIR: config.value}
+
+
+ALGORITHM = PPO()
