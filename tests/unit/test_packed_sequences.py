@@ -6,7 +6,8 @@ import torch
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, NLLLossFn
-from nemo_rl_clone.distributed.model_utils import TokenLogprobs, valid_counts
+from nemo_rl_clone.algorithms.loss.interfaces import TokenLogprobs
+from nemo_rl_clone.distributed.model_utils import valid_counts
 from nemo_rl_clone.models.policy.workers import token_logprob_head
 from nemo_rl_clone.models.policy.workers.packed_sequences import PACKED_ATTENTION, PackedRows, PaddedRows, rows_for
 from nemo_rl_clone.models.policy.workers.token_logprob_head import Selection, next_token_selection

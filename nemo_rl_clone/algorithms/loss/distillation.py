@@ -38,8 +38,8 @@ from torch.distributed.tensor import DTensor
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, scale
 from nemo_rl_clone.algorithms.loss.configs import as_loss_config
+from nemo_rl_clone.algorithms.loss.interfaces import LossType
 from nemo_rl_clone.algorithms.utils import masked_mean
-from nemo_rl_clone.distributed.model_utils import LossType
 
 __all__ = ["DistillationLossConfig", "DistillationLossDataDict", "DistillationLossFn"]
 

@@ -44,8 +44,9 @@ from nemo_rl_clone.algorithms.loss.distillation import (
     DistillationLossDataDict,
     DistillationLossFn,
 )
+from nemo_rl_clone.algorithms.loss.interfaces import LossType, TokenLogprobs
 from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
-from nemo_rl_clone.distributed.model_utils import LossType, TokenLogprobs, token_logprobs_from_logits
+from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits
 
 __all__ = [
     "ClippedPGLossConfig",

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import LossFunction
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least

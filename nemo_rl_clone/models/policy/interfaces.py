@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import LossFunction
 
 
 class PolicyInterface(ABC):

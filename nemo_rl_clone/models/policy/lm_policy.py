@@ -22,8 +22,8 @@ import ray
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import LossFunction
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S

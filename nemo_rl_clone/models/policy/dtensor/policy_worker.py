@@ -37,8 +37,8 @@ from transformers import (
 
 from nemo_rl_clone.algorithms import logits_sampling_utils
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+from nemo_rl_clone.algorithms.loss.interfaces import LossFunction, TokenLogprobs
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import LossFunction, TokenLogprobs
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
 from nemo_rl_clone.models.policy.config import PolicyConfig

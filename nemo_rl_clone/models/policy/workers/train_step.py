@@ -16,8 +16,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+from nemo_rl_clone.algorithms.loss.interfaces import LossType
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import LossType, token_logprobs_from_logits, valid_counts
+from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
 
 
 def microbatches(batch: BatchedDataDict, micro_batch_size: int) -> Iterator[BatchedDataDict]:
