@@ -555,8 +555,9 @@ def test_optimizer_is_unset_with_null_not_tilde():
 
 def _schema_of(path: Path) -> type:
     """The master config of the entry point that runs ``path`` (by its name: grpo*, sft*, dpo*, rm*, distillation*,
-    evals/*)."""
+    ppo*, evals/*)."""
     from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
+    from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
     from nemo_rl_clone.algorithms.rl.distillation_config import DistillationMasterConfig
     from nemo_rl_clone.algorithms.rm import RMMasterConfig
     from nemo_rl_clone.algorithms.sft import SFTMasterConfig
@@ -565,6 +566,7 @@ def _schema_of(path: Path) -> type:
     relative = path.relative_to(REPO / "configs").as_posix()
     schemas = {"evals/": EvalMasterConfig, "grpo": grpo_schema(), "sft": SFTMasterConfig}
     schemas |= {"dpo": DPOMasterConfig, "rm": RMMasterConfig, "distillation": DistillationMasterConfig}
+    schemas |= {"ppo": PPOMasterConfig}
     for prefix, schema in schemas.items():
         if relative.startswith(prefix):
             return schema

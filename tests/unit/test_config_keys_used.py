@@ -250,7 +250,9 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     (GenerationConfig, "backend"): Refusal("hf", "the 'hf' generation backend is not supported yet; use 'vllm'"),
     (VllmConfig, "async_engine"): Refusal(True, "the async vLLM engine is not supported yet; set it to false"),
     # One value is implemented; the key exists so that NeMo-RL configs naming it validate.
-    (RewardModelConfig, "reward_model_type"): Refusal("pairwise", "must be one of ['bradley_terry'], got 'pairwise'"),
+    (RewardModelConfig, "reward_model_type"): Refusal(
+        "pairwise", "must be one of ['bradley_terry', 'regression'], got 'pairwise'"
+    ),
     (MathEnvConfig, "math_verify_impl"): Refusal(
         "other", "must be one of 'hf_math_verify', 'dapo_math_verify', got 'other'"
     ),

@@ -306,7 +306,7 @@ def test_language_model_methods_raise_a_clear_error(two_workers: dict) -> None:
 
 
 def test_unknown_reward_model_type_is_refused(model_path: str, tokenizer: Any) -> None:
-    message = "reward_model_cfg.reward_model_type: must be one of ['bradley_terry'], got 'pairwise'"
+    message = "reward_model_cfg.reward_model_type: must be one of ['bradley_terry', 'regression'], got 'pairwise'"
     config = rm_config(model_path, reward_model_cfg=RewardModelConfig(enabled=True, reward_model_type="pairwise"))
     with pytest.raises(ValueError) as raised:  # a PolicyConfig was validated at load; a mapping is validated here
         Policy(None, config_to_dict(config), tokenizer)  # fails on the config, before the cluster is touched
