@@ -46,8 +46,8 @@ def resident_gb() -> float:
 def child(variant: str, steps: int) -> dict[str, float]:
     import torch
 
+    from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
     from nemo_rl_clone.algorithms.loss import NLLLossFn
-    from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
     from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker

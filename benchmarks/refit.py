@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit, refit_policy_generation
+from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig

@@ -23,7 +23,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from nemo_rl_clone.algorithms.rl import replay
+    from nemo_rl_clone.algorithms.grpo import replay
     from nemo_rl_clone.utils.errors import reporting_user_errors
 
     with reporting_user_errors():

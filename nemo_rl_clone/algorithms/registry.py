@@ -28,10 +28,10 @@ class _Entry:
 
 _PACKAGE = "nemo_rl_clone.algorithms"
 _REGISTRY: dict[str, _Entry] = {
-    "grpo": _Entry(f"{_PACKAGE}.rl.config:GRPOMasterConfig", f"{_PACKAGE}.grpo:ALGORITHM", "GRPO"),
+    "grpo": _Entry(f"{_PACKAGE}.grpo.config:GRPOMasterConfig", f"{_PACKAGE}.grpo.train:ALGORITHM", "GRPO"),
     "distillation": _Entry(
-        f"{_PACKAGE}.rl.distillation_config:DistillationMasterConfig",
-        f"{_PACKAGE}.distillation:ALGORITHM",
+        f"{_PACKAGE}.distillation.config:DistillationMasterConfig",
+        f"{_PACKAGE}.distillation.train:ALGORITHM",
         "Distillation",
     ),
     "sft": _Entry(f"{_PACKAGE}.sft:SFTMasterConfig", f"{_PACKAGE}.sft:ALGORITHM", "SFT"),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from nemo_rl_clone.algorithms.rl.config import GRPOConfig
+    from nemo_rl_clone.algorithms.grpo.config import GRPOConfig
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.algorithms.loss import NLLLossFn
-from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster

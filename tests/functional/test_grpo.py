@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.run.state import SAVE_PAUSE_ENV
 from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA

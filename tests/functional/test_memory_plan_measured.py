@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.run.dry_run import Plan, plan_memory
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.utils.config import load_validated_config

@@ -18,7 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.run.save_guard import SaveFailed, guarded_save, storage_error
 from nemo_rl_clone.utils.checkpoint import (
     CheckpointManager,

@@ -188,7 +188,7 @@ def test_impossible_combination_uses_schema_check():
 
 
 def grpo_schema():
-    from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+    from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 
     return GRPOMasterConfig
 
@@ -556,9 +556,9 @@ def test_optimizer_is_unset_with_null_not_tilde():
 def _schema_of(path: Path) -> type:
     """The master config of the entry point that runs ``path`` (by its name: grpo*, sft*, dpo*, rm*, distillation*,
     ppo*, evals/*)."""
+    from nemo_rl_clone.algorithms.distillation.config import DistillationMasterConfig
     from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
     from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
-    from nemo_rl_clone.algorithms.rl.distillation_config import DistillationMasterConfig
     from nemo_rl_clone.algorithms.rm import RMMasterConfig
     from nemo_rl_clone.algorithms.sft import SFTMasterConfig
     from nemo_rl_clone.evals.config import EvalMasterConfig

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
+from nemo_rl_clone.algorithms.distillation.config import DistillationMasterConfig
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
-from nemo_rl_clone.algorithms.loss.configs import ClippedPGLossConfig
-from nemo_rl_clone.algorithms.rl.config import (
+from nemo_rl_clone.algorithms.grpo.config import (
     AdvEstimatorConfig,
     AsyncGRPOConfig,
     DataPlaneConfig,
@@ -34,7 +34,7 @@ from nemo_rl_clone.algorithms.rl.config import (
     GRPOMasterConfig,
     RewardShapingConfig,
 )
-from nemo_rl_clone.algorithms.rl.distillation_config import DistillationMasterConfig
+from nemo_rl_clone.algorithms.loss.configs import ClippedPGLossConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
 from nemo_rl_clone.algorithms.sft import SFTConfig, SFTMasterConfig
 from nemo_rl_clone.data.config import (

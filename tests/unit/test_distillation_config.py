@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_clone.algorithms.distillation import check_vocab_equality, check_vocab_match
-from nemo_rl_clone.algorithms.rl.distillation_config import DistillationMasterConfig
+from nemo_rl_clone.algorithms.distillation.config import DistillationMasterConfig
+from nemo_rl_clone.algorithms.distillation.train import check_vocab_equality, check_vocab_match
 from nemo_rl_clone.algorithms.run.preflight import preflight
 from nemo_rl_clone.models.huggingface import SMOLLM2, TINY_LLAMA, load_tokenizer, resolve_model_path
 from nemo_rl_clone.utils.config import load_validated_config

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.environments.config import (
     CustomEnvConfig,
     EnvConfig,

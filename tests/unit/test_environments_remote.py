@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 import ray
 
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.environments import create_env
 from nemo_rl_clone.environments.remote_environment import RemoteEnvConfig, RemoteEnvironment, RemoteEnvironmentError
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config

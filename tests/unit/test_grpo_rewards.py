@@ -10,8 +10,8 @@ from nemo_rl_clone.algorithms.advantage_estimator import (
     RLOOAdvantageEstimator,
     baseline_and_std,
 )
+from nemo_rl_clone.algorithms.grpo.batches import combine_rollout_metrics
 from nemo_rl_clone.algorithms.reward_functions import overlong_penalty, scale_rewards
-from nemo_rl_clone.algorithms.rl.batches import combine_rollout_metrics
 from nemo_rl_clone.algorithms.utils import (
     groups_with_signal,
 )

@@ -96,7 +96,7 @@ policy:
       use_deep_gemm: false
 """
     )
-    from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+    from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 
     config = load_validated_config(recipe, [], GRPOMasterConfig)
     policy = config.policy

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.distributed.virtual_cluster import NodeResources, check_cluster_shape
 from nemo_rl_clone.utils.config import load_validated_config
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.megatron.config import MegatronConfig
 from nemo_rl_clone.utils.config import load_validated_config

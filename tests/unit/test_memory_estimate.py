@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.models.huggingface import resolve_model_path
 from nemo_rl_clone.models.memory_estimate import (
     ENGINE_RUNTIME_BYTES,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
-from nemo_rl_clone.algorithms.rl.monitors import CollapseMonitors, MonitorsConfig, zero_variance_group_fraction
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.monitors import CollapseMonitors, MonitorsConfig, zero_variance_group_fraction
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 

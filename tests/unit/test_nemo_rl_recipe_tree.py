@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from nemo_rl_clone.algorithms.distillation.config import DistillationMasterConfig
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
-from nemo_rl_clone.algorithms.rl.distillation_config import DistillationMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.evals.config import EvalMasterConfig

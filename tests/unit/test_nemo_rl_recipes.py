@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.utils.config import load_validated_config

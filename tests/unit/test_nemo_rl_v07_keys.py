@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
-from nemo_rl_clone.algorithms.rl.batches import mask_logprob_mismatch, step_advantages
-from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.rl.setup import _validation_rows
+from nemo_rl_clone.algorithms.grpo.batches import mask_logprob_mismatch, step_advantages
+from nemo_rl_clone.algorithms.grpo.components import _validation_rows
+from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
 from nemo_rl_clone.algorithms.run.state import validates_at_end
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig

@@ -1,4 +1,4 @@
-"""Repro bundles (`rl.repro`) and the replay's input handling (`rl.replay`, examples/replay_step.py), without a run.
+"""Repro bundles (`grpo.repro`) and the replay's input handling (`grpo.replay`, examples/replay_step.py), without a run.
 
 The replay's recomputation itself is checked on a real run's bundle in tests/functional/test_grpo.py.
 """
@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.rl import repro
-from nemo_rl_clone.algorithms.rl.config import GRPOConfig
-from nemo_rl_clone.algorithms.rl.replay import close, nonfinite_samples
+from nemo_rl_clone.algorithms.grpo import repro
+from nemo_rl_clone.algorithms.grpo.config import GRPOConfig
+from nemo_rl_clone.algorithms.grpo.replay import close, nonfinite_samples
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config

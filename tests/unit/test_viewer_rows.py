@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.rl.batches import build_train_batch
+from nemo_rl_clone.algorithms.grpo.batches import build_train_batch
 from nemo_rl_clone.data.llm_message_utils import message_from_token_ids, observation_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import ray
 
-from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit, refit_policy_generation
+from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path

@@ -19,7 +19,7 @@ import ray
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit, refit_policy_generation
+from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.interfaces import RefitError
 from nemo_rl_clone.models.generation.vllm import VllmGeneration

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig, RewardScalingConfig, RewardShapingConfig
 from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
-from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig, RewardScalingConfig, RewardShapingConfig
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig

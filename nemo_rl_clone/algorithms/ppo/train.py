@@ -1,6 +1,6 @@
 """PPO with a critic: generate → reward → values → GAE → logprobs → train the critic → train the actor → sync.
 
-The actor's run is GRPO's (`rl.setup.setup` builds it from `PPOMasterConfig.rollout_view`: vLLM engines, data,
+The actor's run is GRPO's (`grpo.components.setup` builds it from `PPOMasterConfig.rollout_view`: vLLM engines, data,
 environments, reward scaling and shaping, validation, refit, checkpoints); PPO adds a critic — a second policy worker
 group on the training workers with a scalar head read at every token (``value.reward_model_cfg.reward_model_type:
 regression``) — and replaces the group baseline by GAE over the critic's values. The loop around the step is every
@@ -32,16 +32,16 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo import ALGORITHM as GRPO_ALGORITHM
-from nemo_rl_clone.algorithms.grpo import log_validation, response_token_share
+from nemo_rl_clone.algorithms.grpo.batches import build_train_batch, training_metrics
+from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
+from nemo_rl_clone.algorithms.grpo.components import setup as setup_actor_run
+from nemo_rl_clone.algorithms.grpo.rollouts import SyncRollouts
+from nemo_rl_clone.algorithms.grpo.train import ALGORITHM as GRPO_ALGORITHM
+from nemo_rl_clone.algorithms.grpo.train import log_validation, response_token_share
 from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
 from nemo_rl_clone.algorithms.ppo.gae import compute_advantages_and_returns, last_token_rewards
 from nemo_rl_clone.algorithms.ppo.value_loss import MseValueLossFn, explained_variance
-from nemo_rl_clone.algorithms.rl.batches import build_train_batch, training_metrics
-from nemo_rl_clone.algorithms.rl.rollouts import SyncRollouts
-from nemo_rl_clone.algorithms.rl.setup import GRPOComponents
-from nemo_rl_clone.algorithms.rl.setup import setup as setup_actor_run
 from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results

@@ -10,7 +10,7 @@ Batch formats (`BatchedDataDict`):
   ``generation_lengths`` and ``unpadded_sequence_lengths`` ``[B]``, ``truncated`` ``[B]`` bool (stopped by the token
   limit). ``W >= S``.
 
-Refit: the algorithm (``algorithms/rl/refit.py``) moves weights from a policy to a generation backend through
+Refit: the algorithm (``algorithms/grpo/refit.py``) moves weights from a policy to a generation backend through
 `prepare_refit_info`, `update_weights_from_state_dict` (colocated) or `init_collective` +
 `update_weights_from_collective` (non-colocated). Policy and generation never import each other.
 """

@@ -17,8 +17,8 @@ from nemo_rl_clone.algorithms.advantage_estimator import (
     ReinforcePlusPlusAdvantageEstimator,
     RLOOAdvantageEstimator,
 )
+from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.reward_functions import response_length
-from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.utils import (
     combine_batches,
     groups_with_signal,
@@ -29,7 +29,7 @@ from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, b
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.errors import UserInputError
 
-# Re-exported (the `as` form tells ruff so): grpo.py and distillation.py import them from here.
+# Re-exported (the `as` form tells ruff so): grpo/train.py and distillation/train.py import them from here.
 
 # Loss metrics are each microbatch's share of the global mean (the call contract in `loss_functions`), so they add
 # up over microbatches.

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
 from nemo_rl_clone.algorithms.loss.distillation import DistillationLossConfig
-from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig

@@ -11,7 +11,7 @@ enters its alert state, or when ``grpo.dump_steps`` lists it:
 - ``checkpoint/``: hard links to the files of checkpoint ``step_{N-1}`` (copies across filesystems), so that
   ``keep_top_k`` pruning cannot take the weights away. Step 1 starts from ``policy.model_name`` itself.
 
-``examples/replay_step.py`` reads a bundle (`nemo_rl_clone.algorithms.rl.replay`). Writing one never stops the run:
+``examples/replay_step.py`` reads a bundle (`nemo_rl_clone.algorithms.grpo.replay`). Writing one never stops the run:
 a failure is one warning line.
 """
 
@@ -36,7 +36,7 @@ from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.progress import console
 
 if TYPE_CHECKING:
-    from nemo_rl_clone.algorithms.rl.setup import GRPOComponents
+    from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
 REPRO_DIR = "repro"

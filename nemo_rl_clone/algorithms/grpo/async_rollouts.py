@@ -30,13 +30,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_clone.algorithms.rl.rollouts import StepRollouts, generate_step_rollouts, refit
+from nemo_rl_clone.algorithms.grpo.rollouts import StepRollouts, generate_step_rollouts, refit
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.timer import Timer
 
 if TYPE_CHECKING:
-    from nemo_rl_clone.algorithms.rl.setup import GRPOComponents
+    from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
 
 # Waits wake up this often to notice a stop or a collector failure (and to let Ctrl-C through).
 _POLL_S = 0.2

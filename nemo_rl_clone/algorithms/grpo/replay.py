@@ -1,4 +1,4 @@
-"""Replay of a repro bundle (`rl.repro`): one GRPO step's training call recomputed on CPU, in one process.
+"""Replay of a repro bundle (`grpo.repro`): one GRPO step's training call recomputed on CPU, in one process.
 
 The policy worker the run trained with (`DTensorPolicyWorker`, world size 1) loads the weights the step started
 from, recomputes the trainer logprobs of the step's batch the way `Policy.get_logprobs` does and runs the step's
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import yaml
 
-from nemo_rl_clone.algorithms.rl import repro
+from nemo_rl_clone.algorithms.grpo import repro
 from nemo_rl_clone.utils.errors import UserInputError
 
 # |recomputed - logged| <= TOLERANCE * max(1, |logged|): absolute below 1, relative above (fp32, same machine).
@@ -148,9 +148,9 @@ def policy_config(bundle: Bundle) -> Any:
 
 def replay(bundle: Bundle) -> Replayed:
     """Recompute the step's trainer logprobs and training call from its start weights (see the module doc)."""
+    from nemo_rl_clone.algorithms.grpo.batches import training_metrics
     from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
     from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
-    from nemo_rl_clone.algorithms.rl.batches import training_metrics
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import check_model_available
     from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker

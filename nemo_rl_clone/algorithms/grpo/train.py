@@ -1,10 +1,10 @@
 """GRPO: generate → reward → advantages → logprobs → train → sync → validate → checkpoint → log (see docs/grpo.md).
 
 `GRPOSteps.train_step` is GRPO's step and reads top to bottom; the loop around it (schedule, validation, logging,
-checkpoints, signals) is every algorithm's `run.loop.train_loop`. Building the run lives in `rl.setup`, where
-rollouts come from (on demand, or from async GRPO's replay buffer) in `rl.rollouts` / `rl.async_rollouts`, the
-reward arithmetic in `algorithms.utils`, batch plumbing in `rl.batches`, the collapse monitors in `rl.monitors`, repro
-bundles in `rl.repro`.
+checkpoints, signals) is every algorithm's `run.loop.train_loop`. Building the run lives in `grpo.components`, where
+rollouts come from (on demand, or from async GRPO's replay buffer) in `grpo.rollouts` / `grpo.async_rollouts`, the
+reward arithmetic in `algorithms.utils`, batch plumbing in `grpo.batches`, the collapse monitors in `grpo.monitors`, repro
+bundles in `grpo.repro`.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from typing import Any
 import psutil
 import torch
 
-from nemo_rl_clone.algorithms.interfaces import Algorithm
-from nemo_rl_clone.algorithms.rl.async_rollouts import AsyncRollouts
-from nemo_rl_clone.algorithms.rl.batches import (
+from nemo_rl_clone.algorithms.grpo.async_rollouts import AsyncRollouts
+from nemo_rl_clone.algorithms.grpo.batches import (
     aggregate_train_metrics,
     build_train_batch,
     mask_logprob_mismatch,
     step_advantages,
 )
-from nemo_rl_clone.algorithms.rl.config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.rl.monitors import CollapseMonitors
-from nemo_rl_clone.algorithms.rl.repro import ReproBundles
-from nemo_rl_clone.algorithms.rl.rollouts import RolloutSource, SyncRollouts, roll_out
-from nemo_rl_clone.algorithms.rl.setup import GRPOComponents, GRPOState, save_checkpoint, setup, setup_data
+from nemo_rl_clone.algorithms.grpo.components import GRPOComponents, GRPOState, save_checkpoint, setup, setup_data
+from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.monitors import CollapseMonitors
+from nemo_rl_clone.algorithms.grpo.repro import ReproBundles
+from nemo_rl_clone.algorithms.grpo.rollouts import RolloutSource, SyncRollouts, roll_out
+from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import run_validation
 from nemo_rl_clone.data.collate_fn import rl_collate_fn

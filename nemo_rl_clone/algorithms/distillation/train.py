@@ -3,7 +3,7 @@
 The student (``policy``) samples responses with vLLM exactly as GRPO's policy does; a frozen teacher (``teacher``,
 a second `Policy` sharing the training cluster's bundles) returns its top-k logits at every position of those
 samples, and the student is trained to match that distribution (`DistillationLossFn`: forward, reverse or mixed KL).
-Everything but the teacher and the loss is GRPO's (`rl.setup.setup` builds the run from
+Everything but the teacher and the loss is GRPO's (`grpo.components.setup` builds the run from
 `DistillationMasterConfig.rollout_view`; rollouts, validation, refit, checkpoints and logging are GRPO's functions),
 so the two algorithms sample, validate and resume the same way. Environment rewards are computed and logged
 (``train/reward``) but never trained on. See docs/distillation.md.
@@ -21,16 +21,16 @@ from typing import Any
 import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
-from nemo_rl_clone.algorithms.grpo import ALGORITHM as GRPO_ALGORITHM
-from nemo_rl_clone.algorithms.grpo import log_validation, response_token_share
+from nemo_rl_clone.algorithms.distillation.config import DistillationConfig, DistillationMasterConfig
+from nemo_rl_clone.algorithms.grpo.batches import build_train_batch
+from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
+from nemo_rl_clone.algorithms.grpo.components import setup as setup_student_run
+from nemo_rl_clone.algorithms.grpo.rollouts import SyncRollouts
+from nemo_rl_clone.algorithms.grpo.train import ALGORITHM as GRPO_ALGORITHM
+from nemo_rl_clone.algorithms.grpo.train import log_validation, response_token_share
 from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss.distillation import DistillationLossFn
-from nemo_rl_clone.algorithms.rl.batches import build_train_batch
-from nemo_rl_clone.algorithms.rl.distillation_config import DistillationConfig, DistillationMasterConfig
-from nemo_rl_clone.algorithms.rl.rollouts import SyncRollouts
-from nemo_rl_clone.algorithms.rl.setup import GRPOComponents
-from nemo_rl_clone.algorithms.rl.setup import setup as setup_student_run
 from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nemo_rl_clone.algorithms.grpo.monitors import MonitorsConfig
 from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
-from nemo_rl_clone.algorithms.rl.monitors import MonitorsConfig
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
@@ -102,7 +102,7 @@ class RewardScalingConfig:
 
 @dataclass
 class AsyncGRPOConfig:
-    """Async GRPO (`nemo_rl_clone.algorithms.rl.async_rollouts`): the engines generate the next steps' rollouts while the
+    """Async GRPO (`nemo_rl_clone.algorithms.grpo.async_rollouts`): the engines generate the next steps' rollouts while the
     trainer trains, on rollouts at most ``max_trajectory_age_steps`` training steps old."""
 
     enabled: bool = False

@@ -12,10 +12,10 @@ from typing import Any
 import datasets
 import torch
 
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import ClippedPGLossFn
-from nemo_rl_clone.algorithms.rl.config import GRPOMasterConfig
-from nemo_rl_clone.algorithms.rl.refit import init_refit_collective, prepare_refit
 from nemo_rl_clone.algorithms.run.state import (
     RunState,
     check_checkpoint_model,

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from nemo_rl_clone.algorithms.grpo.batches import combine_rollout_metrics, generation_seeds, select_groups
+from nemo_rl_clone.algorithms.grpo.refit import refit_policy_generation
 from nemo_rl_clone.algorithms.reward_functions import process_rewards
-from nemo_rl_clone.algorithms.rl.batches import combine_rollout_metrics, generation_seeds, select_groups
-from nemo_rl_clone.algorithms.rl.refit import refit_policy_generation
 from nemo_rl_clone.algorithms.utils import groups_with_signal
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
@@ -27,7 +27,7 @@ from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.timer import Timer
 
 if TYPE_CHECKING:
-    from nemo_rl_clone.algorithms.rl.setup import GRPOComponents
+    from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
 
 
 @dataclass

@@ -1,0 +1,23 @@
+"""On-policy distillation (docs/distillation.md): the step loop in `train`, the whole-run schema in `config`.
+NeMo-RL's names, from the package as from NeMo-RL's module:
+``from nemo_rl_clone.algorithms.distillation import MasterConfig, setup, distillation_train``."""
+
+from nemo_rl_clone.algorithms.distillation.train import (
+    DistillationComponents,
+    DistillationConfig,
+    DistillationMasterConfig,
+    MasterConfig,
+    check_vocab_equality,
+    distillation_train,
+    setup,
+)
+
+__all__ = [
+    "DistillationComponents",
+    "DistillationConfig",
+    "DistillationMasterConfig",
+    "MasterConfig",
+    "check_vocab_equality",
+    "distillation_train",
+    "setup",
+]
