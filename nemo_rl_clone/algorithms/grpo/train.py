@@ -9,12 +9,10 @@ bundles in `grpo.repro`.
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 from nemo_rl_clone.algorithms.grpo.async_rollouts import AsyncRollouts
@@ -70,8 +68,6 @@ class GRPOSteps:
         self.source: RolloutSource = AsyncRollouts(c) if grpo.async_grpo.enabled else SyncRollouts(c)
         self.monitors = CollapseMonitors(cfg.monitors, grpo.num_generations_per_prompt, c.state.monitors)
         self.repro = ReproBundles(c, self.monitors.alerting)
-        self._startup_time: float | None = None
-        self._first_step = True
 
     @property
     def position(self) -> Any:
@@ -82,8 +78,6 @@ class GRPOSteps:
 
     def train_step(self, step: int, timer: Timer) -> StepResult | None:
         c, cfg = self.c, self.c.config
-        if self._first_step:  # process start to this process's first step (imports, Ray, engines, validation at start)
-            self._startup_time, self._first_step = time.time() - psutil.Process().create_time(), False
         # 1-4. prompts × generations with fresh (sync) or recent enough (async) weights, rollouts, rewards
         rollouts = self.source.next(step, timer)
         if rollouts is None:
@@ -157,8 +151,6 @@ class GRPOSteps:
     def log_step(self, step: int, result: StepResult, timing: dict[str, float]) -> None:
         # how the step went (its time includes the save)
         rollouts, train_results = result.extra["rollouts"], result.extra["train_results"]
-        if self._startup_time is not None:
-            timing["startup_time"], self._startup_time = self._startup_time, None
         performance = {**_performance(result.metrics, timing), **rollouts.generation_performance}
         if "profile" in train_results:
             profile = profile_metrics(train_results["profile"], timing["policy_training"])
