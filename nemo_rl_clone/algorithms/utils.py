@@ -86,11 +86,6 @@ def calculate_kl(
     return kl
 
 
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float | None = 20.0) -> torch.Tensor:
-    """k3 estimator of KL(π ‖ π_ref) with only the input clamp: `calculate_kl(..., "k3", clamp, None)`."""
-    return calculate_kl(logprobs, ref_logprobs, "k3", clamp, None)
-
-
 def reduce_train_results(
     train_results: Mapping[str, Any], share_metrics: Iterable[str], count_metrics: Iterable[str] = ()
 ) -> dict[str, float]:

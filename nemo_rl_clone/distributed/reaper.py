@@ -47,10 +47,6 @@ def start_reaper() -> None:
     )
 
 
-def reaper_pid() -> int | None:
-    return _reaper.pid if _reaper is not None else None
-
-
 def _send(line: str) -> None:
     if _reaper is None or _reaper.stdin is None:
         return

@@ -17,11 +17,9 @@ from typing import Any
 import ray
 
 from nemo_rl_clone.environments import dapo_math_verifier
-from nemo_rl_clone.environments.answer_extraction import ANSWER_EXTRACTION_METHODS, extract_answer
+from nemo_rl_clone.environments.answer_extraction import extract_answer
 from nemo_rl_clone.environments.config import MathEnvConfig, check_env_config
 from nemo_rl_clone.environments.verifier_pool import VerifierPoolEnvironment, VerifierResult
-
-MATH_ANSWER_EXTRACTION_METHODS: tuple[str, ...] = ("math_verify", *ANSWER_EXTRACTION_METHODS)
 
 
 class MathVerifyWorker:

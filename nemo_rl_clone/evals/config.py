@@ -18,7 +18,6 @@ from nemo_rl_clone.models.policy.config import TokenizerConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import LoggerConfig, check_no_samples_to_print
 
-METRICS = ("pass@k", "cons@k")
 LOCAL_DATASET = "local"
 # Datasets made for training only: evaluating on them would mean their (hub) training split.
 _TRAINING_ONLY = ("OpenMathInstruct-2", "DeepScaler", "DAPOMath17K")

@@ -61,11 +61,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("NRL_CACHE_DIR", "~/.cache/nemo_rl_clone")).expanduser()
 
 
-def builtin_model_names() -> list[str]:
-    """Every name `resolve_model_path` builds locally, aliases included."""
-    return [*_BUILDERS, *_ALIASES]
-
-
 def resolve_model_path(model_name: str) -> str:
     """Return what ``from_pretrained`` should load for ``model_name``.
 

@@ -26,7 +26,6 @@ put the plan within 25% of the measured peak for the main job and the smoke conf
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,7 +211,3 @@ def _default_cpu_kv_cache() -> int:
     from nemo_rl_clone.models.generation.vllm.engine_io import DEFAULT_CPU_KV_CACHE_BYTES
 
     return int(DEFAULT_CPU_KV_CACHE_BYTES)
-
-
-def with_count(worker: WorkerMemory, count: int) -> WorkerMemory:
-    return dataclasses.replace(worker, count=count)

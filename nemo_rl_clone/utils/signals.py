@@ -120,10 +120,6 @@ def at_phase(step: int, name: str) -> None:
         raise StopRequested(f"SIGTERM before step {step}: {name}")
 
 
-def stop_state() -> StopState | None:
-    return _state
-
-
 @contextmanager
 def handle_stop_signals(
     grace_s: float, on_phase: Callable[[int, str], None], describe: Callable[[], str]

@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.utils import kl_k3, masked_mean
+from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, clamp: float | None = 20.0) -> torch.Tensor:
+    """k3 with only the input clamp (``calculate_kl``'s output clamp off)."""
+    return calculate_kl(logprobs, ref_logprobs, "k3", clamp, None)
+
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])

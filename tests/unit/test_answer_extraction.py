@@ -15,7 +15,6 @@ from nemo_rl_clone.environments.answer_extraction import (
     extract_last_number,
 )
 from nemo_rl_clone.environments.config import AnswerExtraction, MathAnswerExtraction
-from nemo_rl_clone.environments.math_environment import MATH_ANSWER_EXTRACTION_METHODS
 
 
 @pytest.mark.parametrize(
@@ -109,4 +108,4 @@ def test_unknown_method_lists_valid_ones() -> None:
 
 def test_config_literals_match_the_methods() -> None:
     assert typing.get_args(AnswerExtraction) == ANSWER_EXTRACTION_METHODS
-    assert typing.get_args(MathAnswerExtraction) == MATH_ANSWER_EXTRACTION_METHODS
+    assert typing.get_args(MathAnswerExtraction) == ("math_verify", *ANSWER_EXTRACTION_METHODS)

@@ -18,7 +18,6 @@ from nemo_rl_clone.algorithms.utils import (
     calculate_baseline_and_std_per_prompt,
     calculate_kl,
     get_tokenizer,
-    kl_k3,
     mask_out_neg_inf_logprobs,
     set_seed,
     surpress_user_warnings,
@@ -245,7 +244,7 @@ def test_calculate_kl_estimators_and_clamps():
     k3 = calculate_kl(logprobs, reference)  # NeMo-RL defaults: k3, input clamp 20, output clamp 10
     assert torch.allclose(k3, (d.exp() - d - 1).clamp(max=10.0))
     assert k3[2] == 0.0 and k3[3] == 10.0
-    assert torch.equal(kl_k3(logprobs, reference), d.exp() - d - 1)
+    assert torch.equal(calculate_kl(logprobs, reference, "k3", 20.0, None), d.exp() - d - 1)
     with pytest.raises(ValueError, match=r"kl_type must be one of \['k1', 'k2', 'k3'\], got 'k4'"):
         calculate_kl(logprobs, reference, "k4")
 

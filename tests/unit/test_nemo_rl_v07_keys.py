@@ -15,7 +15,6 @@ from nemo_rl_clone.algorithms.grpo.batches import mask_logprob_mismatch, step_ad
 from nemo_rl_clone.algorithms.grpo.components import _validation_rows
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
-from nemo_rl_clone.algorithms.run.state import validates_at_end
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.data.config import DataConfig, SFTDataConfig
 from nemo_rl_clone.data.supervised import build_sft_datum
@@ -149,14 +148,6 @@ def test_mask_logprob_mismatch_masks_sequences_over_the_threshold():
 
 
 # ------------------------------------------------------------------------------------ validation at the end, -1s
-
-
-@pytest.mark.parametrize(
-    ("val_at_end", "val_period", "last_step", "expected"),
-    [(True, 10, 25, True), (True, 10, 20, False), (True, 0, 20, True), (True, 10, 0, False), (False, 10, 25, False)],
-)
-def test_validates_at_end(val_at_end, val_period, last_step, expected):
-    assert validates_at_end(val_at_end, val_period, last_step) is expected
 
 
 def test_rm_minus_one_means_no_limit():

@@ -105,12 +105,6 @@ def run_validation(
     return metrics
 
 
-def validates_at_end(val_at_end: bool, val_period: int, last_step: int) -> bool:
-    """Whether ``val_at_end`` adds a validation after ``last_step``: not when no step ran, nor when the periodic
-    validation just ran at that step."""
-    return val_at_end and last_step > 0 and not (val_period > 0 and last_step % val_period == 0)
-
-
 def format_metrics(metrics: Mapping[str, float], shown: tuple[str, ...]) -> str:
     """``"loss 0.6931, accuracy 0.5000"``: the ``shown`` keys that ``metrics`` has, in that order."""
     return ", ".join(f"{key} {metrics[key]:.4f}" for key in shown if key in metrics)

@@ -28,7 +28,6 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, PackedTensors
 
 GENERATION_INPUT_KEYS = ("input_ids", "input_lengths")
-GENERATION_OUTPUT_KEYS = ("output_ids", "logprobs", "generation_lengths", "unpadded_sequence_lengths", "truncated")
 
 
 class RefitError(RuntimeError):

@@ -279,9 +279,6 @@ class VllmGenerationWorker:
             raise RuntimeError(f"engine rank {self.rank} is unusable after a failed weight load: {self.broken}")
 
     # ------------------------------------------------------------------ lifecycle
-    def is_alive(self) -> bool:
-        return True
-
     def shutdown(self) -> bool:
         """Stop the engine and free its memory; delete this worker's temp dir and ``/dev/shm`` leftovers."""
         shm_files = engine_io.shm_files_mapped_by_process_tree()
