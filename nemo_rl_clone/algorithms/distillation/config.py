@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig, problems_as
 from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
 from nemo_rl_clone.algorithms.loss.distillation import DistillationLossConfig
 from nemo_rl_clone.data.config import DataConfig
@@ -69,11 +69,7 @@ class DistillationMasterConfig:
     def check(self) -> list[tuple[str, str]]:
         # The student's run is a GRPO run without rewards to learn from: its checks (batch sizes, generation,
         # sequence lengths, environment) apply as they are, under this config's key names.
-        renamed = {"grpo.": "distillation."}
-        problems = [
-            (_rename(key, renamed), message.replace("grpo.", "distillation."))
-            for key, message in self.rollout_view().check()
-        ]
+        problems = problems_as("distillation", self.rollout_view().check())
         for who in ("policy", "teacher"):
             section: PolicyConfig = getattr(self, who)
             if section.megatron_cfg.enabled:
@@ -123,10 +119,3 @@ class DistillationMasterConfig:
             checkpointing=self.checkpointing,
             cluster=self.cluster,
         )
-
-
-def _rename(key: str, prefixes: dict[str, str]) -> str:
-    for old, new in prefixes.items():
-        if key.startswith(old):
-            return new + key[len(old) :]
-    return key

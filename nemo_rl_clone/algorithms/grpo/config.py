@@ -399,3 +399,13 @@ class GRPOMasterConfig:
                 )
             )
         return problems
+
+
+def problems_as(section: str, problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A GRPO view's problems under the name of the section it was built from (distillation, PPO): ``grpo.`` in
+    keys and messages becomes ``<section>.``."""
+    prefix = f"{section}."
+    return [
+        (prefix + key[len("grpo.") :] if key.startswith("grpo.") else key, message.replace("grpo.", prefix))
+        for key, message in problems
+    ]

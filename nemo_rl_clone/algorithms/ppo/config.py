@@ -15,7 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig, RewardScalingConfig, RewardShapingConfig
+from nemo_rl_clone.algorithms.grpo.config import (
+    GRPOConfig,
+    GRPOMasterConfig,
+    RewardScalingConfig,
+    RewardShapingConfig,
+    problems_as,
+)
 from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
@@ -186,7 +192,7 @@ class PPOMasterConfig:
     def check(self) -> list[tuple[str, str]]:
         # The actor's run is a GRPO run with GAE advantages: its checks (batch sizes, generation, lengths,
         # environments, the KL term against skip_reference_policy_logprobs_calculation) apply under PPO's names.
-        problems = [(_renamed(key), message.replace("grpo.", "ppo.")) for key, message in self.rollout_view().check()]
+        problems = problems_as("ppo", self.rollout_view().check())
         value = self.value
         if not (value.reward_model_cfg.enabled and value.reward_model_cfg.reward_model_type == "regression"):
             problems.append(
@@ -251,7 +257,3 @@ class PPOMasterConfig:
             checkpointing=self.checkpointing,
             cluster=self.cluster,
         )
-
-
-def _renamed(key: str) -> str:
-    return "ppo." + key[len("grpo.") :] if key.startswith("grpo.") else key
