@@ -34,9 +34,9 @@ _REGISTRY: dict[str, _Entry] = {
         f"{_PACKAGE}.distillation.train:ALGORITHM",
         "Distillation",
     ),
-    "sft": _Entry(f"{_PACKAGE}.sft:SFTMasterConfig", f"{_PACKAGE}.sft:ALGORITHM", "SFT"),
-    "dpo": _Entry(f"{_PACKAGE}.dpo:DPOMasterConfig", f"{_PACKAGE}.dpo:ALGORITHM", "DPO"),
-    "rm": _Entry(f"{_PACKAGE}.rm:RMMasterConfig", f"{_PACKAGE}.rm:ALGORITHM", "RM"),
+    "sft": _Entry(f"{_PACKAGE}.sft.config:SFTMasterConfig", f"{_PACKAGE}.sft.train:ALGORITHM", "SFT"),
+    "dpo": _Entry(f"{_PACKAGE}.dpo.config:DPOMasterConfig", f"{_PACKAGE}.dpo.train:ALGORITHM", "DPO"),
+    "rm": _Entry(f"{_PACKAGE}.rm.config:RMMasterConfig", f"{_PACKAGE}.rm.train:ALGORITHM", "RM"),
     "ppo": _Entry(f"{_PACKAGE}.ppo.config:PPOMasterConfig", f"{_PACKAGE}.ppo.train:ALGORITHM", "PPO"),
 }
 

@@ -1,6 +1,6 @@
 """The one training loop of SFT, DPO and reward-model training: batch → prepare → train → validate → checkpoint → log.
 
-An algorithm (`sft.py`, `dpo.py`, `rm.py`) is a `SupervisedAlgorithm` (`supervised.config`): its loss function, the
+An algorithm (`sft/`, `dpo/`, `rm/`) is a `SupervisedAlgorithm` (`supervised.config`): its loss function, the
 batch rows one example fills, a `prepare_batch` hook (DPO adds the reference policy's logprobs) and its metric names.
 `supervised.setup.build_supervised_run` builds the `SupervisedRun` that `supervised_train` runs.
 """

@@ -1,38 +1,22 @@
-"""Direct Preference Optimization (`DPOLossFn`) against the frozen initial policy, through the shared
-`supervised.loop`.
-
-    setup(config) -> SupervisedRun;  dpo_train(run)
-
-Batch sizes count preference *pairs* (NeMo-RL's convention): ``policy.train_global_batch_size: 8`` is 8 pairs, i.e.
-16 rows (chosen, rejected interleaved) per optimizer step; ``policy.train_micro_batch_size`` and
-``dpo.val_{global,micro}_batch_size`` likewise. Metrics: ``train/{loss, sft_loss, preference_loss, accuracy,
-rewards_chosen_mean, rewards_rejected_mean, reward_margin, grad_norm, lr, num_valid_samples}`` (rewards are the
-summed policy − reference logprobs of a response, without β), the same under ``validation/`` (no grad_norm/lr),
-``timing/train/*``.
-"""
+"""DPO's config: the ``dpo`` section (the loop's keys and `DPOLossConfig`'s), the whole-run config and the
+algorithm's batch preparation and metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemo_rl_clone.algorithms.interfaces import Algorithm
-from nemo_rl_clone.algorithms.loss import DPOLossConfig, DPOLossFn
-from nemo_rl_clone.algorithms.run.state import RunState
+from nemo_rl_clone.algorithms.loss import DPOLossConfig
 from nemo_rl_clone.algorithms.supervised.config import (
     PreferenceAlgorithm,
     SupervisedLoopConfig,
     check_supervised_config,
 )
-from nemo_rl_clone.algorithms.supervised.loop import supervised_train
-from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_preference_run, preference_datasets
 from nemo_rl_clone.data.config import PreferenceDataConfig
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 _LOSS_KEYS = tuple(DPOLossConfig.__dataclass_fields__)
@@ -102,39 +86,3 @@ class DPOAlgorithm(PreferenceAlgorithm):
         reference = policy.get_reference_policy_logprobs(batch, micro_batch_size=micro_batch_rows)
         batch["reference_policy_logprobs"] = reference["reference_logprobs"]
         return batch
-
-
-def setup(config: DPOMasterConfig | Mapping[str, Any]) -> SupervisedRun:
-    """Tokenizer, preference data, logger, policy with a frozen reference; resumes from the latest checkpoint."""
-    config = as_config(config, DPOMasterConfig)  # NeMo-RL passes its master config as a dict
-    return build_preference_run(config, DPOAlgorithm(DPOLossFn(config.dpo.loss_config())))
-
-
-def dpo_train(run: SupervisedRun) -> None:
-    supervised_train(run)
-
-
-class DPO(Algorithm):
-    name = "dpo"
-    config_class = DPOMasterConfig
-
-    def setup(self, config: DPOMasterConfig) -> SupervisedRun:
-        return setup(config)
-
-    def train(self, run: SupervisedRun) -> None:
-        supervised_train(run)
-
-    def datasets(self, config: DPOMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
-        train, validation = preference_datasets(config, "dpo", tokenizer)
-        return train, validation, config.data.max_input_seq_length
-
-    def needs_reference_model(self, config: DPOMasterConfig) -> bool:
-        return True  # the loss reads the frozen initial policy's logprobs
-
-
-ALGORITHM = DPO()
-
-
-# NeMo-RL's names: `from nemo_rl_clone.algorithms.dpo import MasterConfig, setup, dpo_train`.
-MasterConfig = DPOMasterConfig
-DPOSaveState = RunState
