@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,11 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 from nemo_rl_clone.algorithms.distillation.config import DistillationConfig, DistillationMasterConfig
 from nemo_rl_clone.algorithms.grpo.batches import build_train_batch
 from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
-from nemo_rl_clone.algorithms.grpo.components import setup as setup_student_run
-from nemo_rl_clone.algorithms.grpo.rollouts import SyncRollouts
-from nemo_rl_clone.algorithms.grpo.train import ALGORITHM as GRPO_ALGORITHM
-from nemo_rl_clone.algorithms.grpo.train import log_validation, response_token_share
-from nemo_rl_clone.algorithms.interfaces import Algorithm
+from nemo_rl_clone.algorithms.grpo.second_model import SecondModelAlgorithm, SyncRolloutSteps, setup_with_model
+from nemo_rl_clone.algorithms.grpo.train import step_performance
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss.distillation import DistillationLossFn
-from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
+from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
@@ -79,21 +75,18 @@ def setup(config: DistillationMasterConfig | Mapping[str, Any]) -> DistillationC
     ``teacher.model_name``)."""
     config = as_config(config, DistillationMasterConfig)
     check_vocab_match(config)  # before Ray starts: a mismatch is one line, not a failed run
-    run = setup_student_run(config.rollout_view(), extra_worker_groups=1, run_config=config)
-    try:
-        threads = {} if torch.cuda.is_available() else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
-        teacher = Policy(
+    run, teacher = setup_with_model(
+        config,
+        lambda run, env_vars: Policy(
             run.clusters[0],
             config.teacher,
             run.tokenizer,
             name_prefix="teacher",
             init_optimizer=False,
             init_reference_model=False,
-            env_vars=threads,
-        )
-    except BaseException:
-        run.shutdown()
-        raise
+            env_vars=env_vars,
+        ),
+    )
     loss_fn = DistillationLossFn(config.loss_fn, TrainingSamplingParams.from_generation(config.policy.generation))
     return DistillationComponents(config, run, teacher, loss_fn)
 
@@ -146,30 +139,13 @@ def distillation_train(c: DistillationComponents) -> None:
     train_loop(DistillationSteps(c))
 
 
-class DistillationSteps:
+class DistillationSteps(SyncRolloutSteps):
     """Distillation's step for `train_loop`: the student samples (GRPO's synchronous rollouts, so the engines get
     the student's new weights before they next sample or validate), the teacher scores, the student trains."""
 
     def __init__(self, c: DistillationComponents) -> None:
-        run, steps = c.run, c.config.distillation
-        self.c, self.run, self.state, self.logger = c, run, run.state, run.logger
-        self.checkpointer, self.checkpointing, self.log_dir = run.checkpointer, c.config.checkpointing, run.log_dir
-        self.schedule = Schedule(
-            "Distillation",
-            steps.max_num_steps,
-            steps.max_num_epochs,
-            steps.val_period,
-            val_at_start=steps.val_at_start and steps.val_period > 0,
-            val_at_end=steps.val_at_end,
-        )
-        self.source = SyncRollouts(run)
-
-    @property
-    def position(self) -> Any:
-        return self.run.dataloader
-
-    def start(self, timer: Timer) -> None:
-        pass
+        super().__init__("Distillation", c.run, c.config.distillation, c.config.checkpointing)
+        self.c = c
 
     def train_step(self, step: int, timer: Timer) -> StepResult | None:
         run, cfg = self.run, self.c.config
@@ -205,33 +181,20 @@ class DistillationSteps:
             kept=("loss", "reward"),
         )
 
-    def sync_weights(self, step: int, timer: Timer) -> None:
-        # 4. the engines sample the next step and the validation with the weights just trained
-        self.source.after_training(step, timer)
-
-    def validate(self, step: int, timer: Timer) -> None:
-        self.source.validate(step, timer, partial(log_validation, self.run, step))
-
-    def after_step(self, step: int, result: StepResult) -> None:
-        pass
-
     def save(self) -> Path | None:
         return save_checkpoint(self.c)
 
     def log_step(self, step: int, result: StepResult, timing: dict[str, float]) -> None:
         metrics = result.metrics
-        self.logger.log_metrics(_performance(metrics, timing), step, prefix="performance")
+        self.logger.log_metrics(step_performance(metrics, timing), step, prefix="performance")
         self.logger.log_metrics(timing, step, prefix="timing/train")
         console.print(
             f"step {step}: loss {metrics['loss']:.4f}, forward KL {metrics['kl_forward']:.4f}, "
             f"reverse KL {metrics['kl_reverse']:.4f}, reward {metrics['reward']:.3f}"
         )
 
-    def close(self) -> None:
-        self.source.close()
 
-
-class Distillation(Algorithm):
+class Distillation(SecondModelAlgorithm):
     name = "distillation"
     config_class = DistillationMasterConfig
 
@@ -240,15 +203,6 @@ class Distillation(Algorithm):
 
     def train(self, run: DistillationComponents) -> None:
         distillation_train(run)
-
-    def datasets(self, config: DistillationMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
-        return GRPO_ALGORITHM.datasets(config.rollout_view(), tokenizer)  # the student samples as GRPO's policy
-
-    def loss_token_share(self, config: DistillationMasterConfig) -> float:
-        return response_token_share(config.rollout_view())
-
-    def multi_turn(self, config: DistillationMasterConfig) -> bool:
-        return GRPO_ALGORITHM.multi_turn(config.rollout_view())
 
     def frozen_models(self, config: DistillationMasterConfig) -> dict[str, Any]:
         return {"teacher": config.teacher}
@@ -282,11 +236,3 @@ def _train_metrics(
         **{f"rollout/{k}": v for k, v in rollout_metrics.items()},
     )
     return metrics
-
-
-def _performance(metrics: dict[str, float], timing: dict[str, float]) -> dict[str, float]:
-    return {
-        "tokens_per_sec": metrics["total_num_tokens"] / max(timing["total_step_time"], 1e-9),
-        "generation_tokens_per_sec": metrics["generated_tokens"] / max(timing["generation"], 1e-9),
-        "policy_training_tokens_per_sec": metrics["total_num_tokens"] / max(timing["policy_training"], 1e-9),
-    }

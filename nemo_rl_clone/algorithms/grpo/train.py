@@ -57,14 +57,7 @@ class GRPOSteps:
         self.c, self.state, self.logger, self.checkpointer = c, c.state, c.logger, c.checkpointer
         self.checkpointing, self.log_dir = cfg.checkpointing, c.log_dir
         grpo = cfg.grpo
-        self.schedule = Schedule(
-            "GRPO",
-            grpo.max_num_steps,
-            grpo.max_num_epochs,
-            grpo.val_period,
-            val_at_start=grpo.val_at_start and grpo.val_period > 0,
-            val_at_end=grpo.val_at_end,
-        )
+        self.schedule = Schedule.for_rollouts("GRPO", grpo)
         self.source: RolloutSource = AsyncRollouts(c) if grpo.async_grpo.enabled else SyncRollouts(c)
         self.monitors = CollapseMonitors(cfg.monitors, grpo.num_generations_per_prompt, c.state.monitors)
         self.repro = ReproBundles(c, self.monitors.alerting)
@@ -151,7 +144,7 @@ class GRPOSteps:
     def log_step(self, step: int, result: StepResult, timing: dict[str, float]) -> None:
         # how the step went (its time includes the save)
         rollouts, train_results = result.extra["rollouts"], result.extra["train_results"]
-        performance = {**_performance(result.metrics, timing), **rollouts.generation_performance}
+        performance = {**step_performance(result.metrics, timing), **rollouts.generation_performance}
         if "profile" in train_results:
             profile = profile_metrics(train_results["profile"], timing["policy_training"])
             timing.update(profile["timing"])
@@ -236,7 +229,8 @@ def response_token_share(config: GRPOMasterConfig) -> float:
 ALGORITHM = GRPO()
 
 
-def _performance(metrics: dict[str, float], timing: dict[str, float]) -> dict[str, float]:
+def step_performance(metrics: dict[str, float], timing: dict[str, float]) -> dict[str, float]:
+    """``performance/*`` throughput of a step that generated, then trained its policy."""
     total_tokens = metrics["total_num_tokens"]
     return {
         "tokens_per_sec": total_tokens / max(timing["total_step_time"], 1e-9),

@@ -24,7 +24,6 @@ Checkpoints hold both models: ``policy/`` (the actor) and ``value/`` (the critic
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -34,15 +33,11 @@ import torch
 
 from nemo_rl_clone.algorithms.grpo.batches import build_train_batch, training_metrics
 from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
-from nemo_rl_clone.algorithms.grpo.components import setup as setup_actor_run
-from nemo_rl_clone.algorithms.grpo.rollouts import SyncRollouts
-from nemo_rl_clone.algorithms.grpo.train import ALGORITHM as GRPO_ALGORITHM
-from nemo_rl_clone.algorithms.grpo.train import log_validation, response_token_share
-from nemo_rl_clone.algorithms.interfaces import Algorithm
+from nemo_rl_clone.algorithms.grpo.second_model import SecondModelAlgorithm, SyncRolloutSteps, setup_with_model
 from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
 from nemo_rl_clone.algorithms.ppo.gae import compute_advantages_and_returns, last_token_rewards
 from nemo_rl_clone.algorithms.ppo.value_loss import MseValueLossFn, explained_variance
-from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
+from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.models.policy.lm_policy import Policy
@@ -73,29 +68,28 @@ def setup(config: PPOMasterConfig | Any) -> PPOComponents:
     """Build a PPO run (validated here when given as NeMo-RL's plain dict); resumes the actor and the critic from
     ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
     config = as_config(config, PPOMasterConfig)
-    run = setup_actor_run(config.rollout_view(), extra_worker_groups=1, run_config=config)
-    try:
-        latest = run.checkpointer.get_latest_checkpoint_path() if run.state.step > 0 else None
-        weights, optimizer = None, None
-        if latest is not None:
-            weights = str(latest / VALUE_DIR / "weights")
-            optimizer_dir = latest / VALUE_DIR / "optimizer"
-            optimizer = str(optimizer_dir) if optimizer_dir.exists() else None
-        threads = {} if torch.cuda.is_available() else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
-        critic = Policy(
-            run.clusters[0],
-            config.value,
-            run.tokenizer,  # the critic reads the actor's token ids
-            name_prefix="value",
-            init_reference_model=False,
-            weights_path=weights,
-            optimizer_path=optimizer,
-            env_vars=threads,
-        )
-    except BaseException:
-        run.shutdown()
-        raise
+    run, critic = setup_with_model(config, partial(_build_critic, config))
     return PPOComponents(config, run, critic, MseValueLossFn(config.value_loss_fn))
+
+
+def _build_critic(config: PPOMasterConfig, run: GRPOComponents, env_vars: dict[str, str]) -> Policy:
+    """The critic on the actor's training cluster; from ``value/`` of the checkpoint the actor resumes from."""
+    latest = run.checkpointer.get_latest_checkpoint_path() if run.state.step > 0 else None
+    weights, optimizer = None, None
+    if latest is not None:
+        weights = str(latest / VALUE_DIR / "weights")
+        optimizer_dir = latest / VALUE_DIR / "optimizer"
+        optimizer = str(optimizer_dir) if optimizer_dir.exists() else None
+    return Policy(
+        run.clusters[0],
+        config.value,
+        run.tokenizer,  # the critic reads the actor's token ids
+        name_prefix="value",
+        init_reference_model=False,
+        weights_path=weights,
+        optimizer_path=optimizer,
+        env_vars=env_vars,
+    )
 
 
 def ppo_train(c: PPOComponents) -> None:
@@ -103,30 +97,12 @@ def ppo_train(c: PPOComponents) -> None:
     train_loop(PPOSteps(c))
 
 
-class PPOSteps:
-    """PPO's step for `train_loop` (the module doc)."""
+class PPOSteps(SyncRolloutSteps):
+    """PPO's step for `train_loop` (the module doc); no refit follows a step of the critic's warm-up."""
 
     def __init__(self, c: PPOComponents) -> None:
-        run, ppo = c.run, c.config.ppo
-        self.c, self.run, self.state, self.logger = c, run, run.state, run.logger
-        self.checkpointer, self.checkpointing, self.log_dir = run.checkpointer, c.config.checkpointing, run.log_dir
-        self.schedule = Schedule(
-            "PPO",
-            ppo.max_num_steps,
-            ppo.max_num_epochs,
-            ppo.val_period,
-            val_at_start=ppo.val_at_start and ppo.val_period > 0,
-            val_at_end=ppo.val_at_end,
-        )
-        self.source = SyncRollouts(run)
-        self._actor_trained = False
-
-    @property
-    def position(self) -> Any:
-        return self.run.dataloader
-
-    def start(self, timer: Timer) -> None:
-        pass
+        super().__init__("PPO", c.run, c.config.ppo, c.config.checkpointing)
+        self.c = c
 
     def train_step(self, step: int, timer: Timer) -> StepResult | None:
         c, run, cfg = self.c, self.run, self.c.config
@@ -167,8 +143,8 @@ class PPOSteps:
             value_results = [c.critic.train(train_data, c.value_loss_fn) for _ in range(cfg.ppo.ppo_epochs)]
             c.critic.finish_training()
         policy_results = []
-        self._actor_trained = cfg.ppo.trains_policy(step - 1)
-        if self._actor_trained:
+        self.actor_trained = cfg.ppo.trains_policy(step - 1)
+        if self.actor_trained:
             phase(step, "training")
             with timer.time("policy_training"):
                 run.policy.prepare_for_training()
@@ -185,18 +161,6 @@ class PPOSteps:
             kept=("loss", "reward", "value_loss"),
         )
 
-    def sync_weights(self, step: int, timer: Timer) -> None:
-        # 6. the engines sample the next step and the validation with the actor's new weights (none while the
-        # critic warms up)
-        if self._actor_trained:
-            self.source.after_training(step, timer)
-
-    def validate(self, step: int, timer: Timer) -> None:
-        self.source.validate(step, timer, partial(log_validation, self.run, step))
-
-    def after_step(self, step: int, result: StepResult) -> None:
-        pass
-
     def save(self) -> Path | None:
         return save_checkpoint(self.c)
 
@@ -208,9 +172,6 @@ class PPOSteps:
             f"step {step}: {actor}value loss {m['value_loss']:.4f}, explained variance "
             f"{m['value_explained_variance']:.3f}, reward {m['reward']:.3f}"
         )
-
-    def close(self) -> None:
-        self.source.close()
 
 
 def save_checkpoint(c: PPOComponents) -> Path | None:
@@ -259,7 +220,7 @@ def _step_metrics(
     return metrics
 
 
-class PPO(Algorithm):
+class PPO(SecondModelAlgorithm):
     name = "ppo"
     config_class = PPOMasterConfig
 
@@ -269,17 +230,8 @@ class PPO(Algorithm):
     def train(self, run: PPOComponents) -> None:
         ppo_train(run)
 
-    def datasets(self, config: PPOMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
-        return GRPO_ALGORITHM.datasets(config.rollout_view(), tokenizer)
-
     def needs_reference_model(self, config: PPOMasterConfig) -> bool:
         return config.rollout_view().needs_reference_model
-
-    def loss_token_share(self, config: PPOMasterConfig) -> float:
-        return response_token_share(config.rollout_view())
-
-    def multi_turn(self, config: PPOMasterConfig) -> bool:
-        return config.ppo.max_rollout_turns > 1
 
     def trained_models(self, config: PPOMasterConfig) -> dict[str, Any]:
         return {VALUE_DIR: config.value}

@@ -52,6 +52,19 @@ class Schedule:
     val_at_end: bool
     total_steps: int | None = None  # required when max_num_steps is infinite
 
+    @classmethod
+    def for_rollouts(cls, title: str, section: Any) -> Schedule:
+        """From an RL loop section (``grpo``, ``distillation``, ``ppo``): NeMo-RL validates at the start only when
+        it validates periodically (``val_period`` > 0)."""
+        return cls(
+            title,
+            section.max_num_steps,
+            section.max_num_epochs,
+            section.val_period,
+            val_at_start=section.val_at_start and section.val_period > 0,
+            val_at_end=section.val_at_end,
+        )
+
     def validates_after(self, step: int, is_last: bool) -> bool:
         return (self.val_period > 0 and step % self.val_period == 0) or (self.val_at_end and is_last)
 
