@@ -318,8 +318,7 @@ class DTensorPolicyWorker(RefitSender):
         width = data["input_ids"].shape[1]
 
         def scores_of(batch: BatchedDataDict) -> torch.Tensor:
-            out = self._forward(batch).float()
-            return (train_step.pad_to_width(out, width) if scorer.per_token else out[:, 0]).cpu()
+            return scorer.reported(self._forward(batch).float(), width).cpu()
 
         scores = self._inference_pass(data, micro_batch_size, scores_of)
         return BatchedDataDict({"scores": scores})

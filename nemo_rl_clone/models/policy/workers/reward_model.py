@@ -76,8 +76,6 @@ class LastTokenScorer:
     scores can be trained); the pooled output Hugging Face computes is ignored.
     """
 
-    per_token = False
-
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._token_scores: torch.Tensor | None = None
@@ -86,15 +84,23 @@ class LastTokenScorer:
     def _keep_output(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         self._token_scores = output
 
-    def __call__(
-        self, input_ids: torch.Tensor, input_lengths: torch.Tensor, rows: PaddedRows | PackedRows | None = None
-    ) -> torch.Tensor:
-        """Scores ``[B, 1]`` of right-padded ``input_ids`` ``[B, S]``, run as ``rows`` lays them out (default: as is)."""
+    def _head_outputs(self, input_ids: torch.Tensor, rows: PaddedRows | PackedRows | None) -> torch.Tensor:
+        """The head's ``[B, S, 1]`` outputs of right-padded ``input_ids`` ``[B, S]``, run as ``rows`` lays them out."""
         rows = rows or PaddedRows(input_ids)
         self.model(input_ids=rows.pack(input_ids), use_cache=False, **rows.model_kwargs())
         token_scores, self._token_scores = self._token_scores, None
         assert token_scores is not None, "the score head did not run"
-        return scores_at_last_valid_token(rows.unpack(token_scores), input_lengths)
+        return rows.unpack(token_scores)
+
+    def __call__(
+        self, input_ids: torch.Tensor, input_lengths: torch.Tensor, rows: PaddedRows | PackedRows | None = None
+    ) -> torch.Tensor:
+        """Scores ``[B, 1]`` of right-padded ``input_ids`` ``[B, S]``, run as ``rows`` lays them out (default: as is)."""
+        return scores_at_last_valid_token(self._head_outputs(input_ids, rows), input_lengths)
+
+    def reported(self, scores: torch.Tensor, width: int) -> torch.Tensor:
+        """What ``score`` hands back for a microbatch's ``scores``: ``[B]``."""
+        return scores[:, 0]
 
 
 class TokenValueScorer(LastTokenScorer):
@@ -102,16 +108,14 @@ class TokenValueScorer(LastTokenScorer):
     right — ``values[:, t]`` is read at position t − 1, i.e. it is the value of the state in which token t is
     generated (0 at t = 0). GAE, the actor's per-token advantages and the value loss then all index tokens alike."""
 
-    per_token = True
-
     def __call__(
         self, input_ids: torch.Tensor, input_lengths: torch.Tensor, rows: PaddedRows | PackedRows | None = None
     ) -> torch.Tensor:
-        rows = rows or PaddedRows(input_ids)
-        self.model(input_ids=rows.pack(input_ids), use_cache=False, **rows.model_kwargs())
-        token_scores, self._token_scores = self._token_scores, None
-        assert token_scores is not None, "the score head did not run"
-        return torch.nn.functional.pad(rows.unpack(token_scores)[:, :-1, 0], (1, 0))
+        return torch.nn.functional.pad(self._head_outputs(input_ids, rows)[:, :-1, 0], (1, 0))
+
+    def reported(self, scores: torch.Tensor, width: int) -> torch.Tensor:
+        """``[B, width]``: a microbatch cut to its longest row (dynamic batching) is padded back with zeros."""
+        return torch.nn.functional.pad(scores, (0, width - scores.shape[1]))
 
 
 def make_scorer(model: nn.Module, reward_model_type: str) -> LastTokenScorer:
