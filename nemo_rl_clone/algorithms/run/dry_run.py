@@ -63,8 +63,12 @@ def dry_run(config: Any) -> Plan:
 
 def _tokenizer(config: Any, plan: Plan) -> Any:
     policy = getattr(config, "policy", None)
-    section, model = (policy.tokenizer, policy.model_name) if policy is not None else (config.tokenizer, None)
-    model = model or _eval_model(config)
+    if policy is not None:
+        section, model = policy.tokenizer, policy.model_name
+    elif hasattr(config, "tokenizer"):  # an evaluation
+        section, model = config.tokenizer, _eval_model(config)
+    else:
+        return None  # a plug-in algorithm that trains no language model
     if section.name is None and model is None:
         return None
     try:
