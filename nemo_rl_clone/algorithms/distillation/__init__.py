@@ -4,7 +4,9 @@ NeMo-RL's names, from the package as from NeMo-RL's module:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.distillation.train import (
@@ -28,11 +30,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # The names load the training code (torch, transformers) on first use, so that importing the package for its
-    # config alone stays light: an entry point validates the config before anything heavy loads.
-    if name in __all__:
-        from nemo_rl_clone.algorithms.distillation import train
-
-        return getattr(train, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# torch and the training code load when a name is first used (`utils.lazy_exports`).
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "train"))

@@ -14,8 +14,9 @@ summed policy − reference logprobs of a response, without β), the same under 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.dpo.config import DPOAlgorithm, DPOConfig, DPOMasterConfig
@@ -45,8 +46,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy, as the GRPO package: importing the package for its config alone stays light.
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)

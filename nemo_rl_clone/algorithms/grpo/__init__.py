@@ -5,7 +5,9 @@ distillation and PPO share: `config`, `components` (building the run), `rollouts
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.grpo.train import (
@@ -20,11 +22,5 @@ if TYPE_CHECKING:
 __all__ = ["GRPOConfig", "GRPOSaveState", "MasterConfig", "grpo_train", "setup", "validate"]
 
 
-def __getattr__(name: str) -> Any:
-    # The names load the training code (torch, transformers) on first use, so that importing the package for its
-    # config alone stays light: an entry point validates the config before anything heavy loads.
-    if name in __all__:
-        from nemo_rl_clone.algorithms.grpo import train
-
-        return getattr(train, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# torch and the training code load when a name is first used (`utils.lazy_exports`).
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "train"))

@@ -12,8 +12,9 @@ rejected), ``timing/train/*``.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.rm.config import RMAlgorithm, RMConfig, RMMasterConfig
@@ -43,8 +44,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy, as the GRPO package: importing the package for its config alone stays light.
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)

@@ -9,8 +9,9 @@ Metrics: ``train/{loss, grad_norm, lr, num_valid_samples, num_unmasked_tokens}``
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.sft.config import SFTAlgorithm, SFTConfig, SFTMasterConfig
@@ -50,8 +51,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy, as the GRPO package: importing the package for its config alone stays light.
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
