@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
-import torch
+if TYPE_CHECKING:  # verifier actors load environment modules: they must not pay for importing torch
+    import torch
 
 # What an environment keeps per sample between turns (NeMo-RL's type parameter); ours are dicts.
 MetadataT = TypeVar("MetadataT")

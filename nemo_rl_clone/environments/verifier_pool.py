@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
-import torch
 from ray.actor import ActorHandle
 
 from nemo_rl_clone.environments.interfaces import (
@@ -227,6 +226,8 @@ class VerifierPoolEnvironment(EnvironmentInterface):
         self._counts["extracted"] += sum(result.answer is not None for result in results)
         self._counts.update(result.status for result in results)
         self.record(results)
+        import torch  # here, not at the top: verifier actors load this module and never need torch
+
         return EnvironmentReturn(
             observations=[{"role": "environment", "content": self.feedback(result)} for result in results],
             metadata=list(metadata),
@@ -281,6 +282,8 @@ def batch_reward_metrics(batch: Mapping[str, Any]) -> dict[str, float]:
     """Reward and length metrics of a batch (see `VerifierPoolEnvironment.global_post_process_and_metrics`)."""
     if "rewards" not in batch:
         raise KeyError(f"the batch needs 'rewards' (float[B]) for environment metrics; it has {sorted(batch)}")
+    import torch
+
     rewards = torch.as_tensor(batch["rewards"], dtype=torch.float32).flatten()
     if rewards.numel() == 0:
         raise ValueError("batch['rewards'] is empty; there is nothing to compute metrics on")

@@ -1,9 +1,15 @@
-"""A catalogue of bad inputs to every entry point, each run as a real process: it must exit with code 2, say what is
-wrong in at most 3 lines of stderr that name the culprit (key, file or row), and leave no log or checkpoint
-directory behind. All but the ``after-ray-start`` case fail in pre-flight or while loading data, before Ray starts."""
+"""A catalogue of bad inputs to every entry point: each must exit with code 2, say what is wrong in at most 3 lines
+of stderr that name the culprit (key, file or row), and leave no log or checkpoint directory behind.
+
+All but the ``after-ray-start`` case fail in pre-flight or while loading data, before Ray starts. Those run in this
+process through the entry point's own ``main`` (what the script runs; a process would add only its start, ~6 s a
+case here), disconnected from Ray like a fresh process. Cases whose point needs a fresh interpreter run as a real
+process (``process=True``): Ray started by the run, and ``HF_HUB_OFFLINE``, which huggingface_hub reads at import.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -117,6 +123,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     # A log dir that already holds a run: a failed start must remove only the exp_N it made.
     existing_log_dir: bool = False
+    process: bool = False  # a real process (see the module docstring)
 
 
 OPENAI = ("data.dataset_name=openai_format", "data.data_path={train}", "data.val_data_path={val}")
@@ -144,6 +151,7 @@ CASES = [
         ("policy.model_name=nemo-rl-clone-tests/no-such-model",),
         "policy.model_name",
         env={"HF_HUB_OFFLINE": "1"},
+        process=True,
     ),
     Case("eval-model-missing", "eval", ("generation.model_name=/nonexistent/model",), "generation.model_name"),
     # optimizer and scheduler
@@ -235,6 +243,7 @@ CASES = [
         ("policy.model_name={corrupt}",),
         "cannot load the weights",
         _model_dirs,
+        process=True,
     ),
 ]
 
@@ -247,8 +256,46 @@ def busy_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
+def entry_point_main(entry: str) -> Callable[[list[str]], None]:
+    sys.path.insert(0, str(REPO / "examples"))  # run_grpo.py imports run_grpo_math as its sibling
+    spec = importlib.util.spec_from_file_location(f"run_{entry}", REPO / "examples" / f"run_{entry}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def run_case(case: Case, argv: list[str], env: dict[str, str], tmp_path: Path, monkeypatch, capfd) -> tuple[int, str]:
+    """(exit code, stderr) of the entry point on ``argv``: in this process, or as a real one for ``case.process``."""
+    if case.process:
+        args = [sys.executable, str(REPO / "examples" / f"run_{case.entry}.py"), *argv]
+        proc = subprocess.run(
+            args, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **env}, timeout=600
+        )
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
+        return proc.returncode, proc.stderr
+    import ray
+
+    ray.shutdown()  # like a fresh process: an earlier module on this worker may have connected it
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    # sys.stdout/sys.stderr on the descriptors, as in a process: the entry point moves fd 2 to fd 1 while it runs,
+    # which capfd's own sys.stderr (writing past the descriptor) would escape.
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        monkeypatch.setattr(sys, name, open(fd, "w", buffering=1, closefd=False))  # noqa: SIM115  # closed by GC
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        entry_point_main(case.entry)(argv)
+    captured = capfd.readouterr()
+    assert exit_info.value.code == 2, captured.out[-2000:] + captured.err[-4000:]
+    assert not ray.is_initialized(), "the run failed after starting Ray: make it a process=True case"
+    return 2, captured.err
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_bad_input_is_one_clear_error(case: Case, tmp_path: Path, busy_port: int) -> None:
+def test_bad_input_is_one_clear_error(case: Case, tmp_path: Path, busy_port: int, monkeypatch, capfd) -> None:
     values = {"busy_port": str(busy_port), **case.files(tmp_path)}
     log_dir, checkpoint_dir = tmp_path / "logs" / "run", tmp_path / "ckpt"
     dirs = [f"logger.log_dir={log_dir}"]
@@ -260,17 +307,14 @@ def test_bad_input_is_one_clear_error(case: Case, tmp_path: Path, busy_port: int
         (log_dir / "exp_1").mkdir(parents=True)
         (log_dir / "exp_1" / "config.yaml").write_text("from an earlier run\n")
     overrides = [override.format(**values) for override in case.overrides]
-    env = {**os.environ, **{k: v.format(**values) for k, v in case.env.items()}}
-    args = [sys.executable, str(REPO / "examples" / f"run_{case.entry}.py"), "--config", str(REPO / SMOKE[case.entry])]
-    proc = subprocess.run(
-        [*args, *dirs, *overrides], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600
-    )
+    env = {k: v.format(**values) for k, v in case.env.items()}
+    argv = ["--config", str(REPO / SMOKE[case.entry]), *dirs, *overrides]
+    _, stderr = run_case(case, argv, env, tmp_path, monkeypatch, capfd)
 
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert 1 <= len(lines) <= 3, proc.stderr
-    assert case.culprit in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert 1 <= len(lines) <= 3, stderr
+    assert case.culprit in stderr, stderr
+    assert "Traceback" not in stderr
     if case.existing_log_dir:
         assert sorted(p.name for p in log_dir.iterdir()) == ["exp_1"]
         assert (log_dir / "exp_1" / "config.yaml").read_text() == "from an earlier run\n"
