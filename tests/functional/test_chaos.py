@@ -28,7 +28,7 @@ import torch
 
 from nemo_rl_clone.utils.checkpoint_manifest import verify_checkpoint
 from tests.functional.supervised_runs import LiveRun, read_metrics, run_dirs
-from tests.functional.test_grpo import final_weights, run_grpo, start_grpo
+from tests.functional.test_grpo import LENGTH_REWARD, final_weights, run_grpo, start_grpo
 
 STEPS = 12
 CHAOS = (
@@ -36,10 +36,7 @@ CHAOS = (
     f"data.reasoning_gym.train_size={4 * STEPS}",  # one epoch of 4 prompts a step
     f"grpo.val_period={STEPS}",
     "checkpointing.keep_top_k=2",
-    "grpo.reward_shaping.enabled=true",
-    "grpo.reward_shaping.max_response_length=16",
-    "grpo.reward_shaping.overlong_buffer_length=16",
-    "policy.generation.stop_strings=[e]",
+    *LENGTH_REWARD,
 )
 # Process titles Ray gives the run's actors (`ray::<Class>` or `ray::<Class>.<method>`).
 KINDS = {

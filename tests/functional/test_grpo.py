@@ -156,12 +156,20 @@ def test_smoke_run(tmp_path, colocated):
 
 # The real SmolLM2 (not the random tiny model) so that rewards, advantages and updates are non-zero.
 LEARNING_MODEL = ("policy.model_name=SmolLM2-135M-Instruct", "policy.generation.max_new_tokens=24")
+# A reward the tiny random model earns (it never solves a task): DAPO's overlong penalty over responses cut by a stop
+# string, so rewards vary with length inside a group and every step trains, at a fraction of SmolLM2's cost.
+LENGTH_REWARD = (
+    "grpo.reward_shaping.enabled=true",
+    "grpo.reward_shaping.max_response_length=16",
+    "grpo.reward_shaping.overlong_buffer_length=16",
+    "policy.generation.stop_strings=[e]",
+)
 
 
-@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     """NeMo-RL's default loss path: the PPO ratio against logprobs of the pre-update policy, a reference-model KL term;
-    with the main job's model sampling at temperature 0.7, top-p 0.9, top-k 50 (the KL term unfiltered).
+    sampling at temperature 0.7, top-p 0.9, top-k 50 (the KL term unfiltered). The tiny model with a reward it earns
+    (`LENGTH_REWARD`) and a learning rate that moves it measurably: every step updates.
 
     The same run checks that ``max_num_epochs`` stops after the epoch's last batch (6 prompts, 2 per step: 3 steps)
     and that a checkpoint saved on a step without validation does not rank by an older validation (keep_top_k), and
@@ -169,8 +177,9 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     """
     run_grpo(
         tmp_path,
-        *LEARNING_MODEL,
+        *LENGTH_REWARD,
         *SAMPLING,
+        "policy.optimizer.kwargs.lr=1e-3",
         "loss_fn.force_on_policy_ratio=false",
         "loss_fn.reference_policy_kl_penalty=0.05",
         "data.reasoning_gym.train_size=6",
@@ -207,7 +216,7 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_2", "step_3"]
     info = json.loads((ckpt / "step_3" / "training_info.json").read_text())
     assert info["val"] == {} and info["step"] == 3
-    assert info["model"]["name"] == "SmolLM2-135M-Instruct" and info["model"]["num_hidden_layers"] == 30
+    assert info["model"]["name"] == TINY_LLAMA and info["model"]["num_hidden_layers"] == 2
     assert "accuracy" in json.loads((ckpt / "step_2" / "training_info.json").read_text())["val"]
     check_replay(run_dir / "repro" / "step_3", metrics[3], tmp_path)
 
@@ -255,13 +264,13 @@ def check_replay(bundle: Path, logged: dict[str, float], tmp_path: Path) -> None
     shutil.rmtree(broken)
 
 
-@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_lora_run_refits_merged_weights_against_the_base_reference(tmp_path):
     """GRPO with LoRA (policy.dtensor_cfg.lora_cfg): the engine generates with the merged weights (the logprob gate
-    holds after updates), the KL term is measured against the base model, and checkpoints hold only adapters."""
+    holds after updates), the KL term is measured against the base model, and checkpoints hold only adapters. The
+    tiny model with a reward it earns (`LENGTH_REWARD`): every step updates the adapters."""
     run_grpo(
         tmp_path,
-        *LEARNING_MODEL,
+        *LENGTH_REWARD,
         "policy.dtensor_cfg.lora_cfg.enabled=true",
         "policy.optimizer.kwargs.lr=1e-3",
         "loss_fn.reference_policy_kl_penalty=0.05",
@@ -283,6 +292,8 @@ def test_lora_run_refits_merged_weights_against_the_base_reference(tmp_path):
 
 @pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_dynamic_sampling_trains_on_groups_with_reward_variance(tmp_path):
+    # SmolLM2: dynamic sampling keeps groups by the environment's rewards (before shaping), which the tiny model never
+    # varies.
     group_size, groups, max_batches = 4, 2, 10
     run_grpo(
         tmp_path,

@@ -23,7 +23,7 @@ from tests.functional.supervised_runs import (
     run_entry_point,
     run_keeping_checkpoint,
 )
-from tests.functional.test_grpo import LEARNING_MODEL, SAMPLING, check_exact_under_sampling, check_smoke_metrics
+from tests.functional.test_grpo import LENGTH_REWARD, SAMPLING, check_exact_under_sampling, check_smoke_metrics
 from tests.functional.test_sft import fixed_set_overrides
 
 
@@ -68,20 +68,15 @@ def test_grpo_smoke_on_megatron(tmp_path, colocated):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
 def test_grpo_on_megatron_resumes_exactly(tmp_path):
-    """SmolLM2 (non-zero rewards and updates): 4 steps straight equal a restart from its step-2 checkpoint + 2 steps."""
+    """4 steps straight equal a restart from the straight run's step-2 checkpoint + 2 steps; the tiny model with a
+    reward it earns (`LENGTH_REWARD`), so that advantages and updates are non-zero."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir(), resumed.mkdir()
     common = (
-        *LEARNING_MODEL,
-        "grpo.num_prompts_per_step=1",
-        "grpo.num_generations_per_prompt=4",
-        "policy.train_global_batch_size=4",
-        "policy.logprob_batch_size=4",
+        *LENGTH_REWARD,
         "grpo.val_period=0",
         "checkpointing.save_period=2",
-        "checkpointing.keep_top_k=1",  # SmolLM2's Megatron checkpoints are ~2 GB each and CI's disk is small
     )
     # The restart resumes from the straight run's own step-2 checkpoint (kept the moment it was saved).
     run_keeping_checkpoint(
@@ -102,7 +97,7 @@ def test_grpo_on_megatron_resumes_exactly(tmp_path):
     second = read_metrics(resumed_dir)
     assert sorted(s for s in second if "train/loss" in second[s]) == [3, 4]  # the restart continued at step 3
     got = {**{s: m for s, m in expected.items() if s <= 2}, **second}
-    assert any(expected[step]["train/grad_norm"] > 0 for step in range(1, 5))  # some step really trained
+    assert all(expected[step]["train/grad_norm"] > 0 for step in range(1, 5))  # every step really trained
     for step in range(1, 5):
         assert 1.0 <= got[step]["train/token_mult_prob_error"] <= 1.01, (step, got[step])
         for key in ("train/reward", "train/loss", "train/grad_norm", "train/lr"):
