@@ -9,7 +9,6 @@ process (``process=True``): Ray started by the run, and ``HF_HUB_OFFLINE``, whic
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_clone.models.huggingface import resolve_model_path
+from tests.scripts import entry_point_main
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = {
@@ -256,24 +256,16 @@ def busy_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def entry_point_main(entry: str) -> Callable[[list[str]], None]:
-    sys.path.insert(0, str(REPO / "examples"))  # run_grpo.py imports run_grpo_math as its sibling
-    spec = importlib.util.spec_from_file_location(f"run_{entry}", REPO / "examples" / f"run_{entry}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
-
-
-def run_case(case: Case, argv: list[str], env: dict[str, str], tmp_path: Path, monkeypatch, capfd) -> tuple[int, str]:
-    """(exit code, stderr) of the entry point on ``argv``: in this process, or as a real one for ``case.process``."""
+def run_case(case: Case, argv: list[str], env: dict[str, str], tmp_path: Path, monkeypatch, capfd) -> str:
+    """The stderr of the entry point on ``argv``, which must exit with code 2: in this process, or as a real one for
+    ``case.process``."""
     if case.process:
         args = [sys.executable, str(REPO / "examples" / f"run_{case.entry}.py"), *argv]
         proc = subprocess.run(
             args, capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **env}, timeout=600
         )
         assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-4000:]
-        return proc.returncode, proc.stderr
+        return proc.stderr
     import ray
 
     ray.shutdown()  # like a fresh process: an earlier module on this worker may have connected it
@@ -287,11 +279,11 @@ def run_case(case: Case, argv: list[str], env: dict[str, str], tmp_path: Path, m
         monkeypatch.setattr(sys, name, open(fd, "w", buffering=1, closefd=False))  # noqa: SIM115  # closed by GC
     capfd.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        entry_point_main(case.entry)(argv)
+        entry_point_main(f"run_{case.entry}")(argv)
     captured = capfd.readouterr()
     assert exit_info.value.code == 2, captured.out[-2000:] + captured.err[-4000:]
     assert not ray.is_initialized(), "the run failed after starting Ray: make it a process=True case"
-    return 2, captured.err
+    return captured.err
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
@@ -309,7 +301,7 @@ def test_bad_input_is_one_clear_error(case: Case, tmp_path: Path, busy_port: int
     overrides = [override.format(**values) for override in case.overrides]
     env = {k: v.format(**values) for k, v in case.env.items()}
     argv = ["--config", str(REPO / SMOKE[case.entry]), *dirs, *overrides]
-    _, stderr = run_case(case, argv, env, tmp_path, monkeypatch, capfd)
+    stderr = run_case(case, argv, env, tmp_path, monkeypatch, capfd)
 
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert 1 <= len(lines) <= 3, stderr

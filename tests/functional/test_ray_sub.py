@@ -10,12 +10,10 @@ Ray's raylets pass it on to every worker) and by the job's Ray temp dirs (``/tmp
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ import psutil
 import pytest
 
 from tests.functional.supervised_runs import REPO, assert_checkpoint
+from tests.scripts import load_script
 
 # On the worker of the other "system" tests, one at a time (tests/machine_share.py): installs Slurm and munge, starts their daemons.
 pytestmark = pytest.mark.xdist_group("system")
@@ -36,12 +35,7 @@ GRPO = "uv run --no-sync examples/run_grpo_math.py --config configs/grpo_smoke.y
 
 
 def _load_local_slurm():  # tools/ is not a package
-    spec = importlib.util.spec_from_file_location("local_slurm", REPO / "tools" / "local_slurm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["local_slurm"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "tools" / "local_slurm.py", register=True)
 
 
 local_slurm = _load_local_slurm()

@@ -5,11 +5,11 @@ Every case runs in-process (no Ray, no vLLM): a dry run must start neither, and 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts import entry_point_main
 
 REPO = Path(__file__).resolve().parents[2]
 # A template that shows only the last assistant reply in full (like templates dropping earlier reasoning): templating
@@ -28,15 +28,6 @@ def _ray_not_started() -> None:
     import ray
 
     ray.shutdown()
-
-
-def entry_point(name: str):
-    sys.path.insert(0, str(REPO / "examples"))  # run_grpo.py imports run_grpo_math as its sibling
-    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
 
 
 def dirs_args(tmp_path: Path) -> list[str]:
@@ -58,7 +49,7 @@ def fails_with(capsys, main, args: list[str], line: str) -> None:
 
 
 def test_main_job_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
-    entry_point("run_grpo_math")(["--dry-run", *dirs_args(tmp_path)])
+    entry_point_main("run_grpo_math")(["--dry-run", *dirs_args(tmp_path)])
     out = capsys.readouterr().out
     assert "1000 training rows, 96 validation rows" in out
     assert "append-only over 3 turns" in out
@@ -77,7 +68,7 @@ def test_main_job_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     "name", ["run_sft", "run_dpo", "run_rm", "run_grpo", "run_grpo_sliding_puzzle", "run_distillation_math"]
 )
 def test_every_training_entry_point_has_a_dry_run(name, tmp_path, capsys):
-    entry_point(name)(["--dry-run", *dirs_args(tmp_path)])  # each on its shipped config
+    entry_point_main(name)(["--dry-run", *dirs_args(tmp_path)])  # each on its shipped config
     out = capsys.readouterr().out
     assert "training rows" in out and "Planned peak memory per worker" in out
     assert "dry run: no problems found" in out
@@ -87,7 +78,7 @@ def test_every_training_entry_point_has_a_dry_run(name, tmp_path, capsys):
 def test_eval_dry_run(tmp_path, capsys):
     problems = tmp_path / "problems.jsonl"
     problems.write_text('{"problem": "What is 2 + 3?", "answer": "5"}\n')
-    entry_point("run_eval")(
+    entry_point_main("run_eval")(
         [
             "--dry-run",
             f"eval.save_path={tmp_path / 'out' / 'samples.jsonl'}",
@@ -103,7 +94,7 @@ def test_eval_dry_run(tmp_path, capsys):
 
 def test_config_problem(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        entry_point("run_grpo_math")(["--dry-run", *dirs_args(tmp_path), "grpo.num_prompts_per_step=0"])
+        entry_point_main("run_grpo_math")(["--dry-run", *dirs_args(tmp_path), "grpo.num_prompts_per_step=0"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.splitlines()
     assert err == ["Invalid config (1 problem):", "  grpo.num_prompts_per_step: must be >= 1, got 0"]
@@ -113,7 +104,7 @@ def test_missing_model(tmp_path, capsys):
     missing = tmp_path / "no_model"
     fails_with(
         capsys,
-        entry_point("run_grpo_math"),
+        entry_point_main("run_grpo_math"),
         ["--dry-run", *dirs_args(tmp_path), f"policy.model_name={missing}"],
         f"error: policy.model_name: model folder {str(missing)!r} does not exist (a local model folder or a "
         "built-in model: ...",
@@ -124,7 +115,7 @@ def test_missing_data_file(tmp_path, capsys):
     missing = tmp_path / "train.jsonl"
     fails_with(
         capsys,
-        entry_point("run_sft"),
+        entry_point_main("run_sft"),
         [
             "--dry-run",
             *dirs_args(tmp_path),
@@ -140,7 +131,7 @@ def test_chat_template_not_append_only_fails_a_multi_turn_run(tmp_path, capsys):
     template = f"++policy.tokenizer.chat_template={NOT_APPEND_ONLY!r}"
     fails_with(
         capsys,
-        entry_point("run_grpo_sliding_puzzle"),
+        entry_point_main("run_grpo_sliding_puzzle"),
         ["--dry-run", *dirs_args(tmp_path), template],
         "error: chat template of 'SmolLM2-135M-Instruct' is not append-only: it renders the earlier turns "
         "differently once turn 3 (user) follows, so observations cannot be appended turn by turn",
@@ -151,7 +142,7 @@ def test_cluster_too_large(tmp_path, capsys):
     batch = ["grpo.num_prompts_per_step=256", "policy.train_global_batch_size=1024"]  # 1,024 workers' worth
     fails_with(
         capsys,
-        entry_point("run_grpo_math"),
+        entry_point_main("run_grpo_math"),
         ["--dry-run", *dirs_args(tmp_path), "cluster.gpus_per_node=1024", *batch],
         "error: cluster.gpus_per_node * cluster.num_nodes (1024): 1024 worker slots, each needs one CPU, and this "
         "machine has ...",
@@ -161,7 +152,7 @@ def test_cluster_too_large(tmp_path, capsys):
 def test_memory_does_not_fit(tmp_path, capsys):
     fails_with(
         capsys,
-        entry_point("run_grpo_math"),
+        entry_point_main("run_grpo_math"),
         ["--dry-run", *dirs_args(tmp_path), "policy.generation.vllm_cfg.kv_cache_memory_bytes=100000000000000"],
         "error: memory: the plan needs ...",
     )

@@ -19,6 +19,8 @@ import pytest
 import torch
 import yaml
 
+from tests.scripts import load_script
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONVERTER = REPO_ROOT / "examples" / "converters" / "convert_dcp_to_hf.py"
 PROMPT_IDS = [1, 520, 33, 4000, 77, 12000, 9, 300]
@@ -52,10 +54,7 @@ def _perturbed(model, seed: int = 0) -> None:
 
 
 def _load_converter() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("convert_dcp_to_hf", CONVERTER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(CONVERTER)
 
 
 # --- save_consolidated_hf ---------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ import yaml
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.config_validation import validate_config
+from tests.scripts import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONVERTER = REPO_ROOT / "examples" / "converters" / "convert_megatron_to_hf.py"
@@ -432,13 +433,7 @@ def test_converter_cli_writes_the_checkpoint_as_hf(resumed: dict, model_dir: str
 
 
 def _load_converter() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("convert_megatron_to_hf", CONVERTER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(CONVERTER)
 
 
 def test_converter_refuses_dtensor_runs_and_other_folders(

@@ -5,7 +5,6 @@ The replay's recomputation itself is checked on a real run's bundle in tests/fun
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -23,6 +22,7 @@ from nemo_rl_clone.algorithms.grpo.replay import close, nonfinite_samples
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
+from tests.scripts import entry_point_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -166,11 +166,7 @@ def test_nonfinite_samples_names_the_row_and_input():
 
 
 def _replay_main():
-    spec = importlib.util.spec_from_file_location("replay_step", REPO / "examples" / "replay_step.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return entry_point_main("replay_step")
 
 
 def _fails_with(capsys, args: list[str], line: str) -> None:
