@@ -36,12 +36,32 @@ def entry_point_args(algorithm: str, workdir: Path, *overrides: str, config: str
     ]
 
 
+def shared_ray_env() -> dict[str, str]:
+    """This process's environment with ``RAY_ADDRESS`` set to this test worker's own local Ray cluster (started on
+    first use, as `ray_local` does, and shut down at exit), so that a run attaches to it as to a ``ray start``
+    cluster instead of starting and stopping Ray itself: the GRPO smoke run takes 24 s instead of 33 s (6 CPU-seconds
+    less). An address already in the environment (a test's own cluster) is kept.
+
+    Only for runs that go to their end: an attached run's actors are children of the shared raylet, not of the run, so
+    a test that finds or kills a run's processes, or is about Ray's own start, runs with a cluster of its own."""
+    if "RAY_ADDRESS" in os.environ:
+        return dict(os.environ)
+    import ray
+
+    from nemo_rl_clone.distributed.virtual_cluster import init_ray
+    from tests.conftest import RAY_TEST_NUM_CPUS
+
+    init_ray(num_cpus=RAY_TEST_NUM_CPUS)
+    return {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+
+
 def run_entry_point(
     algorithm: str, workdir: Path, *overrides: str, timeout: int = 600, config: str | None = None
 ) -> subprocess.CompletedProcess:
-    """Run `entry_point_args` to the end; asserts exit code 0."""
+    """Run `entry_point_args` to the end, attached to the test worker's Ray cluster (`shared_ray_env`); asserts exit
+    code 0."""
     args = entry_point_args(algorithm, workdir, *overrides, config=config)
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=workdir)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=workdir, env=shared_ray_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
 
@@ -115,8 +135,9 @@ def run_keeping_checkpoint(
 ) -> list[str]:
     """Run `entry_point_args` to the end (exit code 0) and keep its ``step_{step}`` checkpoint as ``keep_as`` the
     moment it is saved (hard links: no copy, and ``keep_top_k`` may remove the original later), so that a resume test
-    restarts from the middle of this run instead of running the first part again. Returns the run's output lines."""
-    run = LiveRun(entry_point_args(algorithm, workdir, *overrides, config=config), workdir)
+    restarts from the middle of this run instead of running the first part again. Attached to the test worker's Ray
+    cluster (`shared_ray_env`). Returns the run's output lines."""
+    run = LiveRun(entry_point_args(algorithm, workdir, *overrides, config=config), workdir, shared_ray_env())
     try:
         run.wait_for_line(f"step {step}: saved checkpoint", timeout_s=600)  # printed once the save is complete
         shutil.copytree(workdir / "ckpt" / f"step_{step}", keep_as, copy_function=os.link)
