@@ -162,7 +162,8 @@ def engine_memory(vllm_cfg: Any, shape: ModelShape, device_bytes: int | None, co
     tp = vllm_cfg.tensor_parallel_size * vllm_cfg.pipeline_parallel_size
     weights = PRECISION_BYTES.get(vllm_cfg.precision, 2) * shape.num_parameters // tp  # fp8: bf16 layers kept
     parts = dict.fromkeys(COLUMNS, 0)
-    parts["runtime"] = ENGINE_RUNTIME_BYTES
+    # The async engine loads vLLM twice: in the engine actor and in its engine core process.
+    parts["runtime"] = ENGINE_RUNTIME_BYTES * (2 if vllm_cfg.async_engine else 1)
     if device_bytes is not None:  # vLLM takes its share of the GPU for weights, activations and KV cache
         parts["parameters"] = weights
         parts["kv_cache"] = max(int(vllm_cfg.gpu_memory_utilization * device_bytes) - weights, 0)

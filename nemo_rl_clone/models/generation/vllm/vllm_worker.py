@@ -1,8 +1,9 @@
 """``VllmGenerationWorker``: one vLLM engine inside a Ray actor (one per data-parallel generation rank).
 
 The engine runs in the actor's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): on CPU it starts in ~3 s
-instead of ~30 s and weights can be handed to it as Python objects. ``vllm`` is imported inside methods, so the
-driver can import this module (and build the actor class) without vLLM installed.
+instead of ~30 s and weights can be handed to it as Python objects. With ``vllm_cfg.async_engine`` it is vLLM's
+AsyncLLM instead (`async_engine.AsyncEngine`, the same calls), whose engine core runs in a child process. ``vllm``
+is imported inside methods, so the driver can import this module (and build the actor class) without vLLM installed.
 
 Weight updates (refit) never load a partial or mismatched set: new weights are fully received and checked
 (names and shapes against the model's checkpoint and the trainer's `prepare_refit_info`) *before* the engine's
@@ -51,6 +52,8 @@ from nemo_rl_clone.distributed.weight_transfer import (
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.generation.interfaces import RefitError
 from nemo_rl_clone.models.generation.vllm import engine_io
+from nemo_rl_clone.models.generation.vllm.async_engine import AsyncEngine
+from nemo_rl_clone.models.generation.vllm.engine_extension import EXTENSION, pack_for_engine_core
 from nemo_rl_clone.models.policy.workers.train_profile import peak_rss_bytes
 
 logger = logging.getLogger(__name__)
@@ -84,18 +87,21 @@ class VllmGenerationWorker:
         self.rank = int(os.environ.get("RANK", "0"))
         self.tmp_dir = _use_private_tmp_dir(os.path.join(tmp_root, f"rank{self.rank}")) if tmp_root else None
         self.on_gpu = torch.cuda.is_available()
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.update(engine_io.engine_env(config))
         if config.vllm_cfg.enforce_eager:
             # Eager means no torch.compile in this process at all: vLLM still compiles two small sampler helpers
             # (the sampled token's rank, random sampling) with inductor, a C++ build of 8-15 s on a CPU at the first
             # generate of every engine. Eager, they give the same numbers.
             torch._dynamo.config.disable = True
-        from vllm import LLM
+        kwargs = engine_io.engine_kwargs(config, model_path, seed + self.rank, self.on_gpu, hf_config_overrides)
+        self.is_async = config.vllm_cfg.async_engine
+        if self.is_async:
+            self.llm: Any = AsyncEngine({**kwargs, "worker_extension_cls": EXTENSION})
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            from vllm import LLM
 
-        self.llm: Any = LLM(
-            **engine_io.engine_kwargs(config, model_path, seed + self.rank, self.on_gpu, hf_config_overrides)
-        )
+            self.llm = LLM(**kwargs)
         # Stats are on for `PhaseStats`' per-request timestamps; their periodic console summary is noise here.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         # From the folder's config: vLLM may rewrite the flag in its own copy (it reports False for tied models).
@@ -106,7 +112,8 @@ class VllmGenerationWorker:
         self.broken: str | None = None  # set when a load failed half-way: the engine must not serve any more
         self.asleep = False
         self.phase_stats = engine_io.PhaseStats()
-        self.stepwise = weight_updates_during_generation
+        # The async engine takes weight loads between its steps by itself: no step-by-step driving needed.
+        self.stepwise = weight_updates_during_generation and not self.is_async
         self._engine_turn = threading.Condition()  # one engine step or one weight load at a time
         self._loads_waiting = 0
         # Guards only the counter: a load announces itself without the engine's lock, which the step loop of a batch
@@ -123,6 +130,10 @@ class VllmGenerationWorker:
         prompts, params = [r.prompt for r in requests], [r.params for r in requests]
         if self.stepwise:
             outputs = self._generate_stepwise(prompts, params)
+        elif self.is_async:  # without the engine's turn: a weight load may land while this batch runs
+            with self._engine_turn:
+                self._reset_stale_prefix_cache()
+            outputs = self.llm.generate(prompts, params)
         else:
             with self._engine_turn:
                 outputs = self.llm.generate(prompts, params, use_tqdm=self.cfg.vllm_cfg.use_tqdm)
@@ -167,7 +178,9 @@ class VllmGenerationWorker:
     def take_phase_stats(self) -> engine_io.PhaseStats:
         """The prefill/decode stats of the `generate` calls since the last take (then reset)."""
         stats, self.phase_stats = self.phase_stats, engine_io.PhaseStats()
-        stats.peak_rss_bytes = peak_rss_bytes()  # the engine runs in this process (no engine-core child)
+        stats.peak_rss_bytes = peak_rss_bytes()  # the sync engine runs in this process
+        if self.is_async:  # and the async engine's core in children of it
+            stats.peak_rss_bytes += sum(_peak_rss_of(pid) for pid in self.llm.engine_core_pids())
         return stats
 
     def generate_text(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
@@ -250,7 +263,10 @@ class VllmGenerationWorker:
             raise RefitError(f"engine rank {self.rank}: {source} refused, previous weights kept: {mismatch}")
         with self._load_turn():
             try:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+                if self.is_async:  # across the engine core's process boundary: raw bytes (engine_extension.py)
+                    self.llm.collective_rpc("load_packed_weights", kwargs={"rows": pack_for_engine_core(state)})
+                else:
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
             except Exception as error:
                 # vLLM reloads layer by layer: a failure here can leave some layers updated. Refuse to serve.
                 self.broken = f"{type(error).__name__}: {error}"
@@ -281,9 +297,12 @@ class VllmGenerationWorker:
     def shutdown(self) -> bool:
         """Delete this worker's temp dir and ``/dev/shm`` leftovers before the group kills it.
 
-        The engine itself is not shut down: it runs in this process (no engine subprocess), and the kill that follows
-        frees everything it holds — its own shutdown would only spend ~1.3 s of CPU tidying memory about to go."""
+        The sync engine is not shut down: it runs in this process, and the kill that follows frees everything it
+        holds — its own shutdown would only spend ~1.3 s of CPU tidying memory about to go. The async engine's core
+        process is stopped."""
         shm_files = engine_io.shm_files_mapped_by_process_tree()
+        if self.is_async:  # its engine core is a child process, which the kill of this actor would orphan
+            self.llm.shutdown()
         if self.transfer_group is not None:
             self.transfer_group.destroy()
             self.transfer_group = None
@@ -292,6 +311,15 @@ class VllmGenerationWorker:
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         return True
+
+
+def _peak_rss_of(pid: int) -> int:
+    """Peak resident memory of a live process (``VmHWM``), 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 def _use_private_tmp_dir(tmp_dir: str) -> str:

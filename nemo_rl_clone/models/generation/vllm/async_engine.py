@@ -1,0 +1,108 @@
+"""vLLM's async engine (``policy.generation.vllm_cfg.async_engine: true``) behind the part of ``vllm.LLM`` that
+`VllmGenerationWorker` uses, so the worker's generation, refit and cache handling stay one code path.
+
+``AsyncLLM`` runs its engine core in a child process (vLLM has no in-process asyncio engine) and schedules requests
+as they arrive (continuous batching): a batch is submitted request by request and gathered. Its coroutines run on an
+event loop of this object's own thread; the worker's synchronous (Ray) methods wait on them. Weight loads go to the
+engine core as a utility call, which it runs between two engine steps: a load issued while a batch generates lands
+between its steps with no step-by-step driving (the in-flight weight updates of async GRPO).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class AsyncEngine:
+    """One ``vllm.v1.engine.async_llm.AsyncLLM`` built from ``engine_kwargs`` (``vllm.EngineArgs`` fields)."""
+
+    def __init__(self, engine_kwargs: dict[str, Any]) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # the async engine exists only with its core in a child
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async-engine", daemon=True)
+        self._thread.start()
+        self._ids = itertools.count()
+        self._running = 0  # requests submitted and not finished (read from other threads: a plain int is enough)
+        self.engine: Any = self._wait(self._create(engine_kwargs))
+
+    @staticmethod
+    async def _create(engine_kwargs: dict[str, Any]) -> Any:
+        # Built on the loop that will drive it: its output handler is a task of the running loop.
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs))
+
+    def _wait(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    # ------------------------------------------------------------------ the `vllm.LLM` subset the worker uses
+    @property
+    def llm_engine(self) -> AsyncEngine:
+        return self  # `LLM.llm_engine.model_config` / `.has_unfinished_requests()`
+
+    @property
+    def model_config(self) -> Any:
+        return self.engine.model_config
+
+    def has_unfinished_requests(self) -> bool:
+        return self._running > 0
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Sequence[Any], params: Sequence[Any], use_tqdm: bool = False) -> list[Any]:
+        """Every prompt's final ``RequestOutput``, in prompt order (as ``LLM.generate`` returns them)."""
+        del use_tqdm  # no progress bar for requests that arrive one by one
+        return self._wait(self._generate_all(prompts, params))
+
+    async def _generate_all(self, prompts: Sequence[Any], params: Sequence[Any]) -> list[Any]:
+        return list(await asyncio.gather(*(self._generate_one(p, sp) for p, sp in zip(prompts, params, strict=True))))
+
+    async def _generate_one(self, prompt: Any, params: Any) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+
+        params = params.clone()
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # the whole output once, as `LLM.generate` gives it
+        final = None
+        self._running += 1
+        try:
+            async for output in self.engine.generate(prompt, params, str(next(self._ids))):
+                final = output
+        finally:
+            self._running -= 1
+        return final
+
+    def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> Any:
+        return self._wait(self.engine.collective_rpc(method, kwargs=kwargs))
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self._wait(self.engine.reset_prefix_cache()))
+
+    def sleep(self, level: int = 1) -> None:
+        self._wait(self.engine.sleep(level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self._wait(self.engine.wake_up(tags))
+
+    def engine_core_pids(self) -> list[int]:
+        """Process ids of the engine core children (for their peak memory)."""
+        import psutil
+
+        return [child.pid for child in psutil.Process().children(recursive=True)]
+
+    def shutdown(self) -> None:
+        """Stop the engine core process and this object's loop."""
+        self._wait(self._shutdown())  # on the loop: it cancels the engine's output handler, a task of that loop
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    async def _shutdown(self) -> None:
+        self.engine.shutdown()
