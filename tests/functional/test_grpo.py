@@ -105,44 +105,38 @@ def check_exact_under_sampling(metrics: dict[int, dict[str, float]]) -> None:
             assert 1.0 <= m["train/token_mult_prob_error"] <= EXACT_MISMATCH, (step, m["train/token_mult_prob_error"])
 
 
-@pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "non_colocated"])
-def test_smoke_run(tmp_path, colocated):
-    """Metrics, printed validation samples, logged rows and checkpoints of the smoke config, colocated and not; the
-    colocated run samples at temperature 0.7, top-p 0.9, top-k 50 and checks the dry run's memory plan against its
-    measured peaks, the other run carries NeMo-RL v0.7.0 keys."""
+def test_smoke_run_not_colocated(tmp_path):
+    """Metrics, printed validation samples, logged rows and checkpoints of the smoke config with the engine on a node
+    of its own (weights through the refit collective), carrying NeMo-RL v0.7.0 keys. The colocated smoke checks are in
+    `test_previous_policy_logprobs_and_kl_penalty`, whose run samples at temperature 0.7, top-p 0.9, top-k 50."""
     overrides = [
         "logger.num_val_samples_to_print=2",
-        *(
-            SAMPLING
-            if colocated
-            else [
-                "policy.generation.colocated.enabled=false",
-                "policy.generation.colocated.resources.gpus_per_node=1",
-                "policy.generation.colocated.resources.num_nodes=1",
-                *NEMO_RL_V07_KEYS,
-            ]
-        ),
+        "policy.generation.colocated.enabled=false",
+        "policy.generation.colocated.resources.gpus_per_node=1",
+        "policy.generation.colocated.resources.num_nodes=1",
+        *NEMO_RL_V07_KEYS,
     ]
     proc = run_grpo(tmp_path, *overrides)
     (run_dir,) = (tmp_path / "logs").iterdir()
     metrics = read_metrics(run_dir)
-    check_smoke_metrics(metrics, steps=2)
-    check_profile_metrics(metrics, steps=2)
+    check_run_outputs(metrics, proc.stdout, run_dir, steps=2)
+    assert "validation/accuracy" not in metrics[1]  # val_period 0: validation only at the end
+    for step in (1, 2):
+        m = metrics[step]
+        assert m["train/num_masked_seqs_by_logprob_error"] == 0
+        assert -0.5 <= m["train/advantages/min"] <= m["train/advantages/max"] <= 0.5
+        assert m["train/num_valid_samples"] > 0
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]
+
+
+def check_run_outputs(metrics: dict[int, dict[str, float]], stdout: str, run_dir: Path, steps: int) -> None:
+    """What every GRPO run logs and prints: the smoke metrics and the profile of ``steps`` steps, start-up time once,
+    the 2 validation samples printed at step 2 (``logger.num_val_samples_to_print=2``), the config and the rows."""
+    check_smoke_metrics(metrics, steps=steps)
+    check_profile_metrics(metrics, steps=steps)
     assert metrics[1]["timing/train/startup_time"] > 0 and "timing/train/startup_time" not in metrics[2]
-    if colocated:
-        # only samples with a non-zero advantage train (the random model's groups rarely have any)
-        assert all(0 <= metrics[step]["train/num_trained_samples"] <= 8 for step in (1, 2)), metrics
-        check_exact_under_sampling(metrics)
-        assert_memory_plan_holds(metrics, "grpo_smoke.yaml", overrides, GRPOMasterConfig)
-    else:
-        assert "validation/accuracy" not in metrics[1]  # val_period 0: validation only at the end
-        for step in (1, 2):
-            m = metrics[step]
-            assert m["train/num_masked_seqs_by_logprob_error"] == 0
-            assert -0.5 <= m["train/advantages/min"] <= m["train/advantages/max"] <= 0.5
-            assert m["train/num_valid_samples"] > 0
     # Validation (step 2) prints 2 samples: a header with the reward, then the prompt and the response.
-    lines = proc.stdout.splitlines()
+    lines = stdout.splitlines()
     headers = [i for i, line in enumerate(lines) if line.startswith("step 2: validation sample ")]
     assert [lines[i].split(" (")[0] for i in headers] == [f"step 2: validation sample {k}/2" for k in (1, 2)], lines
     for start, end in zip(headers, [*headers[1:], len(lines)], strict=True):
@@ -151,7 +145,6 @@ def test_smoke_run(tmp_path, colocated):
     assert (run_dir / "config.yaml").is_file() and (run_dir / "train_data_step2.jsonl").is_file()
     sample = json.loads((run_dir / "train_data_step1.jsonl").read_text().splitlines()[0])
     assert {"prompt", "response", "reward", "advantage"} <= set(sample)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]
 
 
 # The real SmolLM2 (not the random tiny model) so that rewards, advantages and updates are non-zero.
@@ -167,16 +160,15 @@ LENGTH_REWARD = (
 
 
 def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
-    """NeMo-RL's default loss path: the PPO ratio against logprobs of the pre-update policy, a reference-model KL term;
-    sampling at temperature 0.7, top-p 0.9, top-k 50 (the KL term unfiltered). The tiny model with a reward it earns
+    """The colocated smoke run, on NeMo-RL's default loss path: the PPO ratio against logprobs of the pre-update
+    policy, a reference-model KL term; sampling at temperature 0.7, top-p 0.9, top-k 50 (the KL term unfiltered). The tiny model with a reward it earns
     (`LENGTH_REWARD`) and a learning rate that moves it measurably: every step updates.
 
     The same run checks that ``max_num_epochs`` stops after the epoch's last batch (6 prompts, 2 per step: 3 steps)
     and that a checkpoint saved on a step without validation does not rank by an older validation (keep_top_k), and
     replays its step-3 repro bundle (`check_replay`).
     """
-    run_grpo(
-        tmp_path,
+    overrides = [
         *LENGTH_REWARD,
         *SAMPLING,
         "policy.optimizer.kwargs.lr=1e-3",
@@ -191,12 +183,17 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
         "checkpointing.metric_name=val:accuracy",
         "checkpointing.keep_top_k=1",
         "++grpo.dump_steps=[3]",  # links step_2, which keep_top_k keeps: no more disk
-    )
+        "logger.num_val_samples_to_print=2",
+    ]
+    proc = run_grpo(tmp_path, *overrides)
     (run_dir,) = run_dirs(tmp_path)
     metrics = read_metrics(run_dir)
     assert sorted(s for s in metrics if "train/loss" in metrics[s]) == [1, 2, 3]  # one epoch, not one step more
-    check_smoke_metrics(metrics, steps=2)
+    # The colocated smoke checks: what every run logs and prints, exact logprobs under sampling, the dry run's memory
+    # plan (policy, reference model and engine) against the measured peaks.
+    check_run_outputs(metrics, proc.stdout, run_dir, steps=2)
     check_exact_under_sampling(metrics)
+    assert_memory_plan_holds(metrics, "grpo_smoke.yaml", overrides, GRPOMasterConfig)
     for step in (1, 2, 3):
         m = metrics[step]
         # One optimizer step per rollout batch: every microbatch sees the weights prev_logprobs came from, so the
