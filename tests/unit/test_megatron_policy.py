@@ -8,8 +8,8 @@ active, a warming-up LR) on 3 batches of 8 right-padded rows with prompt and sam
 - ``single``: one process. The DTensor worker's logprobs, then the Megatron worker at TP=PP=DP=1: logprobs, an HF
   export at init, 3 steps with the refit state dict after each, an HF export after step 1 and a run checkpoint
   (``step_2/policy/{weights,optimizer,tokenizer}``) after step 2.
-- ``tp2`` / ``pp2`` / ``dp2`` / ``pp2_uneven_recompute`` (1 + 3 layers, full recomputation): two processes, the
-  same 3 steps.
+- ``tp2`` / ``dp2`` / ``pp2_uneven_recompute`` (1 + 3 layers, full recomputation): two processes, the same 3
+  steps.
 - ``resumed``: two processes at TP=2 loading ``single``'s step-2 checkpoint, taking step 3 and saving its weights
   (``step_3/policy/{weights,tokenizer}``).
 - the converter CLI (``examples/converters/convert_megatron_to_hf.py``, one process at TP=1) on that TP=2
@@ -311,9 +311,9 @@ def single(model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dic
 
 LAYOUTS: dict[str, tuple[int, int, dict[str, Any]]] = {
     "tp2": (2, 1, {}),
-    "pp2": (1, 2, {}),
     "dp2": (1, 1, {}),
-    # Uneven stages (1 + 3 layers) with full activation recomputation: the same numbers again.
+    # Pipeline parallelism with uneven stages (1 + 3 layers) and full activation recomputation: the same numbers
+    # again. (An even split is the default case of the same stage assignment, so it has no run of its own.)
     "pp2_uneven_recompute": (1, 2, {"num_layers_in_first_pipeline_stage": 1, "activation_checkpointing": True}),
 }
 RESUMED_LAYOUT = (2, 1)  # TP=2 over the 2 processes
