@@ -184,11 +184,6 @@ def test_megatron_defaults_validate():
             "megatron_cfg.scheduler.lr_decay_iters: must be > lr_warmup_iters (10), got 10",
         ),
         (
-            {"megatron_cfg": {"optimizer": {"weight_decay": 0.1}}},
-            "megatron_cfg.scheduler.start_weight_decay: must equal optimizer.weight_decay (0.1), got 0.01: the "
-            "schedule starts from it; write ${policy.megatron_cfg.optimizer.weight_decay}",
-        ),
-        (
             {"megatron_cfg": {"scheduler": {"end_weight_decay": 0.1}}},
             "megatron_cfg.scheduler.end_weight_decay: must equal start_weight_decay (0.01) with "
             "weight_decay_incr_style 'constant', got 0.1",
@@ -498,3 +493,22 @@ def test_supervised_data_parallel_size_counts_megatron_tp_and_pp():
         "policy.train_global_batch_size: must be a multiple of the data-parallel size 8 (got 4)",
         "sft.val_global_batch_size: must be a multiple of the data-parallel size 8 (got 4)",
     ]
+
+
+def test_the_schedule_sets_the_weight_decay_as_in_megatron():
+    """NeMo-RL's PPO value model overrides ``optimizer.weight_decay`` (0.01) and keeps its schedule's 0.1: it
+    validates, and the decay that acts from the first step is the schedule's, as Megatron's scheduler sets it."""
+    import torch
+
+    from nemo_rl_clone.models.policy.megatron.model import build_scheduler
+
+    policy = _policy(
+        megatron_cfg={
+            "optimizer": {"weight_decay": 0.01},
+            "scheduler": {"start_weight_decay": 0.1, "end_weight_decay": 0.1, "weight_decay_incr_style": "constant"},
+        }
+    )
+    megatron = validate_config(policy, PolicyConfig).megatron_cfg
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], weight_decay=megatron.optimizer.weight_decay)
+    build_scheduler(optimizer, megatron)
+    assert optimizer.param_groups[0]["weight_decay"] == 0.1

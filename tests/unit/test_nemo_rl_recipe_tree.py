@@ -1,7 +1,7 @@
 """Every YAML file of NeMo-RL v0.7.0's ``examples/`` folder, loaded and validated as a NeMo-RL user would run it.
 
 Each recipe is validated by the schema of the algorithm whose section it has (``grpo``, ``sft``, ``dpo``, ``rm``,
-``distillation``, ``eval``) and lands in one category: it validates, or every problem it has is one
+``distillation``, ``eval``, ``ppo``) and lands in one category: it validates, or every problem it has is one
 ``not supported yet`` line. Nothing else is allowed: no ``unknown key``, no value NeMo-RL accepts refused as wrong.
 The counts must match what docs/porting.md states. The folder is not part of this repository: the test skips
 without it. ``${oc.env:HF_HOME}`` / ``${oc.env:PERSISTENT_CACHE}`` get placeholder paths, as NeMo-RL users set them.
@@ -18,6 +18,7 @@ import pytest
 from nemo_rl_clone.algorithms.distillation.config import DistillationMasterConfig
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.evals.config import EvalMasterConfig
@@ -33,6 +34,7 @@ SCHEMAS = {
     "rm": RMMasterConfig,
     "distillation": DistillationMasterConfig,
     "eval": EvalMasterConfig,
+    "ppo": PPOMasterConfig,
 }
 NOT_SUPPORTED = "not supported yet"
 
@@ -45,13 +47,13 @@ def recipe_files() -> list[Path]:
 
 
 def classify(path: Path) -> tuple[str, list[str]]:
-    """(category, problem lines): ``accepted``, ``not supported yet``, ``other``; or ``ppo`` (no PPO entry point
-    here yet) and ``not a recipe`` (no algorithm section: the fault-tolerance launcher's and a prefetch list)."""
+    """(category, problem lines): ``accepted``, ``not supported yet``, ``other``; or ``not a recipe`` (no algorithm
+    section: the fault-tolerance launcher's config and a prefetch list)."""
     try:
         config = load_config(path)
         algorithm = next((name for name in SCHEMAS if name in config), None)
         if algorithm is None:
-            return ("ppo" if "ppo" in config else "not a recipe"), []
+            return "not a recipe", []
         validate_config(resolve_to_container(config), SCHEMAS[algorithm])
     except ConfigError as err:
         category = NOT_SUPPORTED if all(NOT_SUPPORTED in line for line in err.problems) else "other"
@@ -78,13 +80,18 @@ def test_the_counts_are_the_documented_ones(outcomes):
     counts = Counter(category for category, _ in outcomes.values())
     text = (REPO / "docs" / "porting.md").read_text()
     documented = re.search(
-        r"(\d+) YAML files: (\d+) validate, (\d+) stop with `not supported yet` lines only, (\d+) are PPO recipes",
+        r"(\d+) YAML files: (\d+) validate, (\d+) stop with `not supported yet` lines only, (\d+) are not recipes",
         text,
     )
     assert documented, "docs/porting.md must state the recipe-tree count"
-    total, accepted, refused, ppo = map(int, documented.groups())
-    assert (len(outcomes), counts["accepted"], counts[NOT_SUPPORTED], counts["ppo"]) == (total, accepted, refused, ppo)
-    assert counts["not a recipe"] == total - accepted - refused - ppo
+    total, accepted, refused, not_recipes = map(int, documented.groups())
+    assert (len(outcomes), counts["accepted"], counts[NOT_SUPPORTED], counts["not a recipe"]) == (
+        total,
+        accepted,
+        refused,
+        not_recipes,
+    )
+    assert sum(counts.values()) == total
 
 
 def test_recipes_named_in_the_docs_validate(outcomes):
@@ -93,6 +100,7 @@ def test_recipes_named_in_the_docs_validate(outcomes):
         "configs/grpo_math_1B.yaml",
         "configs/sft.yaml",
         "configs/dpo.yaml",
+        "configs/ppo_math_1B.yaml",
         "configs/rm.yaml",
         "configs/recipes/llm/grpo-deepscaler-1.5b-8K.yaml",  # checkpointing.model_save_format: null
         "configs/recipes/llm/grpo-nano-v2-12b-1n8g-megatron.yaml",  # policy.optimizer beside megatron_cfg

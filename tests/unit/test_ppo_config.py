@@ -170,3 +170,24 @@ def test_reward_model_training_refuses_a_regression_head():
             REPO / "configs" / "rm_smoke.yaml", ["policy.reward_model_cfg.reward_model_type=regression"], RMMasterConfig
         )
     assert any("must be bradley_terry for reward-model training" in p for p in raised.value.problems)
+
+
+def test_a_megatron_critic_gets_one_not_supported_line():
+    """NeMo-RL's Megatron critic (``ppo_math_1B_megatron.yaml``) leaves ``reward_model_cfg`` off: the one line it gets
+    names the backend, not the head it does not need there."""
+    from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
+    from nemo_rl_clone.utils.config import load_validated_config
+
+    overrides = [
+        "+value.dtensor_cfg.enabled=false",
+        "+value.megatron_cfg.enabled=true",
+        "value.sequence_packing.enabled=false",
+        "value.reward_model_cfg.enabled=false",
+        "value.optimizer=null",
+        "value.scheduler=null",
+    ]
+    with pytest.raises(ConfigError) as raised:
+        load_validated_config(REPO / "configs" / "ppo_smoke.yaml", overrides, PPOMasterConfig)
+    assert raised.value.problems == [
+        "value.megatron_cfg.enabled: not supported yet: the critic runs on the DTensor backend"
+    ]

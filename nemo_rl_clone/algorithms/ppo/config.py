@@ -194,15 +194,17 @@ class PPOMasterConfig:
         # environments, the KL term against skip_reference_policy_logprobs_calculation) apply under PPO's names.
         problems = problems_as("ppo", self.rollout_view().check())
         value = self.value
-        if not (value.reward_model_cfg.enabled and value.reward_model_cfg.reward_model_type == "regression"):
+        if value.megatron_cfg.enabled:
+            # NeMo-RL's Megatron critic leaves reward_model_cfg off (its head is built another way): this is the
+            # one line such a recipe gets.
+            problems.append(("value.megatron_cfg.enabled", "not supported yet: the critic runs on the DTensor backend"))
+        elif not (value.reward_model_cfg.enabled and value.reward_model_cfg.reward_model_type == "regression"):
             problems.append(
                 (
                     "value.reward_model_cfg",
                     "the critic is a scalar head read at every token: set enabled: true, reward_model_type: regression",
                 )
             )
-        if value.megatron_cfg.enabled:
-            problems.append(("value.megatron_cfg.enabled", "not supported yet: the critic runs on the DTensor backend"))
         if self.policy.reward_model_cfg.enabled:
             problems.append(("policy.reward_model_cfg.enabled", "must be false: the actor is a language model"))
         if self.ppo.ppo_epochs > 1 and self.loss_fn.force_on_policy_ratio:

@@ -355,15 +355,9 @@ def _check_optimizer_and_scheduler(cfg: MegatronConfig) -> list[tuple[str, str]]
                 f"must be > lr_warmup_iters ({sched.lr_warmup_iters}), got {sched.lr_decay_iters}",
             )
         )
-    # The scheduler sets the weight decay of every step, so optimizer.weight_decay is its starting point.
-    if sched.start_weight_decay != opt.weight_decay:
-        problems.append(
-            (
-                "scheduler.start_weight_decay",
-                f"must equal optimizer.weight_decay ({opt.weight_decay}), got {sched.start_weight_decay}: the "
-                "schedule starts from it; write ${policy.megatron_cfg.optimizer.weight_decay}",
-            )
-        )
+    # As in Megatron, the scheduler sets every step's weight decay (from the first step on), so
+    # optimizer.weight_decay does not act when it differs; NeMo-RL's recipes rely on that (a value model's
+    # optimizer.weight_decay overridden while its schedule keeps the base value).
     if sched.weight_decay_incr_style == "constant" and sched.end_weight_decay != sched.start_weight_decay:
         problems.append(
             (
