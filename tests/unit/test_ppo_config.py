@@ -172,6 +172,24 @@ def test_reward_model_training_refuses_a_regression_head():
     assert any("must be bradley_terry for reward-model training" in p for p in raised.value.problems)
 
 
+def test_a_megatron_actor_gets_one_not_supported_line():
+    from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
+    from nemo_rl_clone.utils.config import load_validated_config
+
+    overrides = [
+        "+policy.megatron_cfg.enabled=true",
+        "+policy.dtensor_cfg.enabled=false",
+        "policy.sequence_packing.enabled=false",
+        "policy.optimizer=null",
+        "policy.scheduler=null",
+    ]
+    with pytest.raises(ConfigError) as raised:
+        load_validated_config(REPO / "configs" / "ppo_smoke.yaml", overrides, PPOMasterConfig)
+    assert raised.value.problems == [
+        "policy.megatron_cfg.enabled: not supported yet: PPO's actor runs on the DTensor backend"
+    ]
+
+
 def test_a_megatron_critic_gets_one_not_supported_line():
     """NeMo-RL's Megatron critic (``ppo_math_1B_megatron.yaml``) leaves ``reward_model_cfg`` off: the one line it gets
     names the backend, not the head it does not need there."""

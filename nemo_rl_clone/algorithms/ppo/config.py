@@ -205,6 +205,12 @@ class PPOMasterConfig:
                     "the critic is a scalar head read at every token: set enabled: true, reward_model_type: regression",
                 )
             )
+        if self.policy.megatron_cfg.enabled:
+            # Untested there: the critic's warm-up steps leave the actor's distributed optimizer without a step, and
+            # Megatron's optimizer state cannot be saved before its first step.
+            problems.append(
+                ("policy.megatron_cfg.enabled", "not supported yet: PPO's actor runs on the DTensor backend")
+            )
         if self.policy.reward_model_cfg.enabled:
             problems.append(("policy.reward_model_cfg.enabled", "must be false: the actor is a language model"))
         if self.ppo.ppo_epochs > 1 and self.loss_fn.force_on_policy_ratio:
