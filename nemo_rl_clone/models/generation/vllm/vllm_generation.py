@@ -114,6 +114,7 @@ class VllmGeneration(GenerationInterface):
             tmp_root=str(self._tmp_root),
             weight_updates_during_generation=weight_updates_during_generation,
             hf_config_overrides=dict(hf_config_overrides) if hf_config_overrides else None,
+            served_model_name=model_name,
             # a weight update runs beside the `generate` call it interrupts
             ray_actor_options={"max_concurrency": 2} if weight_updates_during_generation else None,
         )
@@ -133,6 +134,10 @@ class VllmGeneration(GenerationInterface):
             raise
         self.dp_size = self.worker_group.world_size
         self.pad_token_id: int = ray.get(self.worker_group.run_single_worker_single_data("get_pad_token_id", 0))
+        # One OpenAI-compatible server per engine (``expose_http_server``), engine rank order.
+        self.http_urls: list[str] = self._run_all("get_http_url") if self.cfg.vllm_cfg.expose_http_server else []
+        if self.http_urls:
+            print(f"{name_prefix}: OpenAI-compatible servers at {', '.join(self.http_urls)}", flush=True)
 
     # ------------------------------------------------------------------ generation
     def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
@@ -216,6 +221,11 @@ class VllmGeneration(GenerationInterface):
         return self.worker_group.run_all_workers_single_data(
             "update_weights_from_collective", bucket_bytes=bucket_bytes
         )
+
+    def take_served_calls(self, episode_id: str, engine: int) -> list[Any]:
+        """The `ServedCall` records of an episode's HTTP calls to engine ``engine`` (``http_urls[engine]``), in the
+        order they finished; forgotten once taken."""
+        return ray.get(self.worker_group.run_single_worker_single_data("take_served_calls", engine, episode_id))
 
     # ------------------------------------------------------------------ lifecycle
     def shutdown(self) -> bool:

@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 from transformers import AutoConfig
 
@@ -82,6 +83,7 @@ class VllmGenerationWorker:
         tmp_root: str | None = None,
         weight_updates_during_generation: bool = False,
         hf_config_overrides: Mapping[str, Any] | None = None,
+        served_model_name: str | None = None,
     ) -> None:
         self.cfg = config
         self.rank = int(os.environ.get("RANK", "0"))
@@ -95,8 +97,16 @@ class VllmGenerationWorker:
             torch._dynamo.config.disable = True
         kwargs = engine_io.engine_kwargs(config, model_path, seed + self.rank, self.on_gpu, hf_config_overrides)
         self.is_async = config.vllm_cfg.async_engine
+        self.http_url: str | None = None
         if self.is_async:
             self.llm: Any = AsyncEngine({**kwargs, "worker_extension_cls": EXTENSION})
+            if config.vllm_cfg.expose_http_server:  # on this node's address only, a port the OS picks
+                self.http_url = self.llm.serve_openai(
+                    model_path,
+                    served_model_name or model_path,
+                    ray.util.get_node_ip_address(),
+                    dict(config.vllm_cfg.http_server_serving_chat_kwargs or {}),
+                )
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             from vllm import LLM
@@ -192,6 +202,14 @@ class VllmGenerationWorker:
         self.phase_stats.add(outputs)
         return BatchedDataDict({"texts": [out.outputs[0].text for out in outputs]})
 
+    def get_http_url(self) -> str | None:
+        """This engine's OpenAI-compatible base URL (``.../v1``), None without ``expose_http_server``."""
+        return self.http_url
+
+    def take_served_calls(self, episode_id: str) -> list[Any]:
+        """The `ServedCall` records of an episode's HTTP calls to this engine (``expose_http_server``)."""
+        return self.llm.take_served_calls(episode_id)
+
     def get_pad_token_id(self) -> int:
         """The tokenizer's pad id (its EOS id when it has none, as `load_tokenizer` does)."""
         tokenizer = self.llm.get_tokenizer()
@@ -274,6 +292,8 @@ class VllmGenerationWorker:
                     f"engine rank {self.rank}: loading checked weights failed half-way ({self.broken}); this engine "
                     "no longer serves requests, restart the generation worker group"
                 ) from error
+            if self.is_async:
+                self.llm.count_weight_update()
             if self.llm.llm_engine.has_unfinished_requests():
                 self.in_flight_loads += 1
             # KV blocks computed with the old weights must never be reused; with requests running the reset fails
