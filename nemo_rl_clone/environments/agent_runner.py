@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nemo_rl_clone.environments.agent_trajectory import EPISODE_HEADER
+# Names the episode of every request an agent makes; the server records calls by it (generation/vllm/http_server.py).
+EPISODE_HEADER = "X-Episode-Id"
 
 AgentFn = Callable[[Any, Mapping[str, Any]], Awaitable[Any]]
 

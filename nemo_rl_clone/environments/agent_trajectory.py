@@ -28,9 +28,6 @@ from nemo_rl_clone.experience.rollouts import GENERATION_LOGPROBS
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# The request header that names the episode a call belongs to: the agent runner sets it, the server records by it.
-EPISODE_HEADER = "X-Episode-Id"
-
 
 @dataclass(frozen=True)
 class ServedCall:

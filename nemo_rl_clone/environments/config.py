@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -289,6 +290,41 @@ class CustomEnvConfig:
     cfg: Any = None
 
 
+@dataclass
+class AgentEnvConfig:
+    """``env.agent``: a user's agent plays each episode against the run's OpenAI-compatible servers (docs/agents.md).
+
+    ``function``: ``path/to/file.py:name`` or ``package.module:name``, an ``async def name(client, row) -> reward``;
+    ``concurrency_per_engine``: episodes in flight per engine; ``timeout_s``: wall clock per episode (then it scores
+    0 and is counted as a timeout)."""
+
+    function: str = ""
+    concurrency_per_engine: int = 8
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        # A file named relative to where the run starts: the actor that imports it may run elsewhere.
+        where, sep, name = self.function.rpartition(":")
+        if where.endswith(".py") and not where.startswith("/"):
+            self.function = f"{os.path.abspath(where)}{sep}{name}"
+
+    def check(self) -> list[tuple[str, str]]:
+        from nemo_rl_clone.environments.agent_runner import AgentLoadError, load_agent
+
+        problems = check_at_least(self, 1, "concurrency_per_engine")
+        if self.timeout_s <= 0:
+            problems.append(("timeout_s", f"must be > 0, got {self.timeout_s}"))
+        if not self.function:
+            problems.append(("function", "required: the agent, as path/to/file.py:name or package.module:name"))
+            return problems
+        try:
+            load_agent(self.function, "function")
+        except AgentLoadError as error:
+            key, _, message = str(error).partition(": ")
+            problems.append((key, message))
+        return problems
+
+
 # Built-in environments: the config section each reads (their actor classes: environments.ENVIRONMENT_REGISTRY).
 BUILTIN_ENV_CONFIGS: dict[str, type] = {
     "math": MathEnvConfig,
@@ -297,6 +333,7 @@ BUILTIN_ENV_CONFIGS: dict[str, type] = {
     "tool_use": ToolUseEnvConfig,
     "code": CodeEnvConfig,
     "reward_model": RewardModelEnvConfig,
+    "agent": AgentEnvConfig,
 }
 
 

@@ -20,6 +20,7 @@ ENVIRONMENT_REGISTRY: dict[str, str] = {
     "tool_use": "nemo_rl_clone.environments.tool_use_environment.ToolUseEnvironment",
     "code": "nemo_rl_clone.environments.code_environment.CodeEnvironment",
     "reward_model": "nemo_rl_clone.environments.reward_model_environment.RewardModelEnvironment",
+    "agent": "nemo_rl_clone.environments.agent_environment.AgentEnvironment",
 }
 
 

@@ -190,6 +190,8 @@ class EvalMasterConfig:
         task = self.data.task_name
         if task not in self.env:
             problems.append((f"env.{task}", f"required: it scores data.dataset_name {self.data.dataset_name!r}"))
+        if "agent" in self.env:  # agent episodes run in GRPO runs only (docs/agents.md)
+            problems.append(("env.agent", "not supported yet in evaluation; agent runs use examples/run_grpo.py"))
         problems += check_no_samples_to_print(self.logger, "evaluation")
         return problems
 

@@ -88,7 +88,7 @@ def _response_tokens(
         "tokens": tokens,
         "segments": [[m["role"], len(m["token_ids"])] for m in messages],
     }
-    if all("generation_logprobs" in m for m in messages):
+    if messages and all("generation_logprobs" in m for m in messages):
         fields["generation_logprobs"] = _rounded(torch.cat([m["generation_logprobs"] for m in messages]))
     if train_data is not None:
         start = sum(len(m["token_ids"]) for m in log[:first])

@@ -11,11 +11,13 @@ tests/functional/test_refit_*.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -27,6 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+from nemo_rl_clone.environments.agent_runner import EpisodeResult, load_agent, run_episodes
 from nemo_rl_clone.models.generation.interfaces import RefitError
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
@@ -34,6 +37,7 @@ from nemo_rl_clone.utils.timer import Timer
 from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
 from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, hf_logprobs, prompt_batch, tiny_config
 
+REPO = Path(__file__).resolve().parents[2]
 BUCKET_BYTES = 1 << 20  # several buckets for the 8 MB tiny model
 
 
@@ -64,7 +68,9 @@ def generation(cluster: RayVirtualCluster) -> Iterator[VllmGeneration]:
     tests/unit/test_vllm_in_flight_refit.py and every GRPO run of tests/functional."""
     config = tiny_config(max_new_tokens=8)
     config.vllm_cfg.async_engine = True
-    config.vllm_cfg.max_model_len = 160  # room for a tool call spelled out character by character
+    config.vllm_cfg.max_model_len = (
+        384  # room for a tool call spelled out character by character, and the examples' agents
+    )
     config.vllm_cfg.expose_http_server = True
     config.vllm_cfg.http_server_serving_chat_kwargs = {"enable_auto_tools": True, "tool_parser": "hermes"}
     # JSON without free whitespace: a random model would otherwise pad a constrained tool call with blank lines
@@ -118,9 +124,9 @@ def test_http_servers_answer_an_openai_client_and_record_exact_tokens(
     )
     client.completions.create(model=TINY_LLAMA, prompt="unrecorded", max_tokens=2)  # no episode header
 
-    calls = generation.take_served_calls("episode-7", engine=1)
-    assert len(calls) == 3 and generation.take_served_calls("episode-7", engine=1) == []  # taken once
-    assert generation.take_served_calls("episode-7", engine=0) == []  # the other engine served none of them
+    assert generation.take_served_calls(["episode-7"], engines=[0]) == {"episode-7": []}  # the other engine's
+    calls = generation.take_served_calls(["episode-7"])["episode-7"]
+    assert len(calls) == 3 and generation.take_served_calls(["episode-7"]) == {"episode-7": []}  # taken once
     chat_text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     chat_prompt = tokenizer(chat_text, add_special_tokens=False)["input_ids"]
     assert list(calls[0].prompt_token_ids) == list(chat_prompt) == list(calls[1].prompt_token_ids)
@@ -156,6 +162,23 @@ def test_http_servers_call_tools_and_refuse_bad_requests(generation: VllmGenerat
     with pytest.raises(openai.BadRequestError, match="cannot be greater than max_model_len"):
         client.completions.create(model=TINY_LLAMA, prompt="hi", max_tokens=1_000)
     assert client.completions.create(model=TINY_LLAMA, prompt="still serving", max_tokens=2).choices[0].text
+
+
+@pytest.mark.parametrize("agent", ["calculator_agent.py", "two_step_math_agent.py"])
+def test_example_agents_play_an_episode_against_a_server(generation: VllmGeneration, agent: str) -> None:
+    """examples/agents/ through the agent runner with a real AsyncOpenAI client: an episode with a reward in {0, 1},
+    no failure, and every call recorded under its episode (the two-step agent makes exactly 2)."""
+    spec = f"{REPO / 'examples' / 'agents' / agent}:run"
+    row = {"entry": {"question": "What is 12 * 34?", "answer": "408"}, "idx": 0}
+
+    async def play() -> list[EpisodeResult]:
+        async with openai.AsyncOpenAI(base_url=generation.http_urls[0], api_key="unused", max_retries=0) as client:
+            return await run_episodes(load_agent(spec, "env.agent.function"), client, [row], [agent], 1, 120.0)
+
+    (result,) = asyncio.run(play())
+    assert result.failure is None and result.reward in (0.0, 1.0)
+    calls = generation.take_served_calls([agent])[agent]
+    assert len(calls) == 2 if agent.startswith("two_step") else 1 <= len(calls) <= 3
 
 
 def engine_vs_reference_gap(generation: VllmGeneration, tokenizer: Any, reference: torch.nn.Module) -> float:

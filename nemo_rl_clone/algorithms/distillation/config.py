@@ -70,6 +70,8 @@ class DistillationMasterConfig:
         # The student's run is a GRPO run without rewards to learn from: its checks (batch sizes, generation,
         # sequence lengths, environment) apply as they are, under this config's key names.
         problems = problems_as("distillation", self.rollout_view().check())
+        if "agent" in self.env:  # agent episodes train with GRPO only (docs/agents.md)
+            problems.append(("env.agent", "not supported yet with distillation; agent runs use examples/run_grpo.py"))
         for who in ("policy", "teacher"):
             section: PolicyConfig = getattr(self, who)
             if section.megatron_cfg.enabled:

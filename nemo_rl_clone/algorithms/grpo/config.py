@@ -349,6 +349,8 @@ class GRPOMasterConfig:
             )
         if self.grpo.async_grpo.enabled:
             problems += self._check_async()
+        if "agent" in self.env:
+            problems += self._check_agent()
         if self.policy.reward_model_cfg.enabled:
             problems.append(("policy.reward_model_cfg.enabled", "must be false: GRPO trains a language model"))
         return problems
@@ -378,6 +380,30 @@ class GRPOMasterConfig:
         if generation.top_k == 1:
             return "policy.generation.top_k", "top_k 1"
         return None
+
+    def _check_agent(self) -> list[tuple[str, str]]:
+        """``env.agent``: the agent reaches the policy through the engines' HTTP servers and plays every episode."""
+        problems = [
+            (f"env.{name}", "an agent run's episodes are all the agent's; set this section to null")
+            for name in self.env
+            if name != "agent"
+        ]
+        vllm_cfg = self.policy.generation.vllm_cfg if self.policy.generation is not None else None
+        for key in ("async_engine", "expose_http_server"):
+            if vllm_cfg is not None and not getattr(vllm_cfg, key):
+                problems.append((f"policy.generation.vllm_cfg.{key}", "must be true with env.agent (docs/agents.md)"))
+        if self.grpo.async_grpo.enabled:
+            problems.append(("grpo.async_grpo.enabled", "not supported yet with env.agent; set it to false"))
+        if self.loss_fn.force_on_policy_ratio:
+            problems.append(
+                (
+                    "loss_fn.force_on_policy_ratio",
+                    "must be false with env.agent: an episode that rewrites its context trains as several samples, "
+                    "which can take more than one optimizer step, and later steps need the ratio to the rollout's "
+                    "logprobs",
+                )
+            )
+        return problems
 
     def _check_async(self) -> list[tuple[str, str]]:
         problems = []

@@ -22,9 +22,12 @@ from nemo_rl_clone.algorithms.grpo.refit import refit_policy_generation
 from nemo_rl_clone.algorithms.reward_functions import process_rewards
 from nemo_rl_clone.algorithms.utils import groups_with_signal
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.experience.agent_rollouts import run_agent_rollout
 from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
 from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.timer import Timer
+
+AGENT = "agent"  # the env section whose agent plays whole episodes (env.agent)
 
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
@@ -108,14 +111,19 @@ def roll_out(c: GRPOComponents, prompts: BatchedDataDict) -> tuple[BatchedDataDi
     """One rollout of ``prompts`` (single- or multi-turn) with the engines as they are: (final batch, metrics)."""
     cfg = c.config
     c.generation.prepare_for_generation()
-    batch, metrics = run_multi_turn_rollout(
-        c.generation,
-        prompts,
-        c.tokenizer,
-        c.task_to_env,
-        max_seq_len=cfg.policy.max_total_sequence_length,
-        max_rollout_turns=cfg.grpo.max_rollout_turns,
-    )
+    if AGENT in c.task_to_env:  # the user's agent drives the episodes over HTTP (docs/agents.md)
+        batch, metrics = run_agent_rollout(
+            c.generation, prompts, c.tokenizer, c.task_to_env[AGENT], cfg.policy.max_total_sequence_length
+        )
+    else:
+        batch, metrics = run_multi_turn_rollout(
+            c.generation,
+            prompts,
+            c.tokenizer,
+            c.task_to_env,
+            max_seq_len=cfg.policy.max_total_sequence_length,
+            max_rollout_turns=cfg.grpo.max_rollout_turns,
+        )
     c.generation.finish_generation()
     return batch, metrics
 

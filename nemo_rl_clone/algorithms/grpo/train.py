@@ -31,6 +31,7 @@ from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import run_validation
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
+from nemo_rl_clone.experience.agent_rollouts import expand_agent_samples
 from nemo_rl_clone.models.policy.workers.train_profile import memory_metrics, profile_metrics
 from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.samples import print_samples, sample_rows
@@ -79,7 +80,11 @@ class GRPOSteps:
 
         # 5. advantages: leave-one-out baseline, normalised by the group std, optionally clipped
         advantages = step_advantages(rewards, cfg.grpo, batch)
-        train_data = build_train_batch(batch, advantages, c.tokenizer, cfg)
+        # an agent episode that rewrote its context trains as one sample per call, each with the episode's advantage
+        samples, sample_rewards, sample_advantages, num_samples = expand_agent_samples(
+            batch, rewards, advantages, cfg.policy.train_global_batch_size
+        )
+        train_data = build_train_batch(samples, sample_advantages, c.tokenizer, cfg)
 
         # 6. logprobs of the pre-update policy (unless the loss takes them on-policy from the training forward)
         # and of the reference policy (when the KL term is on)
@@ -112,7 +117,7 @@ class GRPOSteps:
             metrics,
             valid_samples=int(train_data["sample_mask"].sum()),
             logs={"async": rollouts.extra_metrics} if rollouts.extra_metrics else {},
-            samples=sample_rows(batch, rewards, advantages, c.tokenizer, train_data),
+            samples=sample_rows(samples, sample_rewards, sample_advantages, c.tokenizer, train_data)[:num_samples],
             timing=rollouts.timing,
             kept=("loss", "reward"),
             extra={"rollouts": rollouts, "train_data": train_data, "train_results": train_results},

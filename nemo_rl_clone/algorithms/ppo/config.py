@@ -193,6 +193,8 @@ class PPOMasterConfig:
         # The actor's run is a GRPO run with GAE advantages: its checks (batch sizes, generation, lengths,
         # environments, the KL term against skip_reference_policy_logprobs_calculation) apply under PPO's names.
         problems = problems_as("ppo", self.rollout_view().check())
+        if "agent" in self.env:  # agent episodes train with GRPO only (docs/agents.md)
+            problems.append(("env.agent", "not supported yet with PPO; agent runs use examples/run_grpo.py"))
         value = self.value
         if value.megatron_cfg.enabled:
             # NeMo-RL's Megatron critic leaves reward_model_cfg off (its head is built another way): this is the

@@ -103,12 +103,14 @@ class AsyncEngine:
         self.server = OpenAIServer(self.engine, model_path, served_model_name, host)
         return self._wait(self.server.start(chat_kwargs))
 
-    def take_served_calls(self, episode_id: str) -> list[Any]:
-        """The `ServedCall` records of an episode's HTTP calls (run on the loop: records are appended there)."""
-        return self._wait(self._take(episode_id))
+    def take_served_calls(self, episode_ids: list[str]) -> dict[str, list[Any]]:
+        """The `ServedCall` records of these episodes' HTTP calls, for those this engine served (taken on the loop,
+        where records are appended)."""
+        return self._wait(self._take(episode_ids))
 
-    async def _take(self, episode_id: str) -> list[Any]:
-        return self.engine.take_calls(episode_id)
+    async def _take(self, episode_ids: list[str]) -> dict[str, list[Any]]:
+        taken = {episode_id: self.engine.take_calls(episode_id) for episode_id in episode_ids}
+        return {episode_id: calls for episode_id, calls in taken.items() if calls}
 
     def count_weight_update(self) -> None:
         """One more weight update loaded: calls admitted from now on carry the next version."""

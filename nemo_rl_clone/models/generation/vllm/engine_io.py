@@ -71,6 +71,15 @@ def engine_kwargs(
     }
     if vllm_cfg.max_num_seqs is not None:
         kwargs["max_num_seqs"] = vllm_cfg.max_num_seqs
+    if vllm_cfg.expose_http_server:
+        # What an HTTP request that sets no sampling option samples with: the run's settings, which the trainer's
+        # logprobs assume (not the model folder's generation_config.json defaults).
+        kwargs["generation_config"] = "vllm"
+        kwargs["override_generation_config"] = {
+            "temperature": config.temperature,
+            "top_p": config.top_p,
+            "top_k": 0 if config.top_k in (None, -1) else config.top_k,
+        }
     if hf_config_overrides:
         kwargs["hf_overrides"] = dict(hf_config_overrides)
     if on_gpu:

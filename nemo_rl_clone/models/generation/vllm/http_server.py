@@ -27,7 +27,8 @@ from typing import Any
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from nemo_rl_clone.environments.agent_trajectory import EPISODE_HEADER, ServedCall
+from nemo_rl_clone.environments.agent_runner import EPISODE_HEADER
+from nemo_rl_clone.environments.agent_trajectory import ServedCall
 from nemo_rl_clone.models.generation.config import HTTP_CHAT_KWARG_FLAGS
 
 _HTTP_CALL = ""  # the episode of an HTTP request that named none: recorded as unattributed

@@ -21,7 +21,7 @@ import logging
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -222,10 +222,21 @@ class VllmGeneration(GenerationInterface):
             "update_weights_from_collective", bucket_bytes=bucket_bytes
         )
 
-    def take_served_calls(self, episode_id: str, engine: int) -> list[Any]:
-        """The `ServedCall` records of an episode's HTTP calls to engine ``engine`` (``http_urls[engine]``), in the
-        order they finished; forgotten once taken."""
-        return ray.get(self.worker_group.run_single_worker_single_data("take_served_calls", engine, episode_id))
+    def take_served_calls(
+        self, episode_ids: Sequence[str], engines: Sequence[int] | None = None
+    ) -> dict[str, list[Any]]:
+        """The `ServedCall` records of these episodes' HTTP calls (each engine's in the order they finished), from
+        ``engines`` (default: all); forgotten once taken. An episode without calls maps to []."""
+        ranks = list(range(self.dp_size)) if engines is None else list(engines)
+        refs = [
+            self.worker_group.run_single_worker_single_data("take_served_calls", rank, list(episode_ids))
+            for rank in ranks
+        ]
+        taken: dict[str, list[Any]] = {episode_id: [] for episode_id in episode_ids}
+        for records in ray.get(refs):
+            for episode_id, calls in records.items():
+                taken[episode_id].extend(calls)
+        return taken
 
     # ------------------------------------------------------------------ lifecycle
     def shutdown(self) -> bool:

@@ -206,9 +206,10 @@ class VllmGenerationWorker:
         """This engine's OpenAI-compatible base URL (``.../v1``), None without ``expose_http_server``."""
         return self.http_url
 
-    def take_served_calls(self, episode_id: str) -> list[Any]:
-        """The `ServedCall` records of an episode's HTTP calls to this engine (``expose_http_server``)."""
-        return self.llm.take_served_calls(episode_id)
+    def take_served_calls(self, episode_ids: list[str]) -> dict[str, list[Any]]:
+        """The `ServedCall` records of these episodes' HTTP calls to this engine (``expose_http_server``); only
+        episodes it served are keys."""
+        return self.llm.take_served_calls(episode_ids)
 
     def get_pad_token_id(self) -> int:
         """The tokenizer's pad id (its EOS id when it has none, as `load_tokenizer` does)."""
