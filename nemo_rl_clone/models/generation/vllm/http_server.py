@@ -8,7 +8,7 @@ this module adds what RL needs on top:
   and the processed logprob of each sampled token (the distribution the trainer recomputes), whatever the client
   asked for: logprobs are switched on in the engine's request only, so the response keeps the client's choice.
 - **Episodes.** A request's ``X-Episode-Id`` header names the agent episode it belongs to; its records are taken
-  by that id (`take_calls`). Calls without the header are counted, not kept.
+  by that id (`take_calls`). Calls without the header are served and not kept.
 - **Weight versions.** Each record carries the number of weight updates the engine had loaded when the call was
   admitted, so tokens generated before and after a refit are told apart.
 
@@ -31,7 +31,7 @@ from nemo_rl_clone.environments.agent_runner import EPISODE_HEADER
 from nemo_rl_clone.environments.agent_trajectory import ServedCall
 from nemo_rl_clone.models.generation.config import HTTP_CHAT_KWARG_FLAGS
 
-_HTTP_CALL = ""  # the episode of an HTTP request that named none: recorded as unattributed
+_HTTP_CALL = ""  # the episode of an HTTP request that named none
 _episode: contextvars.ContextVar[str | None] = contextvars.ContextVar("served_episode", default=None)
 
 
@@ -40,7 +40,6 @@ class RecordingAsyncLLM(AsyncLLM):
     batches (no episode context) pass through untouched."""
 
     weight_version = 0
-    unattributed_calls = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -74,8 +73,7 @@ class RecordingAsyncLLM(AsyncLLM):
                 logprobs[completion.index] += new_logprobs
             yield output
         if episode == _HTTP_CALL:
-            self.unattributed_calls += len(tokens)
-            return
+            return  # no episode to join it to
         for index in sorted(tokens):
             self.served_calls[episode].append(
                 ServedCall(tuple(prompt_ids), tuple(tokens[index]), tuple(logprobs[index]), version)
