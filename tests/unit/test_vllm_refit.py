@@ -164,6 +164,32 @@ def test_http_servers_call_tools_and_refuse_bad_requests(generation: VllmGenerat
     assert client.completions.create(model=TINY_LLAMA, prompt="still serving", max_tokens=2).choices[0].text
 
 
+def test_http_servers_speak_the_vllm_contract_nemo_gym_uses(generation: VllmGeneration, tokenizer: Any) -> None:
+    """NeMo Gym's vLLM model server relies on vLLM's own extras: ``/tokenize`` and, on chat completions, logprobs
+    whose tokens are spelled ``token_id:N`` (``return_tokens_as_token_ids``) and the prompt's and output's token ids
+    (``return_token_ids``). They are served, and they agree with what the server records for training."""
+    import httpx
+
+    base = generation.http_urls[0].removesuffix("/v1")
+    messages = [{"role": "user", "content": "Name a prime number."}]
+    tokenized = httpx.post(f"{base}/tokenize", json={"model": TINY_LLAMA, "messages": messages}, timeout=30).json()
+    client = openai.OpenAI(base_url=generation.http_urls[0], api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model=TINY_LLAMA,
+        messages=messages,
+        max_tokens=5,
+        logprobs=True,
+        extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True},
+        extra_headers={"X-Episode-Id": "gym-contract"},
+    )
+    (call,) = generation.take_served_calls(["gym-contract"], engines=[0])["gym-contract"]
+    choice = reply.choices[0]
+    assert tokenized["tokens"] == list(call.prompt_token_ids) == list(reply.prompt_token_ids)
+    assert [int(t.token.removeprefix("token_id:")) for t in choice.logprobs.content] == list(call.output_token_ids)
+    assert list(choice.token_ids) == list(call.output_token_ids)
+    assert [t.logprob for t in choice.logprobs.content] == pytest.approx(list(call.output_logprobs), abs=1e-6)
+
+
 @pytest.mark.parametrize("agent", ["calculator_agent.py", "two_step_math_agent.py"])
 def test_example_agents_play_an_episode_against_a_server(generation: VllmGeneration, agent: str) -> None:
     """examples/agents/ through the agent runner with a real AsyncOpenAI client: an episode with a reward in {0, 1},
