@@ -31,13 +31,11 @@ from nemo_rl_clone.environments.agent_runner import EPISODE_HEADER
 from nemo_rl_clone.environments.agent_trajectory import ServedCall
 from nemo_rl_clone.models.generation.config import HTTP_CHAT_KWARG_FLAGS
 
-_HTTP_CALL = ""  # the episode of an HTTP request that named none
 _episode: contextvars.ContextVar[str | None] = contextvars.ContextVar("served_episode", default=None)
 
 
 class RecordingAsyncLLM(AsyncLLM):
-    """vLLM's async engine that records the calls made over HTTP (see the module's docstring); the worker's own
-    batches (no episode context) pass through untouched."""
+    """vLLM's async engine that records the calls made over HTTP with an episode (see the module's docstring)."""
 
     weight_version = 0
 
@@ -49,7 +47,7 @@ class RecordingAsyncLLM(AsyncLLM):
         self, prompt: Any, sampling_params: Any, request_id: str, **kwargs: Any
     ) -> AsyncGenerator[Any, None]:
         episode = _episode.get()
-        if episode is None:
+        if not episode:  # the worker's own batches, or an HTTP call that named no episode: nothing to join it to
             async for output in super().generate(prompt, sampling_params, request_id, **kwargs):
                 yield output
             return
@@ -72,8 +70,6 @@ class RecordingAsyncLLM(AsyncLLM):
                 tokens[completion.index] += new_tokens
                 logprobs[completion.index] += new_logprobs
             yield output
-        if episode == _HTTP_CALL:
-            return  # no episode to join it to
         for index in sorted(tokens):
             self.served_calls[episode].append(
                 ServedCall(tuple(prompt_ids), tuple(tokens[index]), tuple(logprobs[index]), version)
@@ -96,7 +92,7 @@ class EpisodeMiddleware:
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers", ())).get(EPISODE_HEADER.lower().encode())
-        token = _episode.set(header.decode() if header else _HTTP_CALL)
+        token = _episode.set(header.decode() if header else None)
         try:
             await self.app(scope, receive, send)
         finally:
