@@ -58,6 +58,8 @@ async def run(client: Any, row: dict[str, Any]) -> dict[str, Any]:
             arguments = json.loads(call.function.arguments)
             result = calculate(str(arguments["expression"])) if call.function.name == "calculator" else "unknown tool"
         except (ToolError, ValueError, KeyError, TypeError) as error:
-            result = f"error: {error}"
-        messages.append({"role": "assistant", "content": message.content or "", "tool_calls": [call.model_dump()]})
+            arguments, result = call.function.arguments, f"error: {error}"
+        # The call goes back as the text the model wrote: a small model's chat template drops `tool_calls`.
+        written = json.dumps({"name": call.function.name, "arguments": arguments})
+        messages.append({"role": "assistant", "content": f"{message.content or ''}<tool_call>{written}</tool_call>"})
         messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
