@@ -172,40 +172,36 @@ def test_reward_model_training_refuses_a_regression_head():
     assert any("must be bradley_terry for reward-model training" in p for p in raised.value.problems)
 
 
-def test_a_megatron_actor_gets_one_not_supported_line():
+def _on_megatron(section: str) -> list[str]:
+    return [
+        f"+{section}.megatron_cfg.enabled=true",
+        f"+{section}.dtensor_cfg.enabled=false",
+        f"{section}.sequence_packing.enabled=false",
+        f"{section}.optimizer=null",
+        f"{section}.scheduler=null",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            _on_megatron("policy"),
+            "policy.megatron_cfg.enabled: not supported yet: PPO's actor runs on the DTensor backend",
+        ),
+        # NeMo-RL's Megatron critic (``ppo_math_1B_megatron.yaml``) leaves ``reward_model_cfg`` off: the one line it
+        # gets names the backend, not the head it does not need there.
+        (
+            [*_on_megatron("value"), "value.reward_model_cfg.enabled=false"],
+            "value.megatron_cfg.enabled: not supported yet: the critic runs on the DTensor backend",
+        ),
+    ],
+    ids=["actor", "critic"],
+)
+def test_a_megatron_actor_or_critic_gets_one_not_supported_line(overrides: list[str], line: str):
     from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
     from nemo_rl_clone.utils.config import load_validated_config
 
-    overrides = [
-        "+policy.megatron_cfg.enabled=true",
-        "+policy.dtensor_cfg.enabled=false",
-        "policy.sequence_packing.enabled=false",
-        "policy.optimizer=null",
-        "policy.scheduler=null",
-    ]
     with pytest.raises(ConfigError) as raised:
         load_validated_config(REPO / "configs" / "ppo_smoke.yaml", overrides, PPOMasterConfig)
-    assert raised.value.problems == [
-        "policy.megatron_cfg.enabled: not supported yet: PPO's actor runs on the DTensor backend"
-    ]
-
-
-def test_a_megatron_critic_gets_one_not_supported_line():
-    """NeMo-RL's Megatron critic (``ppo_math_1B_megatron.yaml``) leaves ``reward_model_cfg`` off: the one line it gets
-    names the backend, not the head it does not need there."""
-    from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
-    from nemo_rl_clone.utils.config import load_validated_config
-
-    overrides = [
-        "+value.dtensor_cfg.enabled=false",
-        "+value.megatron_cfg.enabled=true",
-        "value.sequence_packing.enabled=false",
-        "value.reward_model_cfg.enabled=false",
-        "value.optimizer=null",
-        "value.scheduler=null",
-    ]
-    with pytest.raises(ConfigError) as raised:
-        load_validated_config(REPO / "configs" / "ppo_smoke.yaml", overrides, PPOMasterConfig)
-    assert raised.value.problems == [
-        "value.megatron_cfg.enabled: not supported yet: the critic runs on the DTensor backend"
-    ]
+    assert raised.value.problems == [line]
