@@ -31,21 +31,26 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ServedCall:
-    """One call the server answered. ``output_logprobs[i]`` is the processed logprob of ``output_token_ids[i]``;
-    ``weight_version`` counts the weight updates the engine had loaded when the call was admitted."""
+    """One call the server answered. ``output_logprobs[i]`` is the processed logprob of ``output_token_ids[i]``
+    and ``weight_versions[i]`` the number of weight updates the engine had loaded when it sampled that token (a
+    call that spans a refit has two versions; None: all 0)."""
 
     prompt_token_ids: tuple[int, ...]
     output_token_ids: tuple[int, ...]
     output_logprobs: tuple[float, ...]
-    weight_version: int = 0
+    weight_versions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError("a served call has an empty prompt")
-        if len(self.output_logprobs) != len(self.output_token_ids):
-            raise ValueError(
-                f"a served call has {len(self.output_token_ids)} output tokens but {len(self.output_logprobs)} logprobs"
-            )
+        if self.weight_versions is None:
+            object.__setattr__(self, "weight_versions", (0,) * len(self.output_token_ids))
+        for name in ("output_logprobs", "weight_versions"):
+            if len(getattr(self, name)) != len(self.output_token_ids):
+                raise ValueError(
+                    f"a served call has {len(self.output_token_ids)} output tokens but {len(getattr(self, name))} "
+                    f"{name}"
+                )
 
     @property
     def context(self) -> tuple[int, ...]:
@@ -56,8 +61,8 @@ class ServedCall:
 @dataclass(frozen=True)
 class AgentSample:
     """One training sample of an episode: a message log in the rollout format (``token_ids`` and
-    ``generation_logprobs`` on every message, 0 where the engine did not sample) and the weight versions its
-    generated tokens came from, call by call."""
+    ``generation_logprobs`` on every message, 0 where the engine did not sample) and the weight version of each of
+    its generated tokens, in order."""
 
     message_log: LLMMessageLogType
     weight_versions: tuple[int, ...]
@@ -93,7 +98,7 @@ def _one_sample(calls: Sequence[ServedCall], tokenizer: PreTrainedTokenizerBase)
         if call.output_token_ids:
             log.append(_message("assistant", call.output_token_ids, call.output_logprobs, tokenizer))
         seen = len(call.context)
-    return AgentSample(log, tuple(call.weight_version for call in calls if call.output_token_ids))
+    return AgentSample(log, tuple(version for call in calls for version in call.weight_versions or ()))
 
 
 def _message(

@@ -29,7 +29,7 @@ EXTRA_SAMPLES = "agent_extra_samples"
 def run_agent_rollout(
     generation: Any, input_batch: BatchedDataDict, tokenizer: PreTrainedTokenizerBase, agent_env: Any, max_seq_len: int
 ) -> tuple[BatchedDataDict, dict[str, float]]:
-    """One episode per row of ``input_batch`` (from ``rl_collate_fn``), row ``i`` on engine ``i % engines``.
+    """One episode per row of ``input_batch`` (from ``rl_collate_fn``), through the engines' router.
 
     The agent's ``row`` is the dataset row's ``extra_env_info`` (for reasoning-gym rows: ``task`` and ``entry`` with
     ``question`` and ``answer``) plus ``idx``. A sample longer than ``max_seq_len`` tokens keeps its first
@@ -41,11 +41,10 @@ def run_agent_rollout(
     size = input_batch.size
     run = uuid.uuid4().hex[:12]
     episode_ids = [f"{run}-{i}" for i in range(size)]
-    engines = [i % len(generation.http_urls) for i in range(size)]
     infos, indices = input_batch["extra_env_info"], input_batch["idx"]
     rows = [{**dict(info or {}), "idx": int(idx)} for info, idx in zip(infos, indices, strict=True)]
     results: list[EpisodeResult] = ray.get(
-        agent_env.run_episodes.remote(rows, episode_ids, engines, generation.http_urls)
+        agent_env.run_episodes.remote(rows, episode_ids, generation.http_url, len(generation.http_urls))
     )
     calls = generation.take_served_calls(episode_ids)
 

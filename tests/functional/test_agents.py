@@ -38,5 +38,5 @@ def test_agent_episodes_train_on_the_served_tokens_and_failures_end_only_their_e
         assert m["train/rollout/mean_turns"] > 0
         # failed episodes (no call) train on nothing; the others' samples all do
         assert 0 < m["train/num_valid_samples"] < 8 * m["train/rollout/agent/samples_per_episode"]
-    assert "OpenAI-compatible servers at http://" in proc.stdout
+    assert "OpenAI-compatible server at http://" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]

@@ -36,8 +36,11 @@ def calls(tokenizer) -> list[ServedCall]:
     call_tool = ids(tokenizer, '<tool_call>{"name": "calc", "arguments": {"expr": "17*3"}}</tool_call><|im_end|>')
     result = ids(tokenizer, "\n<|im_start|>user\n<tool_response>51</tool_response><|im_end|>\n<|im_start|>assistant\n")
     answer = ids(tokenizer, "The answer is 51.<|im_end|>")
-    first = ServedCall(prompt, call_tool, logprobs_for(call_tool, -0.5), weight_version=3)
-    second = ServedCall(prompt + call_tool + result, answer, logprobs_for(answer, -0.2), weight_version=4)
+    first = ServedCall(prompt, call_tool, logprobs_for(call_tool, -0.5), (3,) * len(call_tool))
+    # a refit landed while the answer was sampled: its first two tokens are version 3, the rest 4
+    second = ServedCall(
+        prompt + call_tool + result, answer, logprobs_for(answer, -0.2), (3, 3) + (4,) * (len(answer) - 2)
+    )
     return [first, second]
 
 
@@ -51,7 +54,9 @@ def test_an_append_only_episode_is_one_sample_with_loss_on_generated_tokens_only
     assert first_context_break(calls) is None
     (sample,) = episode_samples(calls, tokenizer)
     assert [m["role"] for m in sample.message_log] == ["user", "assistant", "environment", "assistant"]
-    assert sample.weight_versions == (3, 4)
+    assert sample.weight_versions == (3,) * (len(calls[0].output_token_ids) + 2) + (4,) * (
+        len(second.output_token_ids) - 2
+    )
     tensors = flat(sample.message_log)
     expected_ids = second.prompt_token_ids + second.output_token_ids  # the whole conversation, once
     assert tensors["token_ids"].tolist() == list(expected_ids)
@@ -71,7 +76,7 @@ def test_an_episode_that_rewrites_its_context_gives_one_sample_per_call(tokenize
     first, second = calls
     # The agent starts its second call from a fresh conversation holding only the tool's result.
     fresh = ids(tokenizer, "<|im_start|>user\nThe tool said 51. Answer.<|im_end|>\n<|im_start|>assistant\n")
-    rewritten = ServedCall(fresh, second.output_token_ids, second.output_logprobs, weight_version=4)
+    rewritten = ServedCall(fresh, second.output_token_ids, second.output_logprobs, second.weight_versions)
     third = ServedCall(rewritten.context + ids(tokenizer, "\nok"), (), ())
     episode = [first, rewritten, third]
     assert first_context_break(episode) == 1  # the third call extends the second, but the chain broke before it
@@ -84,6 +89,7 @@ def test_an_episode_that_rewrites_its_context_gives_one_sample_per_call(tokenize
             call.output_token_ids
         )
     assert [m["role"] for m in samples[2].message_log] == ["user"]  # a call that generated nothing trains nothing
+    assert samples[1].weight_versions == second.weight_versions
     assert samples[2].weight_versions == ()
 
 
@@ -98,7 +104,10 @@ def test_a_prompt_that_changes_one_earlier_token_breaks_the_chain(tokenizer, cal
 
 
 def test_malformed_records_are_refused() -> None:
-    with pytest.raises(ValueError, match="2 output tokens but 1 logprobs"):
+    with pytest.raises(ValueError, match="2 output tokens but 1 output_logprobs"):
         ServedCall((1, 2), (3, 4), (-0.1,))
+    with pytest.raises(ValueError, match="2 output tokens but 1 weight_versions"):
+        ServedCall((1, 2), (3, 4), (-0.1, -0.2), (1,))
+    assert ServedCall((1, 2), (3, 4), (-0.1, -0.2)).weight_versions == (0, 0)  # none given: all version 0
     with pytest.raises(ValueError, match="empty prompt"):
         ServedCall((), (3,), (-0.1,))

@@ -139,7 +139,7 @@ def test_http_servers_answer_an_openai_client_and_record_exact_tokens(
     for call, temperature in zip(calls, (0.7, 1.0, 1.0), strict=True):
         expected = processed_logprobs(base, list(call.context), len(call.prompt_token_ids), temperature)
         assert torch.tensor(call.output_logprobs) == pytest.approx(expected, abs=LOGPROB_ATOL)
-        assert call.weight_version == 0
+        assert call.weight_versions == (0,) * len(call.output_token_ids)  # no weight update yet
 
 
 def test_http_servers_call_tools_and_refuse_bad_requests(generation: VllmGeneration) -> None:
@@ -190,15 +190,44 @@ def test_http_servers_speak_the_vllm_contract_nemo_gym_uses(generation: VllmGene
     assert [t.logprob for t in choice.logprobs.content] == pytest.approx(list(call.output_logprobs), abs=1e-6)
 
 
+def test_the_router_keeps_each_episode_on_one_engine_and_spreads_the_episodes(generation: VllmGeneration) -> None:
+    """Through the one URL (`VllmGeneration.http_url`): 4 episodes of 2 calls each (one streamed) and 2 calls of no
+    episode. Every episode's calls are recorded on one engine, each engine got 2 episodes, taking the records closes
+    the episodes in the router, and an error status passes through unchanged."""
+    assert generation.http_url is not None and generation.http_url not in generation.http_urls
+    client = openai.OpenAI(base_url=generation.http_url, api_key="unused", max_retries=0)
+    episodes = [f"routed-{i}" for i in range(4)]
+    for episode in episodes:
+        header = {"X-Episode-Id": episode}
+        client.completions.create(model=TINY_LLAMA, prompt=f"{episode}:", max_tokens=3, extra_headers=header)
+        stream = client.completions.create(
+            model=TINY_LLAMA, prompt=f"{episode} again:", max_tokens=3, stream=True, extra_headers=header
+        )
+        assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    for _ in range(2):
+        assert client.completions.create(model=TINY_LLAMA, prompt="no episode", max_tokens=2).choices[0].text
+    with pytest.raises(openai.NotFoundError, match="The model `gpt-4` does not exist"):
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+
+    stats = ray.get(generation.router.stats.remote())
+    assert sum(stats["routed"]) == 11 and stats["open_episodes"] == [2, 2]
+    per_engine = [generation.take_served_calls(episodes, engines=[rank]) for rank in (0, 1)]
+    for episode in episodes:
+        assert sorted(len(taken[episode]) for taken in per_engine) == [0, 2], episode
+    assert sorted(sum(1 for calls in taken.values() if calls) for taken in per_engine) == [2, 2]
+    assert ray.get(generation.router.stats.remote())["open_episodes"] == [0, 0]
+
+
 @pytest.mark.parametrize("agent", ["calculator_agent.py", "two_step_math_agent.py"])
 def test_example_agents_play_an_episode_against_a_server(generation: VllmGeneration, agent: str) -> None:
-    """examples/agents/ through the agent runner with a real AsyncOpenAI client: an episode with a reward in {0, 1},
+    """examples/agents/ through the agent runner with a real AsyncOpenAI client on the router: an episode with a
+    reward in {0, 1},
     no failure, and every call recorded under its episode (the two-step agent makes exactly 2)."""
     spec = f"{REPO / 'examples' / 'agents' / agent}:run"
     row = {"entry": {"question": "What is 12 * 34?", "answer": "408"}, "idx": 0}
 
     async def play() -> list[EpisodeResult]:
-        async with openai.AsyncOpenAI(base_url=generation.http_urls[0], api_key="unused", max_retries=0) as client:
+        async with openai.AsyncOpenAI(base_url=generation.http_url, api_key="unused", max_retries=0) as client:
             return await run_episodes(load_agent(spec, "env.agent.function"), client, [row], [agent], 1, 120.0)
 
     (result,) = asyncio.run(play())
@@ -286,6 +315,49 @@ def test_collective_refit_aborted_mid_way_keeps_old_weights(
     assert torch.equal(greedy_ids(generation, tokenizer), before)
     refit_policy_generation(trainer, generation, colocated=False, bucket_bytes=BUCKET_BYTES)  # the group still works
     assert not torch.equal(greedy_ids(generation, tokenizer), before)
+
+
+def test_a_refit_during_an_http_call_labels_each_token_with_the_weights_that_sampled_it(
+    generation: VllmGeneration, tokenizer: Any, model_path: str
+) -> None:
+    """A long streamed call through the router; once tokens flow, new weights are loaded. The record labels its
+    first k tokens with the old version and the rest with the next one (0 < k < n), and every logprob is the one an
+    HF forward gives for that: tokens before the refit from the old model; tokens after it from the new model over
+    the old model's KV cache, which the running request keeps (its prompt and first k - 1 tokens were computed
+    before the refit). fp32, tolerance 1e-4; the new tokens differ from the old model's by more than 1e-2."""
+    old, new = perturbed_model(model_path, seed=61), perturbed_model(model_path, seed=62)
+    generation.update_weights_from_state_dict(old.state_dict())
+    client = openai.OpenAI(base_url=generation.http_url, api_key="unused", max_retries=0)
+    header = {"X-Episode-Id": "refit-in-flight"}
+    stream = client.completions.create(
+        model=TINY_LLAMA,
+        prompt="Once upon a time",
+        max_tokens=360,  # long enough to still run when the refit lands (~a second on the tiny model)
+        stream=True,
+        extra_body={"ignore_eos": True},
+        extra_headers=header,
+    )
+    for received, _chunk in enumerate(stream):
+        if received == 8:
+            generation.update_weights_from_state_dict(new.state_dict())
+    (call,) = generation.take_served_calls(["refit-in-flight"])["refit-in-flight"]
+    versions = call.weight_versions or ()
+    before = versions[0]
+    k = versions.index(before + 1)
+    n = len(call.output_token_ids)
+    assert versions == (before,) * k + (before + 1,) * (n - k) and 0 < k < n, versions
+
+    ids = list(call.context)
+    start = len(call.prompt_token_ids)
+    got = torch.tensor(call.output_logprobs)
+    with torch.no_grad():
+        expected_old = processed_logprobs(old, ids, start, 1.0)
+        cache = old(input_ids=torch.tensor([ids[: start + k - 1]]), use_cache=True).past_key_values
+        tail = new(input_ids=torch.tensor([ids[start + k - 1 : -1]]), past_key_values=cache).logits[0].float()
+    expected_new = torch.log_softmax(tail, dim=-1).gather(-1, torch.tensor(ids[start + k :])[:, None]).squeeze(-1)
+    assert got[:k] == pytest.approx(expected_old[:k], abs=LOGPROB_ATOL)
+    assert got[k:] == pytest.approx(expected_new, abs=LOGPROB_ATOL)
+    assert float((got[k:] - expected_old[k:]).abs().max()) > 1e-2  # the check tells the two weights apart
 
 
 def test_refit_info_that_does_not_fit_the_model_is_refused(generation: VllmGeneration, model_path: str) -> None:

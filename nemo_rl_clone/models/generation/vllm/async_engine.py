@@ -5,7 +5,8 @@
 as they arrive (continuous batching): a batch is submitted request by request and gathered. Its coroutines run on an
 event loop of this object's own thread; the worker's synchronous (Ray) methods wait on them. Weight loads go to the
 engine core as a utility call, which it runs between two engine steps: a load issued while a batch generates lands
-between its steps with no step-by-step driving (the in-flight weight updates of async GRPO).
+between its steps with no step-by-step driving (the in-flight weight updates of async GRPO), and the tokens sampled
+after it carry the new weight version (`load_weights`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class AsyncEngine:
         self._ids = itertools.count()
         self.server: Any = None
         self._running = 0  # requests submitted and not finished (read from other threads: a plain int is enough)
+        self.weight_version = 0  # weight loads so far; vLLM labels tokens with it (its initial label is "default")
         self.engine: Any = self._wait(self._create(engine_kwargs))
 
     @staticmethod
@@ -112,12 +114,22 @@ class AsyncEngine:
         taken = {episode_id: self.engine.take_calls(episode_id) for episode_id in episode_ids}
         return {episode_id: calls for episode_id, calls in taken.items() if calls}
 
-    def count_weight_update(self) -> None:
-        """One more weight update loaded: calls admitted from now on carry the next version."""
-        self._loop.call_soon_threadsafe(self._bump_version)
+    def load_weights(self, rows: list[Any]) -> None:
+        """Load `pack_for_engine_core` rows between two engine steps and label every token sampled after them with
+        the next weight version (vLLM reports each token's version: `CompletionOutput.weight_versions`).
 
-    def _bump_version(self) -> None:
-        self.engine.weight_version += 1
+        The scheduler is paused with its requests kept (their KV blocks stay; they resume where they were), so no
+        step runs between the load and the label: a token is never labelled with weights that did not sample it."""
+        self._wait(self._load(rows))
+
+    async def _load(self, rows: list[Any]) -> None:
+        await self.engine.pause_generation(mode="keep", clear_cache=False)
+        try:
+            await self.engine.collective_rpc("load_packed_weights", kwargs={"rows": rows})
+            self.weight_version += 1
+            await self.engine.update_weight_version(str(self.weight_version))
+        finally:
+            await self.engine.resume_generation()
 
     def engine_core_pids(self) -> list[int]:
         """Process ids of the engine core children (for their peak memory)."""

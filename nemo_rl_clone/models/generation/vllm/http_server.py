@@ -9,8 +9,9 @@ this module adds what RL needs on top:
   asked for: logprobs are switched on in the engine's request only, so the response keeps the client's choice.
 - **Episodes.** A request's ``X-Episode-Id`` header names the agent episode it belongs to; its records are taken
   by that id (`take_calls`). Calls without the header are served and not kept.
-- **Weight versions.** Each record carries the number of weight updates the engine had loaded when the call was
-  admitted, so tokens generated before and after a refit are told apart.
+- **Weight versions.** Each recorded token carries the number of weight updates the engine had loaded when it was
+  sampled (vLLM's per-token version spans, labelled by `AsyncEngine.load_weights`), so the tokens of a call that
+  spans a refit are told apart.
 
 The server runs on the async engine's event loop (the requests' coroutines and the engine's are one loop), bound to
 the run's own address on a port the operating system picks.
@@ -37,8 +38,6 @@ _episode: contextvars.ContextVar[str | None] = contextvars.ContextVar("served_ep
 class RecordingAsyncLLM(AsyncLLM):
     """vLLM's async engine that records the calls made over HTTP with an episode (see the module's docstring)."""
 
-    weight_version = 0
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.served_calls: dict[str, list[ServedCall]] = defaultdict(list)
@@ -55,13 +54,15 @@ class RecordingAsyncLLM(AsyncLLM):
             sampling_params = sampling_params.clone()
             sampling_params.logprobs = 0  # the sampled token's own logprob; the response follows the request
         delta = sampling_params.output_kind == RequestOutputKind.DELTA
-        version = self.weight_version
         prompt_ids: list[int] = []
         tokens: dict[int, list[int]] = defaultdict(list)
         logprobs: dict[int, list[float]] = defaultdict(list)
+        versions: dict[int, tuple[int, ...]] = {}
         async for output in super().generate(prompt, sampling_params, request_id, **kwargs):
             prompt_ids = list(output.prompt_token_ids or prompt_ids)
             for completion in output.outputs:
+                if completion.weight_versions is not None:  # the final output's spans, over all its tokens
+                    versions[completion.index] = token_versions(completion.weight_versions)
                 new_tokens = list(completion.token_ids)
                 steps: Any = completion.logprobs or []  # one {token id: Logprob} per token (logprobs >= 0)
                 new_logprobs = [step[token].logprob for step, token in zip(steps, new_tokens, strict=True)]
@@ -72,12 +73,21 @@ class RecordingAsyncLLM(AsyncLLM):
             yield output
         for index in sorted(tokens):
             self.served_calls[episode].append(
-                ServedCall(tuple(prompt_ids), tuple(tokens[index]), tuple(logprobs[index]), version)
+                ServedCall(tuple(prompt_ids), tuple(tokens[index]), tuple(logprobs[index]), versions.get(index))
             )
 
     def take_calls(self, episode_id: str) -> list[ServedCall]:
         """The episode's calls in the order they finished, forgotten once taken."""
         return self.served_calls.pop(episode_id, [])
+
+
+def token_versions(spans: list[Any]) -> tuple[int, ...]:
+    """One weight version per output token from vLLM's ``WeightVersionSpan`` list (version label, start, end);
+    vLLM's label before the first load is "default": version 0."""
+    versions: list[int] = []
+    for span in spans:
+        versions += [0 if span.version == "default" else int(span.version)] * (span.end - span.start)
+    return tuple(versions)
 
 
 class EpisodeMiddleware:

@@ -16,9 +16,11 @@ nothing (releasing the memory would mean restarting the engine, ~3-5 s, not wort
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
@@ -27,11 +29,13 @@ from typing import Any
 
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.ray_actor_environment import (
     PY_EXECUTABLES,
     get_actor_environment,
+    get_actor_python_executable,
     register_actor_environment,
 )
 from nemo_rl_clone.distributed.reaper import register_temp_path
@@ -134,10 +138,22 @@ class VllmGeneration(GenerationInterface):
             raise
         self.dp_size = self.worker_group.world_size
         self.pad_token_id: int = ray.get(self.worker_group.run_single_worker_single_data("get_pad_token_id", 0))
-        # One OpenAI-compatible server per engine (``expose_http_server``), engine rank order.
+        # One OpenAI-compatible server per engine (``expose_http_server``), engine rank order, and one URL in front
+        # of them all (http_router.py): `http_url`, what agents are given.
         self.http_urls: list[str] = self._run_all("get_http_url") if self.cfg.vllm_cfg.expose_http_server else []
+        self.http_url: str | None = None
+        self.router: Any = None
         if self.http_urls:
-            print(f"{name_prefix}: OpenAI-compatible servers at {', '.join(self.http_urls)}", flush=True)
+            try:
+                self.router = _start_router(self.http_urls, name_prefix)
+                self.http_url = ray.get(self.router.start.remote())
+            except BaseException:
+                self.shutdown()
+                raise
+            print(
+                f"{name_prefix}: OpenAI-compatible server at {self.http_url} (engines: {', '.join(self.http_urls)})",
+                flush=True,
+            )
 
     # ------------------------------------------------------------------ generation
     def generate(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
@@ -226,7 +242,10 @@ class VllmGeneration(GenerationInterface):
         self, episode_ids: Sequence[str], engines: Sequence[int] | None = None
     ) -> dict[str, list[Any]]:
         """The `ServedCall` records of these episodes' HTTP calls (each engine's in the order they finished), from
-        ``engines`` (default: all); forgotten once taken. An episode without calls maps to []."""
+        ``engines`` (default: all); forgotten once taken, and the router's episodes closed. An episode without calls
+        maps to []."""
+        if self.router is not None:
+            self.router.close_episodes.remote(list(episode_ids))
         ranks = list(range(self.dp_size)) if engines is None else list(engines)
         refs = [
             self.worker_group.run_single_worker_single_data("take_served_calls", rank, list(episode_ids))
@@ -241,6 +260,11 @@ class VllmGeneration(GenerationInterface):
     # ------------------------------------------------------------------ lifecycle
     def shutdown(self) -> bool:
         """Stop every engine (its cleanup removes its files), then remove what killed engines left; idempotent."""
+        if getattr(self, "router", None) is not None:
+            with contextlib.suppress(Exception):  # a dead router has nothing left to stop
+                ray.get(self.router.stop.remote(), timeout=10)
+            ray.kill(self.router)
+            self.router = None
         clean = self.worker_group.shutdown(cleanup_method="shutdown") if hasattr(self, "worker_group") else True
         self._remove_tmp_root()
         return clean
@@ -277,6 +301,25 @@ def _split(data: BatchedDataDict, parts: int) -> list[BatchedDataDict]:
         pieces.append(data.slice(start, end))
         start = end
     return pieces
+
+
+def _start_router(engine_urls: list[str], name_prefix: str) -> Any:
+    """The `EpisodeRouter` actor, on this node, in the engines' Python environment (it serves with their uvicorn)."""
+    from nemo_rl_clone.models.generation.vllm.http_router import EpisodeRouter
+
+    python = get_actor_python_executable(VLLM_WORKER)
+    runtime_env = {"py_executable": python} if python != sys.executable else {}
+    node = ray.get_runtime_context().get_node_id()
+    return (
+        ray.remote(EpisodeRouter)
+        .options(
+            name=f"{name_prefix}-router",
+            num_cpus=0,
+            runtime_env=runtime_env,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        )
+        .remote(engine_urls)
+    )
 
 
 def _check_engine_args(config: GenerationConfig) -> None:

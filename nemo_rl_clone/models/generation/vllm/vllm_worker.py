@@ -283,7 +283,7 @@ class VllmGenerationWorker:
         with self._load_turn():
             try:
                 if self.is_async:  # across the engine core's process boundary: raw bytes (engine_extension.py)
-                    self.llm.collective_rpc("load_packed_weights", kwargs={"rows": pack_for_engine_core(state)})
+                    self.llm.load_weights(pack_for_engine_core(state))
                 else:
                     self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
             except Exception as error:
@@ -293,8 +293,6 @@ class VllmGenerationWorker:
                     f"engine rank {self.rank}: loading checked weights failed half-way ({self.broken}); this engine "
                     "no longer serves requests, restart the generation worker group"
                 ) from error
-            if self.is_async:
-                self.llm.count_weight_update()
             if self.llm.llm_engine.has_unfinished_requests():
                 self.in_flight_loads += 1
             # KV blocks computed with the old weights must never be reused; with requests running the reset fails
