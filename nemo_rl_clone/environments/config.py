@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -337,13 +338,18 @@ BUILTIN_ENV_CONFIGS: dict[str, type] = {
 }
 
 
+# NeMo Gym's environments run its own servers, which drive the model through an OpenAI-compatible endpoint.
+_NEMO_GYM_REASON = (
+    "NeMo-Gym environments (the nemo-gym package needs Python >= 3.12"
+    + (f"; this is Python {sys.version_info.major}.{sys.version_info.minor}" if sys.version_info < (3, 12) else "")
+    + "). An agent that talks to the run's OpenAI-compatible server trains with env.agent (docs/agents.md)"
+)
+
 # NeMo-RL environments with no equivalent here, and what to use instead.
 _NOT_SUPPORTED_ENVS = {
     "dapo": "a separate DAPO environment; DAPO's scoring is env.math with math_verify_impl: dapo_math_verify "
     "(data.default.env_name: math)",
-    "nemo_gym": "NeMo-Gym environments",
-    "should_use_nemo_gym": "NeMo-Gym environments",
-    "should_log_nemo_gym_responses": "NeMo-Gym environments",
+    **dict.fromkeys(("nemo_gym", "should_use_nemo_gym", "should_log_nemo_gym_responses"), _NEMO_GYM_REASON),
     "math_multi_reward": "several rewards per sample (GDPO's multi-reward math environment)",
     **dict.fromkeys(
         ("vlm", "clevr-cogent", "geometry3k", "refcoco", "mmau", "mmpr-tiny"),

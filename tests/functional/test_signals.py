@@ -1,4 +1,5 @@
-"""Ctrl-C, SIGTERM and SIGKILL of real runs (`configs/grpo_smoke.yaml`, `configs/sft_smoke.yaml`).
+"""Ctrl-C, SIGTERM and SIGKILL of real runs (`configs/grpo_smoke.yaml`, `configs/grpo_agent_smoke.yaml`,
+`configs/sft_smoke.yaml`).
 
 Each run is started in a session of its own, so that everything it starts can be found afterwards by that session
 id (Ray's workers make process groups of their own, but stay in the session) and by the process tree recorded while
@@ -209,6 +210,19 @@ def test_grpo_sigkill_of_the_driver_leaves_nothing(tmp_path):
     run.send(signal.SIGKILL)
     run.proc.wait(timeout=30)
     run.assert_nothing_left(within_s=10)
+
+
+def test_grpo_ctrl_c_with_agent_requests_in_flight_leaves_nothing(tmp_path):
+    """An agent run (`configs/grpo_agent_smoke.yaml`) whose episodes always have a long completion in flight on the
+    engine's HTTP server through the router: Ctrl-C to the process group stops it within the bound, and no engine
+    core, router, agent actor, /dev/shm segment or temp file is left."""
+    agent = f"env.agent.function={REPO / 'tests' / 'functional' / 'looping_agent.py'}:run"
+    run = Run(*GRPO[:1], tmp_path, agent, config="grpo_agent_smoke.yaml")
+    run.wait_for("agent: request in flight")
+    code, took = run.wait_exit(run.send(signal.SIGINT, group=True), CTRL_C_BOUND_S)
+    assert code == 130 and took < CTRL_C_BOUND_S, run.output[-3000:]
+    assert "Stopped by Ctrl-C" in run.output, run.output[-3000:]
+    run.assert_nothing_left()
 
 
 def test_sft_sigterm_saves_the_last_step_and_resumes(tmp_path):

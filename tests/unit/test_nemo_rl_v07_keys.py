@@ -5,6 +5,7 @@ layout, SFT's add_bos / add_eos), and the ones refused fail validation with one 
 from __future__ import annotations
 
 import math
+import sys
 
 import datasets
 import pytest
@@ -94,6 +95,12 @@ def test_advantage_clipping():
             {"env": {"math": {}, "dapo": {"num_workers": 16}}},
             "env.dapo: not supported yet: a separate DAPO environment; DAPO's scoring is env.math with "
             "math_verify_impl: dapo_math_verify (data.default.env_name: math)",
+        ),
+        (
+            {"env": {"math": {}, "should_use_nemo_gym": True}},
+            "env.should_use_nemo_gym: not supported yet: NeMo-Gym environments (the nemo-gym package needs Python "
+            f">= 3.12{'; this is Python 3.11' if sys.version_info < (3, 12) else ''}). An agent that talks to the "
+            "run's OpenAI-compatible server trains with env.agent (docs/agents.md)",
         ),
     ],
 )

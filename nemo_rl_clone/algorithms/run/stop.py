@@ -37,7 +37,7 @@ from nemo_rl_clone.distributed.oom import oom_cause, remember_oom_kills
 from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
 from nemo_rl_clone.utils.checkpoint import CheckpointManager, remove_save_debris
 from nemo_rl_clone.utils.errors import find_user_input_error
-from nemo_rl_clone.utils.signals import EXIT_CODE, RunInterrupted, StopRequested, handle_stop_signals
+from nemo_rl_clone.utils.signals import EXIT_CODE, StopRequested, handle_stop_signals
 
 # Before any save has been timed, assume one takes this long (a SmolLM2-sized save on CPU takes a few seconds).
 _DEFAULT_SAVE_S = 10.0
@@ -144,7 +144,7 @@ def stop_on_signals(
     with handle_stop_signals(grace_s, resume_point.on_phase, describe) as signals:
         try:
             yield
-        except RunInterrupted:
+        except KeyboardInterrupt:  # `RunInterrupted`, or the plain KeyboardInterrupt ray.get makes of it
             remove_save_debris(checkpointer.checkpoint_dir)
             print(f"Stopped by Ctrl-C during step {state.step + 1}; {describe()}", flush=True)
             raise SystemExit(EXIT_CODE[signal.SIGINT]) from None

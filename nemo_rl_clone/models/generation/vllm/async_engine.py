@@ -19,6 +19,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+ENGINE_CORE_EXIT_S = 1.0  # how long shutdown waits for the engine core to exit before killing it
 
 
 class AsyncEngine:
@@ -146,4 +147,7 @@ class AsyncEngine:
     async def _shutdown(self) -> None:
         if self.server is not None:
             await self.server.stop()
-        self.engine.shutdown()
+        # vLLM's own teardown of an engine core takes ~3 s on CPU, idle (it waits for its executor's worker) or busy
+        # (a loaded core is slow to read its input); a stop must stay within Ctrl-C's bound, so the core is killed
+        # after this (its shared memory is removed by the worker's shutdown).
+        self.engine.shutdown(timeout=ENGINE_CORE_EXIT_S)

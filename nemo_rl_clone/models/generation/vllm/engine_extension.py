@@ -7,12 +7,20 @@ dtype and shape (`pack_for_engine_core`), and `WeightLoadExtension.load_packed_w
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 EXTENSION = f"{__name__}.WeightLoadExtension"
+
+# This module is imported in the engine core's worker process, before the model loads. Every tqdm bar (vLLM's
+# loading bars, even disabled ones) takes tqdm's shared lock, by default a named multiprocessing semaphore in
+# /dev/shm that only the process's exit removes; a worker killed on Ctrl-C (async_engine.ENGINE_CORE_EXIT_S) would
+# leave it behind. A thread lock serves the one process as well.
+tqdm.set_lock(threading.RLock())
 PackedWeight = tuple[str, str, list[int], bytes]  # name, dtype name, shape, raw bytes
 
 

@@ -35,7 +35,7 @@ class EpisodeRouter:
         self.episode_engine: dict[str, int] = {}
         self.open_episodes = [0] * len(self.roots)
         self.routed = [0] * len(self.roots)  # requests sent to each engine, ever
-        self._server: Any = None
+        self._server: Any = None  # uvicorn's; the router stops when its actor is killed
         self._task: Any = None
         self._client: Any = None
 
@@ -56,7 +56,7 @@ class EpisodeRouter:
         sock.bind((host, 0))
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         self._server = uvicorn.Server(config)
-        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))  # a reference kept
         while not self._server.started:
             if self._task.done():
                 self._task.result()  # the server's own error
@@ -113,10 +113,3 @@ class EpisodeRouter:
 
         kept = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_HEADERS}
         return StreamingResponse(body(), status_code=response.status_code, headers=kept)
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-            await self._task
-            await self._client.aclose()
-            self._server = None

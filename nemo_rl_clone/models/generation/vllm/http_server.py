@@ -165,5 +165,6 @@ class OpenAIServer:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
+            self._server.force_exit = True  # no wait for requests in flight: the engine stops next and ends them
             await self._task
             self._server = None

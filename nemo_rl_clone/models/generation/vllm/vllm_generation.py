@@ -16,7 +16,6 @@ nothing (releasing the memory would mean restarting the engine, ~3-5 s, not wort
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import shutil
@@ -145,7 +144,7 @@ class VllmGeneration(GenerationInterface):
         self.router: Any = None
         if self.http_urls:
             try:
-                self.router = _start_router(self.http_urls, name_prefix)
+                self.router = start_router(self.http_urls, name_prefix)
                 self.http_url = ray.get(self.router.start.remote())
             except BaseException:
                 self.shutdown()
@@ -261,9 +260,7 @@ class VllmGeneration(GenerationInterface):
     def shutdown(self) -> bool:
         """Stop every engine (its cleanup removes its files), then remove what killed engines left; idempotent."""
         if getattr(self, "router", None) is not None:
-            with contextlib.suppress(Exception):  # a dead router has nothing left to stop
-                ray.get(self.router.stop.remote(), timeout=10)
-            ray.kill(self.router)
+            ray.kill(self.router)  # its connections close with it: the engines end the requests they carried
             self.router = None
         clean = self.worker_group.shutdown(cleanup_method="shutdown") if hasattr(self, "worker_group") else True
         self._remove_tmp_root()
@@ -303,7 +300,7 @@ def _split(data: BatchedDataDict, parts: int) -> list[BatchedDataDict]:
     return pieces
 
 
-def _start_router(engine_urls: list[str], name_prefix: str) -> Any:
+def start_router(engine_urls: list[str], name_prefix: str) -> Any:
     """The `EpisodeRouter` actor, on this node, in the engines' Python environment (it serves with their uvicorn)."""
     from nemo_rl_clone.models.generation.vllm.http_router import EpisodeRouter
 
