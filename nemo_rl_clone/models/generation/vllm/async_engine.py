@@ -151,3 +151,6 @@ class AsyncEngine:
         # (a loaded core is slow to read its input); a stop must stay within Ctrl-C's bound, so the core is killed
         # after this (its shared memory is removed by the worker's shutdown).
         self.engine.shutdown(timeout=ENGINE_CORE_EXIT_S)
+        # Dropped now (its HTTP app holds it too): collected later, its __del__ would shut down again and fail
+        # once the interpreter exits.
+        self.engine = self.server = None
