@@ -133,7 +133,8 @@ class AsyncEngine:
             await self.engine.resume_generation()
 
     def engine_core_pids(self) -> list[int]:
-        """Process ids of the engine core children (for their peak memory)."""
+        """Process ids of every descendant of this process, for their peak memory: the engine core and its worker
+        (which holds the model), and any compiler the worker runs at that moment."""
         import psutil
 
         return [child.pid for child in psutil.Process().children(recursive=True)]
