@@ -279,9 +279,8 @@ def assemble_outputs(data: BatchedDataDict, outputs: Sequence[Any], pad_token_id
 
 
 def shm_files_mapped_by_process_tree(pid: int | None = None) -> set[str]:
-    """``/dev/shm/psm_*`` segments (Python shared memory, which vLLM's message queues use) and ``sem.mp-*``
-    semaphores (multiprocessing's, named while a spawned child has yet to open them) mapped by ``pid`` (this process
-    by default) or its descendants: what a killed engine would leave behind."""
+    """``/dev/shm/psm_*`` segments (Python shared memory, which vLLM's message queues use) mapped by ``pid`` (this
+    process by default) or its descendants: what a killed engine would leave behind."""
     import psutil
 
     try:
@@ -298,6 +297,6 @@ def shm_files_mapped_by_process_tree(pid: int | None = None) -> set[str]:
         for line in maps.splitlines():
             fields = line.split(maxsplit=5)
             path = fields[5].strip() if len(fields) == 6 else ""
-            if path.startswith(("/dev/shm/psm_", "/dev/shm/sem.mp-")) and not path.endswith("(deleted)"):
+            if path.startswith("/dev/shm/psm_") and not path.endswith("(deleted)"):
                 paths.add(path)
     return paths
