@@ -86,6 +86,10 @@ def calculate_kl(
     return kl
 
 
+# Share metrics the policy itself adds, whatever the loss: the MoE routers' load-balancing loss (DTensor backend).
+POLICY_SHARE_METRICS = ("router_aux_loss",)
+
+
 def reduce_train_results(
     train_results: Mapping[str, Any], share_metrics: Iterable[str], count_metrics: Iterable[str] = ()
 ) -> dict[str, float]:
@@ -103,7 +107,7 @@ def reduce_train_results(
     mb = train_results["all_mb_metrics"]
     metrics = {
         name: float(sum(mb[name])) / (num_global_batches if name == "loss" else num_trained)
-        for name in share_metrics
+        for name in (*share_metrics, *POLICY_SHARE_METRICS)
         if name in mb
     }
     metrics.update({name: float(sum(mb[name])) for name in count_metrics if name in mb})

@@ -87,6 +87,7 @@ def save_consolidated_hf(
     tensors = _checked_full_state_dict(state_dict, reference)
     if target_dtype is not None:
         tensors = {k: v.to(target_dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    tensors = _safetensors_ready(to_checkpoint_layout(reference, tensors))
 
     config = copy.deepcopy(model_config)
     # A dequantised or trained model is plain weights now: a leftover quantization_config (e.g. from a GGUF load)
@@ -203,7 +204,26 @@ def _checked_full_state_dict(
             raise ValueError(
                 f"state_dict[{key!r}] has shape {tuple(tensors[key].shape)}, the config needs {tuple(ref.shape)}"
             )
-    # safetensors refuses non-contiguous tensors and tensors sharing storage (the tied head): copy those.
+    return tensors
+
+
+def to_checkpoint_layout(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` (``model``'s own parameter names and shapes) as the model's checkpoints name and shape it,
+    which is what vLLM and ``from_pretrained`` read. The two differ where transformers fuses weights in memory: a
+    Qwen3-MoE layer holds its experts as one ``experts.gate_up_proj`` [experts, 2 × ffn, hidden] tensor, its
+    checkpoints hold ``experts.{e}.{gate,up,down}_proj.weight``. transformers' own inverse of its load-time
+    conversion does the mapping (identity for dense Llama and Qwen2); tensors may be on the meta device."""
+    from transformers import PreTrainedModel
+    from transformers.core_model_loading import revert_weight_conversion
+
+    if not isinstance(model, PreTrainedModel):
+        return state_dict
+    return revert_weight_conversion(model, dict(state_dict))
+
+
+def _safetensors_ready(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses non-contiguous tensors (a split expert is a view) and tensors sharing storage (the tied
+    head): copy those."""
     seen_storages: set[int] = set()
     for key, value in tensors.items():
         if not value.is_contiguous() or value.untyped_storage().data_ptr() in seen_storages:

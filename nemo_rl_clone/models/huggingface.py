@@ -43,6 +43,7 @@ from nemo_rl_clone.utils.errors import UserInputError
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
 TINY_LLAMA = "tiny-random-llama"
+TINY_QWEN3_MOE = "tiny-random-qwen3-moe"
 TINY_QWEN2 = "tiny-random-qwen2"
 _ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": SMOLLM2}
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -337,10 +338,26 @@ def _tiny_qwen2_config(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     return Qwen2Config(**_tiny_dims(tokenizer), use_sliding_window=False)
 
 
+def _tiny_qwen3_moe_config(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
+    from transformers import Qwen3MoeConfig
+
+    # 8 experts, 2 per token, every layer sparse; head_dim given (Qwen3 does not derive it from the hidden size).
+    return Qwen3MoeConfig(
+        **_tiny_dims(tokenizer),
+        head_dim=32,
+        moe_intermediate_size=64,
+        num_experts=8,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        norm_topk_prob=True,
+    )
+
+
 _BUILDERS: dict[str, Callable[[Path], None]] = {
     SMOLLM2: _build_smollm2,
     TINY_LLAMA: _tiny_builder(_tiny_llama_config),
     TINY_QWEN2: _tiny_builder(_tiny_qwen2_config),
+    TINY_QWEN3_MOE: _tiny_builder(_tiny_qwen3_moe_config),
 }
 BUILTIN_MODELS = tuple(_BUILDERS)
 _CHOICES_HINT = f"a local model folder or a built-in model: {', '.join([*_BUILDERS, *_ALIASES])}"

@@ -20,6 +20,7 @@ from nemo_rl_clone.distributed.weight_transfer import (
     pack_tensors,
     specs_from_state_dict,
 )
+from nemo_rl_clone.models.hf_export import to_checkpoint_layout
 from tests.unit.weight_transfer_actors import FailingStateDict
 
 
@@ -34,18 +35,23 @@ def perturbed_model(model_path: str, seed: int, scale: float = 0.05) -> torch.nn
     return model
 
 
+def checkpoint_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a policy sends the engines: the state dict in the checkpoint layout (per-expert MoE weights)."""
+    return to_checkpoint_layout(model, dict(model.state_dict()))
+
+
 @ray.remote(num_cpus=0)
 class HFWeightSource:
     """Train rank 0 stand-in holding ``perturbed_model(model_path, seed)``."""
 
     def __init__(self, model_path: str, seed: int) -> None:
         self.model_path = model_path
-        self.state = perturbed_model(model_path, seed).state_dict()
+        self.state = checkpoint_state(perturbed_model(model_path, seed))
         self.group: WeightTransferGroup | None = None
         self.fail_on: str | None = None
 
     def set_seed(self, seed: int) -> None:
-        self.state = perturbed_model(self.model_path, seed).state_dict()
+        self.state = checkpoint_state(perturbed_model(self.model_path, seed))
 
     def set_fail_on(self, name: str | None) -> None:
         self.fail_on = name

@@ -1,8 +1,9 @@
-"""Methods vLLM mixes into its worker of the async engine's core process (``worker_extension_cls``).
+"""Methods vLLM mixes into its worker (``worker_extension_cls``): every refit loads through `load_weights_in_place`.
 
 The async engine reaches its worker only through ``collective_rpc``, whose arguments cross the process boundary as
 msgpack without type information: a tensor arrives as a plain list. Weights therefore travel as raw bytes with their
 dtype and shape (`pack_for_engine_core`), and `WeightLoadExtension.load_packed_weights` rebuilds them next to the model.
+The in-process engine passes tensors as they are.
 """
 
 from __future__ import annotations
@@ -43,8 +44,39 @@ def unpack_in_engine_core(rows: Iterable[PackedWeight]) -> list[tuple[str, torch
 
 
 class WeightLoadExtension:
-    """Mixed into vLLM's worker class (it provides ``reload_weights``)."""
+    """Mixed into vLLM's worker class (it provides ``reload_weights`` and ``model_runner``)."""
 
     def load_packed_weights(self, rows: list[PackedWeight]) -> None:
+        self.load_weights_in_place(unpack_in_engine_core(rows))
+
+    def load_weights_in_place(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         worker: Any = self
-        worker.reload_weights(weights_iterator=unpack_in_engine_core(rows))
+        worker.reload_weights(weights_iterator=weights)
+        prepack_cpu_experts_again(worker.model_runner.model)
+
+
+def prepack_cpu_experts_again(model: torch.nn.Module) -> int:
+    """Re-run the CPU experts kernel's weight prepacking on every MoE layer of ``model``; returns how many.
+
+    vLLM 0.32's in-place reload re-runs an MoE layer's weight processing but, on a weight update, skips the experts
+    kernel's own step (``fused_experts.process_weights_after_loading``). On CPU that step prepacks w13/w2 into the
+    grouped-GEMM layout, so after a reload the kernel read raw weights as prepacked ones (logprobs off by up to 0.6 on
+    a tiny Qwen3-MoE). GPU kernels need no such step; nothing else is touched."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    count = 0
+    for name, module in model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts):
+            continue
+        moe = experts.moe_config
+        if experts._padded_intermediate_size(moe) != moe.intermediate_size_per_partition:
+            # The first load padded the experts; the reload cannot have (it copies into the padded tensors).
+            raise RuntimeError(
+                f"{name}: the MoE intermediate size {moe.intermediate_size_per_partition} is not a multiple of "
+                f"{experts._intermediate_alignment()}, which vLLM's CPU experts need for an in-place weight update"
+            )
+        experts.process_weights_after_loading(module)
+        count += 1
+    return count

@@ -111,7 +111,7 @@ class VllmGenerationWorker:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             from vllm import LLM
 
-            self.llm = LLM(**kwargs)
+            self.llm = LLM(**kwargs, worker_extension_cls=EXTENSION)
         # Stats are on for `PhaseStats`' per-request timestamps; their periodic console summary is noise here.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         # From the folder's config: vLLM may rewrite the flag in its own copy (it reports False for tied models).
@@ -285,7 +285,7 @@ class VllmGenerationWorker:
                 if self.is_async:  # across the engine core's process boundary: raw bytes (engine_extension.py)
                     self.llm.load_weights(pack_for_engine_core(state))
                 else:
-                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state.items())})
+                    self.llm.collective_rpc("load_weights_in_place", kwargs={"weights": list(state.items())})
             except Exception as error:
                 # vLLM reloads layer by layer: a failure here can leave some layers updated. Refuse to serve.
                 self.broken = f"{type(error).__name__}: {error}"

@@ -22,7 +22,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
@@ -42,7 +41,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
 from nemo_rl_clone.models.policy.config import PolicyConfig
-from nemo_rl_clone.models.policy.dtensor import bf16_backward, context_parallel, lora
+from nemo_rl_clone.models.policy.dtensor import bf16_backward, context_parallel, lora, moe, weights
 from nemo_rl_clone.models.policy.dtensor import parallel as dtensor_parallel
 from nemo_rl_clone.models.policy.workers import (
     packed_sequences,
@@ -55,6 +54,7 @@ from nemo_rl_clone.models.policy.workers import (
 from nemo_rl_clone.models.policy.workers.optim import build_optimizer, build_scheduler
 from nemo_rl_clone.models.policy.workers.refit_sender import RefitSender
 from nemo_rl_clone.models.policy.workers.train_profile import TrainProfile, device_peak_flops, peak_rss_bytes
+from nemo_rl_clone.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,9 @@ class DTensorPolicyWorker(RefitSender):
             attn_implementation = context_parallel.ATTENTION
         with reporting_model_load_errors(model_path):
             hf_config = load_hf_config(model_path, config.hf_config_overrides)
+            refused = moe.refusal(hf_config, dtensor_cfg.tensor_parallel_size, dtensor_cfg.context_parallel_size)
+            if refused:
+                raise UserInputError(refused)
             if self.is_reward_model:
                 model = reward_model.load_reward_model(
                     model_path, tokenizer.pad_token_id, attn_implementation, hf_config=hf_config
@@ -120,6 +123,8 @@ class DTensorPolicyWorker(RefitSender):
                     model_path, config=hf_config, dtype=torch.float32, attn_implementation=attn_implementation
                 )
         model.config.use_cache = False
+        self.router_loss = moe.RouterAuxLoss(model.config) if moe.num_routed_experts(model.config) else None
+        self._router_logits: tuple[torch.Tensor, ...] = ()
         self.lora = dtensor_cfg.lora_cfg if dtensor_cfg.lora_cfg.enabled else None
         if self.lora is not None:
             adapted = lora.apply(model, self.lora)
@@ -205,8 +210,12 @@ class DTensorPolicyWorker(RefitSender):
                     positions, targets, chunk_size, self.dtype, self.grad_dtype, sampling, also_unfiltered
                 )
             )
+        if self.router_loss is not None and torch.is_grad_enabled():
+            model_kwargs.update(self.router_loss.model_kwargs())
         with selecting:
-            return self.model(input_ids=input_ids, use_cache=False, **model_kwargs).logits
+            output = self.model(input_ids=input_ids, use_cache=False, **model_kwargs)
+        self._router_logits = tuple(getattr(output, "router_logits", None) or ())
+        return output.logits
 
     def _forward(self, batch: BatchedDataDict) -> torch.Tensor:
         """Next-token logits ``[B, S, V]``, or a reward model's scores: ``[B, 1]`` at each row's last valid token, or
@@ -399,7 +408,8 @@ class DTensorPolicyWorker(RefitSender):
                     assert self.optimizer is not None, "train() needs a policy built with init_optimizer=True"
                     self.optimizer.zero_grad(set_to_none=True)
                 step_loss = torch.zeros((), dtype=torch.float64)
-                for microbatch in train_step.microbatches(batch, mbs):
+                microbatches = list(train_step.microbatches(batch, mbs))
+                for microbatch in microbatches:
                     microbatch = microbatch.to(self.device)
                     profile.count_microbatch(microbatch, self._rows(microbatch).num_tokens)
                     with profile.timed("forward_s", self.device):
@@ -411,6 +421,11 @@ class DTensorPolicyWorker(RefitSender):
                             logprob_chunk_size=self.cfg.logprob_chunk_size,
                         )
                         loss, metrics = train_step.scaled_loss(loss, metrics, norm)
+                        if self.router_loss is not None and self._router_logits:
+                            share = 1.0 / (len(microbatches) * self.dp_size)  # of the step's mean router loss
+                            valid = microbatch.get("input_lengths") if not self.packed else None
+                            loss, metrics = self.router_loss.add_to(loss, metrics, self._router_logits, valid, share)
+                            self._router_logits = ()
                     if not eval_mode:
                         with profile.timed("backward_s", self.device):
                             (loss * self.dp_size).backward()
@@ -504,35 +519,14 @@ class DTensorPolicyWorker(RefitSender):
     def prepare_refit_info(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
         """``{hf_name: (full shape, dtype)}`` of what `get_full_state_dict_for_refit` returns (local, no collective)."""
         self._require_language_model("prepare_refit_info")
-        state = self.model.state_dict()
-        if self.lora is not None:  # what the engines get is merged, under the base model's names
-            state = {lora.base_name(name): t for name, t in state.items() if not lora.is_adapter_key(name)}
-        return {
-            name: (tensor.shape, self.dtype if tensor.is_floating_point() else tensor.dtype)
-            for name, tensor in state.items()
-        }
+        return weights.refit_info(self.model, self.lora, self.dtype)
 
     def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor] | None:
-        """The full (unsharded) Hugging Face-named state dict in the compute dtype, on CPU, on rank 0 (None on
-        the other ranks). A collective: every rank must call it (each shard is gathered)."""
+        """The full (unsharded) Hugging Face state dict, in the checkpoint layout the engines load, in the compute
+        dtype, on CPU, on rank 0 (None on the other ranks). A collective: every rank must call it."""
         self._require_language_model("get_full_state_dict_for_refit")
-        state = self._full_state_dict()
-        if self.rank != 0:
-            return None
-        return {name: tensor.to(self.dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
-
-    def _full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model in Hugging Face form on rank 0 (empty elsewhere); with LoRA, the adapters merged in."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        with dtensor_parallel.quiet_redistribute_warnings():
-            state = cast(dict[str, torch.Tensor], get_model_state_dict(self.model, options=options))
-        return lora.merged_state_dict(state, self.lora.scaling) if self.lora is not None else state
-
-    def _checkpoint_model_state(self) -> dict[str, Any]:
-        """What a checkpoint holds of the model: everything, or with LoRA only the adapters (the frozen base
-        weights come from the model path; torch's ignore_frozen_params would still keep a tied LM head)."""
-        state = get_model_state_dict(self.model)
-        return {k: v for k, v in state.items() if lora.is_adapter_key(k)} if self.lora is not None else state
+        state = weights.full_state_dict(self.model, self.lora)
+        return weights.for_engines(self.model, state, self.dtype) if self.rank == 0 else None
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(
@@ -547,7 +541,7 @@ class DTensorPolicyWorker(RefitSender):
         optimizer and scheduler; ``tokenizer.save_pretrained(tokenizer_path)``; a consolidated Hugging Face folder
         at ``save_hf_path`` (fp32 master weights, ``save_hf_format`` as `save_consolidated_hf`'s ``save_format``).
         A collective."""
-        dcp.save({"model": self._checkpoint_model_state()}, checkpoint_id=weights_path)
+        dcp.save({"model": weights.checkpoint_model_state(self.model, self.lora)}, checkpoint_id=weights_path)
         if optimizer_path is not None:
             if self.optimizer is None:
                 raise RuntimeError("save_checkpoint: optimizer_path given but this policy has no optimizer")
@@ -555,7 +549,7 @@ class DTensorPolicyWorker(RefitSender):
         if tokenizer_path is not None and self.rank == 0:
             self.tokenizer.save_pretrained(tokenizer_path)
         if save_hf_path is not None:
-            full_state = self._full_state_dict()
+            full_state = weights.full_state_dict(self.model, self.lora)
             if self.rank == 0:
                 model_class = AutoModelForSequenceClassification if self.is_reward_model else AutoModelForCausalLM
                 save_consolidated_hf(
@@ -570,7 +564,7 @@ class DTensorPolicyWorker(RefitSender):
 
     def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
         """Load a `save_checkpoint` output, resharded to this run's layout (a collective)."""
-        model_state = {"model": self._checkpoint_model_state()}
+        model_state = {"model": weights.checkpoint_model_state(self.model, self.lora)}
         dcp.load(model_state, checkpoint_id=weights_path)  # raises if the checkpoint lacks any of these keys
         set_model_state_dict(self.model, model_state["model"], options=StateDictOptions(strict=self.lora is None))
         dtensor_parallel.reshard(self.model)
