@@ -341,16 +341,17 @@ def _tiny_qwen2_config(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
 def _tiny_qwen3_moe_config(tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
     from transformers import Qwen3MoeConfig
 
-    # 8 experts, 2 per token, every layer sparse; head_dim given (Qwen3 does not derive it from the hidden size).
-    return Qwen3MoeConfig(
+    # 8 experts, 2 per token, every layer sparse.
+    config = Qwen3MoeConfig(
         **_tiny_dims(tokenizer),
-        head_dim=32,
         moe_intermediate_size=64,
         num_experts=8,
         num_experts_per_tok=2,
         decoder_sparse_step=1,
         norm_topk_prob=True,
     )
+    config.head_dim = 32  # not a constructor argument of Qwen3MoeConfig, and not derived from the hidden size
+    return config
 
 
 _BUILDERS: dict[str, Callable[[Path], None]] = {

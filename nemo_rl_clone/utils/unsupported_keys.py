@@ -41,10 +41,11 @@ UNSUPPORTED_KEYS: dict[str, Unsupported] = {
     "policy.quant_batch_size": Unsupported(_MODELOPT, (None,)),
     "policy.quant_sequence_length": Unsupported(_MODELOPT, (None,)),
     "policy.disable_modelopt_layer_spec": Unsupported(_MODELOPT, (False, None)),
-    # MoE models (the models built here are dense).
-    "policy.dtensor_cfg.moe_parallelizer": Unsupported("the DTensor MoE parallelizer (MoE models)", (None, {})),
-    "policy.megatron_cfg.moe_aux_loss_coeff": Unsupported("the MoE auxiliary loss (MoE models)", (0, 0.0, None)),
-    "policy.megatron_cfg.track_moe_metrics": Unsupported("MoE router metrics (MoE models)", (False,)),
+    # MoE extras (MoE models train on both backends without them).
+    "policy.dtensor_cfg.moe_parallelizer": Unsupported(
+        "NeMo Automodel's MoE parallelizer (the DTensor backend shards Hugging Face MoE layers with FSDP2)", (None, {})
+    ),
+    "policy.megatron_cfg.track_moe_metrics": Unsupported("MoE router metrics in the Megatron backend", (False,)),
     # Megatron training-loop options of Megatron-Bridge that NeMo-RL passes through.
     "policy.megatron_cfg.train_iters": Unsupported(
         "Megatron's own iteration count (steps come from the algorithm)", (None,)

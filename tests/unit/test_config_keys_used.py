@@ -103,7 +103,7 @@ ENV_RUNS = ("grpo", "eval", "distillation")  # the runs with an env section
 TO_MEGATRON = (("policy.dtensor_cfg.enabled", False), ("policy.optimizer", None), ("policy.scheduler", None))
 MEGATRON = (*TO_MEGATRON, ("policy.megatron_cfg.enabled", True))
 _LOCAL_SPEC = "needs Transformer Engine, and this backend builds Megatron's local (non-TE) layer spec"
-_DENSE_ONLY = "the converter builds dense models only (LlamaForCausalLM, Qwen2ForCausalLM)"
+_SWIGLU_ONLY = "the converter builds SwiGLU models only (Llama, Qwen2, Qwen3, Qwen3-MoE)"
 _NO_MTP = "only applies to multi-token prediction"
 _NO_OFFLOAD = "optimizer CPU offload in the Megatron backend"
 _YET = "not supported yet: "
@@ -203,12 +203,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     (MegatronConfig, "context_parallel_size"): megatron(
         2, f"{_YET}context parallelism in the Megatron backend; set it to 1 (got 2)"
     ),
-    (MegatronConfig, "expert_model_parallel_size"): megatron(
-        2, f"{_YET}expert parallelism is for MoE models, and {_DENSE_ONLY}; set it to 1 (got 2)"
-    ),
-    (MegatronConfig, "expert_tensor_parallel_size"): megatron(
-        2, f"{_YET}expert parallelism is for MoE models, and {_DENSE_ONLY}; set it to 1 (got 2)"
-    ),
     (MegatronConfig, "sequence_parallel"): megatron(
         True,
         f"{_YET}the local (non-TE) layer spec this backend builds refuses sequence parallelism (its norm needs "
@@ -220,7 +214,7 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         "(non-TE) layer spec that this backend builds would call; it is not installed; set it to false",
     ),
     (MegatronConfig, "use_fused_weighted_squared_relu"): megatron(
-        True, f"{_YET}is for squared-ReLU MLPs, and {_DENSE_ONLY}, which use SwiGLU; set it to false"
+        True, f"{_YET}is for squared-ReLU MLPs, and {_SWIGLU_ONLY}; set it to false"
     ),
     (MegatronConfig, "use_linear_ce_fusion_loss"): megatron(
         True, f"{_YET}the fused linear cross-entropy loss in the Megatron backend; set it to false"
@@ -342,28 +336,25 @@ REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
     SwanlabConfig: tuple(MASTERS),  # through logger.swanlab_enabled
 }
 
-_MOE_ONLY = "MoE only: the Megatron converter builds dense models (Llama, Qwen2), which have no experts or router"
+_MOE_AT_START = (
+    "MoE models only: the Megatron worker refuses any value but the default by name at start-up, when it has read "
+    "the model (models/policy/megatron/moe.py); inert on dense models, where NeMo-RL's recipes set it too"
+)
 # Accepted at any value and doing nothing here, so that NeMo-RL's recipes (which set them on dense models, where
 # NeMo-RL ignores them too) validate unchanged. docs/policy.md lists them.
 INERT: dict[tuple[type, str], str] = {
     **{
-        (MegatronConfig, name): _MOE_ONLY
+        (MegatronConfig, name): _MOE_AT_START
         for name in (
-            "freeze_moe_router",
-            "moe_router_dtype",
-            "moe_router_load_balancing_type",
-            "moe_router_bias_update_rate",
-            "moe_router_enable_expert_bias",
-            "moe_token_dispatcher_type",
-            "moe_permute_fusion",
             "moe_grouped_gemm",
             "moe_enable_deepep",
+            "moe_flex_dispatcher_backend",
+            "moe_router_enable_expert_bias",
             "moe_shared_expert_overlap",
             "moe_per_layer_logging",
-            "moe_flex_dispatcher_backend",
-            "moe_hybridep_num_sms",
         )
     },
+    (MegatronConfig, "moe_hybridep_num_sms"): "configures the flex dispatcher's HybridEP backend, which is refused",
     (MegatronConfig, "linear_ce_fusion_chunk_size"): "configures the fused linear-CE loss, which is refused",
     (LoraConfig, "use_triton"): "picks NeMo-RL's fused Triton kernel for the same LoRA computation; peft's PyTorch "
     "layers run here",

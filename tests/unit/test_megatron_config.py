@@ -98,9 +98,10 @@ def test_megatron_defaults_validate():
             "megatron_cfg.attention_backend: must be one of ['auto', 'local', 'unfused'], got 'sdpa'",
         ),
         (
-            {"megatron_cfg": {"converter_type": "Qwen3ForCausalLM"}},
-            "megatron_cfg.converter_type: not supported yet: 'Qwen3ForCausalLM'; the converter builds "
-            "['LlamaForCausalLM', 'Qwen2ForCausalLM'] (or null: the model's architectures[0])",
+            {"megatron_cfg": {"converter_type": "GPT2LMHeadModel"}},
+            "megatron_cfg.converter_type: not supported yet: 'GPT2LMHeadModel'; the converter builds "
+            "['LlamaForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM', 'Qwen3MoeForCausalLM'] (or null: the "
+            "model's architectures[0])",
         ),
         (
             {"megatron_cfg": {"empty_unused_memory_level": 3}},
@@ -140,8 +141,8 @@ def test_megatron_defaults_validate():
                     "recompute_modules": ["core_attn", "moe_act"],
                 }
             },
-            "megatron_cfg.recompute_modules: 'moe_act' is for MoE or MLA models, and the converter builds dense "
-            "models only (LlamaForCausalLM, Qwen2ForCausalLM)",
+            "megatron_cfg.recompute_modules: not supported yet: 'moe_act' (MoE or MLA modules); MoE models "
+            "recompute with recompute_granularity: full",
         ),
         (
             {

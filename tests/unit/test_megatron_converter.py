@@ -191,7 +191,8 @@ def test_model_shape_refuses_unsupported_architectures_and_rope_scaling() -> Non
     with pytest.raises(ValueError) as error:
         converter.model_shape(gpt2)
     assert str(error.value) == (
-        "the Megatron backend converts ['LlamaForCausalLM', 'Qwen2ForCausalLM']; this model is 'GPT2LMHeadModel' "
+        "the Megatron backend converts ['LlamaForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM', "
+        "'Qwen3MoeForCausalLM']; this model is 'GPT2LMHeadModel' "
         "(policy.megatron_cfg.converter_type names the architecture when the config does not)"
     )
     # converter_type names the architecture when the config does not, and must agree with it when it does.

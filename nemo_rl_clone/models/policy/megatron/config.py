@@ -6,9 +6,10 @@ Each key is one of three kinds (the table in docs/policy.md#choosing-a-backend l
 - refused when set to anything but its default: a feature this backend does not have. Most need Transformer
   Engine: the backend builds Megatron's local (non-TE) layer spec on every machine, so that CPU and GPU runs
   compute the same model;
-- inert on dense models: the MoE router/dispatcher keys (the HF↔Megatron converter builds Llama and Qwen2 only,
-  which have no experts), and the sub-keys of refused features (``fp8_cfg.*``, ``peft.*``,
-  ``linear_ce_fusion_chunk_size``). NeMo-RL's recipes set them on dense models, where NeMo-RL ignores them too.
+- MoE keys (router, dispatcher, expert parallelism): read for MoE models (Qwen3-MoE), where the worker refuses at
+  start-up, by name, the values it cannot run (`moe.check`: it needs the model, which validation does not load);
+  inert on dense models (Llama, Qwen2, Qwen3), where NeMo-RL's recipes set them and NeMo-RL ignores them too;
+- inert: the sub-keys of refused features (``fp8_cfg.*``, ``peft.*``, ``linear_ce_fusion_chunk_size``).
 
 The section is checked only when ``enabled`` is true: NeMo-RL's DTensor recipes carry a ``megatron_cfg`` block
 (TE fusions switched on) that nothing reads, and they must keep validating.
@@ -23,15 +24,15 @@ from typing import Any, Literal
 from nemo_rl_clone.utils.config_validation import check_at_least
 
 # The HF architectures the converter maps to Megatron (``converter_type``; null: the model's ``architectures[0]``).
-CONVERTER_TYPES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+CONVERTER_TYPES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 ATTENTION_BACKENDS = ("auto", "local", "unfused")
 _TE_ATTENTION_BACKENDS = ("flash", "fused")
 # Megatron's selective-recompute modules that exist in a dense (non-MoE, non-MLA) model.
 DENSE_RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp")
 _MOE_OR_MLA_RECOMPUTE_MODULES = ("moe", "moe_act", "shared_experts", "mla_up_proj")
+_SWIGLU_ONLY = "the converter builds SwiGLU models only (Llama, Qwen2, Qwen3, Qwen3-MoE)"
 
 _LOCAL_SPEC = "needs Transformer Engine, and this backend builds Megatron's local (non-TE) layer spec"
-_DENSE_ONLY = f"the converter builds dense models only ({', '.join(CONVERTER_TYPES)})"
 
 
 @dataclass
@@ -135,8 +136,9 @@ class MegatronConfig:
     num_layers_in_first_pipeline_stage: int | None = None  # null: layers split evenly over the stages
     num_layers_in_last_pipeline_stage: int | None = None
     context_parallel_size: int = 1  # refused != 1
-    expert_tensor_parallel_size: int = 1  # refused != 1
-    expert_model_parallel_size: int = 1  # refused != 1
+    # MoE models: each expert's MLP split over this many ranks (Megatron keeps it apart from the attention's TP).
+    expert_tensor_parallel_size: int = 1
+    expert_model_parallel_size: int = 1  # MoE models: the experts spread over this many ranks
     pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # null: policy.precision
     sequence_parallel: bool = False  # refused
     attention_backend: str = "auto"
@@ -153,8 +155,10 @@ class MegatronConfig:
     mtp_loss_scaling_factor: float = 0.0
     mtp_use_repeated_layer: bool = False
     mtp_detach_heads: bool = False
-    # MoE keys: inert on the dense models the converter builds. NeMo-RL's defaults; null: Megatron's own.
-    freeze_moe_router: bool = True
+    # MoE keys: read for MoE models (`moe.py` says which values run), inert on dense ones. NeMo-RL's defaults;
+    # null: Megatron's own.
+    freeze_moe_router: bool = True  # the routers keep their initial weights
+    moe_aux_loss_coeff: float = 0.0  # the load-balancing loss's weight (moe_router_load_balancing_type)
     moe_router_dtype: str | None = "fp64"
     moe_router_load_balancing_type: str = "none"
     moe_router_bias_update_rate: float = 0.0
@@ -182,8 +186,6 @@ _DDP = "distributed_data_parallel_config"
 # (section path relative to megatron_cfg ("" for itself), field) → why a non-default value is refused.
 _REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
     ("", "context_parallel_size"): "context parallelism in the Megatron backend",
-    ("", "expert_model_parallel_size"): f"expert parallelism is for MoE models, and {_DENSE_ONLY}",
-    ("", "expert_tensor_parallel_size"): f"expert parallelism is for MoE models, and {_DENSE_ONLY}",
     ("", "sequence_parallel"): (
         "the local (non-TE) layer spec this backend builds refuses sequence parallelism (its norm needs "
         "Transformer Engine)"
@@ -192,7 +194,7 @@ _REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
         "needs Apex's fused_weight_gradient_mlp_cuda kernel, which the linear layers of Megatron's local (non-TE) "
         "layer spec that this backend builds would call; it is not installed"
     ),
-    ("", "use_fused_weighted_squared_relu"): f"is for squared-ReLU MLPs, and {_DENSE_ONLY}, which use SwiGLU",
+    ("", "use_fused_weighted_squared_relu"): f"is for squared-ReLU MLPs, and {_SWIGLU_ONLY}",
     ("", "use_linear_ce_fusion_loss"): f"the fused linear cross-entropy loss {_NOT_YET}",
     ("", "mtp_num_layers"): f"multi-token prediction {_NOT_YET}",
     ("", "mtp_loss_scaling_factor"): _NO_MTP,
@@ -228,7 +230,14 @@ def local_spec_notes(cfg: MegatronConfig) -> list[str]:
 def check_megatron_config(cfg: MegatronConfig) -> list[tuple[str, str]]:
     """Problems of an enabled ``megatron_cfg`` on its own, keys relative to it (`PolicyConfig.check` adds the ones
     that involve other policy keys)."""
-    problems = check_at_least(cfg, 1, "tensor_model_parallel_size", "pipeline_model_parallel_size")
+    problems = check_at_least(
+        cfg,
+        1,
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+    )
     problems += _check_refused(cfg)
     for name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
         layers = getattr(cfg, name)
@@ -298,7 +307,13 @@ def _check_recompute(cfg: MegatronConfig) -> list[tuple[str, str]]:
         )
     for module in (cfg.recompute_modules or []) if selective else []:
         if module in _MOE_OR_MLA_RECOMPUTE_MODULES:
-            problems.append(("recompute_modules", f"{module!r} is for MoE or MLA models, and {_DENSE_ONLY}"))
+            problems.append(
+                (
+                    "recompute_modules",
+                    f"not supported yet: {module!r} (MoE or MLA modules); MoE models recompute with "
+                    "recompute_granularity: full",
+                )
+            )
         elif module not in DENSE_RECOMPUTE_MODULES:
             problems.append(("recompute_modules", f"must be from {list(DENSE_RECOMPUTE_MODULES)}, got {module!r}"))
     return problems

@@ -26,8 +26,9 @@ def is_megatron_run(policy_section: dict[str, Any]) -> bool:
 
 
 def single_process_policy(policy_section: dict[str, Any], where: str) -> PolicyConfig:
-    """A run's validated policy config, re-laid out for one process: TP = PP = 1 (the checkpoint reshards), no
-    CUDA-stream overlaps (refused without CUDA, and nothing to overlap here). ``where`` prefixes errors."""
+    """A run's validated policy config, re-laid out for one process: TP = PP = EP = ETP = 1 (the checkpoint
+    reshards, experts included), no CUDA-stream overlaps (refused without CUDA, and nothing to overlap here).
+    ``where`` prefixes errors."""
     if not is_megatron_run(policy_section):
         raise ConfigError(
             [
@@ -39,6 +40,8 @@ def single_process_policy(policy_section: dict[str, Any], where: str) -> PolicyC
         **policy_section["megatron_cfg"],
         "tensor_model_parallel_size": 1,
         "pipeline_model_parallel_size": 1,
+        "expert_model_parallel_size": 1,
+        "expert_tensor_parallel_size": 1,
         "num_layers_in_first_pipeline_stage": None,
         "num_layers_in_last_pipeline_stage": None,
     }

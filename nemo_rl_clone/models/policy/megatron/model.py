@@ -17,14 +17,13 @@ import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 
-from nemo_rl_clone.models.policy.megatron import converter
+from nemo_rl_clone.models.policy.megatron import converter, moe
 from nemo_rl_clone.utils.errors import UserInputError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,6 +35,8 @@ class Parallelism:
     pipeline: int
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    expert: int = 1  # expert-parallel ranks (MoE models)
+    expert_tensor: int | None = None  # each expert's tensor-parallel ranks; None: Megatron's default (= tensor)
 
 
 def init_model_parallel(parallelism: Parallelism, seed: int = 1234) -> None:
@@ -44,7 +45,10 @@ def init_model_parallel(parallelism: Parallelism, seed: int = 1234) -> None:
     megatron_cpu_shims.apply()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=parallelism.tensor, pipeline_model_parallel_size=parallelism.pipeline
+            tensor_model_parallel_size=parallelism.tensor,
+            pipeline_model_parallel_size=parallelism.pipeline,
+            expert_model_parallel_size=parallelism.expert,
+            expert_tensor_parallel_size=parallelism.expert_tensor,
         )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
@@ -117,8 +121,9 @@ def transformer_config(
         persist_layer_norm=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
-        moe_token_dispatcher_type="alltoall",  # dense model: only to satisfy the variable-length check below
-        variable_seq_lengths=True,  # microbatches (dynamic batching) differ in length: pipeline stages exchange shapes
+        # Microbatches (dynamic batching) differ in length: pipeline stages exchange shapes (variable_seq_lengths);
+        # also the MoE settings (`moe.transformer_kwargs`).
+        **moe.transformer_kwargs(shape, mcfg),
         **recompute,
     )
 
@@ -141,7 +146,7 @@ def build_model(
     with megatron_cpu_shims.cuda_redirect():  # tied embeddings over pipeline stages call `.cuda()`
         model = GPTModel(
             config,
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            transformer_layer_spec=moe.layer_spec(shape),
             vocab_size=shape.vocab_size,
             max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
             pre_process=pre_process,
@@ -160,6 +165,7 @@ def build_model(
         layers,
         pre_process,
         post_process,
+        _expert_shard(shape),
     )
     if shape.tied_embeddings and post_process and not pre_process:
         # The last stage holds its own copy of the tied embedding as the output layer.
@@ -244,29 +250,56 @@ def unwrap(model: torch.nn.Module) -> GPTModel:
     return model
 
 
+def _expert_shard(shape: converter.ModelShape) -> converter.ExpertShard:
+    if not shape.is_moe:
+        return converter.ExpertShard()
+    return converter.ExpertShard.of_rank(
+        shape,
+        parallel_state.get_expert_model_parallel_rank(),
+        parallel_state.get_expert_model_parallel_world_size(),
+        parallel_state.get_expert_tensor_parallel_rank(),
+        parallel_state.get_expert_tensor_parallel_world_size(),
+    )
+
+
 def gather_hf_state_dict(model: torch.nn.Module, shape: converter.ModelShape, layers: range) -> dict | None:
-    """The full Hugging Face state dict (CPU, the model's dtype) on global rank 0, None elsewhere. A collective:
-    each stage's tensor-parallel shards are gathered in the TP group, then every stage's first data-parallel,
-    first tensor-parallel rank sends its share to rank 0."""
-    tp_group = parallel_state.get_tensor_model_parallel_group()
-    tp_size = parallel_state.get_tensor_model_parallel_world_size()
-    sends = parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_data_parallel_rank() == 0
+    """The full Hugging Face state dict (CPU, the model's dtype, transformers' in-memory layout) on global rank 0,
+    None elsewhere. A collective: each stage's tensor-parallel shards are gathered in the TP group (experts' in the
+    expert-TP group), then every stage's first data-parallel, first tensor-parallel rank sends its share to rank 0
+    (for experts: each expert-parallel rank's first expert-data-parallel, first expert-TP rank sends its experts)."""
+    groups = {
+        False: (
+            parallel_state.get_tensor_model_parallel_group(),
+            parallel_state.get_tensor_model_parallel_world_size(),
+        ),
+        True: (
+            parallel_state.get_expert_tensor_parallel_group(),
+            parallel_state.get_expert_tensor_parallel_world_size(),
+        ),
+    }
+    sends = {
+        False: parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_data_parallel_rank() == 0,
+        True: parallel_state.get_expert_tensor_parallel_rank() == 0
+        and parallel_state.get_expert_data_parallel_rank() == 0,
+    }
+    expert_offset = _expert_shard(shape).offset
     stage: dict[str, torch.Tensor] = {}
     for name, tensor in unwrap(model).state_dict().items():
         if name.endswith("_extra_state") or tensor is None:
             continue
-        tensor = tensor.detach()
-        if tp_size > 1 and converter.partition_dim(name) is not None:
-            shards = [torch.empty_like(tensor) for _ in range(tp_size)]
-            dist.all_gather(shards, tensor.contiguous(), group=tp_group)
+        tensor, expert = tensor.detach(), converter.is_expert(name)
+        group, size = groups[expert]
+        if size > 1 and converter.partition_dim(name) is not None:
+            shards = [torch.empty_like(tensor) for _ in range(size)]
+            dist.all_gather(shards, tensor.contiguous(), group=group)
             tensor = converter.merge_tensor_parallel(name, shards)
-        if sends:
+        if sends[expert]:
             # A copy: DDP's parameters are views into one flat buffer, which pickling would send whole per tensor.
-            stage[converter.to_global_name(name, layers)] = tensor.to("cpu", copy=True)
+            stage[converter.to_global_name(name, layers, expert_offset)] = tensor.to("cpu", copy=True)
     if dist.get_world_size() == 1:
         return converter.megatron_to_hf(stage, shape)
     shares: list[Any] = [None] * dist.get_world_size() if dist.get_rank() == 0 else []
-    dist.gather_object(stage if sends else None, shares if dist.get_rank() == 0 else None, dst=0)
+    dist.gather_object(stage or None, shares if dist.get_rank() == 0 else None, dst=0)
     if dist.get_rank() != 0:
         return None
     full: dict[str, torch.Tensor] = {}

@@ -1,8 +1,9 @@
 """``MegatronPolicyWorker``: one rank of a Megatron Core GPT policy (tensor × pipeline × data parallel), run as a
 Ray actor behind the same `Policy` facade and method contract as `DTensorPolicyWorker`.
 
-Weights come from a Hugging Face Llama/Qwen2 model, converted in memory at start-up (`models.policy.megatron.converter`);
-refit and consolidated exports convert back. Training runs Megatron's forward/backward schedules (1F1B across
+Weights come from a Hugging Face Llama/Qwen2/Qwen3 or Qwen3-MoE model, converted in memory at start-up
+(`models.policy.megatron.converter`); refit and consolidated exports convert back. MoE models may spread their experts
+over expert-parallel ranks (`models.policy.megatron.moe`). Training runs Megatron's forward/backward schedules (1F1B across
 pipeline stages), its DDP and (distributed) optimizer; checkpoints use Megatron's distributed checkpoint format,
 which reloads at any parallel layout.
 
@@ -33,10 +34,10 @@ from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParam
 from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
 from nemo_rl_clone.algorithms.loss.utils import prepare_loss_input
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.models.hf_export import save_consolidated_hf
+from nemo_rl_clone.models.hf_export import save_consolidated_hf, to_checkpoint_layout
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy.config import PolicyConfig
-from nemo_rl_clone.models.policy.megatron import converter
+from nemo_rl_clone.models.policy.megatron import converter, moe
 from nemo_rl_clone.models.policy.megatron import model as mmodel
 from nemo_rl_clone.models.policy.workers import train_step, worker_setup
 from nemo_rl_clone.models.policy.workers.refit_sender import RefitSender
@@ -81,15 +82,25 @@ class MegatronPolicyWorker(RefitSender):
             converter.check_tensor_parallel(self.shape, mcfg.tensor_model_parallel_size)
         except ValueError as error:
             raise UserInputError(str(error)) from None
+        varying_shapes = config.dynamic_batching.enabled or config.sequence_packing.enabled
+        moe.check(self.shape, mcfg, dist.get_world_size(), varying_shapes)
+        for note in moe.notes(self.shape, mcfg):
+            logger.info(note)
+        # Refit sends the names and shapes checkpoints (and vLLM) use; Qwen3-MoE fuses its experts only in memory.
+        with torch.device("meta"):
+            self._hf_layout = AutoModelForCausalLM.from_config(self.hf_config)
+        meta_state = {name: torch.empty_like(tensor, device="meta") for name, tensor in hf_state.items()}
         self.refit_info = {
             name: (tensor.shape, self.dtype if tensor.is_floating_point() else tensor.dtype)
-            for name, tensor in hf_state.items()
+            for name, tensor in to_checkpoint_layout(self._hf_layout, meta_state).items()
         }
         parallelism = mmodel.Parallelism(
             tensor=mcfg.tensor_model_parallel_size,
             pipeline=mcfg.pipeline_model_parallel_size,
             first_stage_layers=mcfg.num_layers_in_first_pipeline_stage,
             last_stage_layers=mcfg.num_layers_in_last_pipeline_stage,
+            expert=mcfg.expert_model_parallel_size if self.shape.is_moe else 1,
+            expert_tensor=mcfg.expert_tensor_parallel_size if self.shape.is_moe else None,
         )
         mmodel.init_model_parallel(parallelism)
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
@@ -100,6 +111,8 @@ class MegatronPolicyWorker(RefitSender):
         self.model_config = mmodel.transformer_config(self.shape, self.hf_config, mcfg, config.precision, parallelism)
         gpt, self.layers = mmodel.build_model(self.model_config, self.shape, self.hf_config, hf_state)
         del hf_model, hf_state
+        if self.shape.is_moe and mcfg.freeze_moe_router:
+            moe.freeze_router(gpt)
         self.model = mmodel.wrap_model(gpt, self.model_config, mcfg)
         self.reference_weights: dict[str, torch.Tensor] | None = None
         if init_reference_model:
@@ -349,10 +362,12 @@ class MegatronPolicyWorker(RefitSender):
         return dict(self.refit_info)
 
     def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor] | None:
-        """The full Hugging Face-named state dict in the compute dtype, on CPU, on rank 0 (None elsewhere)."""
+        """The full Hugging Face-named state dict (checkpoint layout, what the engines load) in the compute dtype, on
+        CPU, on rank 0 (None elsewhere)."""
         state = mmodel.gather_hf_state_dict(self.model, self.shape, self.layers)
         if state is None:
             return None
+        state = to_checkpoint_layout(self._hf_layout, state)
         return {name: tensor.to(self.dtype) if tensor.is_floating_point() else tensor for name, tensor in state.items()}
 
     # ------------------------------------------------------------------ checkpoints
