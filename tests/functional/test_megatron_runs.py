@@ -1,5 +1,5 @@
-"""The Megatron Core backend end to end on CPU: GRPO (colocated with sampling and resumed, and not colocated), SFT and
-DPO through the same entry points as the DTensor runs, with only the backend switched in YAML
+"""The Megatron Core backend end to end on CPU: GRPO (an MoE model with expert parallelism, colocated with sampling and
+resumed; a dense one not colocated), SFT and DPO through the same entry points as the DTensor runs, with only the backend switched in YAML
 (`configs/*_smoke_megatron.yaml`).
 
 Megatron's unit-level equalities (HF, DTensor, TP/PP/DP layouts, checkpoints) are in tests/unit/test_megatron_policy.py.
@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nemo_rl_clone.evals.checkpoint import resolve_eval_model
+from nemo_rl_clone.models.huggingface import TINY_QWEN3_MOE
 from tests.functional.supervised_runs import (
     pair_overrides,
     read_metrics,
@@ -43,7 +44,7 @@ def assert_megatron_checkpoint(step_dir):
 @pytest.mark.slow
 def test_grpo_smoke_on_megatron_not_colocated(tmp_path):
     """The engine on a node of its own: weights reach it through the refit collective (the colocated run is
-    `test_grpo_on_megatron_samples_exactly_and_resumes_exactly`)."""
+    `test_grpo_on_megatron_moe_samples_exactly_and_resumes_exactly`)."""
     run_grpo_megatron(
         tmp_path,
         "policy.generation.colocated.enabled=false",
@@ -56,15 +57,30 @@ def test_grpo_smoke_on_megatron_not_colocated(tmp_path):
     assert_megatron_checkpoint(tmp_path / "ckpt" / "step_2")
 
 
+# The built-in tiny Qwen3-MoE (8 experts, top-2) on 2 workers with its experts split over them (EP=2); the allgather
+# dispatcher (alltoall needs CUDA) wants equal microbatch shapes on both ranks, hence no dynamic batching.
+MOE_EP2 = (
+    f"policy.model_name={TINY_QWEN3_MOE}",
+    "cluster.gpus_per_node=2",
+    "policy.megatron_cfg.expert_model_parallel_size=2",
+    "++policy.megatron_cfg.moe_token_dispatcher_type=allgather",
+    "policy.megatron_cfg.freeze_moe_router=false",
+    "policy.dynamic_batching.enabled=false",
+)
+
+
 @pytest.mark.slow
-def test_grpo_on_megatron_samples_exactly_and_resumes_exactly(tmp_path):
-    """Colocated, sampling at temperature 0.7, top-p 0.9, top-k 50: the trainer's logprobs reproduce the engine's
-    processed distribution (the vocab-parallel-ready path) every step, and 4 steps straight equal a restart from the
-    straight run's step-2 checkpoint + 2 steps. The tiny model with a reward it earns (`LENGTH_REWARD`), so that
-    advantages and updates are non-zero. Evaluation then takes the Megatron checkpoint like a DTensor one."""
+def test_grpo_on_megatron_moe_samples_exactly_and_resumes_exactly(tmp_path):
+    """An MoE model with expert parallelism (`MOE_EP2`), colocated, sampling at temperature 0.7, top-p 0.9, top-k 50:
+    the trainer's logprobs reproduce the engine's processed distribution (the vocab-parallel-ready path) every step,
+    so every refit gathers both expert shares into what vLLM serves; 4 steps straight equal a restart from the
+    straight run's step-2 checkpoint + 2 steps. A reward the model earns (`LENGTH_REWARD`), so that advantages and
+    updates are non-zero. Evaluation then takes the Megatron checkpoint like a DTensor one (converted in one
+    process: EP=1). The dense Megatron GRPO run is `test_grpo_smoke_on_megatron_not_colocated`."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     straight.mkdir(), resumed.mkdir()
     common = (
+        *MOE_EP2,
         *LENGTH_REWARD,
         *SAMPLING,
         "grpo.val_period=2",
@@ -104,7 +120,7 @@ def test_grpo_on_megatron_samples_exactly_and_resumes_exactly(tmp_path):
     model = resolve_eval_model(str(ckpt))
     assert model.model_path == str(ckpt / "step_4" / "policy" / "hf") and model.step == 4
     loaded = AutoModelForCausalLM.from_pretrained(model.model_path, dtype=torch.float32)
-    assert loaded.config.num_hidden_layers == 2  # tiny-random-llama
+    assert loaded.config.model_type == "qwen3_moe" and loaded.config.num_experts == 8
 
 
 @pytest.mark.slow
