@@ -15,6 +15,10 @@ gradients, Adam state and the reference copy over the worker group):
   ``[tokens, vocab]`` logits three times over with ``logits_at_loss_tokens_only: false``;
 - runtime: the process itself (Python, torch, transformers, Ray's worker), `POLICY_RUNTIME_BYTES` measured.
 
+The Megatron worker (`megatron_worker_memory`) follows Megatron's own layout: its stage's layers, tensor- and
+expert-parallel shards, the distributed optimizer's share (computed from the layout; not calibrated on measured
+runs as the DTensor worker is).
+
 Per generation engine: its weights in ``vllm_cfg.precision``, its KV cache (``kv_cache_memory_bytes`` on CPU,
 ``gpu_memory_utilization`` × the device's memory on GPU, which also holds the weights), on CPU the refit's
 incoming weights (two copies), and the runtime with vLLM imported (`ENGINE_RUNTIME_BYTES`, measured). The policy
@@ -66,6 +70,7 @@ class ModelShape:
     hidden_size: int
     intermediate_size: int
     vocab_size: int
+    num_expert_parameters: int = 0  # of `num_parameters`, those of routed experts (MoE models)
 
     @classmethod
     def of(cls, model_path: str, overrides: Any = None) -> ModelShape:
@@ -80,6 +85,7 @@ class ModelShape:
             model = AutoModelForCausalLM.from_config(config)
         return cls(
             num_parameters=sum(p.numel() for p in model.parameters()),  # tied embeddings counted once
+            num_expert_parameters=sum(p.numel() for name, p in model.named_parameters() if ".experts." in name),
             num_layers=text.num_hidden_layers,
             hidden_size=text.hidden_size,
             intermediate_size=getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
@@ -146,6 +152,52 @@ def policy_worker_memory(
         "runtime": POLICY_RUNTIME_BYTES,
     }
     return WorkerMemory(kind, count, parts)
+
+
+def megatron_worker_memory(
+    policy: Any,
+    shape: ModelShape,
+    world: int,
+    reference: bool,
+    refit: int = 0,
+    count: int = 1,
+) -> WorkerMemory:
+    """Peak bytes of one Megatron policy worker of ``world``: its pipeline stage's share of the layers, cut by tensor
+    parallelism, and for an MoE model its share of the experts (expert parallelism × expert tensor parallelism).
+    Megatron keeps the model in the compute dtype and a gradient buffer (fp32 with ``grad_reduce_in_fp32``); the
+    optimizer holds fp32 master weights (mixed precision) and Adam's two moments, sharded over the data-parallel
+    ranks by the distributed optimizer (over the expert-data-parallel ranks for experts). Activations as for the
+    DTensor worker over the stage's layers; the full fp32 logits (no selective head), cut by tensor parallelism."""
+    mcfg = policy.megatron_cfg
+    tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size
+    moe = shape.num_expert_parameters > 0
+    ep, etp = (mcfg.expert_model_parallel_size, mcfg.expert_tensor_parallel_size) if moe else (1, 1)
+    dense = (shape.num_parameters - shape.num_expert_parameters) // (tp * pp)
+    experts = shape.num_expert_parameters // (ep * etp * pp)
+    local = dense + experts
+    compute_bytes = PRECISION_BYTES[policy.precision]
+    state_bytes = 8 + (4 if compute_bytes < 4 else 0)  # Adam moments, and fp32 master weights in mixed precision
+    if mcfg.optimizer.use_distributed_optimizer:
+        optimizer = state_bytes * (dense // max(world // (tp * pp), 1) + experts // max(world // (ep * etp * pp), 1))
+    else:
+        optimizer = state_bytes * local
+    grad_bytes = 4 if mcfg.distributed_data_parallel_config.grad_reduce_in_fp32 else compute_bytes
+    tokens = training_microbatch_tokens(policy)
+    per_layer = ACTIVATION_HIDDEN_FACTOR * shape.hidden_size + ACTIVATION_INTERMEDIATE_FACTOR * shape.intermediate_size
+    if mcfg.activation_checkpointing:
+        per_layer = shape.hidden_size
+    parts = {
+        "parameters": compute_bytes * local,
+        "gradients": grad_bytes * local,
+        "optimizer": optimizer,
+        "reference": compute_bytes * local if reference else 0,
+        "activations": tokens * (shape.num_layers // pp) * per_layer * compute_bytes,
+        "logits": 3 * tokens * shape.vocab_size // tp * 4,
+        "kv_cache": 0,
+        "refit": refit,
+        "runtime": POLICY_RUNTIME_BYTES,
+    }
+    return WorkerMemory("policy worker", count, parts)
 
 
 def inference_worker_memory(kind: str, precision: str, shape: ModelShape, shards: int, count: int) -> WorkerMemory:

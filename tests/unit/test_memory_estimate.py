@@ -11,6 +11,7 @@ from nemo_rl_clone.models.memory_estimate import (
     POLICY_RUNTIME_BYTES,
     ModelShape,
     engine_memory,
+    megatron_worker_memory,
     policy_worker_memory,
     refit_bytes,
 )
@@ -94,3 +95,63 @@ def test_worker_peaks_are_logged_as_memory_metrics():
     performance = {**profile_metrics(merged, training_s=1.0)["performance"], "generation_worker_peak_rss_gb": 2.5}
     assert memory_metrics(performance) == {"policy_worker_peak_rss_gb": 5.0, "generation_worker_peak_rss_gb": 2.5}
     assert not any(key.endswith("_peak_rss_gb") for key in performance)
+
+
+# Qwen3-30B-A3B's published config: 48 layers, hidden 2,048, 32 query / 4 key-value heads of 128, 128 experts of
+# intermediate 768 (8 per token), vocabulary 151,936, untied head.
+Q_L, Q_H, Q_HEADS, Q_KV, Q_HD, Q_E, Q_MOE, Q_V = 48, 2048, 32, 4, 128, 128, 768, 151936
+Q_EXPERTS = Q_L * Q_E * 3 * Q_H * Q_MOE  # gate, up, down of every expert
+# Per layer: q (H × 32·128), k and v (H × 4·128), o (32·128 × H), q/k norms (128 each), router (E × H), two norms;
+# embedding and head (V × H each), the final norm.
+Q_DENSE = (
+    Q_L * (2 * Q_H * Q_HEADS * Q_HD + 2 * Q_H * Q_KV * Q_HD + 2 * Q_HD + Q_E * Q_H + 2 * Q_H) + 2 * Q_V * Q_H + Q_H
+)
+
+
+@pytest.fixture(scope="module")
+def qwen3_30b_a3b(tmp_path_factory) -> str:
+    """A model folder holding only Qwen3-30B-A3B's config (no weights: the shape comes from the meta device)."""
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        vocab_size=Q_V,
+        hidden_size=Q_H,
+        intermediate_size=6144,
+        moe_intermediate_size=Q_MOE,
+        num_hidden_layers=Q_L,
+        num_attention_heads=Q_HEADS,
+        num_key_value_heads=Q_KV,
+        num_experts=Q_E,
+        num_experts_per_tok=8,
+        tie_word_embeddings=False,
+    )
+    config.head_dim = Q_HD
+    folder = tmp_path_factory.mktemp("qwen3-30b-a3b")
+    config.save_pretrained(folder)
+    return str(folder)
+
+
+def test_the_qwen3_30b_a3b_recipe_fits_h200_gpus_in_its_megatron_layout(qwen3_30b_a3b):
+    """configs/grpo_qwen3_30b_a3b_megatron.yaml: TP 1 × PP 4 × EP 8 over 64 GPUs. Each policy worker holds a quarter
+    of the dense weights and a 32nd of the experts; the distributed optimizer shards Adam over 16 data-parallel
+    ranks (2 for experts). Its peak and the engine's whole bf16 model fit a 141 GB GPU (H200); an 80 GB one holds
+    the policy but not the engine (vLLM tensor parallelism is not supported yet)."""
+    shape = ModelShape.of(qwen3_30b_a3b)
+    assert (shape.num_parameters, shape.num_expert_parameters) == (Q_DENSE + Q_EXPERTS, Q_EXPERTS)
+    assert 30.4e9 < shape.num_parameters < 30.6e9  # "30.5B" as published
+    config = load_validated_config(
+        REPO / "configs" / "grpo_qwen3_30b_a3b_megatron.yaml", [f"policy.model_name={qwen3_30b_a3b}"], GRPOMasterConfig
+    )
+    policy = config.policy
+    world = config.cluster.gpus_per_node * config.cluster.num_nodes
+    worker = megatron_worker_memory(policy, shape, world, reference=True)
+    local = Q_DENSE // 4 + Q_EXPERTS // 32
+    assert worker.parts["parameters"] == 2 * local  # bf16 model
+    assert worker.parts["gradients"] == 2 * local  # grad_reduce_in_fp32 is off in the recipe
+    assert worker.parts["optimizer"] == 12 * (Q_DENSE // 4 // 16 + Q_EXPERTS // 32 // 2)
+    assert worker.parts["logits"] == 3 * 4096 * Q_V * 4  # one 4,096-token microbatch, full fp32 logits
+    h200, h100 = 141e9, 80e9
+    assert worker.total < 0.5 * h200
+    engine = engine_memory(policy.generation.vllm_cfg, shape, int(h200), count=8)
+    assert engine.parts["parameters"] == 2 * shape.num_parameters and engine.parts["kv_cache"] > 30e9
+    assert engine_memory(policy.generation.vllm_cfg, shape, int(h100), count=8).parts["kv_cache"] == 0

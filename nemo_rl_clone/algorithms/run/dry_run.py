@@ -23,6 +23,7 @@ from nemo_rl_clone.models.memory_estimate import (
     WorkerMemory,
     engine_memory,
     inference_worker_memory,
+    megatron_worker_memory,
     policy_worker_memory,
     refit_bytes,
 )
@@ -145,20 +146,23 @@ def plan_memory(config: Any, plan: Plan) -> None:
     if policy is not None:
         shape = ModelShape.of(resolve_model_path(policy.model_name), policy.hf_config_overrides)
         plan.facts.append(("model", f"{policy.model_name}: {shape.num_parameters / 1e6:.1f} M parameters"))
-        if policy.megatron_cfg.enabled:
-            plan.warnings.append(
-                "memory: the plan models the DTensor worker; the Megatron worker's gradient buffers and distributed "
-                "optimizer differ (calibrated on DTensor runs only)"
-            )
         shards = workers * config.cluster.num_nodes
         algorithm = registry.algorithm_for(config)
         reference = algorithm is not None and algorithm.needs_reference_model(config)
         generation: Any = getattr(policy, "generation", None)
         has_engines = generation is not None and getattr(generation, "vllm_cfg", None) is not None
         refit = refit_bytes(generation.vllm_cfg, shape, generation.colocated.enabled, on_gpu) if has_engines else 0
-        plan.workers.append(
-            policy_worker_memory(policy, shape, shards, reference, _loss_share(config, algorithm), refit, count=workers)
-        )
+        if policy.megatron_cfg.enabled:
+            plan.warnings.append(
+                "memory: the Megatron worker's plan is computed from its parallel layout, not calibrated on measured "
+                "runs (the DTensor worker's is)"
+            )
+            plan.workers.append(megatron_worker_memory(policy, shape, shards, reference, refit, count=workers))
+        else:
+            loss_share = _loss_share(config, algorithm)
+            plan.workers.append(
+                policy_worker_memory(policy, shape, shards, reference, loss_share, refit, count=workers)
+            )
         if has_engines:
             engines = _engines_per_node(generation, workers)
             plan.workers.append(engine_memory(generation.vllm_cfg, shape, device_bytes, engines))
