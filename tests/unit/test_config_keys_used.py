@@ -276,7 +276,9 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         True, "not supported yet: training a speculative-decoding draft model; set it to false"
     ),
     (RouterReplayConfig, "enabled"): Refusal(
-        True, "not supported yet: MoE router replay (the supported models are dense); set it to false"
+        True,
+        "not supported yet: MoE router replay (recording the engine's expert choices and replaying them in the "
+        "trainer's forward); set it to false",
     ),
     (DTensorConfig, "automodel_kwargs"): Refusal(
         {"force_hf": True},

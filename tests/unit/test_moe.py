@@ -67,6 +67,34 @@ def test_the_built_in_moe_model_is_stored_per_expert_and_exports_back_to_that_la
         assert "model.layers.0.mlp.experts.7.down_proj.weight" in set(stored.keys())
 
 
+def test_mixtral_maps_to_its_checkpoint_names_and_its_router_loss_reads_its_config() -> None:
+    """Mixtral, the second MoE family: fused in memory like Qwen3-MoE, stored as ``block_sparse_moe.experts.{e}.w1``
+    (gate), ``w3`` (up), ``w2`` (down); its expert count is ``num_local_experts``."""
+    from transformers import MixtralConfig
+
+    config = MixtralConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    model = AutoModelForCausalLM.from_config(config)
+    fused = dict(model.state_dict())
+    layout = to_checkpoint_layout(model, fused)
+    gate_up = fused["model.layers.0.mlp.experts.gate_up_proj"]
+    prefix = "model.layers.0.block_sparse_moe.experts.3"
+    assert torch.equal(layout[f"{prefix}.w1.weight"], gate_up[3, :32])
+    assert torch.equal(layout[f"{prefix}.w3.weight"], gate_up[3, 32:])
+    assert torch.equal(layout[f"{prefix}.w2.weight"], fused["model.layers.0.mlp.experts.down_proj"][3])
+    assert "model.layers.0.block_sparse_moe.gate.weight" in layout
+    router_loss = moe.RouterAuxLoss(config)
+    assert (router_loss.num_experts, router_loss.top_k) == (4, 2)
+
+
 # ------------------------------------------------------------------ vLLM serves refitted MoE weights exactly
 @pytest.fixture(scope="module")
 def moe_generation(ray_local: None) -> Iterator[tuple[VllmGeneration, RayVirtualCluster]]:

@@ -286,7 +286,11 @@ class RouterReplayConfig:
     def check(self) -> list[tuple[str, str]]:
         if self.enabled:
             return [
-                ("enabled", "not supported yet: MoE router replay (the supported models are dense); set it to false")
+                (
+                    "enabled",
+                    "not supported yet: MoE router replay (recording the engine's expert choices and replaying them "
+                    "in the trainer's forward); set it to false",
+                )
             ]
         return []
 
