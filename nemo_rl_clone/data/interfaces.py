@@ -28,6 +28,20 @@ LLMMessageLogType = list[dict[str, Any]]
 VLMMessageLogType = list[dict[str, str | torch.Tensor | PackedTensor]]
 FlatMessagesType = dict[str, list[Any] | torch.Tensor]
 PathLike = str | os.PathLike[Any]
+# Router replay (MoE models): the experts the engine routed each token to, ``[..., layers, k]`` int16, -1 where the
+# engine computed no routing. Generation outputs, rollouts and training batches carry it under this key.
+ROUTED_EXPERTS = "routed_experts"
+
+
+def pad_routing(records: list[torch.Tensor | None], width: int) -> torch.Tensor:
+    """Per-sample ``[positions, layers, k]`` expert ids (None: none recorded) as one ``[B, width, layers, k]`` int16
+    tensor, -1 where a sample has no record."""
+    layers, k = next((tuple(r.shape[1:]) for r in records if r is not None and r.numel()), (0, 0))
+    routed = torch.full((len(records), width, layers, k), -1, dtype=torch.int16)
+    for row, record in enumerate(records):
+        if record is not None:
+            routed[row, : min(len(record), width)] = record[:width]
+    return routed
 
 
 def __getattr__(name: str) -> Any:

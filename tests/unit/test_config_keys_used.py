@@ -277,8 +277,8 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     ),
     (RouterReplayConfig, "enabled"): Refusal(
         True,
-        "not supported yet: MoE router replay (recording the engine's expert choices and replaying them in the "
-        "trainer's forward); set it to false",
+        "router replay is for GRPO runs (it replays the generation engine's routing); set it to false",
+        tuple(m for m in MASTERS if m != "grpo"),
     ),
     (DTensorConfig, "automodel_kwargs"): Refusal(
         {"force_hf": True},
@@ -334,7 +334,6 @@ REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
     MegatronPeftConfig: MEGATRON_RUNS,
     MegatronConfig: ("rm", "distillation"),  # distillation: refused for the student and the teacher
     DraftConfig: tuple(MASTERS),
-    RouterReplayConfig: tuple(MASTERS),
     SwanlabConfig: tuple(MASTERS),  # through logger.swanlab_enabled
 }
 

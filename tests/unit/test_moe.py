@@ -1,6 +1,7 @@
 """Mixture-of-experts models outside the Megatron backend: the built-in tiny Qwen3-MoE (8 experts, top-2, 2 layers),
-its export and refit in the checkpoint layout, vLLM serving refitted MoE weights exactly, and the DTensor backend's
-router load-balancing loss against the Switch Transformer formula computed by hand.
+its export and refit in the checkpoint layout, vLLM serving refitted MoE weights exactly, the engine's record of
+each token's experts against Hugging Face's routing, router replay against an MoE block computed by hand, and the
+DTensor backend's router load-balancing loss against the Switch Transformer formula computed by hand.
 
 The GRPO runs on the MoE model (both backends) are in tests/functional/test_moe_grpo.py.
 """
@@ -21,9 +22,10 @@ from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.hf_export import save_consolidated_hf, to_checkpoint_layout
 from nemo_rl_clone.models.huggingface import TINY_QWEN3_MOE, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.dtensor import moe
+from nemo_rl_clone.utils.errors import UserInputError
 from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
 from tests.unit.test_vllm_refit import engine_vs_reference_gap
-from tests.unit.vllm_test_utils import LOGPROB_ATOL, tiny_config
+from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, prompt_batch, tiny_config
 
 EXPERTS, TOP_K, LAYERS = 8, 2, 2
 
@@ -98,11 +100,11 @@ def test_mixtral_maps_to_its_checkpoint_names_and_its_router_loss_reads_its_conf
 # ------------------------------------------------------------------ vLLM serves refitted MoE weights exactly
 @pytest.fixture(scope="module")
 def moe_generation(ray_local: None) -> Iterator[tuple[VllmGeneration, RayVirtualCluster]]:
-    """One engine of the tiny MoE on vLLM's async engine (its core in a child process: the packed-bytes load)."""
+    """One in-process engine of the tiny MoE recording each token's routed experts (``policy.router_replay``)."""
     cluster = RayVirtualCluster([1], use_gpus=False, name="vllm-moe-test")
-    config = tiny_config()
-    config.vllm_cfg.async_engine = True
-    generation = VllmGeneration(cluster, config, TINY_QWEN3_MOE, name_prefix="vllm-moe-test")
+    generation = VllmGeneration(
+        cluster, tiny_config(), TINY_QWEN3_MOE, name_prefix="vllm-moe-test", record_routing=True
+    )
     yield generation, cluster
     generation.shutdown()
     cluster.shutdown()
@@ -129,6 +131,106 @@ def test_vllm_serves_refitted_moe_weights_exactly(
         trainer.shutdown()
     assert engine_vs_reference_gap(generation, tokenizer, perturbed_model(model_path, seed)) <= LOGPROB_ATOL
     assert engine_vs_reference_gap(generation, tokenizer, perturbed_model(model_path, seed + 100)) > 1e-2
+
+
+def test_the_engine_records_the_experts_of_every_computed_token(
+    moe_generation: tuple[VllmGeneration, RayVirtualCluster], model_path: str
+) -> None:
+    """Prompt and generated tokens (the batch decodes together) carry the experts vLLM routed them to: in fp32 the
+    same sets as Hugging Face's router over the whole sequence, at every position but the last (never computed).
+    After a refit, so the engine routes with the new router weights."""
+    generation, _ = moe_generation
+    trainer = HFPolicyStandIn(model_path, seed=23)
+    try:
+        prepare_refit(trainer, generation)
+        refit_policy_generation(trainer, generation, colocated=True)
+    finally:
+        trainer.shutdown()
+    tokenizer = load_tokenizer(TINY_QWEN3_MOE)
+    tokenizer.padding_side = "right"
+    data = prompt_batch(tokenizer, PROMPTS)
+    out = generation.generate(data)  # sampled
+    model = perturbed_model(model_path, seed=23)
+    routed = out["routed_experts"]
+    assert routed.shape[:2] == out["output_ids"].shape and routed.shape[2:] == (LAYERS, TOP_K)
+    for row in range(data.size):
+        total = int(out["unpadded_sequence_lengths"][row])
+        expected = hf_routing(model, out["output_ids"][row, :total].tolist())[: total - 1]
+        assert torch.equal(routed[row, : total - 1].long().sort(-1).values, expected.sort(-1).values), row
+        assert (routed[row, total - 1 :] == -1).all()
+
+
+def hf_routing(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """``[positions, layers, k]`` expert ids of Hugging Face's routers over ``ids``."""
+    chosen: list[torch.Tensor] = []
+    hooks = [
+        module.register_forward_hook(lambda _m, _i, output: chosen.append(output[2]))
+        for name, module in model.named_modules()
+        if name.endswith("mlp.gate")
+    ]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack(chosen, dim=1)
+
+
+# ------------------------------------------------------------------ router replay in the DTensor backend
+def moe_block_by_hand(block: torch.nn.Module, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """A Qwen3-MoE block routed to ``experts`` ``[tokens, k]``: Σ_k w_k · down_e(silu(gate_e x) · up_e x) with w the
+    router's softmax probabilities of those experts renormalised (norm_topk_prob), from the raw weights."""
+    probs = (x @ block.gate.weight.T).softmax(-1)
+    weights = probs.gather(-1, experts)
+    weights = weights / weights.sum(-1, keepdim=True)
+    gate_up, down = block.experts.gate_up_proj, block.experts.down_proj
+    ffn = down.shape[-1]
+    out = torch.zeros_like(x)
+    for token in range(len(x)):
+        for slot, expert in enumerate(experts[token].tolist()):
+            gate, up = (gate_up[expert] @ x[token]).split(ffn)
+            out[token] += weights[token, slot] * (down[expert] @ (torch.nn.functional.silu(gate) * up))
+    return out
+
+
+def test_router_replay_routes_tokens_to_the_recorded_experts(model_path: str) -> None:
+    """Replaying the model's own routing changes nothing (bit-equal logits); a recorded routing that differs gives the
+    MoE block computed by hand for those experts (fp32, 1e-5), keeps positions without a record (-1) on the model's
+    own routing, and still trains the router. A dense model is refused in one line."""
+    model = perturbed_model(model_path, seed=4)
+    replay = moe.RoutingReplay(model)
+    assert len(replay.routers) == LAYERS
+    ids = list(range(100, 112))
+    own = hf_routing(model, ids)
+    with torch.no_grad():
+        plain = model(input_ids=torch.tensor([ids])).logits
+        replay.routing = own
+        assert torch.equal(model(input_ids=torch.tensor([ids])).logits, plain)
+        replay.routing = None
+
+    block = model.model.layers[0].mlp
+    x = torch.randn(5, block.gate.weight.shape[1], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        natural = block.gate(x)[2]
+        forced = (natural + 3) % EXPERTS  # other experts for every token
+        record = torch.stack([forced, forced], dim=1).to(torch.int16)  # layer 0's hook reads column 0
+        record[4] = -1  # no record for the last token
+        replay.routing = record
+        got = block(x[None])[0]
+        expected = moe_block_by_hand(block, x, torch.cat([forced[:4], natural[4:]]))
+        replay.routing = None
+        assert (got - expected).abs().max() < 1e-5
+        assert (block(x[None])[0] - expected).abs().max() > 1e-3  # the forced routing really differs
+
+    replay.routing = torch.stack([forced, forced], dim=1)
+    block(x[None]).sum().backward()
+    assert block.gate.weight.grad is not None and block.gate.weight.grad.abs().sum() > 0
+    replay.routing = None
+
+    dense = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-random-llama"))
+    with pytest.raises(UserInputError, match=r"^policy.router_replay.enabled: the model has no Hugging Face MoE"):
+        moe.RoutingReplay(dense)
 
 
 # ------------------------------------------------------------------ the DTensor backend's router loss
@@ -175,3 +277,22 @@ def test_moe_models_refuse_the_parallelisms_the_dtensor_backend_lacks(model_path
     assert "context_parallel_size > 1 with an MoE model" in str(moe.refusal(config, 1, 2))
     dense: Any = AutoConfig.from_pretrained(resolve_model_path("tiny-random-llama"))
     assert moe.num_routed_experts(dense) == 0 and moe.refusal(dense, 2, 2) is None
+
+
+def test_router_replay_validates_where_it_is_built_and_names_the_key_elsewhere() -> None:
+    from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
+    from nemo_rl_clone.utils.config import load_validated_config
+    from nemo_rl_clone.utils.config_validation import ConfigError
+    from tests.functional.supervised_runs import REPO
+
+    smoke = REPO / "configs" / "grpo_smoke.yaml"
+    on = ["++policy.router_replay.enabled=true"]
+    assert load_validated_config(smoke, on, GRPOMasterConfig).policy.router_replay.enabled
+    for override, key in (
+        ("policy.generation.vllm_cfg.async_engine=true", "policy.generation.vllm_cfg.async_engine"),
+        ("grpo.max_rollout_turns=2", "grpo.max_rollout_turns"),
+    ):
+        with pytest.raises(ConfigError) as error:
+            load_validated_config(smoke, [*on, override], GRPOMasterConfig)
+        (line,) = [line for line in map(str, error.value.problems) if "policy.router_replay.enabled" in line]
+        assert line.startswith(f"{key}: not supported yet"), line

@@ -12,7 +12,7 @@ from nemo_rl_clone.algorithms.loss.distillation import DistillationLossConfig
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
-from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY, PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import LoggerConfig
@@ -84,6 +84,8 @@ class DistillationMasterConfig:
                 )
             if section.reward_model_cfg.enabled:
                 problems.append((f"{who}.reward_model_cfg.enabled", "must be false: distillation uses language models"))
+            if section.router_replay.enabled:
+                problems.append((f"{who}.router_replay.enabled", ROUTER_REPLAY_GRPO_ONLY))
         if self.teacher.max_total_sequence_length < self.policy.max_total_sequence_length:
             problems.append(
                 (

@@ -25,6 +25,7 @@ from nemo_rl_clone.algorithms.utils import (
     masked_mean,
     reduce_train_results,
 )
+from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS, pad_routing
 from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.errors import UserInputError
@@ -134,7 +135,7 @@ def build_train_batch(
     if cfg.grpo.overlong_filtering:  # a truncated response has no trustworthy reward: no gradient from it
         sample_mask = sample_mask * (~batch["truncated"]).float()
     token_ids = flat["token_ids"]
-    return BatchedDataDict(
+    train_data = BatchedDataDict(
         input_ids=token_ids,
         input_lengths=lengths,
         token_mask=flat["token_loss_mask"].float(),
@@ -142,6 +143,9 @@ def build_train_batch(
         advantages=advantages.float()[:, None].expand(token_ids.shape).contiguous(),
         generation_logprobs=flat["generation_logprobs"].float(),
     )
+    if ROUTED_EXPERTS in batch:  # router replay: ``[B, S, layers, k]``, -1 where the engine computed no routing
+        train_data[ROUTED_EXPERTS] = pad_routing(batch[ROUTED_EXPERTS], token_ids.shape[1])
+    return train_data
 
 
 def training_metrics(train_results: Mapping[str, Any]) -> dict[str, float]:

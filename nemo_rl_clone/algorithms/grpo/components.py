@@ -237,6 +237,7 @@ def _setup_workers(
         env_vars=threads,
         weight_updates_during_generation=async_grpo.enabled and async_grpo.in_flight_weight_updates,
         hf_config_overrides=config.policy.hf_config_overrides,
+        record_routing=config.policy.router_replay.enabled,
     )
     policy.wait_until_ready()
     prepare_refit(policy, generation)

@@ -351,6 +351,8 @@ class GRPOMasterConfig:
             problems += self._check_async()
         if "agent" in self.env:
             problems += self._check_agent()
+        if self.policy.router_replay.enabled:
+            problems += self._check_router_replay()
         if self.policy.reward_model_cfg.enabled:
             problems.append(("policy.reward_model_cfg.enabled", "must be false: GRPO trains a language model"))
         return problems
@@ -403,6 +405,22 @@ class GRPOMasterConfig:
                     "logprobs",
                 )
             )
+        return problems
+
+    def _check_router_replay(self) -> list[tuple[str, str]]:
+        """``policy.router_replay``: the in-process engine records routing (routing_capture.py) and the DTensor
+        worker replays it, for single-turn rollouts (each sample's routing is its one sequence's)."""
+        why = "with policy.router_replay.enabled (docs/moe.md#router-replay)"
+        problems = []
+        if self.policy.megatron_cfg.enabled:
+            problems.append(("policy.megatron_cfg.enabled", f"not supported yet {why}: replay is built for DTensor"))
+        generation = self.policy.generation
+        if generation is not None and generation.vllm_cfg.async_engine:
+            problems.append(
+                ("policy.generation.vllm_cfg.async_engine", f"not supported yet {why}: the in-process engine records")
+            )
+        if self.grpo.max_rollout_turns > 1:
+            problems.append(("grpo.max_rollout_turns", f"not supported yet above 1 {why}"))
         return problems
 
     def _check_async(self) -> list[tuple[str, str]]:

@@ -27,7 +27,7 @@ from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
-from nemo_rl_clone.models.policy.config import PolicyConfig, RewardModelConfig
+from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY, PolicyConfig, RewardModelConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import LoggerConfig
@@ -215,6 +215,9 @@ class PPOMasterConfig:
             )
         if self.policy.reward_model_cfg.enabled:
             problems.append(("policy.reward_model_cfg.enabled", "must be false: the actor is a language model"))
+        for who in ("policy", "value"):
+            if getattr(self, who).router_replay.enabled:
+                problems.append((f"{who}.router_replay.enabled", ROUTER_REPLAY_GRPO_ONLY))
         if self.ppo.ppo_epochs > 1 and self.loss_fn.force_on_policy_ratio:
             problems.append(
                 (

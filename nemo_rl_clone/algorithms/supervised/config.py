@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import check_no_samples_to_print
@@ -145,6 +146,8 @@ def check_supervised_config(
         )
     if policy.generation not in (None, GenerationConfig()):
         problems.append(("policy.generation", f"{section} generates nothing; set it to null"))
+    if policy.router_replay.enabled:
+        problems.append(("policy.router_replay.enabled", ROUTER_REPLAY_GRPO_ONLY))
     problems += check_no_samples_to_print(config.logger, section)
     problems += _check_checkpoint_metric(checkpointing, algorithm)
     return problems

@@ -34,6 +34,7 @@ def build_generation(
     env_vars: dict[str, str] | None = None,
     weight_updates_during_generation: bool = False,
     hf_config_overrides: Mapping[str, Any] | None = None,
+    record_routing: bool = False,
 ) -> GenerationInterface:
     """Start the workers of the ``config.backend`` backend on ``cluster``, serving ``model_name``.
 
@@ -52,5 +53,6 @@ def build_generation(
         weight_updates_during_generation=weight_updates_during_generation,
         hf_config_overrides=hf_config_overrides,
         **named,
+        **({"record_routing": True} if record_routing else {}),
     )
     return generation

@@ -8,7 +8,8 @@ Batch formats (`BatchedDataDict`):
 - output: ``output_ids`` ``[B, W]`` (prompt + generation, right-padded with the pad token), ``logprobs`` ``[B, W]``
   fp32 (the engine's logprob of each generated token at its position, 0 on prompt and padding),
   ``generation_lengths`` and ``unpadded_sequence_lengths`` ``[B]``, ``truncated`` ``[B]`` bool (stopped by the token
-  limit). ``W >= S``.
+  limit). ``W >= S``. An engine that records routing (MoE router replay) adds ``routed_experts``
+  ``[B, W, layers, k]`` int16: the experts each position's token was routed to, -1 where none (`data.interfaces.pad_routing`).
 
 Refit: the algorithm (``algorithms/grpo/refit.py``) moves weights from a policy to a generation backend through
 `prepare_refit_info`, `update_weights_from_state_dict` (colocated) or `init_collective` +

@@ -277,22 +277,15 @@ class DraftConfig:
         return []
 
 
+ROUTER_REPLAY_GRPO_ONLY = "router replay is for GRPO runs (it replays the generation engine's routing); set it to false"
+
+
 @dataclass
 class RouterReplayConfig:
-    """``policy.router_replay``: replaying the generation engine's MoE routing in training; refused when enabled."""
+    """``policy.router_replay``: MoE routing replay. The engine records the experts it routes each token to and
+    every trainer forward of those samples routes them to the same experts (docs/moe.md#router-replay)."""
 
     enabled: bool = False
-
-    def check(self) -> list[tuple[str, str]]:
-        if self.enabled:
-            return [
-                (
-                    "enabled",
-                    "not supported yet: MoE router replay (recording the engine's expert choices and replaying them "
-                    "in the trainer's forward); set it to false",
-                )
-            ]
-        return []
 
 
 # bradley_terry: a reward model scored at each row's last token (RM training, reward environments); regression: a

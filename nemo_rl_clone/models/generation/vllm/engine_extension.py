@@ -54,6 +54,18 @@ class WeightLoadExtension:
         worker.reload_weights(weights_iterator=weights)
         prepack_cpu_experts_again(worker.model_runner.model)
 
+    def record_routing(self) -> int:
+        """Start recording each token's routed experts (`routing_capture`); returns the number of MoE layers."""
+        from nemo_rl_clone.models.generation.vllm.routing_capture import RoutingRecorder
+
+        worker: Any = self
+        worker.routing_recorder = RoutingRecorder(worker.model_runner)
+        return int(worker.routing_recorder.num_layers)
+
+    def take_routing(self, request_ids: list[str]) -> list[torch.Tensor]:
+        worker: Any = self
+        return list(worker.routing_recorder.take(request_ids))
+
 
 def prepack_cpu_experts_again(model: torch.nn.Module) -> int:
     """Re-run the CPU experts kernel's weight prepacking on every MoE layer of ``model``; returns how many.

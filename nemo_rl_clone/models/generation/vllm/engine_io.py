@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS, pad_routing
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.ports import pick_free_port
 from nemo_rl_clone.distributed.weight_transfer import TensorSpec
@@ -245,13 +246,17 @@ def text_requests(data: BatchedDataDict, config: GenerationConfig, greedy: bool)
     return list(data["prompts"]), params
 
 
-def assemble_outputs(data: BatchedDataDict, outputs: Sequence[Any], pad_token_id: int) -> BatchedDataDict:
+def assemble_outputs(
+    data: BatchedDataDict, outputs: Sequence[Any], pad_token_id: int, routing: Sequence[torch.Tensor] | None = None
+) -> BatchedDataDict:
     """Right-padded ``[B, W]`` results, ``W = max(input width, longest prompt + generation)``:
 
     - ``output_ids``: prompt then generated tokens, then ``pad_token_id``;
     - ``logprobs`` (fp32): engine logprob of each generated token at its position, 0 elsewhere;
     - ``generation_lengths``, ``unpadded_sequence_lengths`` (= input length + generation length): ``[B]`` int64;
-    - ``truncated``: ``[B]`` bool, generation stopped by the token limit rather than EOS/stop.
+    - ``truncated``: ``[B]`` bool, generation stopped by the token limit rather than EOS/stop;
+    - with ``routing`` (one ``[positions, layers, k]`` record per output, `routing_capture`): ``routed_experts``
+      ``[B, W, layers, k]`` int16, the experts the engine routed each position's token to, -1 where none.
     """
     input_ids: torch.Tensor = data["input_ids"]
     lengths = data["input_lengths"].tolist()
@@ -269,13 +274,16 @@ def assemble_outputs(data: BatchedDataDict, outputs: Sequence[Any], pad_token_id
             [step[token].logprob for step, token in zip(token_logprobs or [], gen, strict=True)], dtype=torch.float32
         )
     generation_lengths = torch.tensor([len(gen) for gen in generated], dtype=torch.int64)
-    return BatchedDataDict(
+    result = BatchedDataDict(
         output_ids=output_ids,
         logprobs=logprobs,
         generation_lengths=generation_lengths,
         unpadded_sequence_lengths=torch.tensor(lengths, dtype=torch.int64) + generation_lengths,
         truncated=torch.tensor([out.outputs[0].finish_reason == "length" for out in outputs]),
     )
+    if routing is not None:
+        result[ROUTED_EXPERTS] = pad_routing(list(routing), width)
+    return result
 
 
 def shm_files_mapped_by_process_tree(pid: int | None = None) -> set[str]:

@@ -30,6 +30,7 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.ray_actor_environment import (
     PY_EXECUTABLES,
@@ -99,6 +100,7 @@ class VllmGeneration(GenerationInterface):
         env_vars: dict[str, str] | None = None,
         weight_updates_during_generation: bool = False,
         hf_config_overrides: Mapping[str, Any] | None = None,
+        record_routing: bool = False,
     ) -> None:
         # A GenerationConfig was validated where the config was loaded; a NeMo-RL mapping is validated here.
         self.cfg = as_config(config, GenerationConfig, key="policy.generation")
@@ -118,6 +120,7 @@ class VllmGeneration(GenerationInterface):
             weight_updates_during_generation=weight_updates_during_generation,
             hf_config_overrides=dict(hf_config_overrides) if hf_config_overrides else None,
             served_model_name=model_name,
+            record_routing=record_routing,  # outputs carry ``routed_experts`` (MoE router replay)
             # a weight update runs beside the `generate` call it interrupts
             ray_actor_options={"max_concurrency": 2} if weight_updates_during_generation else None,
         )
@@ -160,7 +163,9 @@ class VllmGeneration(GenerationInterface):
         check_generation_input(data, self.cfg.vllm_cfg.max_model_len)
         pieces = _split(BatchedDataDict({k: data[k] for k in _WORKER_KEYS if k in data}), self.dp_size)
         results = self._run_pieces("generate", pieces, greedy=greedy)
-        return BatchedDataDict.from_batches(results, pad_value_dict={"output_ids": self.pad_token_id})
+        return BatchedDataDict.from_batches(
+            results, pad_value_dict={"output_ids": self.pad_token_id, ROUTED_EXPERTS: -1}
+        )
 
     def generate_text(self, data: BatchedDataDict, greedy: bool = False) -> BatchedDataDict:
         """``{"texts": [str]}`` for ``data["prompts"]`` (optional ``stop_strings``, ``seeds`` as in `generate`)."""

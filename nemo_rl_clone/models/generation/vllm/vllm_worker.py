@@ -84,6 +84,7 @@ class VllmGenerationWorker:
         weight_updates_during_generation: bool = False,
         hf_config_overrides: Mapping[str, Any] | None = None,
         served_model_name: str | None = None,
+        record_routing: bool = False,
     ) -> None:
         self.cfg = config
         self.rank = int(os.environ.get("RANK", "0"))
@@ -96,6 +97,8 @@ class VllmGenerationWorker:
             # generate of every engine. Eager, they give the same numbers.
             torch._dynamo.config.disable = True
         kwargs = engine_io.engine_kwargs(config, model_path, seed + self.rank, self.on_gpu, hf_config_overrides)
+        if record_routing:  # a prompt token served from the prefix cache is not computed: its routing would be lost
+            kwargs["enable_prefix_caching"] = False
         self.is_async = config.vllm_cfg.async_engine
         self.http_url: str | None = None
         if self.is_async:
@@ -118,6 +121,10 @@ class VllmGenerationWorker:
         self.tied_head = bool(AutoConfig.from_pretrained(model_path).get_text_config().tie_word_embeddings)
         self.checkpoint_specs = engine_io.checkpoint_specs(model_path)
         self.refit_specs: list[TensorSpec] | None = None
+        # `policy.router_replay` (validation: the in-process engine, without in-flight weight updates)
+        self.record_routing = record_routing
+        if record_routing:
+            self.llm.collective_rpc("record_routing")
         self.transfer_group: WeightTransferGroup | None = None
         self.broken: str | None = None  # set when a load failed half-way: the engine must not serve any more
         self.asleep = False
@@ -148,7 +155,10 @@ class VllmGenerationWorker:
             with self._engine_turn:
                 outputs = self.llm.generate(prompts, params, use_tqdm=self.cfg.vllm_cfg.use_tqdm)
         self.phase_stats.add(outputs)
-        return engine_io.assemble_outputs(data, outputs, self.get_pad_token_id())
+        routing = None
+        if self.record_routing:
+            (routing,) = self.llm.collective_rpc("take_routing", args=([out.request_id for out in outputs],))
+        return engine_io.assemble_outputs(data, outputs, self.get_pad_token_id(), routing)
 
     def _generate_stepwise(self, prompts: list[Any], params: list[Any]) -> list[Any]:
         """`LLM.generate`, one engine step per turn of ``_engine_turn``; a waiting weight load goes first."""

@@ -1,7 +1,7 @@
 """Mixture-of-experts causal LMs on the DTensor backend (Hugging Face Qwen3-MoE, Mixtral, ...).
 
 The MoE layers train as they are (FSDP2 shards the fused expert tensors like any other parameter). What this module
-adds is the routers' load-balancing loss: a Hugging Face MoE model computes it only when called with
+adds is router replay (`RoutingReplay`) and the routers' load-balancing loss: a Hugging Face MoE model computes it only when called with
 ``output_router_logits`` and adds it to the loss only when given ``labels``, which this trainer never passes (its
 losses read logits or token logprobs). `RouterAuxLoss` asks for the routers' logits during training, computes the
 model's own Switch-Transformer loss over the valid tokens, logs it as ``router_aux_loss`` and adds
@@ -11,9 +11,12 @@ router_aux_loss_coef`` sets it; Qwen3-MoE's default is 0.001, NeMo-RL's MoE reci
 
 from __future__ import annotations
 
+import functools
 from typing import Any, cast
 
 import torch
+
+from nemo_rl_clone.utils.errors import UserInputError
 
 # Config attributes that hold the number of routed experts, by model family.
 _EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -84,3 +87,39 @@ class RouterAuxLoss:
             valid = positions < input_lengths.to(positions.device)[:, None]
         aux = self(router_logits, valid) * share
         return loss + self.coef * aux.to(loss.dtype), {**metrics, "router_aux_loss": aux.item()}
+
+
+class RoutingReplay:
+    """``policy.router_replay``: each token goes to the experts the generation engine routed it to.
+
+    A forward hook on every Hugging Face MoE router (a ``*TopKRouter``, which returns its logits, the top-k weights
+    and the top-k expert ids) replaces the ids with the recorded ones where the batch has a record, and the weights
+    with the router's own probabilities of those experts, renormalised as the model does (``norm_topk_prob``;
+    Mixtral always), so the router keeps its gradient. Positions without a record (-1) keep the model's routing."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.routers = [module for module in model.modules() if type(module).__name__.endswith("TopKRouter")]
+        if not self.routers:
+            raise UserInputError(
+                "policy.router_replay.enabled: the model has no Hugging Face MoE router (a *TopKRouter module) to "
+                "replay; router replay is for MoE models"
+            )
+        self.routing: torch.Tensor | None = None  # [tokens, layers, k] of the forward about to run
+        for layer, router in enumerate(self.routers):
+            router.register_forward_hook(functools.partial(self._replay, layer))
+
+    def _replay(self, layer: int, module: torch.nn.Module, args: Any, output: Any) -> Any:
+        if self.routing is None:
+            return output
+        logits, weights, indices = output
+        recorded = self.routing[:, layer].to(indices.device, torch.long)
+        if recorded.shape != indices.shape:
+            raise RuntimeError(
+                f"router replay: layer {layer} routes {tuple(indices.shape)} (tokens, k), the record holds "
+                f"{tuple(recorded.shape)}"
+            )
+        chosen = torch.where(recorded >= 0, recorded, indices)
+        top = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, chosen)
+        if getattr(module, "norm_topk_prob", True):
+            top = top / top.sum(dim=-1, keepdim=True)
+        return logits, top.to(weights.dtype), chosen

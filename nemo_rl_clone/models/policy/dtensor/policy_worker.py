@@ -37,6 +37,7 @@ from transformers import (
 from nemo_rl_clone.algorithms import logits_sampling_utils
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss.interfaces import LossFunction, TokenLogprobs
+from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
@@ -155,6 +156,7 @@ class DTensorPolicyWorker(RefitSender):
             activation_checkpointing=dtensor_cfg.activation_checkpointing,
             cpu_offload=dtensor_cfg.cpu_offload,
         )
+        self.routing_replay = moe.RoutingReplay(self.model) if config.router_replay.enabled else None
         self.num_parameters = sum(param.numel() for param in self.model.parameters())  # DTensors count in full
         trainable = [param for param in self.model.parameters() if param.requires_grad]
         self.num_trainable_parameters = sum(param.numel() for param in trainable)
@@ -188,14 +190,23 @@ class DTensorPolicyWorker(RefitSender):
         rows: packed_sequences.PaddedRows | packed_sequences.PackedRows,
         input_ids: torch.Tensor,
         selection: tuple[torch.Tensor, torch.Tensor] | tuple[()] = (),
+        routing: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The model's ``.logits`` for ``input_ids`` ``[B, S]``, in that padded layout whether it runs packed, split
         over context-parallel ranks or as is; with ``selection`` (positions, targets ``[B, S]``) the selective head's
-        token logprobs instead. Right padding needs no attention mask: the causal mask already keeps every valid
-        position from seeing the padding after it."""
-        if self.context_parallel is not None:
+        token logprobs instead; with ``routing`` (``[B, S, layers, k]``) and router replay on, routed as recorded.
+        Right padding needs no attention mask: the causal mask already keeps every valid position from seeing the
+        padding after it."""
+        if self.context_parallel is not None:  # validation: no MoE model, so no routing, with it
             return self.context_parallel.run(self._model_output, [input_ids, *selection])
-        output = self._model_output(rows.pack(input_ids), *(rows.pack(t) for t in selection), **rows.model_kwargs())
+        if self.routing_replay is not None and routing is not None:
+            packed = rows.pack(routing.to(self.device))
+            self.routing_replay.routing = packed.reshape(-1, *packed.shape[-2:])  # the model's token order
+        try:
+            output = self._model_output(rows.pack(input_ids), *(rows.pack(t) for t in selection), **rows.model_kwargs())
+        finally:
+            if self.routing_replay is not None:
+                self.routing_replay.routing = None
         return rows.unpack(output)
 
     def _model_output(self, input_ids: torch.Tensor, *selection: torch.Tensor, **model_kwargs: Any) -> torch.Tensor:
@@ -223,7 +234,7 @@ class DTensorPolicyWorker(RefitSender):
         input_ids = batch["input_ids"].to(self.device)
         if self.scorer is not None:
             return self.scorer(input_ids, batch["input_lengths"].to(self.device), self._rows(batch))
-        return self._run_model(self._rows(batch), input_ids)
+        return self._run_model(self._rows(batch), input_ids, routing=batch.get(ROUTED_EXPERTS))
 
     def _token_logprobs(
         self,
@@ -239,7 +250,7 @@ class DTensorPolicyWorker(RefitSender):
         selection = token_logprob_head.next_token_selection(input_ids, wanted.to(self.device))
         self._head_mode = (sampling, also_unfiltered)
         try:
-            return self._run_model(self._rows(batch), input_ids, selection)[:, :-1]
+            return self._run_model(self._rows(batch), input_ids, selection, batch.get(ROUTED_EXPERTS))[:, :-1]
         finally:
             self._head_mode = (None, False)
 
