@@ -121,7 +121,7 @@ class VllmGenerationWorker:
         self.tied_head = bool(AutoConfig.from_pretrained(model_path).get_text_config().tie_word_embeddings)
         self.checkpoint_specs = engine_io.checkpoint_specs(model_path)
         self.refit_specs: list[TensorSpec] | None = None
-        # `policy.router_replay` (validation: the in-process engine, without in-flight weight updates)
+        # `policy.router_replay` (validation: the in-process engine, so records come back with the outputs)
         self.record_routing = record_routing
         if record_routing:
             self.llm.collective_rpc("record_routing")
