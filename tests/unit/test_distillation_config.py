@@ -12,7 +12,7 @@ import pytest
 from nemo_rl_clone.algorithms.distillation.config import DistillationMasterConfig
 from nemo_rl_clone.algorithms.distillation.train import check_vocab_equality, check_vocab_match
 from nemo_rl_clone.algorithms.run.preflight import preflight
-from nemo_rl_clone.models.huggingface import SMOLLM2, TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.models.huggingface import BUILTIN_MODELS, SMOLLM2, TINY_LLAMA, load_tokenizer, resolve_model_path
 from nemo_rl_clone.utils.config import load_validated_config
 from nemo_rl_clone.utils.config_validation import ConfigError
 from nemo_rl_clone.utils.errors import UserInputError
@@ -108,6 +108,6 @@ def test_preflight_checks_the_teacher_model_and_its_parallel_size(tmp_path: Path
         )
     assert error.value.problems == [
         f"teacher.model_name: model folder '{tmp_path / 'missing'}' does not exist (a local model folder or a built-in "
-        "model: SmolLM2-135M-Instruct, tiny-random-llama, tiny-random-qwen2, HuggingFaceTB/SmolLM2-135M-Instruct)",
+        f"model: {', '.join(BUILTIN_MODELS)}, HuggingFaceTB/SmolLM2-135M-Instruct)",
         "teacher.dtensor_cfg.tensor_parallel_size: 2 must divide the 1 workers of cluster.*",
     ]
