@@ -126,13 +126,8 @@ def policy_worker_memory(
     compute_bytes = PRECISION_BYTES[policy.precision]
     parameters = 4 * n // shards + (2 * n // shards if compute_bytes < 4 else 0)
     tokens = min(training_microbatch_tokens(policy), _worker_batch_tokens(policy, shards))
-    if dtensor.activation_checkpointing:
-        per_layer = shape.hidden_size  # only each layer's input survives until the backward
-    else:
-        per_layer = ACTIVATION_HIDDEN_FACTOR * shape.hidden_size + ACTIVATION_INTERMEDIATE_FACTOR * (
-            shape.intermediate_size
-        )
-    activations = tokens * shape.num_layers * per_layer * compute_bytes
+    activations = tokens * shape.num_layers * _values_per_token_layer(shape, dtensor.activation_checkpointing)
+    activations *= compute_bytes
     if dtensor.logits_at_loss_tokens_only:
         from nemo_rl_clone.models.policy.workers.token_logprob_head import DEFAULT_CHUNK_SIZE
 
@@ -183,9 +178,7 @@ def megatron_worker_memory(
         optimizer = state_bytes * local
     grad_bytes = 4 if mcfg.distributed_data_parallel_config.grad_reduce_in_fp32 else compute_bytes
     tokens = training_microbatch_tokens(policy)
-    per_layer = ACTIVATION_HIDDEN_FACTOR * shape.hidden_size + ACTIVATION_INTERMEDIATE_FACTOR * shape.intermediate_size
-    if mcfg.activation_checkpointing:
-        per_layer = shape.hidden_size
+    per_layer = _values_per_token_layer(shape, mcfg.activation_checkpointing)
     parts = {
         "parameters": compute_bytes * local,
         "gradients": grad_bytes * local,
@@ -250,6 +243,13 @@ def training_microbatch_tokens(policy: Any) -> int:
 def _worker_batch_tokens(policy: Any, shards: int) -> int:
     """A microbatch holds at most this worker's share of the global batch, each sample at most the length limit."""
     return max(policy.train_global_batch_size // shards, 1) * policy.max_total_sequence_length
+
+
+def _values_per_token_layer(shape: ModelShape, activation_checkpointing: bool) -> int:
+    """Activation values a decoder layer keeps per token for the backward (see the factors above)."""
+    if activation_checkpointing:
+        return shape.hidden_size  # only each layer's input survives until the backward
+    return ACTIVATION_HIDDEN_FACTOR * shape.hidden_size + ACTIVATION_INTERMEDIATE_FACTOR * shape.intermediate_size
 
 
 def _lora_parameters(lora_cfg: Any, shape: ModelShape) -> int:
