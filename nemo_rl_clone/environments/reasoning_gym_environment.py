@@ -63,6 +63,9 @@ class ReasoningGymScorer:
         extract_answer("", answer_extraction)  # rejects an unknown method before the first response
         self._answer_extraction = answer_extraction
         self._scorers: dict[str, Any] = {}
+        # Importing reasoning-gym (every task module) takes ~1 s idle and several under load: pay it here, inside
+        # the pool's start-up limit, not inside the first response's deadline, where it scored correct answers 0.
+        self.score("<answer>2</answer>", "chain_sum", {"question": "1 + 1", "answer": "2", "metadata": {}}, {})
 
     def score(self, response: str, task: str, entry: dict[str, Any], task_kwargs: dict[str, Any]) -> VerifierResult:
         key = _scorer_key(task, task_kwargs)

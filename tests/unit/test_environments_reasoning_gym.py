@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -163,3 +165,17 @@ def test_bad_config_is_rejected_before_starting_an_actor() -> None:
     ):
         bad = ReasoningGymEnvConfig(answer_extraction="math_verify", verifier_timeout_s=0)  # type: ignore[arg-type]
         create_env("reasoning_gym", bad)
+
+
+def test_a_scorer_pays_its_imports_before_the_first_deadline() -> None:
+    # The pool's per-response deadline starts at the first score call; importing reasoning-gym there (seconds on a
+    # loaded machine) once timed correct answers out to 0. Constructing a scorer must leave nothing to import.
+    code = (
+        "import sys\n"
+        "from nemo_rl_clone.environments.reasoning_gym_environment import ReasoningGymScorer\n"
+        "assert 'reasoning_gym' not in sys.modules\n"
+        "ReasoningGymScorer('auto')\n"
+        "print(sorted(name for name in ('reasoning_gym', 'reasoning_gym.arithmetic') if name in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['reasoning_gym', 'reasoning_gym.arithmetic']"
