@@ -7,7 +7,7 @@ One spawn of 2 processes runs every worker scenario in turn and records what the
 - ``ep2``: EP=2 (4 experts per rank, data-parallel 2): logprobs, 3 Adam steps (router trained), a run checkpoint
   and an HF export after step 1;
 - ``ep1``: the same 3 steps at EP=1 (every rank holds all 8 experts);
-- ``resumed``: EP=1 loading ``ep2``'s step-1 weights;
+- ``ep2_to_ep1``/``ep1_to_ep2``: a run saved after step 1 (weights and optimizer) resumed at the other EP size;
 - ``frozen``: EP=2 with ``freeze_moe_router`` (NeMo-RL's default), one step.
 
 Tolerance: fp32, 1e-5 (the layouts only reorder float sums; measured ≤ 2e-6).
@@ -202,11 +202,19 @@ def run_scenarios(model_dir: str, run_dir: str, batches: list) -> dict[str, Any]
     worker.shutdown()
 
     worker = _worker(model_dir, 1)
-    record["ep1"] = [_step(worker, batches[index]) for index in range(STEPS)]
+    record["ep1"] = [_step(worker, batches[0])]
+    worker.save_checkpoint(f"{run_dir}/ep1_weights", f"{run_dir}/ep1_optimizer")
+    record["ep1"] += [_step(worker, batches[index]) for index in range(1, STEPS)]
     worker.shutdown()
 
-    worker = _worker(model_dir, 1, weights_path=f"{run_dir}/weights", init_reference_model=False)
+    # Resuming at the other expert-parallel size: weights and optimizer state (Megatron chains a separate expert
+    # optimizer only at EP > 1, so its state is mapped by parameter name).
+    worker = _worker(model_dir, 1, weights_path=f"{run_dir}/weights", optimizer_path=f"{run_dir}/optimizer")
     record["resumed_state"] = worker.get_full_state_dict_for_refit()
+    record["ep2_to_ep1"] = [_step(worker, batches[index]) for index in range(1, STEPS)]
+    worker.shutdown()
+    worker = _worker(model_dir, 2, weights_path=f"{run_dir}/ep1_weights", optimizer_path=f"{run_dir}/ep1_optimizer")
+    record["ep1_to_ep2"] = [_step(worker, batches[index]) for index in range(1, STEPS)]
     worker.shutdown()
 
     worker = _worker(model_dir, 2, freeze=True, init_reference_model=False)
@@ -282,13 +290,21 @@ def test_ep2_trains_like_ep1(record: dict) -> None:
 
 
 def test_weights_saved_at_ep2_load_at_ep1(record: dict) -> None:
-    """Megatron's distributed checkpoint names experts globally: EP=1 loads all 8 from EP=2's two shares. (Its
-    optimizer state does not reshard between EP=1 and EP>1: Megatron chains a separate expert optimizer only when
-    EP > 1, and the checkpoint's keys follow the chain.)"""
+    """Megatron's distributed checkpoint names experts globally: EP=1 loads all 8 from EP=2's two shares."""
     got, want = record["resumed_state"], record["ep2"][0]["state"]
     assert got.keys() == want.keys()
     for name, tensor in want.items():
         assert torch.equal(got[name], tensor), name
+
+
+@pytest.mark.parametrize(("resumed", "straight"), [("ep2_to_ep1", "ep2"), ("ep1_to_ep2", "ep1")])
+def test_a_run_resumes_at_the_other_expert_parallel_size(record: dict, resumed: str, straight: str) -> None:
+    """Steps 2-3 after resuming (weights, Adam moments and step count) equal the straight run's: an optimizer
+    state reset (Adam's step count back to 0) moves the weights by 1.4e-4."""
+    for got, want in zip(record[resumed], record[straight][1:], strict=True):
+        assert abs(got["loss"] - want["loss"]) <= ATOL
+        assert abs(got["grad_norm"] - want["grad_norm"]) <= ATOL
+        assert max_diff(got["state"], want["state"]) <= ATOL
 
 
 def test_hf_export_at_ep2_is_the_refit_state(record: dict, run_dir: Path) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -37,17 +36,13 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import save_consolidated_hf, to_checkpoint_layout
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy.config import PolicyConfig
-from nemo_rl_clone.models.policy.megatron import converter, moe
+from nemo_rl_clone.models.policy.megatron import converter, moe, optimizer_checkpoint
 from nemo_rl_clone.models.policy.megatron import model as mmodel
 from nemo_rl_clone.models.policy.workers import train_step, worker_setup
 from nemo_rl_clone.models.policy.workers.refit_sender import RefitSender
 from nemo_rl_clone.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)
-
-# The distributed optimizer's checkpoint format that reloads at any TP/PP/DP layout (Megatron's default,
-# "fully_sharded_model_space", relies on flattened ShardedTensors that megatron-core 0.16 refuses to save).
-_OPTIMIZER_CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 class MegatronPolicyWorker(RefitSender):
@@ -382,20 +377,14 @@ class MegatronPolicyWorker(RefitSender):
         """Megatron distributed checkpoints of the model and (with ``optimizer_path``) of the optimizer and
         scheduler; tokenizer files; a consolidated Hugging Face folder at ``save_hf_path``. A collective."""
         gpt = mmodel.unwrap(self.model)
-        _save_distributed(gpt.sharded_state_dict(), weights_path)
+        optimizer_checkpoint.save_distributed(gpt.sharded_state_dict(), weights_path)
         if optimizer_path is not None:
             if self.optimizer is None:
                 raise RuntimeError("save_checkpoint: optimizer_path given but this policy has no optimizer")
-            # A fresh model sharded state dict: saving one replaces its tensors, and the optimizer's maps its
-            # parameters through the model's Parameter objects. (Gathering the optimizer state calls `.cuda()`.)
-            with megatron_cpu_shims.cuda_redirect():
-                state = {
-                    "optimizer": self.optimizer.sharded_state_dict(
-                        gpt.sharded_state_dict(), metadata=_OPTIMIZER_CHECKPOINT_METADATA
-                    ),
-                    "scheduler": self.scheduler.state_dict(),
-                }
-                _save_distributed(state, optimizer_path)
+            # A fresh model sharded state dict: saving one replaces its tensors.
+            optimizer_checkpoint.save_optimizer(
+                self.optimizer, self.scheduler, gpt.sharded_state_dict(), optimizer_path
+            )
         if tokenizer_path is not None and self.rank == 0:
             self.tokenizer.save_pretrained(tokenizer_path)
         if save_hf_path is not None:
@@ -417,21 +406,12 @@ class MegatronPolicyWorker(RefitSender):
         gpt.load_state_dict(loaded, strict=False)
         if self.optimizer is None:
             return
-        with megatron_cpu_shims.cuda_redirect():
-            if optimizer_path is None:
+        if optimizer_path is None:
+            with megatron_cpu_shims.cuda_redirect():
                 # The optimizer's fp32 main parameters (separate copies under bf16/fp16) take the loaded weights.
                 self.optimizer.reload_model_params()
-                return
-            _prepare_optimizer_for_loading(self.optimizer)
-            template = {
-                "optimizer": self.optimizer.sharded_state_dict(
-                    gpt.sharded_state_dict(), is_loading=True, metadata=_OPTIMIZER_CHECKPOINT_METADATA
-                )
-            }
-            state = dist_checkpointing.load(template, optimizer_path)
-            self.optimizer.load_state_dict(state["optimizer"])
-            _unshare_adam_steps(self.optimizer)
-            self.scheduler.load_state_dict(state["scheduler"])
+            return
+        optimizer_checkpoint.load_optimizer(self.optimizer, self.scheduler, gpt.sharded_state_dict(), optimizer_path)
 
     def shutdown(self) -> bool:
         if parallel_state.model_parallel_is_initialized():
@@ -439,53 +419,3 @@ class MegatronPolicyWorker(RefitSender):
         if dist.is_initialized():
             dist.destroy_process_group()
         return True
-
-
-def _prepare_optimizer_for_loading(optimizer: Any) -> None:
-    """Two gaps of megatron-core 0.16's distributed optimizer without Apex/Transformer Engine (torch's Adam, whose
-    state holds a per-parameter ``step``), filled before loading its checkpoint:
-
-    - its state dict reads that ``step``, which exists only after a step: Megatron's own zero-gradient dummy step
-      allocates the state (it moves only this rank's main-parameter shard, by the weight decay, and the loaded
-      ``fp32_param`` overwrites that shard);
-    - loading the "fully_reshardable" parameter state copies every state tensor but ``step`` (restored from the
-      param groups beforehand) and fails on the missing key: the current ``step`` is passed through.
-    """
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if not hasattr(inner, "_init_optimizer_states_with_dummy_values"):
-            continue  # not a DistributedOptimizer
-        if not inner.optimizer.state:
-            inner._init_optimizer_states_with_dummy_values()
-        if getattr(inner.config, "use_precision_aware_optimizer_no_fp8_or_ds_fp8", False) or getattr(
-            inner, "_passes_step_through", False
-        ):
-            continue
-        upstream = inner._set_main_param_and_optimizer_states
-
-        def set_states(model_param: Any, tensors: dict[str, Any], _inner: Any = inner, _upstream: Any = upstream):
-            group_index, group_order = _inner.model_param_group_index_map[model_param]
-            main_param = _inner.optimizer.param_groups[group_index]["params"][group_order]
-            step = _inner.optimizer.state[main_param].get("step")
-            if "step" not in tensors and step is not None:
-                tensors = {**tensors, "step": step}
-            _upstream(model_param, tensors)
-
-        inner._set_main_param_and_optimizer_states = set_states
-        inner._passes_step_through = True
-
-
-def _unshare_adam_steps(optimizer: Any) -> None:
-    """After loading, megatron-core 0.16's distributed optimizer (without Apex/TE) gives every parameter's torch
-    Adam state one shared ``step`` tensor, which torch's Adam then increments in place once per parameter: the bias
-    corrections of the next step go wrong. Each parameter gets its own copy."""
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        for param_state in getattr(inner.optimizer, "state", {}).values():
-            if torch.is_tensor(param_state.get("step")):
-                param_state["step"] = param_state["step"].clone()
-
-
-def _save_distributed(state: dict[str, Any], path: str) -> None:
-    if dist.get_rank() == 0:
-        os.makedirs(path, exist_ok=True)
-    dist.barrier()
-    dist_checkpointing.save(state, path)
