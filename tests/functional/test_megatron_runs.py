@@ -71,7 +71,8 @@ MOE_EP2 = (
 
 @pytest.mark.slow
 def test_grpo_on_megatron_moe_samples_exactly_and_resumes_exactly(tmp_path):
-    """An MoE model with expert parallelism (`MOE_EP2`), colocated, sampling at temperature 0.7, top-p 0.9, top-k 50:
+    """An MoE model with expert parallelism (`MOE_EP2`), colocated, sampling at temperature 0.7, top-p 0.9, top-k 50,
+    router replay on:
     the trainer's logprobs reproduce the engine's processed distribution (the vocab-parallel-ready path) every step,
     so every refit gathers both expert shares into what vLLM serves; 4 steps straight equal a restart from the
     straight run's step-2 checkpoint + 2 steps. A reward the model earns (`LENGTH_REWARD`), so that advantages and
@@ -83,6 +84,7 @@ def test_grpo_on_megatron_moe_samples_exactly_and_resumes_exactly(tmp_path):
         *MOE_EP2,
         *LENGTH_REWARD,
         *SAMPLING,
+        "++policy.router_replay.enabled=true",  # the engine records each token's experts; Megatron replays them
         "grpo.val_period=2",
         "checkpointing.save_period=2",
     )

@@ -24,11 +24,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 
+from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.models.policy.megatron import converter
 from tests.unit.test_megatron_policy import hf_logprobs, make_batches, max_diff, policy_dict, spawn
 
 ATOL = 1e-5
 EXPERTS, MOE_FFN = 8, 16
+TOP_K, LAYERS = 2, 2  # tiny-random-qwen3-moe (the worker scenarios' model) has EXPERTS experts too
 DIMS = {
     "vocab_size": 128,
     "hidden_size": 64,
@@ -174,7 +176,9 @@ def _worker(model_dir: str, ep: int, **kwargs: Any) -> Any:
     freeze = kwargs.pop("freeze", False)
     megatron = {"expert_model_parallel_size": ep, "moe_token_dispatcher_type": "allgather", "freeze_moe_router": freeze}
     megatron.update(kwargs.pop("megatron", {}))
-    config = validate_config(policy_dict(model_dir, **megatron), PolicyConfig)
+    policy = policy_dict(model_dir, **megatron)
+    policy["router_replay"] = {"enabled": kwargs.pop("router_replay", False)}
+    config = validate_config(policy, PolicyConfig)
     os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)  # a fresh process group per worker
     return MegatronPolicyWorker(config, load_tokenizer(model_dir), model_dir, **kwargs)
 
@@ -224,11 +228,30 @@ def run_scenarios(model_dir: str, run_dir: str, batches: list) -> dict[str, Any]
     record["frozen"] = _step(worker, batches[0])
     worker.shutdown()
 
+    worker = _worker(model_dir, 2, router_replay=True, init_reference_model=False)
+    record["replay_unrecorded_logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
+    forced = batches[0].copy()
+    forced[ROUTED_EXPERTS] = forced_routing(batches[0])
+    record["replay_forced_logprobs"] = worker.get_logprobs(forced)["logprobs"]
+    record["replay_step"] = _step(worker, forced)
+    worker.shutdown()
+
     aux = {"moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.1}
     worker = _worker(model_dir, 1, megatron=aux, init_reference_model=False)
     record["aux_loss"] = _step(worker, batches[0])
     worker.shutdown()
     return record
+
+
+def forced_routing(data: Any) -> torch.Tensor:
+    """``[B, S, layers, k]`` int16 expert choices unlike the model's own (distinct experts per token), -1 (no record:
+    the model routes) at the first 3 positions of every row."""
+    generator = torch.Generator().manual_seed(5)
+    rows, width = data["input_ids"].shape
+    routing = torch.stack([torch.randperm(EXPERTS, generator=generator)[:TOP_K] for _ in range(rows * width * LAYERS)])
+    routing = routing.reshape(rows, width, LAYERS, TOP_K).to(torch.int16)
+    routing[:, :3] = -1
+    return routing
 
 
 @pytest.fixture(scope="module")
@@ -371,3 +394,27 @@ def test_the_load_balancing_loss_trains_the_routers_when_configured(record: dict
     assert (
         routers and max_diff({n: with_aux["state"][n] for n in routers}, {n: without["state"][n] for n in routers}) > 0
     )
+
+
+def test_router_replay_routes_each_token_to_the_recorded_experts(record: dict, model_dir: str, batches: list) -> None:
+    """Megatron at EP=2 with a forced routing against Hugging Face with the same routing forced by the DTensor
+    worker's router hooks (checked by hand in test_moe.py): equal to 1e-5. Megatron routes tokens in [S, B] order and
+    HF in [B, S]: a record read in [B, S] order routes other tokens (measured gap 0.075). Without a record the
+    model routes itself, bit-equal to a run without replay; the router still trains under a forced routing."""
+    from nemo_rl_clone.models.policy.dtensor.moe import RoutingReplay
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    replay = RoutingReplay(model)
+    routing = forced_routing(batches[0])
+    replay.routing = routing.reshape(-1, *routing.shape[2:])
+    input_ids = batches[0]["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits
+    next_token = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    expected = torch.cat([torch.zeros(len(input_ids), 1), next_token], dim=1)
+    expected = torch.where(torch.arange(input_ids.shape[1]) < batches[0]["input_lengths"][:, None], expected, 0.0)
+    assert max_diff(record["replay_forced_logprobs"], expected) <= ATOL
+    assert max_diff(record["replay_forced_logprobs"], record["ep2_logprobs"]) > 1e-2  # the routing mattered
+    assert torch.equal(record["replay_unrecorded_logprobs"], record["ep2_logprobs"])
+    router = "model.layers.1.mlp.gate.weight"
+    assert not torch.equal(record["replay_step"]["state"][router], record["init_state"][router])

@@ -408,12 +408,11 @@ class GRPOMasterConfig:
         return problems
 
     def _check_router_replay(self) -> list[tuple[str, str]]:
-        """``policy.router_replay``: the in-process engine records routing (routing_capture.py) and the DTensor
-        worker replays it, for single-turn rollouts (each sample's routing is its one sequence's)."""
+        """``policy.router_replay``: the in-process engine records routing (routing_capture.py) and the policy
+        workers (DTensor and Megatron) replay it, for single-turn rollouts (each sample's routing is its one
+        sequence's)."""
         why = "with policy.router_replay.enabled (docs/moe.md#router-replay)"
         problems = []
-        if self.policy.megatron_cfg.enabled:
-            problems.append(("policy.megatron_cfg.enabled", f"not supported yet {why}: replay is built for DTensor"))
         generation = self.policy.generation
         if generation is not None and generation.vllm_cfg.async_engine:
             problems.append(

@@ -200,3 +200,54 @@ def freeze_router(model: torch.nn.Module) -> int:
             param.requires_grad_(False)
             frozen += 1
     return frozen
+
+
+class RoutingReplay:
+    """``policy.router_replay`` on Megatron: each token goes to the experts the generation engine routed it to.
+
+    Megatron's routers choose their top k through a ``router_replay`` object when one is set (Megatron's own
+    `RouterReplay` replays whole layers and keeps every instance in a class-wide list); this one is set on each
+    router of the stage and overrides only positions the batch has a record for (-1 keeps the model's choice). The
+    weights are gathered from the router's own scores as Megatron's replay does (softmax over the chosen logits, the
+    renormalised rule; or the full softmax's values with ``moe_router_pre_softmax``), so the router keeps its
+    gradient. ``routing``: ``[B, S, layers, k]`` of the microbatch about to run (all layers, numbered globally)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        routers = [module for module in model.modules() if isinstance(module, TopKRouter)]
+        if not routers:
+            raise UserInputError(
+                "policy.router_replay.enabled: the model has no MoE router to replay; router replay is for MoE models"
+            )
+        self.routing: torch.Tensor | None = None
+        for router in routers:  # layer_number: global and 1-based, pipeline offset included
+            router.router_replay = _LayerReplay(self, router.layer_number - 1)
+
+
+class _LayerReplay:
+    """What Megatron's ``topk_routing_with_score_function`` calls (``router_replay.get_replay_topk``) for one layer."""
+
+    def __init__(self, replay: RoutingReplay, layer: int) -> None:
+        self.replay, self.layer = replay, layer
+
+    def get_replay_topk(
+        self, scores: torch.Tensor, topk: int, num_groups: Any, group_topk: Any, default_compute_topk: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        values, indices = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
+        routing = self.replay.routing
+        if routing is None:
+            return values, indices
+        batch, width = routing.shape[:2]
+        seq = indices.shape[0] // batch
+        recorded = routing[:, :seq, self.layer].to(indices.device, torch.long)
+        if width < seq:  # the record stops at the last sampled token; later positions are padding
+            recorded = torch.nn.functional.pad(recorded, (0, 0, 0, seq - width), value=-1)
+        recorded = recorded.transpose(0, 1).reshape(-1, recorded.shape[-1])  # Megatron's token order: [S, B]
+        if recorded.shape != indices.shape:
+            raise RuntimeError(
+                f"router replay: layer {self.layer} routes {tuple(indices.shape)} (tokens, k), the record holds "
+                f"{tuple(recorded.shape)}"
+            )
+        chosen = torch.where(recorded >= 0, recorded, indices)
+        return scores.gather(1, chosen), chosen

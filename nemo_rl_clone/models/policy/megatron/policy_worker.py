@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
 from nemo_rl_clone.algorithms.loss.utils import prepare_loss_input
+from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import save_consolidated_hf, to_checkpoint_layout
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
@@ -108,6 +109,7 @@ class MegatronPolicyWorker(RefitSender):
         del hf_model, hf_state
         if self.shape.is_moe and mcfg.freeze_moe_router:
             moe.freeze_router(gpt)
+        self.routing_replay = moe.RoutingReplay(gpt) if config.router_replay.enabled else None
         self.model = mmodel.wrap_model(gpt, self.model_config, mcfg)
         self.reference_weights: dict[str, torch.Tensor] | None = None
         if init_reference_model:
@@ -140,8 +142,12 @@ class MegatronPolicyWorker(RefitSender):
             input_ids = microbatch["input_ids"]
             positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
             kwargs = {"fp32_output": False} if self.cfg.megatron_cfg.defer_fp32_logits and self._half else {}
+            if self.routing_replay is not None:  # the engine's routing of these rows (None: the model's own)
+                self.routing_replay.routing = microbatch.get(ROUTED_EXPERTS)
             # Right padding needs no attention mask: the causal mask keeps valid positions from seeing it.
             output = model(input_ids, positions, None, **kwargs)
+            if self.routing_replay is not None:
+                self.routing_replay.routing = None
             return output, functools.partial(finish, microbatch)
 
         return get_forward_backward_func()(
