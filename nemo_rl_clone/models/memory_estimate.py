@@ -162,7 +162,8 @@ def megatron_worker_memory(
     Megatron keeps the model in the compute dtype and a gradient buffer (fp32 with ``grad_reduce_in_fp32``); the
     optimizer holds fp32 master weights (mixed precision) and Adam's two moments, sharded over the data-parallel
     ranks by the distributed optimizer (over the expert-data-parallel ranks for experts). Activations as for the
-    DTensor worker over the stage's layers; the full fp32 logits (no selective head), cut by tensor parallelism."""
+    DTensor worker over the stage's layers (cut by tensor parallelism under sequence parallelism); the full fp32
+    logits (no selective head), cut by tensor parallelism."""
     mcfg = policy.megatron_cfg
     tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size
     moe = shape.num_expert_parameters > 0
@@ -179,12 +180,14 @@ def megatron_worker_memory(
     grad_bytes = 4 if mcfg.distributed_data_parallel_config.grad_reduce_in_fp32 else compute_bytes
     tokens = training_microbatch_tokens(policy)
     per_layer = _values_per_token_layer(shape, mcfg.activation_checkpointing)
+    # Sequence parallelism splits the activations outside attention and MLP too; without it they are counted whole.
+    activation_share = tp if mcfg.sequence_parallel else 1
     parts = {
         "parameters": compute_bytes * local,
         "gradients": grad_bytes * local,
         "optimizer": optimizer,
         "reference": compute_bytes * local if reference else 0,
-        "activations": tokens * (shape.num_layers // pp) * per_layer * compute_bytes,
+        "activations": tokens * (shape.num_layers // pp) * per_layer * compute_bytes // activation_share,
         "logits": 3 * tokens * shape.vocab_size // tp * 4,
         "kv_cache": 0,
         "refit": refit,

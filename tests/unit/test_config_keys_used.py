@@ -203,11 +203,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     (MegatronConfig, "context_parallel_size"): megatron(
         2, f"{_YET}context parallelism in the Megatron backend; set it to 1 (got 2)"
     ),
-    (MegatronConfig, "sequence_parallel"): megatron(
-        True,
-        f"{_YET}the local (non-TE) layer spec this backend builds refuses sequence parallelism (its norm needs "
-        "Transformer Engine); set it to false",
-    ),
     (MegatronConfig, "gradient_accumulation_fusion"): megatron(
         True,
         f"{_YET}needs Apex's fused_weight_gradient_mlp_cuda kernel, which the linear layers of Megatron's local "

@@ -273,11 +273,17 @@ def run_layout(
 
 
 def run_resumed(
-    model_dir: str, policy_dir: str, save_dir: str, batches: list[BatchedDataDict], tp: int, pp: int
+    model_dir: str,
+    policy_dir: str,
+    save_dir: str,
+    batches: list[BatchedDataDict],
+    tp: int,
+    pp: int,
+    megatron: dict[str, Any],
 ) -> dict[str, Any]:
     """Resume from ``policy_dir`` at this layout, take step 3, save its weights (and tokenizer) to ``save_dir``."""
     worker = _megatron_worker(
-        model_dir, tp, pp, weights_path=f"{policy_dir}/weights", optimizer_path=f"{policy_dir}/optimizer"
+        model_dir, tp, pp, megatron, weights_path=f"{policy_dir}/weights", optimizer_path=f"{policy_dir}/optimizer"
     )
     result = {"reference_logprobs": worker.get_reference_policy_logprobs(batches[0])["reference_logprobs"]}
     result["step"] = _step(worker, batches[2])
@@ -316,7 +322,8 @@ LAYOUTS: dict[str, tuple[int, int, dict[str, Any]]] = {
     # again. (An even split is the default case of the same stage assignment, so it has no run of its own.)
     "pp2_uneven_recompute": (1, 2, {"num_layers_in_first_pipeline_stage": 1, "activation_checkpointing": True}),
 }
-RESUMED_LAYOUT = (2, 1)  # TP=2 over the 2 processes
+# TP=2 over the 2 processes, with sequence parallelism (the norms' gradients are summed over the TP ranks).
+RESUMED_LAYOUT = (2, 1, {"sequence_parallel": True})
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
@@ -356,8 +363,8 @@ def test_layout_trains_like_one_process(layout: dict, single: dict) -> None:
 
 
 def test_checkpoint_resumes_at_another_layout(resumed: dict, single: dict) -> None:
-    """2 steps at TP=1, saved; a new 2-process world at TP=2 loads weights, optimizer and scheduler; its step 3
-    equals the third of 3 straight steps."""
+    """2 steps at TP=1, saved; a new 2-process world at TP=2 with sequence parallelism loads weights, optimizer and
+    scheduler; its step 3 equals the third of 3 straight steps."""
     want = single["steps"][2]
     got = resumed["step"]
     assert abs(got["loss"] - want["loss"]) <= ATOL
@@ -390,11 +397,12 @@ def test_hf_export_after_a_step_is_the_refit_state(single: dict, run_dir: Path) 
         assert torch.equal(exported[name], tensor), name
 
 
-def _write_run_config(step_dir: Path, model_dir: str, tp: int = 1, pp: int = 1) -> Path:
+def _write_run_config(step_dir: Path, model_dir: str, tp: int = 1, pp: int = 1, megatron: dict | None = None) -> Path:
     """``step_N/config.yaml`` as a run saves it (the policy section is what the converter reads)."""
     step_dir.mkdir(parents=True, exist_ok=True)
     config_path = step_dir / "config.yaml"
-    config = {"policy": policy_dict(model_dir, tp, pp), "checkpointing": {"model_save_format": "safetensors"}}
+    policy = policy_dict(model_dir, tp, pp, **(megatron or {}))
+    config = {"policy": policy, "checkpointing": {"model_save_format": "safetensors"}}
     config_path.write_text(yaml.safe_dump(config))
     return config_path
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
@@ -132,10 +134,11 @@ def qwen3_30b_a3b(tmp_path_factory) -> str:
 
 
 def test_the_qwen3_30b_a3b_recipe_fits_h200_gpus_in_its_megatron_layout(qwen3_30b_a3b):
-    """configs/grpo_qwen3_30b_a3b_megatron.yaml: TP 1 × PP 4 × EP 8 over 64 GPUs. Each policy worker holds a quarter
-    of the dense weights and a 32nd of the experts; the distributed optimizer shards Adam over 16 data-parallel
-    ranks (2 for experts). Its peak and the engine's whole bf16 model fit a 141 GB GPU (H200); an 80 GB one holds
-    the policy but not the engine (vLLM tensor parallelism is not supported yet)."""
+    """configs/grpo_qwen3_30b_a3b_megatron.yaml: TP 4 × PP 4 × EP 4 with sequence parallelism over 64 GPUs. Each
+    policy worker holds a 16th of the dense weights (TP × PP) and of the experts (EP × PP); the distributed optimizer
+    shards Adam over 4 data-parallel ranks (4 expert-data-parallel ones for experts). Its peak and the engine's whole
+    bf16 model fit a 141 GB GPU (H200); an 80 GB one holds the policy but not the engine (vLLM tensor parallelism is
+    not supported yet)."""
     shape = ModelShape.of(qwen3_30b_a3b)
     assert (shape.num_parameters, shape.num_expert_parameters) == (Q_DENSE + Q_EXPERTS, Q_EXPERTS)
     assert 30.4e9 < shape.num_parameters < 30.6e9  # "30.5B" as published
@@ -145,11 +148,14 @@ def test_the_qwen3_30b_a3b_recipe_fits_h200_gpus_in_its_megatron_layout(qwen3_30
     policy = config.policy
     world = config.cluster.gpus_per_node * config.cluster.num_nodes
     worker = megatron_worker_memory(policy, shape, world, reference=True)
-    local = Q_DENSE // 4 + Q_EXPERTS // 32
+    local = Q_DENSE // 16 + Q_EXPERTS // 16
     assert worker.parts["parameters"] == 2 * local  # bf16 model
     assert worker.parts["gradients"] == 2 * local  # grad_reduce_in_fp32 is off in the recipe
-    assert worker.parts["optimizer"] == 12 * (Q_DENSE // 4 // 16 + Q_EXPERTS // 32 // 2)
-    assert worker.parts["logits"] == 3 * 4096 * Q_V * 4  # one 4,096-token microbatch, full fp32 logits
+    assert worker.parts["optimizer"] == 12 * (Q_DENSE // 16 // 4 + Q_EXPERTS // 16 // 4)
+    assert worker.parts["logits"] == 3 * 4096 * Q_V // 4 * 4  # one 4,096-token microbatch, fp32 logits over TP 4
+    whole = dataclasses.replace(policy, megatron_cfg=dataclasses.replace(policy.megatron_cfg, sequence_parallel=False))
+    unsplit = megatron_worker_memory(whole, shape, world, reference=True).parts["activations"]
+    assert worker.parts["activations"] == unsplit // 4  # sequence parallelism splits them over the 4 TP ranks
     h200, h100 = 141e9, 80e9
     assert worker.total < 0.5 * h200
     engine = engine_memory(policy.generation.vllm_cfg, shape, int(h200), count=8)

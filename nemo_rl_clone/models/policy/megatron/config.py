@@ -140,7 +140,8 @@ class MegatronConfig:
     expert_tensor_parallel_size: int = 1
     expert_model_parallel_size: int = 1  # MoE models: the experts spread over this many ranks
     pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # null: policy.precision
-    sequence_parallel: bool = False  # refused
+    # With tensor_model_parallel_size > 1: norms and residuals hold 1/TP of the tokens (Megatron needs it for MoE).
+    sequence_parallel: bool = False
     attention_backend: str = "auto"
     apply_rope_fusion: bool = (
         False  # a fused-kernel speed option: RoPE runs unfused in the local spec (`local_spec_notes`)
@@ -186,10 +187,6 @@ _DDP = "distributed_data_parallel_config"
 # (section path relative to megatron_cfg ("" for itself), field) → why a non-default value is refused.
 _REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
     ("", "context_parallel_size"): "context parallelism in the Megatron backend",
-    ("", "sequence_parallel"): (
-        "the local (non-TE) layer spec this backend builds refuses sequence parallelism (its norm needs "
-        "Transformer Engine)"
-    ),
     ("", "gradient_accumulation_fusion"): (
         "needs Apex's fused_weight_gradient_mlp_cuda kernel, which the linear layers of Megatron's local (non-TE) "
         "layer spec that this backend builds would call; it is not installed"

@@ -22,6 +22,13 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_block import (
+    TransformerBlock,
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
 
 from nemo_rl_clone.models.policy.megatron import converter, moe
 from nemo_rl_clone.utils.errors import UserInputError
@@ -37,6 +44,7 @@ class Parallelism:
     last_stage_layers: int | None = None
     expert: int = 1  # expert-parallel ranks (MoE models)
     expert_tensor: int | None = None  # each expert's tensor-parallel ranks; None: Megatron's default (= tensor)
+    sequence: bool = False  # sequence parallelism (with tensor > 1): norms and dropouts see 1/tensor of the tokens
 
 
 def init_model_parallel(parallelism: Parallelism, seed: int = 1234) -> None:
@@ -105,6 +113,7 @@ def transformer_config(
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=parallelism.tensor,
+        sequence_parallel=parallelism.sequence and parallelism.tensor > 1,
         pipeline_model_parallel_size=parallelism.pipeline,
         num_layers_in_first_pipeline_stage=parallelism.first_stage_layers,
         num_layers_in_last_pipeline_stage=parallelism.last_stage_layers,
@@ -128,6 +137,34 @@ def transformer_config(
     )
 
 
+class RMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm built as Megatron builds norms. Megatron's own wrapper of it (the local spec's norm) refuses
+    sequence parallelism; under it each tensor-parallel rank normalises its share of the tokens, so the weight is
+    marked ``sequence_parallel`` and Megatron's ``finalize_model_grads`` sums its gradient over those ranks."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_unused: Any) -> None:
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+
+
+def _decoder_spec(config: TransformerConfig, shape: converter.ModelShape) -> ModuleSpec:
+    """The local layer spec (`moe.layer_spec`) with every norm, the final one included, a `RMSNorm`."""
+
+    def swap_norms(value: Any) -> Any:
+        if value is WrappedTorchNorm:
+            return RMSNorm
+        if isinstance(value, ModuleSpec):
+            return dataclasses.replace(value, submodules=swap_norms(value.submodules))
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            changes = {field.name: swap_norms(getattr(value, field.name)) for field in dataclasses.fields(value)}
+            return dataclasses.replace(value, **changes)
+        return value
+
+    layer = swap_norms(moe.layer_spec(shape))
+    layers = [layer] * get_num_layers_to_build(config)
+    return ModuleSpec(module=TransformerBlock, submodules=TransformerBlockSubmodules(layers, layer_norm=RMSNorm))
+
+
 def build_model(
     config: TransformerConfig, shape: converter.ModelShape, hf_config: Any, hf_state: dict[str, torch.Tensor]
 ) -> tuple[GPTModel, range]:
@@ -146,7 +183,7 @@ def build_model(
     with megatron_cpu_shims.cuda_redirect():  # tied embeddings over pipeline stages call `.cuda()`
         model = GPTModel(
             config,
-            transformer_layer_spec=moe.layer_spec(shape),
+            transformer_layer_spec=_decoder_spec(config, shape),
             vocab_size=shape.vocab_size,
             max_sequence_length=int(getattr(hf_config, "max_position_embeddings", 4096)),
             pre_process=pre_process,

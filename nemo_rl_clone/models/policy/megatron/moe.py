@@ -91,11 +91,11 @@ def check(shape: converter.ModelShape, mcfg: Any, world_size: int, varying_shape
         )
     if mcfg.moe_aux_loss_coeff < 0:
         problems.append(f"{_KEY}moe_aux_loss_coeff: must be >= 0, got {mcfg.moe_aux_loss_coeff}")
-    if mcfg.tensor_model_parallel_size > 1:
+    if mcfg.tensor_model_parallel_size > 1 and not mcfg.sequence_parallel:
         problems.append(
-            f"{_KEY}tensor_model_parallel_size={mcfg.tensor_model_parallel_size}: Megatron trains MoE layers under "
-            "tensor parallelism only with sequence_parallel, which the local (non-TE) layer spec refuses; split the "
-            "experts with expert_model_parallel_size / expert_tensor_parallel_size instead"
+            f"{_KEY}sequence_parallel: Megatron trains MoE layers under tensor parallelism "
+            f"(tensor_model_parallel_size={mcfg.tensor_model_parallel_size}) only with sequence parallelism; set it "
+            "to true"
         )
     if shape.moe_topk == 1 and shape.norm_topk_prob:
         problems.append(

@@ -97,6 +97,7 @@ class MegatronPolicyWorker(RefitSender):
             last_stage_layers=mcfg.num_layers_in_last_pipeline_stage,
             expert=mcfg.expert_model_parallel_size if self.shape.is_moe else 1,
             expert_tensor=mcfg.expert_tensor_parallel_size if self.shape.is_moe else None,
+            sequence=mcfg.sequence_parallel,
         )
         mmodel.init_model_parallel(parallelism)
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
@@ -140,6 +141,8 @@ class MegatronPolicyWorker(RefitSender):
         def forward_step(data_iterator: Iterator[BatchedDataDict], model: torch.nn.Module) -> tuple[Any, Any]:
             microbatch = next(data_iterator).to(self.device)
             input_ids = microbatch["input_ids"]
+            width = input_ids.shape[1]
+            input_ids = torch.nn.functional.pad(input_ids, (0, self._padded_width(width) - width))
             positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
             kwargs = {"fp32_output": False} if self.cfg.megatron_cfg.defer_fp32_logits and self._half else {}
             if self.routing_replay is not None:  # the engine's routing of these rows (None: the model's own)
@@ -148,6 +151,8 @@ class MegatronPolicyWorker(RefitSender):
             output = model(input_ids, positions, None, **kwargs)
             if self.routing_replay is not None:
                 self.routing_replay.routing = None
+            if self.is_last_stage:  # logits [B, S', V / tp]; other stages pass hidden states on
+                output = output[:, :width]
             return output, functools.partial(finish, microbatch)
 
         return get_forward_backward_func()(
@@ -155,11 +160,17 @@ class MegatronPolicyWorker(RefitSender):
             data_iterator=iter(microbatches),
             model=[self.model],
             num_microbatches=len(microbatches),
-            seq_length=max(mb["input_ids"].shape[1] for mb in microbatches),
+            seq_length=self._padded_width(max(mb["input_ids"].shape[1] for mb in microbatches)),
             micro_batch_size=max(mb.size for mb in microbatches),
             forward_only=forward_only,
             collect_non_loss_data=collect_outputs,
         )
+
+    def _padded_width(self, width: int) -> int:
+        """Sequence parallelism splits the tokens evenly over tensor-parallel ranks: rows are padded on the right."""
+        if not self.model_config.sequence_parallel:
+            return width
+        return -(-width // self.tp_size) * self.tp_size
 
     @property
     def _half(self) -> bool:
