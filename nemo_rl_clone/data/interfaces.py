@@ -44,6 +44,19 @@ def pad_routing(records: list[torch.Tensor | None], width: int) -> torch.Tensor:
     return routed
 
 
+def merge_routing(earlier: torch.Tensor | None, latest: torch.Tensor) -> torch.Tensor:
+    """A multi-turn sample's routing after another turn: each turn's request holds the whole conversation, and a
+    position keeps the record of the first turn that computed it (a generated token: the turn that sampled it);
+    positions that turn left without a record (its last token, the observation after it) take ``latest``'s."""
+    if earlier is None:
+        return latest
+    merged = latest.clone()
+    overlap = min(len(earlier), len(latest))
+    kept = earlier[:overlap]
+    merged[:overlap] = torch.where(kept >= 0, kept, latest[:overlap])
+    return merged
+
+
 def __getattr__(name: str) -> Any:
     # NeMo-RL's ``TokenizerType`` alias, resolved on first use so importing this module does not load transformers.
     if name == "TokenizerType":

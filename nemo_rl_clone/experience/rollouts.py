@@ -16,7 +16,7 @@ import ray
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
+from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS, merge_routing
 from nemo_rl_clone.data.llm_message_utils import (
     batched_message_log_to_flat_message,
     message_from_token_ids,
@@ -104,8 +104,9 @@ def run_multi_turn_rollout(
             message = message_from_token_ids("assistant", outputs["output_ids"][j, start : start + length], tokenizer)
             message[GENERATION_LOGPROBS] = outputs["logprobs"][j, start : start + length].to(torch.float32)
             batch["message_log"][i].append(message)
-            if ROUTED_EXPERTS in outputs:  # per sample: its sequence's routing (router replay: single-turn runs)
-                batch.setdefault(ROUTED_EXPERTS, [None] * size)[i] = outputs[ROUTED_EXPERTS][j, : start + length]
+            if ROUTED_EXPERTS in outputs:  # router replay: per sample, each position as the engine first routed it
+                records = batch.setdefault(ROUTED_EXPERTS, [None] * size)
+                records[i] = merge_routing(records[i], outputs[ROUTED_EXPERTS][j, : start + length])
             generated_tokens += length
             turns[i] += 1
             total_len = start + length

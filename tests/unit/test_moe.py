@@ -17,6 +17,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
+from nemo_rl_clone.data.interfaces import merge_routing
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.hf_export import save_consolidated_hf, to_checkpoint_layout
@@ -160,6 +162,52 @@ def test_the_engine_records_the_experts_of_every_computed_token(
         assert (routed[row, total - 1 :] == -1).all()
 
 
+def test_a_multi_turn_sample_keeps_each_position_as_the_engine_first_routed_it(
+    moe_generation: tuple[VllmGeneration, RayVirtualCluster], model_path: str
+) -> None:
+    """Turn 2's request is turn 1's sequence + an observation; the merged record keeps turn 1's routing where turn 1
+    computed a position (its prompt and sampled tokens) and takes turn 2's for the rest (turn 1's last token, the
+    observation, turn 2's tokens). In fp32 both turns route like Hugging Face over the final sequence."""
+    generation, _ = moe_generation
+    trainer = HFPolicyStandIn(model_path, seed=24)
+    try:
+        prepare_refit(trainer, generation)
+        refit_policy_generation(trainer, generation, colocated=True)
+    finally:
+        trainer.shutdown()
+    tokenizer = load_tokenizer(TINY_QWEN3_MOE)
+    tokenizer.padding_side = "right"
+    first_input = prompt_batch(tokenizer, PROMPTS[:2])
+    first = generation.generate(first_input)
+    observation = tokenizer(" Environment: try again.")["input_ids"]
+    rows = [first["output_ids"][row, : int(first["unpadded_sequence_lengths"][row])].tolist() for row in range(2)]
+    rows = [row + observation for row in rows]
+    width = max(map(len, rows))
+    second_input = BatchedDataDict(
+        input_ids=torch.tensor([row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows]),
+        input_lengths=torch.tensor([len(row) for row in rows]),
+    )
+    second = generation.generate(second_input)
+    model = perturbed_model(model_path, seed=24)
+    for row in range(2):
+        turn1 = first["routed_experts"][row, : int(first["unpadded_sequence_lengths"][row])]
+        total = int(second["unpadded_sequence_lengths"][row])
+        turn2 = second["routed_experts"][row, :total]
+        merged = merge_routing(turn1, turn2)
+        computed = len(turn1) - 1  # turn 1 never computes its own last token
+        assert torch.equal(merged[:computed], turn1[:computed]) and torch.equal(merged[computed:], turn2[computed:])
+        expected = hf_routing(model, second["output_ids"][row, :total].tolist())[: total - 1]
+        assert torch.equal(merged[: total - 1].long().sort(-1).values, expected.sort(-1).values), row
+
+
+def test_merge_routing_keeps_the_first_record_of_each_position() -> None:
+    earlier = torch.tensor([[[0, 1]], [[2, 3]], [[-1, -1]]], dtype=torch.int16)  # [positions, layers, k]
+    latest = torch.tensor([[[4, 5]], [[6, 7]], [[1, 2]], [[3, 0]], [[-1, -1]]], dtype=torch.int16)
+    merged = merge_routing(earlier, latest)
+    assert merged.tolist() == [[[0, 1]], [[2, 3]], [[1, 2]], [[3, 0]], [[-1, -1]]]
+    assert merge_routing(None, latest) is latest and latest[0].tolist() == [[4, 5]]  # the inputs are left as they are
+
+
 def hf_routing(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     """``[positions, layers, k]`` expert ids of Hugging Face's routers over ``ids``."""
     chosen: list[torch.Tensor] = []
@@ -288,10 +336,8 @@ def test_router_replay_validates_where_it_is_built_and_names_the_key_elsewhere()
     smoke = REPO / "configs" / "grpo_smoke.yaml"
     on = ["++policy.router_replay.enabled=true"]
     assert load_validated_config(smoke, on, GRPOMasterConfig).policy.router_replay.enabled
-    for override, key in (
-        ("policy.generation.vllm_cfg.async_engine=true", "policy.generation.vllm_cfg.async_engine"),
-        ("grpo.max_rollout_turns=2", "grpo.max_rollout_turns"),
-    ):
+    assert load_validated_config(smoke, [*on, "grpo.max_rollout_turns=2"], GRPOMasterConfig).grpo.max_rollout_turns == 2
+    for override, key in (("policy.generation.vllm_cfg.async_engine=true", "policy.generation.vllm_cfg.async_engine"),):
         with pytest.raises(ConfigError) as error:
             load_validated_config(smoke, [*on, override], GRPOMasterConfig)
         (line,) = [line for line in map(str, error.value.problems) if "policy.router_replay.enabled" in line]

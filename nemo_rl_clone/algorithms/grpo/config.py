@@ -409,8 +409,7 @@ class GRPOMasterConfig:
 
     def _check_router_replay(self) -> list[tuple[str, str]]:
         """``policy.router_replay``: the in-process engine records routing (routing_capture.py) and the policy
-        workers (DTensor and Megatron) replay it, for single-turn rollouts (each sample's routing is its one
-        sequence's)."""
+        workers (DTensor and Megatron) replay it; multi-turn samples merge their turns' records (merge_routing)."""
         why = "with policy.router_replay.enabled (docs/moe.md#router-replay)"
         problems = []
         generation = self.policy.generation
@@ -418,8 +417,6 @@ class GRPOMasterConfig:
             problems.append(
                 ("policy.generation.vllm_cfg.async_engine", f"not supported yet {why}: the in-process engine records")
             )
-        if self.grpo.max_rollout_turns > 1:
-            problems.append(("grpo.max_rollout_turns", f"not supported yet above 1 {why}"))
         return problems
 
     def _check_async(self) -> list[tuple[str, str]]:
