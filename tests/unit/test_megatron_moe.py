@@ -232,8 +232,11 @@ def run_scenarios(model_dir: str, run_dir: str, batches: list) -> dict[str, Any]
     # TP=2 × EP=2 (data-parallel 1): Megatron needs sequence parallelism for MoE under TP, which splits the tokens
     # evenly over the TP ranks; an odd width is padded.
     sequence_parallel = {"tensor_model_parallel_size": 2, "sequence_parallel": True}
-    worker = _worker(model_dir, 2, megatron=sequence_parallel, init_reference_model=False)
+    worker = _worker(model_dir, 2, megatron=sequence_parallel, router_replay=True, init_reference_model=False)
     record["tp2_odd_width_logprobs"] = worker.get_logprobs(odd_width(batches[0]))["logprobs"]
+    forced = odd_width(batches[0])
+    forced[ROUTED_EXPERTS] = forced_routing(batches[0])  # 16 positions recorded: more than the rows' 15
+    record["tp2_replay_forced_logprobs"] = worker.get_logprobs(forced)["logprobs"]
     record["tp2"] = [_step(worker, batches[index]) for index in range(STEPS)]
     worker.shutdown()
 
@@ -425,25 +428,33 @@ def test_the_load_balancing_loss_trains_the_routers_when_configured(record: dict
     )
 
 
-def test_router_replay_routes_each_token_to_the_recorded_experts(record: dict, model_dir: str, batches: list) -> None:
-    """Megatron at EP=2 with a forced routing against Hugging Face with the same routing forced by the DTensor
-    worker's router hooks (checked by hand in test_moe.py): equal to 1e-5. Megatron routes tokens in [S, B] order and
-    HF in [B, S]: a record read in [B, S] order routes other tokens (measured gap 0.075). Without a record the
-    model routes itself, bit-equal to a run without replay; the router still trains under a forced routing."""
+def hf_forced_logprobs(model_dir: str, data: Any, routing: torch.Tensor) -> torch.Tensor:
+    """Policy-layout logprobs of Hugging Face's model with ``routing`` forced by the DTensor worker's router hooks."""
     from nemo_rl_clone.models.policy.dtensor.moe import RoutingReplay
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    replay = RoutingReplay(model)
-    routing = forced_routing(batches[0])
+    replay = RoutingReplay(model)  # its hooks read replay.routing: [B * S, layers, k] in HF's token order
     replay.routing = routing.reshape(-1, *routing.shape[2:])
-    input_ids = batches[0]["input_ids"]
+    input_ids = data["input_ids"]
     with torch.no_grad():
         logits = model(input_ids=input_ids).logits
     next_token = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    expected = torch.cat([torch.zeros(len(input_ids), 1), next_token], dim=1)
-    expected = torch.where(torch.arange(input_ids.shape[1]) < batches[0]["input_lengths"][:, None], expected, 0.0)
+    logprobs = torch.cat([torch.zeros(len(input_ids), 1), next_token], dim=1)
+    return torch.where(torch.arange(input_ids.shape[1]) < data["input_lengths"][:, None], logprobs, 0.0)
+
+
+def test_router_replay_routes_each_token_to_the_recorded_experts(record: dict, model_dir: str, batches: list) -> None:
+    """Megatron at EP=2 with a forced routing against Hugging Face with the same routing forced by the DTensor
+    worker's router hooks (checked by hand in test_moe.py): equal to 1e-5. Megatron routes tokens in [S, B] order and
+    HF in [B, S]: a record read in [B, S] order routes other tokens (measured gap 0.075); under sequence parallelism
+    each TP rank reads its block of positions (all reading the first: 0.049). Without a record the
+    model routes itself, bit-equal to a run without replay; the router still trains under a forced routing."""
+    expected = hf_forced_logprobs(model_dir, batches[0], forced_routing(batches[0]))
     assert max_diff(record["replay_forced_logprobs"], expected) <= ATOL
     assert max_diff(record["replay_forced_logprobs"], record["ep2_logprobs"]) > 1e-2  # the routing mattered
+    # TP=2 with sequence parallelism: each rank's routers see its half of the (padded) positions.
+    expected = hf_forced_logprobs(model_dir, odd_width(batches[0]), forced_routing(batches[0])[:, :15])
+    assert max_diff(record["tp2_replay_forced_logprobs"], expected) <= ATOL
     assert torch.equal(record["replay_unrecorded_logprobs"], record["ep2_logprobs"])
     router = "model.layers.1.mlp.gate.weight"
     assert not torch.equal(record["replay_step"]["state"][router], record["init_state"][router])

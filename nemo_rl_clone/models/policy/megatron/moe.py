@@ -210,9 +210,11 @@ class RoutingReplay:
     router of the stage and overrides only positions the batch has a record for (-1 keeps the model's choice). The
     weights are gathered from the router's own scores as Megatron's replay does (softmax over the chosen logits, the
     renormalised rule; or the full softmax's values with ``moe_router_pre_softmax``), so the router keeps its
-    gradient. ``routing``: ``[B, S, layers, k]`` of the microbatch about to run (all layers, numbered globally)."""
+    gradient. ``routing``: ``[B, S, layers, k]`` of the microbatch about to run (all layers, numbered globally).
+    Under sequence parallelism a router sees its tensor-parallel rank's block of positions (``sequence_shard``:
+    (rank, ranks))."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, sequence_shard: tuple[int, int] = (0, 1)) -> None:
         from megatron.core.transformer.moe.router import TopKRouter
 
         routers = [module for module in model.modules() if isinstance(module, TopKRouter)]
@@ -221,6 +223,7 @@ class RoutingReplay:
                 "policy.router_replay.enabled: the model has no MoE router to replay; router replay is for MoE models"
             )
         self.routing: torch.Tensor | None = None
+        self.shard_rank = sequence_shard[0]
         for router in routers:  # layer_number: global and 1-based, pipeline offset included
             router.router_replay = _LayerReplay(self, router.layer_number - 1)
 
@@ -238,11 +241,12 @@ class _LayerReplay:
         routing = self.replay.routing
         if routing is None:
             return values, indices
-        batch, width = routing.shape[:2]
-        seq = indices.shape[0] // batch
-        recorded = routing[:, :seq, self.layer].to(indices.device, torch.long)
-        if width < seq:  # the record stops at the last sampled token; later positions are padding
-            recorded = torch.nn.functional.pad(recorded, (0, 0, 0, seq - width), value=-1)
+        batch = routing.shape[0]
+        seq = indices.shape[0] // batch  # this rank's positions: all, or its block under sequence parallelism
+        start = self.replay.shard_rank * seq
+        recorded = routing[:, start : start + seq, self.layer].to(indices.device, torch.long)
+        if recorded.shape[1] < seq:  # the record stops at the last sampled token; later positions are padding
+            recorded = torch.nn.functional.pad(recorded, (0, 0, 0, seq - recorded.shape[1]), value=-1)
         recorded = recorded.transpose(0, 1).reshape(-1, recorded.shape[-1])  # Megatron's token order: [S, B]
         if recorded.shape != indices.shape:
             raise RuntimeError(

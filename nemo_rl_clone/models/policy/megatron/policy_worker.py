@@ -110,7 +110,10 @@ class MegatronPolicyWorker(RefitSender):
         del hf_model, hf_state
         if self.shape.is_moe and mcfg.freeze_moe_router:
             moe.freeze_router(gpt)
-        self.routing_replay = moe.RoutingReplay(gpt) if config.router_replay.enabled else None
+        self.routing_replay = None
+        if config.router_replay.enabled:
+            shard = (self.tp_rank, self.tp_size) if self.model_config.sequence_parallel else (0, 1)
+            self.routing_replay = moe.RoutingReplay(gpt, shard)
         self.model = mmodel.wrap_model(gpt, self.model_config, mcfg)
         self.reference_weights: dict[str, torch.Tensor] | None = None
         if init_reference_model:
