@@ -31,12 +31,14 @@ def test_agent_episodes_train_on_the_served_tokens_and_failures_end_only_their_e
         assert 1.0 <= m["train/token_mult_prob_error"] <= EXACT_MISMATCH, (step, m)
         for kind in ("exception", "malformed_result"):
             assert m[f"train/rollout/agent/{kind}_rate"] > 0, (step, kind, m)
-        assert (m["train/rollout/agent/timeout_rate"] > 0) == (step == 1)
-        assert m["train/rollout/agent/context_break_rate"] > 0
-        # a context-breaking episode trains as 2 samples: more samples than episodes
-        assert m["train/rollout/agent/samples_per_episode"] > 1
-        assert m["train/rollout/mean_turns"] > 0
+        assert (m["train/rollout/agent/timeout_rate"] > 0) == (step == 1), (step, m)
+        assert m["train/rollout/mean_turns"] > 0, (step, m)
         # failed episodes (no call) train on nothing; the others' samples all do
-        assert 0 < m["train/num_valid_samples"] < 8 * m["train/rollout/agent/samples_per_episode"]
+        assert 0 < m["train/num_valid_samples"] < 8 * m["train/rollout/agent/samples_per_episode"], (step, m)
+    # A context-breaking episode trains as 2 samples: more samples than episodes. Each step has one or two; on a
+    # loaded machine step 1's can outlast the timeout beside the cold engine's first requests (once in CI).
+    broke = [step for step in (1, 2) if metrics[step]["train/rollout/agent/context_break_rate"] > 0]
+    assert broke, metrics
+    assert all(metrics[step]["train/rollout/agent/samples_per_episode"] > 1 for step in broke), metrics
     assert "OpenAI-compatible server at http://" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]
