@@ -135,14 +135,9 @@ def test_vllm_serves_refitted_moe_weights_exactly(
     assert engine_vs_reference_gap(generation, tokenizer, perturbed_model(model_path, seed + 100)) > 1e-2
 
 
-def test_the_engine_records_the_experts_of_every_computed_token(
-    moe_generation: tuple[VllmGeneration, RayVirtualCluster], model_path: str
-) -> None:
-    """Prompt and generated tokens (the batch decodes together) carry the experts vLLM routed them to: in fp32 the
-    same sets as Hugging Face's router over the whole sequence, at every position but the last (never computed).
-    After a refit, so the engine routes with the new router weights."""
-    generation, _ = moe_generation
-    trainer = HFPolicyStandIn(model_path, seed=23)
+def refit_and_tokenizer(generation: VllmGeneration, model_path: str, seed: int) -> Any:
+    """Refits the engine (colocated) with `perturbed_model(model_path, seed)`; returns the right-padding tokenizer."""
+    trainer = HFPolicyStandIn(model_path, seed=seed)
     try:
         prepare_refit(trainer, generation)
         refit_policy_generation(trainer, generation, colocated=True)
@@ -150,6 +145,17 @@ def test_the_engine_records_the_experts_of_every_computed_token(
         trainer.shutdown()
     tokenizer = load_tokenizer(TINY_QWEN3_MOE)
     tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def test_the_engine_records_the_experts_of_every_computed_token(
+    moe_generation: tuple[VllmGeneration, RayVirtualCluster], model_path: str
+) -> None:
+    """Prompt and generated tokens (the batch decodes together) carry the experts vLLM routed them to: in fp32 the
+    same sets as Hugging Face's router over the whole sequence, at every position but the last (never computed).
+    After a refit, so the engine routes with the new router weights."""
+    generation, _ = moe_generation
+    tokenizer = refit_and_tokenizer(generation, model_path, seed=23)
     data = prompt_batch(tokenizer, PROMPTS)
     out = generation.generate(data)  # sampled
     model = perturbed_model(model_path, seed=23)
@@ -169,14 +175,7 @@ def test_a_multi_turn_sample_keeps_each_position_as_the_engine_first_routed_it(
     computed a position (its prompt and sampled tokens) and takes turn 2's for the rest (turn 1's last token, the
     observation, turn 2's tokens). In fp32 both turns route like Hugging Face over the final sequence."""
     generation, _ = moe_generation
-    trainer = HFPolicyStandIn(model_path, seed=24)
-    try:
-        prepare_refit(trainer, generation)
-        refit_policy_generation(trainer, generation, colocated=True)
-    finally:
-        trainer.shutdown()
-    tokenizer = load_tokenizer(TINY_QWEN3_MOE)
-    tokenizer.padding_side = "right"
+    tokenizer = refit_and_tokenizer(generation, model_path, seed=24)
     first_input = prompt_batch(tokenizer, PROMPTS[:2])
     first = generation.generate(first_input)
     observation = tokenizer(" Environment: try again.")["input_ids"]
