@@ -10,7 +10,6 @@ takes the parameter groups (all of which step together) from the loading optimiz
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 from collections.abc import Iterator
@@ -66,7 +65,7 @@ def load_optimizer(optimizer: Any, scheduler: Any, model_state: dict[str, Any], 
 def _load_across_chains(optimizer: Any, template: dict, path: str, saved_keys: set[str]) -> dict[str, Any]:
     """Loads a checkpoint saved by a differently chained optimizer (another expert-parallel size)."""
     saved_by_name = {_CHAIN_PREFIX.sub("", key): key for key in saved_keys}
-    structure = copy.deepcopy(template)  # loading replaces the template's sharded objects in place
+    structure = _skeleton(template)  # loading replaces the template's sharded objects in place
     for sharded in _sharded(template):
         name = _CHAIN_PREFIX.sub("", sharded.key)
         if name not in saved_by_name:
@@ -98,19 +97,39 @@ def _sharded(tree: Any) -> Iterator[ShardedBase]:
             yield from _sharded(value)
 
 
+class _Loaded:
+    """Marks where a `_skeleton` had a sharded object (whose tensor `_fill` takes from the loaded state)."""
+
+
+def _skeleton(tree: Any) -> Any:
+    """``tree``'s containers rebuilt with each sharded object replaced by `_Loaded` (its tensors are not copied)."""
+    if isinstance(tree, ShardedBase):
+        return _Loaded
+    if isinstance(tree, dict):
+        return {key: _skeleton(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_skeleton(value) for value in tree)
+    return tree
+
+
 def _fill(structure: Any, loaded: Any) -> Any:
-    """``structure`` with each sharded object replaced by the tensor loaded at the same place in ``loaded``."""
-    if isinstance(structure, ShardedBase):
+    """``structure`` (a `_skeleton`) with each `_Loaded` replaced by what ``loaded`` holds at the same place."""
+    if structure is _Loaded:
         return loaded
     if isinstance(structure, dict):
-        return {key: _fill(value, loaded[key]) if _has_sharded(value) else value for key, value in structure.items()}
-    if isinstance(structure, list):
-        return [_fill(value, loaded[i]) if _has_sharded(value) else value for i, value in enumerate(structure)]
+        return {key: _fill(value, loaded[key]) if _holds_loaded(value) else value for key, value in structure.items()}
+    if isinstance(structure, (list, tuple)):
+        values = (_fill(v, loaded[i]) if _holds_loaded(v) else v for i, v in enumerate(structure))
+        return type(structure)(values)
     return structure
 
 
-def _has_sharded(tree: Any) -> bool:
-    return next(_sharded(tree), None) is not None
+def _holds_loaded(tree: Any) -> bool:
+    if tree is _Loaded:
+        return True
+    if isinstance(tree, dict):
+        return any(_holds_loaded(value) for value in tree.values())
+    return isinstance(tree, (list, tuple)) and any(_holds_loaded(value) for value in tree)
 
 
 def _param_groups(tree: Any) -> Iterator[dict[str, Any]]:
