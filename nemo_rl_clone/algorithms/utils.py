@@ -62,25 +62,36 @@ def calculate_kl(
     kl_type: str = "k3",
     input_clamp_value: float | None = 20.0,
     output_clamp_value: float | None = 10.0,
+    importance_sampling_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Per-token estimator of KL(π ‖ π_ref) on tokens sampled from π (Schulman, 2020), NeMo-RL's signature.
+    """Per-token estimator of KL(π ‖ π_ref) on tokens sampled from π (Schulman, 2020), NeMo-RL v0.7.0's signature.
 
     With d = clamp(logprobs_reference − logprobs, ±input_clamp_value):
-    k1 = −d (unbiased, can be negative), k2 = d²/2 (biased, ≥ 0), k3 = e^d − d − 1 (unbiased, ≥ 0); the result is
-    then clamped to ±output_clamp_value. The clamps bound the value and its gradient (0 outside them) for tokens
-    where the two policies disagree wildly; None disables either.
+    k1 = −d (unbiased, can be negative), k2 = d²/2 (biased, ≥ 0), k3 = e^d − d − 1 (unbiased, ≥ 0). The result is
+    w·k clamped to ±output_clamp_value, w = ``importance_sampling_weights`` (1 when None); None disables a clamp.
+
+    The weight goes in *before* the output clamp, and is detached where the input clamp binds, so a token where
+    either clamp binds contributes no gradient at all. A loss passes w = exp(lp − sg(lp)) (value 1) to keep the
+    score-function term k·∇lp of the penalty's gradient; multiplied in after the clamp, that term would survive on
+    a clamped token and push an already-suppressed token further below the reference.
     """
     if kl_type not in KL_TYPES:
         raise ValueError(f"kl_type must be one of {list(KL_TYPES)}, got {kl_type!r}")
     log_ratio = logprobs_reference - logprobs
+    weights = importance_sampling_weights
     if input_clamp_value is not None:
-        log_ratio = log_ratio.clamp(min=-input_clamp_value, max=input_clamp_value)
+        clamped = log_ratio.clamp(min=-input_clamp_value, max=input_clamp_value)
+        if weights is not None:
+            weights = torch.where(clamped == log_ratio, weights, weights.detach())
+        log_ratio = clamped
     if kl_type == "k1":
         kl = -log_ratio
     elif kl_type == "k2":
         kl = log_ratio.square() / 2
     else:
         kl = log_ratio.exp() - log_ratio - 1
+    if weights is not None:
+        kl = weights * kl
     if output_clamp_value is not None:
         kl = kl.clamp(min=-output_clamp_value, max=output_clamp_value)
     return kl

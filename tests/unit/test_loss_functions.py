@@ -141,12 +141,17 @@ def test_k3_kl_with_on_policy_approximation():
     logits, data = uniform_batch([[0.0] * 4], gen_shift=[[-math.log(w) for w in weights]], ref_shift=KL_SHIFTS)
     loss_fn = pg_loss(reference_policy_kl_penalty=0.1, use_on_policy_kl_approximation=True)
     loss, _ = call(loss_fn, logits, data)
-    assert loss.item() == pytest.approx(0.1 * sum(w * k for w, k in zip(weights, K3, strict=True)) / 4, abs=1e-6)
+    # NeMo-RL v0.7.0: the output clamp (10) applies to w·k3, so the last token's 4·(e² − 3) = 17.6 counts as 10.
+    weighted = [min(w * k, 10.0) for w, k in zip(weights, K3, strict=True)]
+    assert weighted[-1] == 10.0
+    assert loss.item() == pytest.approx(0.1 * sum(weighted) / 4, abs=1e-6)
     loss.backward()
-    # The weight w = exp(lp − lp_gen) is not detached (score-function term): d/dlp of w·k3 = w·k3 + w·(1 − e^d).
-    grad_lp = (
-        torch.tensor([w * (k + 1 - math.exp(d)) for w, k, d in zip(weights, K3, KL_SHIFTS[0], strict=True)]) * 0.1 / 4
+    # The weight w = exp(lp − lp_gen) is not detached (score-function term): d/dlp of w·k3 = w·k3 + w·(1 − e^d);
+    # the clamped last token passes none.
+    grad_lp = torch.tensor(
+        [w * (k + 1 - math.exp(d)) for w, k, d in zip(weights[:3], K3, KL_SHIFTS[0], strict=False)] + [0.0]
     )
+    grad_lp = grad_lp * 0.1 / 4
     torch.testing.assert_close(logits.grad[0, :4], -grad_lp[:, None] * (0.25 - torch.eye(4)[0]), atol=1e-6, rtol=0)
 
 

@@ -43,6 +43,23 @@ def test_calculate_kl_input_and_output_clamps():
         calculate_kl(lp, ref, "k4")
 
 
+def test_calculate_kl_importance_weights_go_in_before_the_output_clamp():
+    """NeMo-RL v0.7.0's `importance_sampling_weights`: the result is clamp(w·k), and w is detached where the input
+    clamp binds, so neither clamped token passes a gradient to w or lp."""
+    lp = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([2.0, 3.0, 0.5], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([5.0, 0.8, 0.5], dtype=torch.float64)
+    # d → [1 (input-clamped), 0.8, 0.5]; w·k3 → [2(e − 2), 3(e^0.8 − 1.8), 0.5(e^0.5 − 1.5)]; the second exceeds 0.5
+    result = calculate_kl(lp, ref, "k3", 1.0, 0.5, importance_sampling_weights=w)
+    k3 = [math.e - 2.0, math.exp(0.8) - 1.8, math.exp(0.5) - 1.5]
+    expected = [min(2.0 * k3[0], 0.5), 0.5, 0.5 * k3[2]]
+    torch.testing.assert_close(result.detach(), torch.tensor(expected, dtype=torch.float64), atol=1e-12, rtol=0)
+    result.sum().backward()
+    assert lp.grad is not None and w.grad is not None
+    torch.testing.assert_close(lp.grad, torch.tensor([0.0, 0.0, 0.5 * (1 - math.exp(0.5))], dtype=torch.float64))
+    torch.testing.assert_close(w.grad, torch.tensor([0.0, 0.0, k3[2]], dtype=torch.float64))
+
+
 @pytest.mark.parametrize("kl_type", ["k1", "k2", "k3"])
 def test_loss_uses_the_configured_kl_type_and_default_clamps(kl_type):
     logits, data = uniform_batch([[0.0] * 4], ref_shift=[[1.0, -1.0, 0.0, 12.0]])

@@ -138,13 +138,14 @@ class ClippedPGLossFn:
       w = exp(lp_prev − lp_gen) (per sequence with GSPO: exp(Σ_t (lp_prev − lp_gen))); NaN/inf → 0. With
       `truncated_importance_sampling_ratio` = hi (and `..._ratio_min` = lo): "tis" clamps w at hi; "icepop" zeroes
       tokens with w ∉ [lo, hi]; "seq-mask-tis" zeroes sequences whose geometric-mean w ∉ [lo, hi].
-    KL: β·w·k with the `reference_policy_kl_type` estimator k (`calculate_kl`: k1, k2 or k3 of d = lp_ref − lp,
-      d clamped at ±`kl_input_clamp_value`, the estimate at ±`kl_output_clamp_value`), β =
-      `reference_policy_kl_penalty`, and the weight w = exp(lp − sg(lp)) (value 1) that keeps the score-function
-      term of the gradient, so its expectation is ∇E_π[k]: ∇KL(π ‖ π_ref) for k1 and k3 (both unbiased),
-      ∇E_π[½·d²] for k2 (arXiv 2506.09477; NeMo-RL v0.7.0). With `use_on_policy_kl_approximation`, w = exp(lp −
-      lp_gen) undetached, so the penalty and its gradient estimate those under π although the tokens came from
-      π_gen. With the sampler's top-k/top-p, lp here is the temperature-only logprob (`sampling_params`).
+    KL: β·clamp(w·k, ±`kl_output_clamp_value`) with the `reference_policy_kl_type` estimator k (`calculate_kl`: k1,
+      k2 or k3 of d = lp_ref − lp, d clamped at ±`kl_input_clamp_value`), β = `reference_policy_kl_penalty`, and the
+      weight w = exp(lp − sg(lp)) (value 1) that keeps the score-function term of the gradient, so its expectation
+      is ∇E_π[k]: ∇KL(π ‖ π_ref) for k1 and k3 (both unbiased), ∇E_π[½·d²] for k2 (arXiv 2506.09477; NeMo-RL
+      v0.7.0). A token where either clamp binds gets no gradient from the penalty (w is detached there). With
+      `use_on_policy_kl_approximation`, w = exp(lp − lp_gen) undetached, so the penalty and its gradient estimate
+      those under π although the tokens came from π_gen. With the sampler's top-k/top-p, lp here is the
+      temperature-only logprob (`sampling_params`).
     Normalisation: `token_level_loss=true`: Σ(L + kl)·m / global_valid_toks; false: per-sequence token mean,
       summed over valid sequences / global_valid_seqs.
 
@@ -233,15 +234,13 @@ class ClippedPGLossFn:
         kl_per_token = torch.zeros_like(lp)
         if cfg.uses_reference_kl:
             ref_lp = _shifted(data, "reference_policy_logprobs", lp)
-            kl_per_token = self._kl(kl_lp, torch.where(valid, ref_lp, kl_lp.detach()))
             # The tokens were sampled from the policy being optimised, so the penalty's gradient needs the
             # score-function term k·∇lp besides the pathwise ∇k (arXiv 2506.09477): a weight of value 1 that carries
             # it, exp(lp − sg(lp)); or, under the on-policy approximation, the undetached exp(lp − lp_gen).
-            if cfg.use_on_policy_kl_approximation:
-                weight = _masked_diff(kl_lp, gen_lp, valid).exp()
-            else:
-                weight = _masked_diff(kl_lp, kl_lp.detach(), valid).exp()
-            kl_per_token = kl_per_token * torch.nan_to_num(weight, nan=0.0, posinf=0.0, neginf=0.0)
+            # `calculate_kl` applies it inside its clamps, so a clamped token gets no gradient (NeMo-RL v0.7.0).
+            anchor = gen_lp if cfg.use_on_policy_kl_approximation else kl_lp.detach()
+            weight = torch.nan_to_num(_masked_diff(kl_lp, anchor, valid).exp(), nan=0.0, posinf=0.0, neginf=0.0)
+            kl_per_token = self._kl(kl_lp, torch.where(valid, ref_lp, kl_lp.detach()), weight)
 
         actor_loss = self._reduce(per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
         kl = self._reduce(kl_per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
@@ -286,12 +285,14 @@ class ClippedPGLossFn:
         advantage = data["advantages"][:, 1:]
         return (data["sample_mask"] != 0) & ((advantage != 0) & token_mask).any(dim=-1)
 
-    def _kl(self, lp: torch.Tensor, ref_lp: torch.Tensor, clamp: bool = True) -> torch.Tensor:
+    def _kl(
+        self, lp: torch.Tensor, ref_lp: torch.Tensor, weight: torch.Tensor | None = None, clamp: bool = True
+    ) -> torch.Tensor:
         cfg = self.cfg
         if not clamp:
             return calculate_kl(lp, ref_lp, cfg.reference_policy_kl_type, None, None)
         kind, low, high = cfg.reference_policy_kl_type, cfg.kl_input_clamp_value, cfg.kl_output_clamp_value
-        return calculate_kl(lp, ref_lp, kind, low, high)
+        return calculate_kl(lp, ref_lp, kind, low, high, importance_sampling_weights=weight)
 
     def _importance_weights(
         self,
