@@ -1,25 +1,35 @@
-"""Advantage estimators, chosen by ``grpo.adv_estimator.name`` (NeMo-RL v0.7.0's key and module path).
+"""Advantage estimators, chosen by ``grpo.adv_estimator.name`` (NeMo-RL v0.7.0's key, module path and interface).
 
-Every estimator maps one step's rewards to one advantage per sample, ``[B]`` (the trainer spreads it over the
-sample's response tokens). Samples are in prompt groups of ``group_size``, adjacent.
+NeMo-RL's interface, so that a NeMo-RL user's estimator plugs in (``grpo.adv_estimator.name: package.module.Class``):
+``Estimator(estimator_config, loss_config)``, then ``compute_advantage(prompt_ids, rewards, mask, **kwargs)``:
+
+- ``prompt_ids``: ``[B]`` (or ``[B, P]``): samples whose rows are equal form a prompt group (here: the group index);
+- ``rewards``: ``[B]``, one per sample;
+- ``mask``: ``[B, S]`` response-token mask times the sample mask, 0 on padding and on samples that train nothing;
+- keyword arguments: ``repeated_batch`` (the step's batch, where GDPO reads ``reward1``, ``reward2``, …),
+  ``logprobs_policy`` and ``logprobs_reference`` (``None`` here: advantages come before the logprob pass).
+
+It returns ``[B, S]`` token-level advantages. The built-in estimators:
 
 - ``grpo``: A = r − baseline, the baseline the group mean or, with ``use_leave_one_out_baseline``, the mean of the
   *other* samples of the group; with ``normalize_rewards`` divided by a std where it is > 0 (a group without
   variance gets A = 0). The std is NeMo-RL's: the unbiased std of the same rewards the baseline averaged (per sample
-  with leave-one-out); ``std: group`` takes the unbiased std of the whole group for every sample instead.
+  with leave-one-out); ``std: group`` takes the unbiased std of the whole group for every sample instead. Every
+  sample of a group counts, masked or not (as in NeMo-RL).
 - ``rloo``: RLOO (arXiv 2402.14740): the leave-one-out baseline, no std.
 - ``reinforce_plus_plus``: REINFORCE++ (arXiv 2501.03262): r minus the group mean (with ``minus_baseline``), then
-  normalised over the whole batch, weighting each sample by its response tokens: (a − mean) / sqrt(max(var, 1e-8)).
-- ``gdpo``: several rewards per sample (``reward_components``, e.g. correctness and format): each is turned into a
-  ``grpo`` advantage on its own, the advantages are summed, and the sum is normalised over the batch to mean 0 and
+  normalised over the tokens ``mask`` keeps: (a − mean) / sqrt(max(var, 1e-8)). Masked samples and padding do not
+  count in the mean and variance.
+- ``gdpo``: several rewards per sample (the batch's ``reward1``, ``reward2``, …): each is turned into a ``grpo``
+  advantage on its own, the advantages are summed, and the sum is normalised over the batch to mean 0 and
   (unbiased) std 1.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+import re
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import torch
 
@@ -30,138 +40,133 @@ EPSILON = 1e-6  # added to a std before dividing (NeMo-RL's)
 
 class AdvantageEstimator(Protocol):
     def compute_advantage(
-        self,
-        rewards: torch.Tensor,
-        group_size: int,
-        response_lengths: torch.Tensor,
-        reward_components: Mapping[str, torch.Tensor] | None = None,
+        self, prompt_ids: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, **kwargs: Any
     ) -> torch.Tensor:
-        """``[B]`` advantages of ``rewards`` ``[B]`` (``response_lengths`` ``[B]``: tokens each sample trains)."""
+        """``[B, S]`` advantages (``mask``'s shape) of ``rewards`` ``[B]``, grouped by ``prompt_ids``."""
         ...
 
 
-def _groups(values: torch.Tensor, group_size: int) -> torch.Tensor:
-    if values.dim() != 1 or group_size < 1 or values.numel() % group_size:
-        raise ValueError(f"rewards must be [B] with B a multiple of group_size={group_size}, got {tuple(values.shape)}")
-    return values.double().view(-1, group_size)
+def adjacent_groups(batch_size: int, group_size: int) -> torch.Tensor:
+    """``[B]`` prompt ids of a batch laid out group by group (the n samples of a prompt adjacent)."""
+    if group_size < 1 or batch_size % group_size:
+        raise ValueError(f"rewards must be [B] with B a multiple of group_size={group_size}, got ({batch_size},)")
+    return torch.arange(batch_size // group_size).repeat_interleave(group_size)
 
 
 def baseline_and_std(
-    rewards: torch.Tensor, group_size: int, leave_one_out: bool, std: str = "leave_one_out"
+    rewards: torch.Tensor, prompt_ids: torch.Tensor, leave_one_out: bool, std: str = "leave_one_out"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(baseline [B], std [B]) of each sample: the mean of its group's rewards (without its own with
     ``leave_one_out``) and the unbiased std of those same rewards (``std="group"``: of the whole group), 0 where
     undefined. A group of one gets baseline = reward."""
-    groups = _groups(rewards, group_size)
-    if group_size == 1:
-        return rewards.clone(), torch.zeros_like(rewards)
-    total, total_sq = groups.sum(dim=1, keepdim=True), groups.square().sum(dim=1, keepdim=True)
-    if leave_one_out:
-        count = group_size - 1
-        mean, mean_sq = (total - groups) / count, (total_sq - groups.square()) / count
-    else:
-        count = group_size
-        mean, mean_sq = (total / count).expand_as(groups), (total_sq / count).expand_as(groups)
+    if rewards.dim() != 1 or prompt_ids.shape[0] != rewards.shape[0]:
+        raise ValueError(f"rewards [B] and prompt_ids [B, ...] must agree on B: {rewards.shape}, {prompt_ids.shape}")
+    group = torch.unique(prompt_ids.cpu(), dim=0, return_inverse=True)[1].to(rewards.device)
+    values = rewards.double()
+    size = torch.bincount(group).double()[group]
+    total = torch.zeros_like(size).index_add_(0, group, values)[group]
+    total_sq = torch.zeros_like(size).index_add_(0, group, values.square())[group]
+    count = size - 1 if leave_one_out else size
+    others, others_sq = (total - values, total_sq - values.square()) if leave_one_out else (total, total_sq)
+    mean = others / count.clamp(min=1)
     if std == "group":
-        spread = groups.std(dim=1, keepdim=True).expand_as(groups)
-    elif count > 1:
-        spread = ((mean_sq - mean.square()).clamp(min=0) * (count / (count - 1))).sqrt()
+        spread_of, count_for_std = (total / size, total_sq / size), size
     else:
-        spread = torch.zeros_like(groups)  # one other sample: no spread to measure
-    return mean.reshape(-1).to(rewards.dtype), spread.reshape(-1).to(rewards.dtype)
+        spread_of, count_for_std = (mean, others_sq / count.clamp(min=1)), count
+    variance = (spread_of[1] - spread_of[0].square()).clamp(min=0) * count_for_std / (count_for_std - 1).clamp(min=1)
+    spread = torch.where(count_for_std > 1, variance.sqrt(), 0.0)
+    alone = size == 1
+    baseline = torch.where(alone, values, mean)
+    return baseline.to(rewards.dtype), torch.where(alone, 0.0, spread).to(rewards.dtype)
 
 
 def _normalised(advantages: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     return torch.where(std > 0, advantages / (std + EPSILON), advantages)
 
 
-@dataclass(frozen=True)
+def _switch(estimator_config: Mapping[str, Any], key: str, default: Any) -> Any:
+    value = estimator_config.get(key)
+    return default if value is None else value
+
+
 class GRPOAdvantageEstimator:
-    leave_one_out: bool = True
-    normalize: bool = True
-    std: str = "leave_one_out"
+    def __init__(self, estimator_config: Mapping[str, Any], loss_config: Any = None) -> None:
+        self.leave_one_out = bool(_switch(estimator_config, "use_leave_one_out_baseline", True))
+        self.normalize = bool(_switch(estimator_config, "normalize_rewards", True))
+        self.std = str(_switch(estimator_config, "std", "leave_one_out"))
 
-    def compute_advantage(
-        self,
-        rewards: torch.Tensor,
-        group_size: int,
-        response_lengths: torch.Tensor,
-        reward_components: Mapping[str, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        baseline, std = baseline_and_std(rewards, group_size, self.leave_one_out, self.std)
+    def per_sample(self, prompt_ids: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+        """``[B]``: one advantage per sample."""
+        baseline, std = baseline_and_std(rewards, prompt_ids, self.leave_one_out, self.std)
         advantages = rewards - baseline
-        if self.normalize:
-            # A group whose rewards are all equal has A = 0 exactly; where the std is 0 otherwise, A stays unscaled.
-            advantages = _normalised(advantages, std)
-        return advantages
+        # A group whose rewards are all equal has A = 0 exactly; where the std is 0 otherwise, A stays unscaled.
+        return _normalised(advantages, std) if self.normalize else advantages
 
-
-@dataclass(frozen=True)
-class RLOOAdvantageEstimator:
     def compute_advantage(
-        self,
-        rewards: torch.Tensor,
-        group_size: int,
-        response_lengths: torch.Tensor,
-        reward_components: Mapping[str, torch.Tensor] | None = None,
+        self, prompt_ids: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, **kwargs: Any
     ) -> torch.Tensor:
-        return GRPOAdvantageEstimator(leave_one_out=True, normalize=False).compute_advantage(
-            rewards, group_size, response_lengths
-        )
+        return self.per_sample(prompt_ids, rewards)[:, None].expand(mask.shape)
 
 
-@dataclass(frozen=True)
+class RLOOAdvantageEstimator(GRPOAdvantageEstimator):
+    def __init__(self, estimator_config: Mapping[str, Any], loss_config: Any = None) -> None:
+        super().__init__({"use_leave_one_out_baseline": True, "normalize_rewards": False}, loss_config)
+
+
 class ReinforcePlusPlusAdvantageEstimator:
-    minus_baseline: bool = True
+    def __init__(self, estimator_config: Mapping[str, Any], loss_config: Any = None) -> None:
+        self.minus_baseline = bool(_switch(estimator_config, "minus_baseline", True))
 
     def compute_advantage(
-        self,
-        rewards: torch.Tensor,
-        group_size: int,
-        response_lengths: torch.Tensor,
-        reward_components: Mapping[str, torch.Tensor] | None = None,
+        self, prompt_ids: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, **kwargs: Any
     ) -> torch.Tensor:
         advantages = rewards.double()
         if self.minus_baseline:
-            advantages = advantages - baseline_and_std(rewards, group_size, leave_one_out=False)[0].double()
-        weights = response_lengths.double()
+            advantages = advantages - baseline_and_std(rewards, prompt_ids, leave_one_out=False)[0].double()
+        tokens = advantages[:, None].expand(mask.shape)
+        weights = mask.double()
+        # an all-masked batch trains nothing; the clamp keeps its advantages finite
         total = weights.sum().clamp(min=1.0)
-        mean = (advantages * weights).sum() / total
-        var = ((advantages - mean).square() * weights).sum() / total
-        return ((advantages - mean) * var.clamp(min=1e-8).rsqrt()).to(rewards.dtype)
+        mean = (tokens * weights).sum() / total
+        var = ((tokens - mean).square() * weights).sum() / total
+        return ((tokens - mean) * var.clamp(min=1e-8).rsqrt()).to(rewards.dtype)
 
 
-@dataclass(frozen=True)
+def reward_component_keys(batch: Mapping[str, Any]) -> list[str]:
+    """The batch's GDPO reward components, ``reward1``, ``reward2``, … in numeric order (NeMo-RL's keys)."""
+    return sorted((key for key in batch if re.fullmatch(r"reward\d+", str(key))), key=lambda key: int(key[6:]))
+
+
 class GDPOAdvantageEstimator:
-    leave_one_out: bool = True
-    normalize: bool = True
-    std: str = "leave_one_out"
+    def __init__(self, estimator_config: Mapping[str, Any], loss_config: Any = None) -> None:
+        self.per_reward = GRPOAdvantageEstimator(estimator_config, loss_config)
 
     def compute_advantage(
         self,
+        prompt_ids: torch.Tensor,
         rewards: torch.Tensor,
-        group_size: int,
-        response_lengths: torch.Tensor,
-        reward_components: Mapping[str, torch.Tensor] | None = None,
+        mask: torch.Tensor,
+        repeated_batch: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> torch.Tensor:
-        if reward_components is None or len(reward_components) < 2:
-            found = 0 if reward_components is None else len(reward_components)
+        keys = reward_component_keys(repeated_batch or {})
+        if len(keys) < 2:
             raise UserInputError(
-                f"grpo.adv_estimator.name: 'gdpo' needs at least 2 reward components per sample (the environment "
-                f"returned {found}); use 'grpo' for a single reward"
+                f"grpo.adv_estimator.name: 'gdpo' needs at least 2 reward components per sample (reward1, reward2, "
+                f"...; the environment returned {len(keys)}); use 'grpo' for a single reward"
             )
-        per_reward = GRPOAdvantageEstimator(self.leave_one_out, self.normalize, self.std)
+        assert repeated_batch is not None
         total = sum(
-            per_reward.compute_advantage(component.to(rewards.dtype), group_size, response_lengths)
-            for component in reward_components.values()
+            self.per_reward.per_sample(prompt_ids, torch.as_tensor(repeated_batch[key]).to(rewards.dtype))
+            for key in keys
         )
         assert isinstance(total, torch.Tensor)
         centred = total - total.mean()
         spread = total.std() if total.numel() > 1 else torch.zeros(())
-        return centred / spread if spread > 0 else centred
+        return (centred / spread if spread > 0 else centred)[:, None].expand(mask.shape)
 
 
-ESTIMATORS: dict[str, Callable[..., AdvantageEstimator]] = {
+ESTIMATORS: dict[str, type] = {
     "grpo": GRPOAdvantageEstimator,
     "rloo": RLOOAdvantageEstimator,
     "reinforce_plus_plus": ReinforcePlusPlusAdvantageEstimator,

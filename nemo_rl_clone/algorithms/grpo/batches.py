@@ -11,13 +11,9 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.advantage_estimator import (
-    ESTIMATORS,
-    AdvantageEstimator,
-    ReinforcePlusPlusAdvantageEstimator,
-    RLOOAdvantageEstimator,
-)
+from nemo_rl_clone.algorithms.advantage_estimator import ESTIMATORS, AdvantageEstimator, adjacent_groups
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
+from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
 from nemo_rl_clone.algorithms.reward_functions import response_length
 from nemo_rl_clone.algorithms.utils import (
     combine_batches,
@@ -29,6 +25,7 @@ from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS, pad_routing
 from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.imports import import_by_path
 
 # Re-exported (the `as` form tells ruff so): grpo/train.py and distillation/train.py import them from here.
 
@@ -58,25 +55,63 @@ def generation_seeds(seed: int, step: int, gen_batch: int, size: int) -> list[in
     return [base + i for i in range(size)]
 
 
-def advantage_estimator(cfg: GRPOConfig) -> AdvantageEstimator:
-    """The estimator ``grpo.adv_estimator`` names, built from its keys (the one place estimators are built)."""
+def advantage_estimator(cfg: GRPOConfig, loss_config: ClippedPGLossConfig | None = None) -> AdvantageEstimator:
+    """The estimator ``grpo.adv_estimator.name`` names (built in, or a user's class by its dotted path), built as
+    NeMo-RL builds it: from the ``adv_estimator`` keys, the flat ``grpo.*`` switches filled in, and the loss config
+    (the one place estimators are built)."""
     est = cfg.adv_estimator
-    if est.name == "reinforce_plus_plus":
-        return ReinforcePlusPlusAdvantageEstimator(est.minus_baseline)
-    if est.name == "rloo":
-        return RLOOAdvantageEstimator()
-    return ESTIMATORS[est.name](leave_one_out=cfg.leave_one_out, normalize=cfg.normalize, std=est.std)
+    estimator_config = {
+        "name": est.name,
+        "normalize_rewards": cfg.normalize,
+        "use_leave_one_out_baseline": cfg.leave_one_out,
+        "minus_baseline": est.minus_baseline,
+        "std": est.std,
+    }
+    estimator_class = ESTIMATORS.get(est.name) or import_by_path(est.name)
+    return estimator_class(estimator_config, ClippedPGLossConfig() if loss_config is None else loss_config)
 
 
-def step_advantages(rewards: torch.Tensor, cfg: GRPOConfig, batch: BatchedDataDict | None = None) -> torch.Tensor:
+def training_sample_mask(batch: BatchedDataDict, overlong_filtering: bool) -> torch.Tensor:
+    """``[B]`` 1 for the samples that train, 0 for the others (loss multiplier 0, or truncated with
+    ``overlong_filtering``: a truncated response has no trustworthy reward)."""
+    sample_mask = batch["loss_multiplier"].clone().float()
+    if overlong_filtering:
+        sample_mask = sample_mask * (~batch["truncated"]).float()
+    return sample_mask
+
+
+def step_advantages(
+    rewards: torch.Tensor,
+    cfg: GRPOConfig,
+    batch: BatchedDataDict | None = None,
+    loss_config: ClippedPGLossConfig | None = None,
+) -> torch.Tensor:
     """[B] advantages of one step: ``grpo.adv_estimator``'s, then clamped into [advantage_clip_low,
-    advantage_clip_high]. ``batch``: its message logs give each sample's response length (REINFORCE++ weighs by
-    them); without it every sample weighs 1."""
+    advantage_clip_high].
+
+    The estimator sees NeMo-RL's inputs: the prompt group of each sample, and a ``[B, L]`` mask with 1 on each
+    sample's response tokens (from ``batch``'s message logs, left-aligned) where the sample trains; without
+    ``batch`` every sample is one response token that trains. Each sample's advantage is the mean of its token
+    advantages over its response tokens (the built-in estimators give every token of a sample the same value)."""
     if batch is None:
-        lengths = torch.ones_like(rewards)
+        lengths, sample_mask = torch.ones(rewards.shape[0], dtype=torch.long), torch.ones_like(rewards)
     else:
-        lengths = torch.tensor([response_length(log) for log in batch["message_log"]], dtype=torch.float32)
-    advantages = advantage_estimator(cfg).compute_advantage(rewards, cfg.num_generations_per_prompt, lengths)
+        lengths = torch.tensor([response_length(log) for log in batch["message_log"]], dtype=torch.long)
+        sample_mask = training_sample_mask(batch, cfg.overlong_filtering)
+    tokens = (torch.arange(max(1, int(lengths.max())))[None, :] < lengths[:, None]).to(rewards.dtype)
+    token_advantages = advantage_estimator(cfg, loss_config).compute_advantage(
+        prompt_ids=adjacent_groups(rewards.shape[0], cfg.num_generations_per_prompt),
+        rewards=rewards,
+        mask=tokens * sample_mask.to(rewards.dtype)[:, None],
+        repeated_batch=batch if batch is not None else BatchedDataDict(),
+        logprobs_policy=None,
+        logprobs_reference=None,
+    )
+    # a sample without response tokens keeps its first column's value (it trains nothing; it is still logged)
+    # in float64 a sum of n equal float32 values is exact, so the mean of a constant row is that value exactly
+    counts = tokens.double().sum(dim=1)
+    means = (token_advantages.double() * tokens).sum(dim=1) / counts.clamp(min=1)
+    advantages = torch.where(counts > 0, means, token_advantages[:, 0]).to(rewards.dtype)
     if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
         advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
     return advantages
@@ -131,9 +166,7 @@ def build_train_batch(
         pad_value_dict={"token_ids": tokenizer.pad_token_id},
         make_sequence_length_divisible_by=cfg.policy.make_sequence_length_divisible_by,
     )
-    sample_mask = batch["loss_multiplier"].clone().float()
-    if cfg.grpo.overlong_filtering:  # a truncated response has no trustworthy reward: no gradient from it
-        sample_mask = sample_mask * (~batch["truncated"]).float()
+    sample_mask = training_sample_mask(batch, cfg.grpo.overlong_filtering)
     token_ids = flat["token_ids"]
     train_data = BatchedDataDict(
         input_ids=token_ids,

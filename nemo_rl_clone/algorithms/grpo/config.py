@@ -13,6 +13,7 @@ from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.imports import import_by_path
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -41,13 +42,17 @@ class RewardShapingConfig:
         return problems
 
 
+_BUILT_IN_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gdpo", "opd")
+
+
 @dataclass
 class AdvEstimatorConfig:
-    """``grpo.adv_estimator`` (NeMo-RL v0.7.0): which advantage estimator (`algorithms/advantage_estimator.py`).
+    """``grpo.adv_estimator`` (NeMo-RL v0.7.0): which advantage estimator (`algorithms/advantage_estimator.py`), by
+    name or as a user's class with NeMo-RL's estimator interface (``package.module.Class``).
     ``normalize_rewards`` / ``use_leave_one_out_baseline`` default to the flat ``grpo.*`` keys and override them
     when set; ``minus_baseline`` is REINFORCE++'s; ``std`` (ours) picks the std GRPO divides by."""
 
-    name: Literal["grpo", "rloo", "reinforce_plus_plus", "gdpo", "opd"] = "grpo"
+    name: str = "grpo"
     minus_baseline: bool = True
     normalize_rewards: bool | None = None
     use_leave_one_out_baseline: bool | None = None
@@ -57,6 +62,8 @@ class AdvEstimatorConfig:
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
+        if self.name not in _BUILT_IN_ESTIMATORS:
+            problems += self._check_user_class()
         if self.name == "gdpo":
             problems.append(
                 (
@@ -73,7 +80,7 @@ class AdvEstimatorConfig:
                     "on-policy distillation run examples/run_distillation_math.py",
                 )
             )
-        if not self.minus_baseline and self.name != "reinforce_plus_plus":
+        if not self.minus_baseline and self.name != "reinforce_plus_plus" and self.name in _BUILT_IN_ESTIMATORS:
             problems.append(
                 (
                     "minus_baseline",
@@ -82,6 +89,18 @@ class AdvEstimatorConfig:
                 )
             )
         return problems
+
+    def _check_user_class(self) -> list[tuple[str, str]]:
+        if "." not in self.name:
+            names = ", ".join(repr(name) for name in _BUILT_IN_ESTIMATORS)
+            return [("name", f"must be one of {names} or a class path package.module.Class, got {self.name!r}")]
+        try:
+            found = import_by_path(self.name)
+        except ImportError as error:
+            return [("name", str(error))]
+        if not isinstance(found, type) or not callable(getattr(found, "compute_advantage", None)):
+            return [("name", f"{self.name} is not a class with compute_advantage(prompt_ids, rewards, mask, **kwargs)")]
+        return []
 
 
 @dataclass

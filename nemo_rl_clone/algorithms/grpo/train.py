@@ -79,7 +79,7 @@ class GRPOSteps:
         batch, rewards = rollouts.batch, rollouts.rewards
 
         # 5. advantages: leave-one-out baseline, normalised by the group std, optionally clipped
-        advantages = step_advantages(rewards, cfg.grpo, batch)
+        advantages = step_advantages(rewards, cfg.grpo, batch, cfg.loss_fn)
         # an agent episode that rewrote its context trains as one sample per call, each with the episode's advantage
         samples, sample_rewards, sample_advantages, num_samples = expand_agent_samples(
             batch, rewards, advantages, cfg.policy.train_global_batch_size
