@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nemo_rl_clone.environments.interfaces import reward_component_keys
+
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.grpo.config import GRPOConfig
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
@@ -37,11 +39,14 @@ def overlong_penalty(
 def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(rewards, unshaped) per sample, in NeMo-RL v0.7.0's order: the environment's total reward, optionally scaled,
     then optionally shaped (the overlong penalty). ``unshaped`` is the scaled reward before shaping: what dynamic
-    sampling judges, so that an all-correct group with one overlong answer is not taken for signal."""
+    sampling judges, so that an all-correct group with one overlong answer is not taken for signal. Scaling also
+    rescales the batch's reward components (``reward1`` ...) in place; shaping leaves them as they are."""
     rewards = batch["total_reward"].clone().float()
     if cfg.reward_scaling.enabled:
         s = cfg.reward_scaling
         rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
+        for key in reward_component_keys(batch):  # GDPO's inputs, scaled as NeMo-RL does (in the batch)
+            batch[key] = scale_rewards(batch[key].float(), s.source_min, s.source_max, s.target_min, s.target_max)
     unshaped = rewards.clone()
     if cfg.reward_shaping.enabled:
         shaping = cfg.reward_shaping

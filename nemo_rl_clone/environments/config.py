@@ -50,6 +50,19 @@ class MathEnvConfig:
 
 
 @dataclass
+class MathMultiRewardEnvConfig:
+    """``env.math_multi_reward``: as `MathEnvConfig`, the answer read from ``<answer>`` tags (no ``answer_extraction``
+    key) and scored by math-verify only (NeMo-RL accepts only ``hf_math_verify`` here)."""
+
+    num_workers: int = 8
+    math_verify_impl: Literal["hf_math_verify"] = "hf_math_verify"
+    verifier_timeout_s: float = 10.0
+
+    def check(self) -> list[tuple[str, str]]:
+        return _check_pool(self.num_workers, self.verifier_timeout_s, "math_verify", MathAnswerExtraction)
+
+
+@dataclass
 class ReasoningGymEnvConfig:
     """Scores reasoning-gym tasks with each task's own ``score_answer`` on the extracted answer.
 
@@ -329,6 +342,7 @@ class AgentEnvConfig:
 # Built-in environments: the config section each reads (their actor classes: environments.ENVIRONMENT_REGISTRY).
 BUILTIN_ENV_CONFIGS: dict[str, type] = {
     "math": MathEnvConfig,
+    "math_multi_reward": MathMultiRewardEnvConfig,
     "reasoning_gym": ReasoningGymEnvConfig,
     "sliding_puzzle_game": SlidingPuzzleEnvConfig,
     "tool_use": ToolUseEnvConfig,
@@ -350,7 +364,6 @@ _NOT_SUPPORTED_ENVS = {
     "dapo": "a separate DAPO environment; DAPO's scoring is env.math with math_verify_impl: dapo_math_verify "
     "(data.default.env_name: math)",
     **dict.fromkeys(("nemo_gym", "should_use_nemo_gym", "should_log_nemo_gym_responses"), _NEMO_GYM_REASON),
-    "math_multi_reward": "several rewards per sample (GDPO's multi-reward math environment)",
     **dict.fromkeys(
         ("vlm", "clevr-cogent", "geometry3k", "refcoco", "mmau", "mmpr-tiny"),
         "vision and audio environments (vision-language / audio-language models)",

@@ -12,6 +12,7 @@ Conventions shared with data and rollouts:
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
@@ -29,7 +30,8 @@ class EnvironmentReturn(NamedTuple, Generic[MetadataT]):
         conversation (ignored where the episode terminates).
     metadata: B metadata dicts for the next turn.
     next_stop_strings: B stop-string lists for the next generation turn (``None``: the generation config's own).
-    rewards: float32[B], this turn's reward per sample.
+    rewards: float32[B], this turn's reward per sample; ``[B, K]`` for an environment with K separate rewards (the
+        rollout sums them and keeps each as ``reward1`` .. ``rewardK``, which GDPO reads).
     terminateds: bool[B], True where the episode is over.
     answers: B extracted answers (``None`` where none was found), for logging and cons@k; the whole field may be
         ``None`` (the default) for an environment that extracts none.
@@ -63,6 +65,16 @@ class EnvironmentInterface(abc.ABC, Generic[MetadataT]):
 
     def shutdown(self) -> None:  # optional hook, deliberately not abstract
         """Releases helper actors or processes; the default has none."""
+
+
+_REWARD_COMPONENT = re.compile(r"reward(\d+)")
+
+
+def reward_component_keys(batch: Mapping[str, Any]) -> list[str]:
+    """A rolled-out batch's separate rewards, ``reward1``, ``reward2``, ... in number order (none when every
+    environment returned one reward per sample); NeMo-RL's keys, which GDPO reads."""
+    numbered = [(int(m.group(1)), key) for key in batch if (m := _REWARD_COMPONENT.fullmatch(str(key)))]
+    return [key for _, key in sorted(numbered)]
 
 
 def last_assistant_text(message_log: Sequence[Mapping[str, Any]], sample_index: int) -> str:

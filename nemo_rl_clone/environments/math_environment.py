@@ -99,16 +99,21 @@ class MathEnvironment(VerifierPoolEnvironment):
         )
 
     def make_job(self, response: str, metadata: Mapping[str, Any], sample_index: int) -> tuple[Any, ...]:
-        if "ground_truth" not in metadata:
-            raise ValueError(
-                f"sample {sample_index}: math environment metadata needs 'ground_truth'; it has {sorted(metadata)}"
-            )
-        ground_truth = metadata["ground_truth"]
-        if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
-            raise TypeError(
-                f"sample {sample_index}: 'ground_truth' must be a str (or a number), got {type(ground_truth).__name__}"
-            )
-        return (response, str(ground_truth))
+        return (response, ground_truth_of(metadata, sample_index))
+
+
+def ground_truth_of(metadata: Mapping[str, Any], sample_index: int) -> str:
+    """A sample's gold answer (``metadata["ground_truth"]``, a str or a number) as a string; raises naming the sample."""
+    if "ground_truth" not in metadata:
+        raise ValueError(
+            f"sample {sample_index}: math environment metadata needs 'ground_truth'; it has {sorted(metadata)}"
+        )
+    ground_truth = metadata["ground_truth"]
+    if isinstance(ground_truth, bool) or not isinstance(ground_truth, (str, int, float)):
+        raise TypeError(
+            f"sample {sample_index}: 'ground_truth' must be a str (or a number), got {type(ground_truth).__name__}"
+        )
+    return str(ground_truth)
 
 
 def _boxed(answer: str) -> str:

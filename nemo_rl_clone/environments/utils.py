@@ -15,6 +15,7 @@ from typing import Any
 # Environment name (the ``env.<name>`` config section and a sample's ``task_name``) -> actor class path.
 ENVIRONMENT_REGISTRY: dict[str, str] = {
     "math": "nemo_rl_clone.environments.math_environment.MathEnvironment",
+    "math_multi_reward": "nemo_rl_clone.environments.math_multi_reward_environment.MathMultiRewardEnvironment",
     "reasoning_gym": "nemo_rl_clone.environments.reasoning_gym_environment.ReasoningGymEnvironment",
     "sliding_puzzle_game": "nemo_rl_clone.environments.games.sliding_puzzle.SlidingPuzzleEnvironment",
     "tool_use": "nemo_rl_clone.environments.tool_use_environment.ToolUseEnvironment",

@@ -20,8 +20,8 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import ray
 from ray.actor import ActorHandle
@@ -33,6 +33,9 @@ from nemo_rl_clone.environments.interfaces import (
     last_assistant_text,
 )
 
+if TYPE_CHECKING:  # verifier actors load this module and never need torch
+    import torch
+
 logger = logging.getLogger(__name__)
 
 _MAX_START_ATTEMPTS = 3
@@ -41,12 +44,14 @@ VerifierStatus = Literal["ok", "timeout", "error", "crashed"]
 
 @dataclass(frozen=True)
 class VerifierResult:
-    """Score of one response. ``status`` other than ``ok`` always comes with ``reward == 0``."""
+    """Score of one response. ``status`` other than ``ok`` always comes with ``reward == 0``. ``components``: the
+    separate rewards of an environment that returns several (``reward`` is then their sum), else None."""
 
     reward: float
     answer: str | None
     status: VerifierStatus = "ok"
     error: str | None = None
+    components: tuple[float, ...] | None = field(default=None, kw_only=True)  # subclasses add positional fields
 
 
 @dataclass
@@ -232,10 +237,16 @@ class VerifierPoolEnvironment(EnvironmentInterface):
             observations=[{"role": "environment", "content": self.feedback(result)} for result in results],
             metadata=list(metadata),
             next_stop_strings=[None] * len(results),
-            rewards=torch.tensor([result.reward for result in results], dtype=torch.float32),
+            rewards=self.reward_tensor(results),
             terminateds=torch.ones(len(results), dtype=torch.bool),
             answers=[result.answer for result in results],
         )
+
+    def reward_tensor(self, results: Sequence[VerifierResult]) -> torch.Tensor:
+        """The step's rewards: float32 ``[B]``; an environment with several rewards returns ``[B, K]``."""
+        import torch
+
+        return torch.tensor([result.reward for result in results], dtype=torch.float32)
 
     def record(self, results: Sequence[VerifierResult]) -> None:
         """Called with each step's results, for subclasses that count more than the pool's statuses."""

@@ -23,6 +23,7 @@ from nemo_rl_clone.data.llm_message_utils import (
     observation_message,
 )
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.environments.interfaces import reward_component_keys
 from nemo_rl_clone.models.generation.interfaces import GenerationInterface
 
 # Every message carries its engine logprobs (0 where the engine did not sample), so flattened logs stay aligned.
@@ -53,7 +54,9 @@ def run_multi_turn_rollout(
     Returns:
         ``(batch, metrics)``: the input batch (message logs deep-copied, then extended) plus ``total_reward``
         ``[B]`` float, ``truncated`` ``[B]`` bool, ``turns`` ``[B]`` long, ``extracted_answers`` (B answers the
-        environment extracted from each sample's last scored turn, ``None`` where it found none); metrics
+        environment extracted from each sample's last scored turn, ``None`` where it found none) and, when an
+        environment returns K rewards per sample (``[B, K]``), ``reward1`` .. ``rewardK`` ``[B]`` float, each summed
+        over turns (``total_reward`` is their sum; samples of single-reward environments get 0 in each); metrics
         ``mean_turns``, ``truncation_rate``, ``mean_generation_length``, ``total_generated_tokens``,
         ``natural_termination_rate``, and each environment's own metrics of its episodes as ``env/<name>/<metric>``.
     """
@@ -70,6 +73,7 @@ def run_multi_turn_rollout(
 
     stop_strings = list(batch.get("stop_strings") or [None] * size)
     total_reward = torch.zeros(size, dtype=torch.float32)
+    components: torch.Tensor | None = None  # [B, K] once an environment returns K rewards per sample
     truncated = torch.zeros(size, dtype=torch.bool)
     terminated = torch.zeros(size, dtype=torch.bool)
     turns = torch.zeros(size, dtype=torch.long)
@@ -115,7 +119,17 @@ def run_multi_turn_rollout(
 
         env_returns = _step_environments(batch, active, task_to_env)
         for i, (observation, metadata, next_stops, reward, done, answer) in env_returns.items():
-            total_reward[i] += reward
+            total_reward[i] += float(reward.sum())
+            if reward.dim() == 1:
+                if components is None:
+                    components = torch.zeros(size, reward.numel(), dtype=torch.float32)
+                if components.shape[1] != reward.numel():
+                    raise ValueError(
+                        f"environments returned {components.shape[1]} and {reward.numel()} rewards per sample in one "
+                        f"batch (task {batch['task_name'][i]!r}); every multi-reward environment of a run must return "
+                        "the same number"
+                    )
+                components[i] += reward
             extracted_answers[i] = answer
             batch["extra_env_info"][i] = metadata if metadata is not None else batch["extra_env_info"][i]
             if done:
@@ -140,6 +154,9 @@ def run_multi_turn_rollout(
     batch["turns"] = turns
     batch["extracted_answers"] = extracted_answers
     batch["stop_strings"] = stop_strings
+    if components is not None:
+        for k in range(components.shape[1]):
+            batch[f"reward{k + 1}"] = components[:, k].clone()
     metrics = {
         "mean_turns": turns.float().mean().item(),
         "truncation_rate": truncated.float().mean().item(),
@@ -162,6 +179,7 @@ def _environment_metrics(batch: BatchedDataDict, task_to_env: Mapping[str, Any])
                 "rewards": batch["total_reward"][indices],
                 "turns": batch["turns"][indices],
                 "is_end": ~batch["truncated"][indices],
+                **{key: batch[key][indices] for key in reward_component_keys(batch)},
             }
         )
         for task, indices in by_task.items()
@@ -175,8 +193,9 @@ def _environment_metrics(batch: BatchedDataDict, task_to_env: Mapping[str, Any])
 
 def _step_environments(
     batch: BatchedDataDict, active: list[int], task_to_env: Mapping[str, Any]
-) -> dict[int, tuple[dict[str, Any], Any, Any, float, bool, str | None]]:
-    """Send each active sample's conversation to its task's environment (all environments in parallel)."""
+) -> dict[int, tuple[dict[str, Any], Any, Any, torch.Tensor, bool, str | None]]:
+    """Send each active sample's conversation to its task's environment (all environments in parallel). A sample's
+    reward is a 0-d tensor, or ``[K]`` from an environment with K rewards."""
     by_task: dict[str, list[int]] = defaultdict(list)
     for i in active:
         by_task[batch["task_name"][i]].append(i)
@@ -186,7 +205,7 @@ def _step_environments(
         )
         for task, indices in by_task.items()
     }
-    results: dict[int, tuple[dict[str, Any], Any, Any, float, bool, str | None]] = {}
+    results: dict[int, tuple[dict[str, Any], Any, Any, torch.Tensor, bool, str | None]] = {}
     for task, future in futures.items():
         ret = ray.get(future)
         for k, i in enumerate(by_task[task]):
@@ -194,7 +213,7 @@ def _step_environments(
                 ret.observations[k],
                 ret.metadata[k],
                 ret.next_stop_strings[k],
-                float(ret.rewards[k]),
+                torch.as_tensor(ret.rewards[k], dtype=torch.float32),
                 bool(ret.terminateds[k]),
                 None if ret.answers is None else ret.answers[k],  # NeMo-RL lets an environment return no answers
             )
