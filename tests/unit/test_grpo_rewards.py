@@ -172,6 +172,22 @@ def test_a_user_estimator_class_plugs_in_by_its_import_path():
     assert seen["kwargs"]["repeated_batch"] is batch and seen["kwargs"]["logprobs_policy"] is None
 
 
+class PositionalEstimator(DoubledRewardEstimator):
+    """A user's estimator whose advantages grow along the response (per-token, like a GAE)."""
+
+    def compute_advantage(self, prompt_ids, rewards, mask, **kwargs):
+        return rewards[:, None] + torch.arange(mask.shape[1], dtype=rewards.dtype)[None, :]
+
+
+def test_a_user_estimator_with_per_token_advantages_is_refused_not_averaged():
+    cfg = validate_config(
+        {"num_generations_per_prompt": 2, "adv_estimator": {"name": f"{__name__}.PositionalEstimator"}}, GRPOConfig
+    )
+    batch = message_batch([1, 3, 2, 2], [1.0, 1.0, 1.0, 1.0])
+    with pytest.raises(UserInputError, match=r"^grpo.adv_estimator.name: .*vary across a sample's tokens"):
+        step_advantages(torch.tensor([1.0, 0.0, 0.5, 0.25]), cfg, batch)
+
+
 @pytest.mark.parametrize(
     ("name", "line"),
     [

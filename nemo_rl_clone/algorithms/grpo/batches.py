@@ -92,7 +92,8 @@ def step_advantages(
     The estimator sees NeMo-RL's inputs: the prompt group of each sample, and a ``[B, L]`` mask with 1 on each
     sample's response tokens (from ``batch``'s message logs, left-aligned) where the sample trains; without
     ``batch`` every sample is one response token that trains. Each sample's advantage is the mean of its token
-    advantages over its response tokens (the built-in estimators give every token of a sample the same value)."""
+    advantages over its response tokens: every built-in estimator gives each token of a sample the same value, and an
+    estimator whose values vary across a sample's tokens is refused in one line."""
     if batch is None:
         lengths, sample_mask = torch.ones(rewards.shape[0], dtype=torch.long), torch.ones_like(rewards)
     else:
@@ -111,6 +112,13 @@ def step_advantages(
     # in float64 a sum of n equal float32 values is exact, so the mean of a constant row is that value exactly
     counts = tokens.double().sum(dim=1)
     means = (token_advantages.double() * tokens).sum(dim=1) / counts.clamp(min=1)
+    spread = ((token_advantages.double() - means[:, None]).abs() * tokens).amax(dim=1)
+    if bool((spread > 1e-6 * means.abs().clamp(min=1.0)).any()):
+        # Averaging them would silently train something else than the estimator computed.
+        raise UserInputError(
+            f"grpo.adv_estimator.name: {cfg.adv_estimator.name} returned advantages that vary across a sample's "
+            "tokens; the trainer takes one advantage per sample (every token of a sample must carry the same value)"
+        )
     advantages = torch.where(counts > 0, means, token_advantages[:, 0]).to(rewards.dtype)
     if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
         advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
