@@ -564,7 +564,7 @@ def _schema_of(path: Path) -> type:
     from nemo_rl_clone.evals.config import EvalMasterConfig
 
     relative = path.relative_to(REPO / "configs").as_posix()
-    schemas = {"evals/": EvalMasterConfig, "grpo": grpo_schema(), "sft": SFTMasterConfig}
+    schemas = {"evals/": EvalMasterConfig, "grpo": grpo_schema(), "gdpo": grpo_schema(), "sft": SFTMasterConfig}
     schemas |= {"dpo": DPOMasterConfig, "rm": RMMasterConfig, "distillation": DistillationMasterConfig}
     schemas |= {"ppo": PPOMasterConfig}
     for prefix, schema in schemas.items():

@@ -80,8 +80,8 @@ def test_advantage_clipping():
     [
         (
             {"grpo": {"adv_estimator": {"name": "gdpo"}}},
-            "grpo.adv_estimator.name: not supported yet: 'gdpo' needs several reward components per sample, which "
-            "no environment here returns; use 'grpo'",
+            "grpo.adv_estimator.name: 'gdpo' needs several reward components per sample, which env.math does not "
+            "return (env.math_multi_reward does); use 'grpo'",
         ),
         (
             {"grpo": {"advantage_clip_low": 1.0, "advantage_clip_high": -1.0}},

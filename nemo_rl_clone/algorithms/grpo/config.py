@@ -42,6 +42,8 @@ class RewardShapingConfig:
         return problems
 
 
+# Built-in environments with one reward per sample (a user's env_class may return several: GDPO checks at run time).
+SINGLE_REWARD_ENVS = ("math", "reasoning_gym", "sliding_puzzle_game", "tool_use", "code", "reward_model", "agent")
 _BUILT_IN_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gdpo", "opd")
 
 
@@ -64,14 +66,6 @@ class AdvEstimatorConfig:
         problems = []
         if self.name not in _BUILT_IN_ESTIMATORS:
             problems += self._check_user_class()
-        if self.name == "gdpo":
-            problems.append(
-                (
-                    "name",
-                    "not supported yet: 'gdpo' needs several reward components per sample, which no environment "
-                    "here returns; use 'grpo'",
-                )
-            )
         if self.name == "opd":
             problems.append(
                 (
@@ -364,6 +358,14 @@ class GRPOMasterConfig:
                     f"{what} samples greedily: the {self.grpo.num_generations_per_prompt} generations of a prompt are "
                     "identical, so every advantage is 0 and GRPO learns nothing; sample (e.g. temperature 1.0), or "
                     "set grpo.allow_greedy_groups=true if the rewards vary on their own",
+                )
+            )
+        if self.grpo.adv_estimator.name == "gdpo" and self.data.task_name in SINGLE_REWARD_ENVS:
+            problems.append(
+                (
+                    "grpo.adv_estimator.name",
+                    f"'gdpo' needs several reward components per sample, which env.{self.data.task_name} does not "
+                    "return (env.math_multi_reward does); use 'grpo'",
                 )
             )
         if self.grpo.async_grpo.enabled:

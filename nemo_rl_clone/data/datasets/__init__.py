@@ -25,6 +25,7 @@ _LOADERS: dict[str, str] = {
     "DAPOMath17K": "nemo_rl_clone.data.datasets.dapo_math:load_dapo_math",
     "aime2024": "nemo_rl_clone.data.datasets.aime2024:load_aime2024",
     "math500": "nemo_rl_clone.data.datasets.math500:load_math500",
+    "gsm8k": "nemo_rl_clone.data.datasets.gsm8k:load_gsm8k",
     "reasoning_gym": "nemo_rl_clone.data.datasets.reasoning_gym:load_reasoning_gym",
     "human_eval": "nemo_rl_clone.data.datasets.human_eval:load_human_eval",
     "local": "nemo_rl_clone.data.datasets.local_math:load_local_math",
