@@ -27,12 +27,12 @@ It returns ``[B, S]`` token-level advantages. The built-in estimators:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 import torch
 
+from nemo_rl_clone.environments.interfaces import reward_component_keys
 from nemo_rl_clone.utils.errors import UserInputError
 
 EPSILON = 1e-6  # added to a std before dividing (NeMo-RL's)
@@ -130,11 +130,6 @@ class ReinforcePlusPlusAdvantageEstimator:
         mean = (tokens * weights).sum() / total
         var = ((tokens - mean).square() * weights).sum() / total
         return ((tokens - mean) * var.clamp(min=1e-8).rsqrt()).to(rewards.dtype)
-
-
-def reward_component_keys(batch: Mapping[str, Any]) -> list[str]:
-    """The batch's GDPO reward components, ``reward1``, ``reward2``, … in numeric order (NeMo-RL's keys)."""
-    return sorted((key for key in batch if re.fullmatch(r"reward\d+", str(key))), key=lambda key: int(key[6:]))
 
 
 class GDPOAdvantageEstimator:
