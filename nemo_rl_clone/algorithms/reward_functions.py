@@ -40,8 +40,10 @@ def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> tuple[torch.Tens
     """(rewards, unshaped) per sample, in NeMo-RL v0.7.0's order: the environment's total reward, optionally scaled,
     then optionally shaped (the overlong penalty). ``unshaped`` is the scaled reward before shaping: what dynamic
     sampling judges, so that an all-correct group with one overlong answer is not taken for signal. Scaling also
-    rescales the batch's reward components (``reward1`` ...) in place; shaping leaves them as they are."""
+    rescales the batch's reward components (``reward1`` ...) in place; shaping leaves them as they are. Sets
+    ``batch["accuracy_reward"]`` (`accuracy_reward`, unscaled)."""
     rewards = batch["total_reward"].clone().float()
+    batch["accuracy_reward"] = accuracy_reward(batch).clone()  # before scaling rescales the components in place
     if cfg.reward_scaling.enabled:
         s = cfg.reward_scaling
         rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
@@ -56,6 +58,14 @@ def process_rewards(batch: BatchedDataDict, cfg: GRPOConfig) -> tuple[torch.Tens
             lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_buffer_penalty
         )
     return rewards, unshaped
+
+
+def accuracy_reward(batch: BatchedDataDict) -> torch.Tensor:
+    """[B] the environment's reward that `accuracy` counts (a sample is correct where it is 1): ``total_reward``,
+    or the first reward component where the environment returned several (``math_multi_reward``: correctness),
+    since their sum (0 to 3 there) is not a verdict."""
+    keys = reward_component_keys(batch)
+    return (batch[keys[0]] if keys else batch["total_reward"]).float()
 
 
 def response_length(message_log: list[dict[str, Any]]) -> int:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig
-from nemo_rl_clone.algorithms.reward_functions import process_rewards
+from nemo_rl_clone.algorithms.reward_functions import accuracy_reward, process_rewards
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.environments.interfaces import reward_component_keys
 from nemo_rl_clone.environments.math_multi_reward_environment import (
@@ -89,3 +89,23 @@ def test_reward_scaling_rescales_each_component_and_shaping_leaves_them() -> Non
     torch.testing.assert_close(shaped, torch.tensor([0.0, -2.0]))
     torch.testing.assert_close(batch["reward1"], torch.tensor([-1 / 3, -1.0]))
     torch.testing.assert_close(batch["reward2"], torch.tensor([-1 / 3, -1.0]))
+
+
+def test_accuracy_counts_correctness_not_the_sum_of_components() -> None:
+    """With several components `accuracy` counts the first (correctness) before scaling rescales it in place: here
+    total_reward 1 is a wrong answer with a good format, and the sample with total 3 is the correct one."""
+    cfg = validate_config(
+        {"reward_scaling": {"enabled": True, "target_min": -1.0, "target_max": 1.0, "source_max": 3.0}}, GRPOConfig
+    )
+    batch = BatchedDataDict(
+        total_reward=torch.tensor([3.0, 1.0, 0.0]),
+        reward1=torch.tensor([1.0, 0.0, 0.0]),
+        reward2=torch.tensor([1.0, 0.0, 0.0]),
+        reward3=torch.tensor([1.0, 1.0, 0.0]),
+        message_log=[[], [], []],
+    )
+    assert torch.equal(accuracy_reward(batch), torch.tensor([1.0, 0.0, 0.0]))
+    process_rewards(batch, cfg)
+    assert torch.equal(batch["accuracy_reward"], torch.tensor([1.0, 0.0, 0.0]))  # unscaled
+    single = BatchedDataDict(total_reward=torch.tensor([1.0, 0.0]), message_log=[[], []])
+    assert torch.equal(accuracy_reward(single), torch.tensor([1.0, 0.0]))

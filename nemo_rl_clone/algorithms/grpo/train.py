@@ -28,6 +28,7 @@ from nemo_rl_clone.algorithms.grpo.monitors import CollapseMonitors
 from nemo_rl_clone.algorithms.grpo.repro import ReproBundles
 from nemo_rl_clone.algorithms.grpo.rollouts import RolloutSource, SyncRollouts, roll_out
 from nemo_rl_clone.algorithms.interfaces import Algorithm
+from nemo_rl_clone.algorithms.reward_functions import accuracy_reward
 from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import run_validation
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
@@ -108,7 +109,7 @@ class GRPOSteps:
             c.policy.finish_training()
 
         metrics = aggregate_train_metrics(
-            train_results, train_data, rewards, advantages, rollouts.rollout_metrics, batch["total_reward"]
+            train_results, train_data, rewards, advantages, rollouts.rollout_metrics, batch["accuracy_reward"]
         )
         metrics.update(rollouts.sampling_metrics)
         if threshold is not None:
@@ -165,7 +166,7 @@ class GRPOSteps:
 def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """Roll out the validation prompts once (sampled with fixed per-prompt seeds, so runs compare fairly).
 
-    Returns ``accuracy`` (fraction of responses with reward 1), ``mean_reward`` (what a graded scorer such as a
+    Returns ``accuracy`` (fraction of responses whose `accuracy_reward` is 1), ``mean_reward`` (what a graded scorer such as a
     reward model is judged by) and ``avg_length`` (generated tokens). ``samples``
     receives the first ``logger.num_val_samples_to_print`` samples as `sample_rows` rows.
     """
@@ -174,7 +175,7 @@ def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> 
         return {}
     count = min(len(c.val_dataset), cfg.grpo.max_val_samples or len(c.val_dataset))
     batch_size = cfg.grpo.val_batch_size or count
-    rewards, lengths = [], []
+    rewards, correct, lengths = [], [], []
     for start in range(0, count, batch_size):
         prompts = rl_collate_fn([c.val_dataset[i] for i in range(start, min(count, start + batch_size))])
         prompts["seeds"] = [cfg.grpo.seed * 100_003 + start + i for i in range(prompts.size)]
@@ -183,11 +184,12 @@ def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> 
             rows = sample_rows(batch, batch["total_reward"])
             samples.extend(rows[: cfg.logger.num_val_samples_to_print - len(samples)])
         rewards.append(batch["total_reward"])
+        correct.append(accuracy_reward(batch) == 1.0)
         lengths.append(metrics["mean_generation_length"] * batch.size)
     all_rewards = torch.cat(rewards)
     c.generation.take_performance_metrics()  # validation's generation is not the next training step's
     return {
-        "accuracy": (all_rewards == 1.0).float().mean().item(),
+        "accuracy": torch.cat(correct).float().mean().item(),
         "mean_reward": all_rewards.float().mean().item(),
         "avg_length": sum(lengths) / count,
     }
