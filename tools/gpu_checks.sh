@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU checks, on a machine with Python 3, torch (CUDA) and transformers but no Ray and no uv environment:
-# the worker-level `gpu` tests (DTensor and Megatron Core on CUDA, bf16 against fp32) and the ~0.5B training
+# the worker-level `gpu` tests (DTensor and Megatron Core on CUDA, bf16 against fp32), vLLM's top-k/top-p kernel
+# against the trainer's "lowest_index" tie rule, and the ~0.5B training
 # throughput / MFU benchmark. Needs `.gpu_kit/` (made by tools/gpu_kit.py) in the repository root.
 #   bash tools/gpu_checks.sh OUT_DIR [extra benchmark arguments]
 # Writes OUT_DIR/{env.txt,gpu_tests.log,train_mfu.log}; exits non-zero if a test or the benchmark failed.
@@ -25,6 +26,7 @@ cat "$out/env.txt"
 status=0
 python3 -m pytest -m gpu -v -p no:cacheprovider -o addopts="" \
   tests/unit/test_dtensor_worker_cuda.py tests/unit/test_megatron_policy.py tests/unit/test_logger.py \
+  tests/unit/test_logits_sampling_utils.py \
   2>&1 | tee "$out/gpu_tests.log" || status=1
 python3 benchmarks/train_mfu.py "$@" 2>&1 | tee "$out/train_mfu.log" || status=1
 exit $status

@@ -1,15 +1,24 @@
 """The trainer's copy of the sampler's processing (`algorithms/logits_sampling_utils.py`): the kept set against vLLM's
 own sampler function, logprobs and gradients against a hand enumeration over a 6-token vocabulary, and the three
-places that compute them (plain logits, chunked logits, the selective LM head)."""
+places that compute them (plain logits, chunked logits, the selective LM head); the two rules for tokens tied at the
+boundary, by hand, against a per-row transcription and against vLLM's CUDA kernel (under the Triton interpreter on
+CPU, and on CUDA in the `gpu` check)."""
 
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import replace
 
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, keep_threshold, processed_logits
+from nemo_rl_clone.algorithms.logits_sampling_utils import (
+    TrainingSamplingParams,
+    keep_boundary,
+    kept_tokens,
+    processed_logits,
+)
 from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits
 from nemo_rl_clone.models.policy.workers.token_logprob_head import project_token_logprobs
 
@@ -21,6 +30,11 @@ SETTINGS = [
     TrainingSamplingParams(2.0, 2, 0.5),
     TrainingSamplingParams(0.5, None, 0.3),
 ]
+
+
+def kept(scaled: torch.Tensor, params: TrainingSamplingParams) -> torch.Tensor:
+    """``[N, V]`` the trainer's kept set (the row's top token as target: always kept anyway)."""
+    return kept_tokens(scaled, *keep_boundary(scaled, params), scaled.argmax(dim=-1))
 
 
 def vllm_kept(scaled: torch.Tensor, params: TrainingSamplingParams) -> torch.Tensor:
@@ -43,8 +57,7 @@ def test_kept_set_is_vllms(params: TrainingSamplingParams) -> None:
         scaled = values / params.temperature
         if values is not logits and params.top_p < 1.0:
             continue  # ties inside the nucleus: vLLM's order among equal values is its sort's, not a rule
-        ours = scaled >= keep_threshold(scaled, params).unsqueeze(-1)
-        assert torch.equal(ours, vllm_kept(scaled, params))
+        assert torch.equal(kept(scaled, params), vllm_kept(scaled, params))
 
 
 def enumerated_logprobs(logits: list[float], params: TrainingSamplingParams, target: int) -> tuple[float, list[float]]:
@@ -130,3 +143,155 @@ def test_selective_head_gives_the_kl_terms_unfiltered_logprobs_from_the_same_pro
         assert both[r].tolist() == pytest.approx([filtered, unfiltered], abs=1e-6)
         mixed = [2.0 * a - 3.0 * b for a, b in zip(grad_filtered, grad_unfiltered, strict=True)]
         assert weight.grad.t()[r].tolist() == pytest.approx(mixed, abs=1e-6), r
+
+
+def reference_kept(row: list[float], params: TrainingSamplingParams) -> set[int]:
+    """One row's kept ids, walked token by token in (value descending, id ascending) order in float64: the first k,
+    then while the mass above (over those k) is below p; "keep_all" then adds every token tied with the last one."""
+    order = sorted(range(len(row)), key=lambda i: (-row[i], i))
+    top = order[: params.top_k] if params.top_k is not None else order
+    if params.tie_rule == "keep_all" and params.top_k is not None:
+        top = [i for i in order if row[i] >= row[top[-1]]]
+    total = sum(math.exp(row[i]) for i in top)
+    nucleus, mass = [], 0.0
+    for i in top:
+        if params.top_p < 1.0 and mass >= params.top_p:
+            break
+        nucleus.append(i)
+        mass += math.exp(row[i]) / total
+    if params.tie_rule == "keep_all":
+        return {i for i in top if row[i] >= row[nucleus[-1]]}
+    return set(nucleus)
+
+
+def test_tie_rules_by_hand() -> None:
+    """scores [3, 2, 2, 2, 1], k = 2: "keep_all" (today's rule, vLLM's CPU sampler) keeps ids {0, 1, 2, 3},
+    "lowest_index" (vLLM's CUDA kernel) {0, 1}; four equal scores and a negligible fifth, p = 0.45: all four against
+    {0, 1} (the mass above id 2 is ~0.5, not below p). Logprobs by hand to 1e-6: the target is always kept, so id 3 under "lowest_index" and
+    k = 2 scores against {0, 1, 3}."""
+    scores = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0], [0.0, 0.0, 0.0, 0.0, -9.0]])
+    top2, nucleus = TrainingSamplingParams(1.0, 2, 1.0), TrainingSamplingParams(1.0, None, 0.45)
+    assert kept(scores[:1], top2)[0].tolist() == [True, True, True, True, False]
+    assert kept(scores[:1], replace(top2, tie_rule="lowest_index"))[0].tolist() == [True, True, False, False, False]
+    assert kept(scores[1:], nucleus)[0].tolist() == [True, True, True, True, False]
+    assert kept(scores[1:], replace(nucleus, tie_rule="lowest_index"))[0].tolist() == [True, True, False, False, False]
+    e3, e2 = math.exp(3.0), math.exp(2.0)
+    expected = {
+        ("keep_all", 0): 3 - math.log(e3 + 3 * e2),
+        ("keep_all", 3): 2 - math.log(e3 + 3 * e2),
+        ("lowest_index", 0): 3 - math.log(e3 + e2),
+        ("lowest_index", 3): 2 - math.log(e3 + 2 * e2),
+    }
+    for (rule, target), want in expected.items():
+        logits = torch.stack([scores[:1], torch.zeros(1, 5)], dim=1)
+        lp = token_logprobs_from_logits(logits, torch.tensor([[0, target]]), sampling=replace(top2, tie_rule=rule))
+        assert lp[0, 0].item() == pytest.approx(want, abs=1e-6), (rule, target)
+    with pytest.raises(ValueError, match="tie_rule"):
+        TrainingSamplingParams(1.0, 2, 1.0, "by_index")  # type: ignore[arg-type]
+
+
+TIE_SETTINGS = [
+    TrainingSamplingParams(1.0, 20, 1.0, "lowest_index"),
+    TrainingSamplingParams(1.0, None, 0.9, "lowest_index"),
+    TrainingSamplingParams(0.7, 20, 0.9, "lowest_index"),
+    TrainingSamplingParams(1.0, 50, 0.95, "lowest_index"),
+    TrainingSamplingParams(1.0, 20, 1.0, "keep_all"),
+    TrainingSamplingParams(1.0, None, 0.9, "keep_all"),
+    # top-p's mass over every token tied at the k-th value, as vLLM's CPU sampler (b879e64 counted only k of them)
+    TrainingSamplingParams(1.0, 20, 0.9, "keep_all"),
+]
+
+
+def tied_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """bf16-rounded logits on a 0.5 grid: many ties at any top-k / top-p boundary."""
+    generator = torch.Generator().manual_seed(seed)
+    return ((torch.randn(rows, vocab, generator=generator) * 4).round() / 2).to(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("params", TIE_SETTINGS, ids=str)
+@pytest.mark.parametrize("where", ["logits", "chunked", "selective_head"])
+def test_tie_rules_against_a_per_row_walk(params: TrainingSamplingParams, where: str) -> None:
+    """16 rows of 300 tokens with ties through every boundary: the kept set equals `reference_kept` exactly, and the
+    logprob of a tied, dropped target (always kept) and of the top token are log-softmax over that set (1e-5, fp32),
+    whichever of the three computations produces them."""
+    logits = tied_logits(16, 300, seed=5)
+    scaled = logits / params.temperature
+    reference = [reference_kept(scaled[r].tolist(), params) for r in range(16)]
+    ours = kept(scaled, params)
+    assert [set(torch.nonzero(ours[r]).flatten().tolist()) for r in range(16)] == reference
+    keep_all = replace(params, tie_rule="keep_all")
+    trimmed = sum(len(reference_kept(scaled[r].tolist(), keep_all) - reference[r]) for r in range(16))
+    assert (trimmed > 0) == (params.tie_rule == "lowest_index")  # the data cuts through ties
+    for targets in (scaled.argmax(dim=-1), (scaled * ~ours).argmax(dim=-1)):
+        if where == "selective_head":
+            # hidden = the logits, weight = identity: the head's logits are exactly `logits`
+            lp = project_token_logprobs(logits, torch.eye(300), targets, 8, torch.float32, sampling=params)
+        else:
+            full = torch.stack([logits, torch.zeros_like(logits)], dim=1)
+            ids = torch.stack([torch.zeros_like(targets), targets], dim=1)
+            lp = token_logprobs_from_logits(full, ids, chunk_size=1 if where == "chunked" else None, sampling=params)[
+                :, 0
+            ]
+        for r in range(16):
+            group = reference[r] | {int(targets[r])}
+            want = scaled[r, targets[r]].item() - math.log(sum(math.exp(scaled[r, i].item()) for i in group))
+            assert lp[r].item() == pytest.approx(want, abs=1e-5), r
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs the Triton interpreter from the process start: TRITON_INTERPRET=1 uv run pytest -n 0 -k triton_kernel",
+)
+def test_lowest_index_is_vllms_triton_kernel() -> None:
+    """vLLM 0.32's CUDA kernel itself (``apply_top_k_top_p_triton``, run by the Triton interpreter on CPU, ~3 s;
+    opt-in: triton's own library functions are compiled for the interpreter only when it is on at import):
+    its kept set equals "lowest_index" on 8 rows with ties at the boundary, through its top-k + top-p path and its
+    split top-p path (the one CUDA takes for p alone at batch <= 64), where "keep_all" differs. Its fp32 count of
+    trimmed ties (a floor of (mass - p) / prob) can differ by one where the nucleus mass lands within rounding of p:
+    1 row in 896 on other seeds; none here."""
+    pytest.importorskip("triton")
+    from tests.unit.vllm_topk_topp_kernel import kernel_source, load_kernel
+
+    if kernel_source() is None:
+        pytest.skip("vLLM's topk_topp_triton.py is not here")
+    kernel = load_kernel()
+    logits = tied_logits(8, 300, seed=0)
+    for k, p in ((20, 0.9), (None, 0.9)):
+        params = TrainingSamplingParams(1.0, k, p, "lowest_index")
+        p_rows = torch.full((8,), p)
+        if k is None:
+            theirs = logits.clone()
+            kernel._apply_topp_split(theirs, None, p_rows, -torch.inf, 4)
+        else:
+            theirs = kernel.apply_top_k_top_p_triton(logits.clone(), torch.full((8,), k, dtype=torch.int32), p_rows)
+        assert torch.equal(kept(logits, params), theirs.isfinite()), (k, p)
+        assert not torch.equal(kept(logits, replace(params, tie_rule="keep_all")), theirs.isfinite())
+
+
+@pytest.mark.gpu
+def test_gpu_lowest_index_is_vllms_triton_kernel_on_cuda() -> None:
+    """On CUDA, bf16 logits of a 32k vocabulary (ties at the boundary are common): vLLM's kernel keeps the same set
+    as "lowest_index", row by row, at batch 8 (split top-p pipeline for p alone) and 128 (one program per row), and
+    the sampled-distribution logprobs agree to 1e-5. Confirms the rule before CUDA engines turn it on."""
+    from tests.unit.vllm_topk_topp_kernel import load_kernel
+
+    kernel = load_kernel()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for rows in (8, 128):
+        logits = (torch.randn(rows, 32768, device="cuda", generator=generator) * 3).to(torch.bfloat16).float()
+        for params in (
+            TrainingSamplingParams(1.0, 50, 1.0, "lowest_index"),
+            TrainingSamplingParams(1.0, None, 0.9, "lowest_index"),
+            TrainingSamplingParams(0.7, 50, 0.9, "lowest_index"),
+        ):
+            scaled = logits / params.temperature
+            k = None if params.top_k is None else torch.full((rows,), params.top_k, device="cuda", dtype=torch.int32)
+            p = None if params.top_p >= 1.0 else torch.full((rows,), params.top_p, device="cuda")
+            theirs = kernel.apply_top_k_top_p_triton(scaled.clone(), k, p)
+            ours = kept(scaled, params)
+            differ = torch.nonzero((ours != theirs.isfinite()).any(dim=-1)).flatten().tolist()
+            assert not differ, f"{params}, batch {rows}: rows {differ[:10]} keep other tokens than the kernel"
+            targets = scaled.argmax(dim=-1)
+            want = theirs.log_softmax(dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+            got = processed_logits(logits, targets, params).log_softmax(dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

@@ -17,6 +17,12 @@ from tests.unit.test_loss_functions import ALL_BRANCHES, pg_loss, random_batch, 
 SAMPLING = {
     "top_k_top_p": TrainingSamplingParams(0.7, 3, 0.8),
     "top_p": TrainingSamplingParams(1.3, None, 0.7),
+    # on logits rounded to integers: ties at the boundary span both shards, and only the lowest ids stay
+    "ties_top_k": TrainingSamplingParams(1.0, 3, 1.0, "lowest_index"),
+    "ties_top_k_top_p": TrainingSamplingParams(0.7, 4, 0.8, "lowest_index"),
+    "ties_top_p": TrainingSamplingParams(1.0, None, 0.6, "lowest_index"),
+    # a shard holding more ties at the k-th value than its own top-k offer: top-p's mass counts all of them
+    "ties_keep_all_top_k_top_p": TrainingSamplingParams(1.0, 3, 0.55),
 }
 
 
@@ -66,20 +72,24 @@ def _vocab_parallel_worker(rank: int, world_size: int, rendezvous: str, out_dir:
             diffs[f"{name}_chunked_grad"] = (local.grad - expected_grad).abs().max().item()
 
         # Sampling-aware logprobs (temperature, top-k, top-p) from shards equal the unsharded ones, gradients too.
+        tied = full.round()
+        crowded_shard = torch.tensor([5.0, 4, 3, 3, 3, 0, 3, 0, 0, 0, 0, 0]).expand_as(full).contiguous()
         for name, params in SAMPLING.items():
-            unsharded = full.clone().requires_grad_()
+            source = crowded_shard if "keep_all" in name else tied if name.startswith("ties") else full
+            unsharded = source.clone().requires_grad_()
             want = token_logprobs_from_logits(unsharded, data["input_ids"], sampling=params)
             want.sum().backward()
             expected_grad = unsharded.grad[..., rank * shard_size : (rank + 1) * shard_size]
+            shard = source[..., rank * shard_size : (rank + 1) * shard_size].clone().requires_grad_()
             for chunk in (None, 4):
-                local.grad = None
+                shard.grad = None
                 got = token_logprobs_from_logits(
-                    local, data["input_ids"], vocab_parallel_group=dist.group.WORLD, chunk_size=chunk, sampling=params
+                    shard, data["input_ids"], vocab_parallel_group=dist.group.WORLD, chunk_size=chunk, sampling=params
                 )
                 got.sum().backward()
                 tag = f"{name}_{'chunked' if chunk else 'whole'}"
                 diffs[f"{tag}_logprobs"] = (got - want).abs().max().item()
-                diffs[f"{tag}_grad"] = (local.grad - expected_grad).abs().max().item()
+                diffs[f"{tag}_grad"] = (shard.grad - expected_grad).abs().max().item()
 
         mesh = init_device_mesh("cpu", (world_size,))
         dtensor = distribute_tensor(full.clone(), mesh, [Shard(2)]).requires_grad_()

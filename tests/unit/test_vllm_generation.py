@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, keep_threshold
+from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, keep_boundary
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
@@ -123,7 +123,7 @@ def test_logprobs_are_those_of_the_processed_distribution_sampled_from(
         with torch.no_grad():
             logits = hf_model(input_ids=ids[None]).logits.float()
         scaled = logits[0, length - 1 : total - 1] / params.temperature
-        kept = scaled >= keep_threshold(scaled, params).unsqueeze(-1)
+        kept = scaled >= keep_boundary(scaled, params)[0].unsqueeze(-1)  # "keep_all": every tie at the threshold
         assert kept.gather(-1, ids[length:total, None]).all(), f"row {row}: a sampled token outside the kept set"
         processed = token_logprobs_from_logits(logits, ids[None], sampling=params)[0, length - 1 :]
         raw = token_logprobs_from_logits(logits, ids[None])[0, length - 1 :]

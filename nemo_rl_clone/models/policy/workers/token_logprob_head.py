@@ -68,6 +68,7 @@ class _ProjectedTokenLogprobs(torch.autograd.Function):
         out = torch.empty(n, 2 if also_unfiltered else 1, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(out)  # column 0: over the kept tokens; column 1: over all of them
         threshold = torch.full((n,), -torch.inf, device=hidden.device)
+        cutoff = torch.full((n,), logits_sampling_utils.NO_TIE_CUTOFF, device=hidden.device)
         filters = sampling is not None and sampling.filters
         for start in range(0, n, chunk_size):
             window = slice(start, start + chunk_size)
@@ -78,18 +79,18 @@ class _ProjectedTokenLogprobs(torch.autograd.Function):
                 out[window, 1] = target_logit - lse[window, 1]
             if filters:
                 assert sampling is not None
-                threshold[window] = logits_sampling_utils.keep_threshold(logits, sampling)
-                keep = logits_sampling_utils.kept_tokens(logits, threshold[window], targets[window])
+                threshold[window], cutoff[window] = logits_sampling_utils.keep_boundary(logits, sampling)
+                keep = logits_sampling_utils.kept_tokens(logits, threshold[window], cutoff[window], targets[window])
                 logits = logits.masked_fill_(~keep, -torch.inf)
             lse[window, 0] = logits.logsumexp(dim=-1)
             out[window, 0] = target_logit - lse[window, 0]
-        ctx.save_for_backward(hidden, weight, targets, lse, threshold)
+        ctx.save_for_backward(hidden, weight, targets, lse, threshold, cutoff)
         ctx.chunk_size, ctx.dtype, ctx.grad_dtype, ctx.sampling = chunk_size, dtype, grad_dtype, sampling
         return out if also_unfiltered else out.squeeze(-1)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, targets, lse, threshold = ctx.saved_tensors
+        hidden, weight, targets, lse, threshold, cutoff = ctx.saved_tensors
         grad_out = grad_out.reshape(lse.shape)  # [N] or [N, 2]; N may be 0 (a microbatch with no loss token)
         w = weight.to(ctx.dtype)
         w_grad = weight.to(ctx.grad_dtype)
@@ -105,7 +106,7 @@ class _ProjectedTokenLogprobs(torch.autograd.Function):
             g = grad_out[window]
             grad_logits = (logits - lse[window, :1]).exp().mul_(-g[:, :1])
             if ctx.sampling is not None and ctx.sampling.filters:
-                keep = logits_sampling_utils.kept_tokens(logits, threshold[window], targets[window])
+                keep = logits_sampling_utils.kept_tokens(logits, threshold[window], cutoff[window], targets[window])
                 grad_logits.masked_fill_(~keep, 0.0)
             if g.shape[1] == 2:
                 grad_logits.sub_((logits - lse[window, 1:]).exp().mul_(g[:, 1:]))
