@@ -106,17 +106,25 @@ def check_exact_under_sampling(metrics: dict[int, dict[str, float]]) -> None:
 
 
 def test_smoke_run_not_colocated(tmp_path):
-    """Metrics, printed validation samples, logged rows and checkpoints of the smoke config with the engine on a node
-    of its own (weights through the refit collective), carrying NeMo-RL v0.7.0 keys. The colocated smoke checks are in
+    """Metrics, printed validation samples, logged rows and checkpoints of a smoke run with the engine on a node of
+    its own (weights through the refit collective), carrying NeMo-RL v0.7.0 keys — and GDPO end to end: NeMo-RL's
+    `gdpo_math_1B.yaml` scaled down (`configs/gdpo_smoke.yaml`: the tiny model, 2 steps, `env.math_multi_reward`'s
+    three rewards per response as the batch's `reward1..reward3`). The colocated smoke checks are in
     `test_previous_policy_logprobs_and_kl_penalty`, whose run samples at temperature 0.7, top-p 0.9, top-k 50."""
     overrides = [
+        f"data.train.data_path={REPO / 'tests/data/gsm8k_format_mini.jsonl'}",
+        f"data.validation.data_path={REPO / 'tests/data/gsm8k_format_mini.jsonl'}",
+        f"data.default.system_prompt_file={REPO / 'examples/prompts/gsm8k.txt'}",
         "logger.num_val_samples_to_print=2",
         "policy.generation.colocated.enabled=false",
         "policy.generation.colocated.resources.gpus_per_node=1",
         "policy.generation.colocated.resources.num_nodes=1",
+        # The tiny model earns none of the three rewards, so every GDPO advantage is 0: train every row anyway, so
+        # that the trainer/engine logprob gate of the refit collective is still measured.
+        "loss_fn.train_only_samples_with_gradient=false",
         *NEMO_RL_V07_KEYS,
     ]
-    proc = run_grpo(tmp_path, *overrides)
+    proc = run_entry_point("grpo_math", tmp_path, *overrides, config="gdpo_smoke.yaml")
     (run_dir,) = (tmp_path / "logs").iterdir()
     metrics = read_metrics(run_dir)
     check_run_outputs(metrics, proc.stdout, run_dir, steps=2)
@@ -125,7 +133,9 @@ def test_smoke_run_not_colocated(tmp_path):
         m = metrics[step]
         assert m["train/num_masked_seqs_by_logprob_error"] == 0
         assert -0.5 <= m["train/advantages/min"] <= m["train/advantages/max"] <= 0.5
-        assert m["train/num_valid_samples"] > 0
+        assert m["train/num_valid_samples"] == 8  # no prompt cut by max_input_seq_length
+        env = "train/rollout/env/math_multi_reward"
+        assert {f"{env}/reward/{name}" for name in ("correctness", "integer", "format")} <= set(m), sorted(m)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]
 
 
