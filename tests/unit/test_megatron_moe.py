@@ -207,6 +207,7 @@ def run_scenarios(model_dir: str, run_dir: str, batches: list) -> dict[str, Any]
     worker.shutdown()
 
     worker = _worker(model_dir, 1)
+    record["ep1_has_router_aux_loss"] = worker.has_router_aux_loss()
     record["ep1"] = [_step(worker, batches[0])]
     worker.save_checkpoint(f"{run_dir}/ep1_weights", f"{run_dir}/ep1_optimizer")
     record["ep1"] += [_step(worker, batches[index]) for index in range(1, STEPS)]
@@ -251,8 +252,29 @@ def run_scenarios(model_dir: str, run_dir: str, batches: list) -> dict[str, Any]
     aux = {"moe_router_load_balancing_type": "aux_loss", "moe_aux_loss_coeff": 0.1}
     worker = _worker(model_dir, 1, megatron=aux, init_reference_model=False)
     record["aux_loss"] = _step(worker, batches[0])
+    record["aux_loss_grad_norms"] = _router_loss_grad_norms(worker, batches[0])
     worker.shutdown()
     return record
+
+
+def _router_loss_grad_norms(worker: Any, data: Any) -> dict[str, dict[str, float]]:
+    """Gradient norms of one GRPO step for each of `router_loss_plans`, all from the same weights (lr 0 keeps them;
+    no scheduler to restore it): with some zero-advantage rows (``some``) and with only such rows (``none``)."""
+    from megatron.core import parallel_state
+
+    from tests.unit.test_trained_rows import grpo_rows, router_loss_plans
+
+    worker.scheduler = None
+    for group in worker.optimizer.param_groups:
+        group["lr"] = 0.0
+    dp, rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    norms: dict[str, dict[str, float]] = {}
+    for case, advantages in (("some", [0.0] * 4 + [1.0, -1.0, 0.5, -0.5]), ("none", [0.0] * 8)):
+        plans = router_loss_plans(worker.cfg, dp, grpo_rows(data, advantages), worker.has_router_aux_loss())
+        norms[case] = {
+            name: worker.train(plan.shards[rank], **plan.kwargs)["grad_norm"].item() for name, plan in plans.items()
+        }
+    return norms
 
 
 def odd_width(data: Any) -> Any:
@@ -426,6 +448,32 @@ def test_the_load_balancing_loss_trains_the_routers_when_configured(record: dict
     assert (
         routers and max_diff({n: with_aux["state"][n] for n in routers}, {n: without["state"][n] for n in routers}) > 0
     )
+
+
+def test_with_the_load_balancing_loss_every_row_trains(record: dict) -> None:
+    """The router loss runs over every row that runs, so with one (``aux_loss``, coefficient 0.1) `Policy.train`
+    leaves no row out: the step's gradient norm (from the same weights) equals the one with skipping switched off to
+    1e-6 relative (the same rows run; measured equal), with some zero-advantage rows and with only such rows. Leaving
+    rows out anyway changes it by more than 1e-3 relative, so the check can tell (measured 1.977 vs 1.950, and 0.954
+    vs 0.294: fewer microbatches also scale Megatron's aux-loss gradient up). lr 0 keeping the weights shows in
+    the first two norms of each case being equal."""
+    assert not record["ep1_has_router_aux_loss"]  # moe_router_load_balancing_type "none" (NeMo-RL's default)
+    for case, norms in record["aux_loss_grad_norms"].items():
+        assert norms["policy"] == pytest.approx(norms["every_row"], rel=1e-6, abs=0), case
+        assert abs(norms["skipping"] - norms["every_row"]) > 1e-3 * norms["every_row"], case
+
+
+def test_the_load_balancing_loss_is_on_only_for_an_moe_model_with_a_type_and_a_coefficient() -> None:
+    import dataclasses
+
+    from nemo_rl_clone.models.policy.megatron import moe
+    from nemo_rl_clone.models.policy.megatron.config import MegatronConfig
+
+    moe_shape, dense = converter.model_shape(moe_config()), converter.model_shape(Qwen3Config(**DIMS))
+    on = MegatronConfig(moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.1)
+    assert moe.adds_load_balancing_loss(moe_shape, on) and not moe.adds_load_balancing_loss(dense, on)
+    for off in ({"moe_aux_loss_coeff": 0.0}, {"moe_router_load_balancing_type": "none"}):
+        assert not moe.adds_load_balancing_loss(moe_shape, dataclasses.replace(on, **off))
 
 
 def hf_forced_logprobs(model_dir: str, data: Any, routing: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Mixture-of-experts models outside the Megatron backend: the built-in tiny Qwen3-MoE (8 experts, top-2, 2 layers),
 its export and refit in the checkpoint layout, vLLM serving refitted MoE weights exactly, the engine's record of
 each token's experts against Hugging Face's routing, router replay against an MoE block computed by hand, and the
-DTensor backend's router load-balancing loss against the Switch Transformer formula computed by hand.
+DTensor backend's router load-balancing loss against the Switch Transformer formula computed by hand, and that with it
+every row of a GRPO step trains.
 
 The GRPO runs on the MoE model (both backends) are in tests/functional/test_moe_grpo.py.
 """
@@ -341,3 +342,60 @@ def test_router_replay_validates_where_it_is_built_and_names_the_key_elsewhere()
             load_validated_config(smoke, [*on, override], GRPOMasterConfig)
         (line,) = [line for line in map(str, error.value.problems) if "policy.router_replay.enabled" in line]
         assert line.startswith(f"{key}: not supported yet"), line
+
+
+def test_with_a_router_loss_every_row_trains_and_the_gradient_is_the_whole_batchs(model_path: str) -> None:
+    """`trained_rows` leaves out rows without a policy-loss gradient; the router loss runs over every row that runs,
+    so with one (``router_aux_loss_coef`` 0.01) `Policy.train`'s plan must run them all. One step of plain SGD (lr 1,
+    no clipping) from the same weights, fp32: the weight change is the gradient. With some zero-advantage rows the
+    policy's step equals the step with skipping switched off (tolerance 1e-7: the same rows run, so only float noise
+    could differ; measured 0) and leaving rows out anyway changes it by more than 1e-5 (measured 1.4e-3 of a largest
+    entry 0.12). With none but zero-advantage rows the plan is the one without skipping (so is its gradient: the
+    router loss's alone, largest entry 8.6e-4), which differs from one short row's router gradient (what the step
+    took before) by 8.3e-3."""
+    from nemo_rl_clone.models.policy.config import PolicyConfig
+    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
+    from nemo_rl_clone.models.policy.workers import worker_setup
+    from nemo_rl_clone.utils.config_validation import validate_config
+    from tests.unit.test_megatron_policy import make_batches
+    from tests.unit.test_trained_rows import grpo_rows, router_loss_plans
+
+    policy = {"model_name": model_path, "precision": "float32", "train_global_batch_size": 8}
+    policy |= {"train_micro_batch_size": 4, "max_grad_norm": None, "scheduler": None}
+    policy |= {"optimizer": {"name": "torch.optim.SGD", "kwargs": {"lr": 1.0}}}
+    config = validate_config({**policy, "hf_config_overrides": {"router_aux_loss_coef": 0.01}}, PolicyConfig)
+    worker_setup.set_single_process_env()
+    worker = DTensorPolicyWorker(config, load_tokenizer(model_path), model_path, init_reference_model=False)
+    try:
+        params = [p.to_local() if hasattr(p, "to_local") else p for p in worker.model.parameters()]  # 1 rank: all
+        start = [p.detach().clone() for p in params]
+
+        def step(plan: Any) -> list[torch.Tensor]:
+            worker.train(plan.shards[0], **plan.kwargs)
+            with torch.no_grad():
+                change = [before - p for before, p in zip(start, params, strict=True)]
+                for before, p in zip(start, params, strict=True):
+                    p.copy_(before)
+            return change
+
+        def gap(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+            return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+
+        assert worker.has_router_aux_loss()
+        data = make_batches()[0]  # 8 rows, row 7 masked
+        plans = router_loss_plans(config, 1, grpo_rows(data, [0.0] * 4 + [1.0, -1.0, 0.5, -0.5]), True)
+        grads = {name: step(plan) for name, plan in plans.items()}
+        assert max(g.abs().max().item() for g in grads["every_row"]) > 1e-2, "the step must move the weights"
+        assert gap(grads["policy"], grads["every_row"]) <= 1e-7
+        assert gap(grads["skipping"], grads["every_row"]) > 1e-5, "the check can tell: skipping changes the gradient"
+
+        plans = router_loss_plans(config, 1, grpo_rows(data, [0.0] * 8), worker.has_router_aux_loss())
+        policy_plan, every_row = plans["policy"], plans["every_row"]
+        assert policy_plan.shards[0].size == 8 and "loss_normalization" not in policy_plan.kwargs
+        assert all(torch.equal(policy_plan.shards[0][k], every_row.shards[0][k]) for k in every_row.shards[0])
+        assert plans["skipping"].shards[0].size == 1
+        whole_batch, short_row = step(policy_plan), step(plans["skipping"])
+        assert max(g.abs().max().item() for g in whole_batch) > 1e-4, "the router loss alone moves the weights"
+        assert gap(short_row, whole_batch) > 1e-5
+    finally:
+        worker.shutdown()

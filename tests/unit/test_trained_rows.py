@@ -8,6 +8,8 @@ normalisation `step_normalization` gives. They must agree to 1e-6 (fp32; only th
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.model_utils import valid_counts
 from nemo_rl_clone.models.policy.workers.train_step import scaled_loss, step_normalization
-from nemo_rl_clone.models.policy.workers.trained_rows import select_trained_rows
+from nemo_rl_clone.models.policy.workers.trained_rows import select_trained_rows, trained_rows_for
 from tests.unit.test_loss_functions import NEMO_RL_LOSS_CFG
 
 VOCAB, HIDDEN, ROWS, WIDTH = 8, 4, 12, 7
@@ -222,3 +224,43 @@ def test_every_row_trains_with_a_kl_term_or_when_switched_off() -> None:
     keep = pg().rows_with_gradient(everything)
     assert keep is not None and bool(keep.all())
     assert select_trained_rows(everything, keep, global_batch_size=12, dp_size=2) is None
+
+
+def test_a_router_load_balancing_loss_trains_every_row() -> None:
+    """It depends on every row that runs, whatever the advantage; with one, nothing is left out, even in a batch
+    without any gradient of the policy loss (a real policy on each backend: test_moe.py, test_megatron_moe.py)."""
+    for advantages in (ADVANTAGES, [0.0] * ROWS):
+        data = make_batch(advantages)
+        assert trained_rows_for(pg(), data, 12, 2, router_aux_loss=False) is not None
+        assert trained_rows_for(pg(), data, 12, 2, router_aux_loss=True) is None
+
+
+# ------------------------------------------------------------------ the MoE policies' router-loss checks
+def grpo_rows(data: BatchedDataDict, advantages: list[float]) -> BatchedDataDict:
+    """``data`` (rows of a policy test) as a GRPO batch: per-row ``advantages``, on-policy logprobs (the loss below
+    forces the ratio to 1, so they are never read)."""
+    rows, width = data["input_ids"].shape
+    return BatchedDataDict(
+        {
+            **data,
+            "advantages": torch.tensor(advantages)[:, None].expand(rows, width).contiguous(),
+            "prev_logprobs": torch.zeros(rows, width),
+            "generation_logprobs": torch.zeros(rows, width),
+        }
+    )
+
+
+def router_loss_plans(cfg: Any, dp: int, data: BatchedDataDict, has_router_aux_loss: bool) -> dict[str, Any]:
+    """`TrainPlan`s of one GRPO step: ``policy`` as `Policy.train` makes it for a policy whose workers answer
+    ``has_router_aux_loss``; ``every_row`` with skipping switched off; ``skipping`` with the rows left out regardless
+    (what a policy with a router loss did before it told `Policy.train`)."""
+    from nemo_rl_clone.models.policy.lm_policy import TrainPlan
+
+    gbs, mbs = cfg.train_global_batch_size, cfg.train_micro_batch_size
+    loss_fn = pg(force_on_policy_ratio=True)
+    every_row = pg(force_on_policy_ratio=True, train_only_samples_with_gradient=False)
+    return {
+        "policy": TrainPlan.make(cfg, dp, data, loss_fn, gbs, mbs, router_aux_loss=has_router_aux_loss),
+        "every_row": TrainPlan.make(cfg, dp, data, every_row, gbs, mbs, router_aux_loss=has_router_aux_loss),
+        "skipping": TrainPlan.make(cfg, dp, data, loss_fn, gbs, mbs, router_aux_loss=False),
+    }

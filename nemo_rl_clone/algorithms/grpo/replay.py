@@ -193,7 +193,8 @@ def replay(bundle: Bundle) -> Replayed:
         shards, order = shard_batch(cfg, 1, data, "logprob", allow_uneven_shards=True)
         logprobs = merge_shards([worker.get_logprobs(shard) for shard in shards], order)["logprobs"]
         loss_fn = ClippedPGLossFn(loss_cfg, TrainingSamplingParams.from_generation(cfg.generation))
-        plan = TrainPlan.make(cfg, 1, data, loss_fn, cfg.train_global_batch_size, cfg.train_micro_batch_size)
+        gbs, mbs = cfg.train_global_batch_size, cfg.train_micro_batch_size
+        plan = TrainPlan.make(cfg, 1, data, loss_fn, gbs, mbs, router_aux_loss=worker.has_router_aux_loss())
         result = plan.result([worker.train(plan.shards[0], **plan.kwargs)])
     finally:
         worker.shutdown()

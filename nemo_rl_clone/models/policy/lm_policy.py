@@ -83,13 +83,16 @@ class TrainPlan:
         gbs: int,
         mbs: int,
         eval_mode: bool = False,
+        *,
+        router_aux_loss: bool,
     ) -> TrainPlan:
+        """``router_aux_loss``: the workers' `has_router_aux_loss` (then no row is left out, see `trained_rows`)."""
         # A loss reading rows in groups (DPO/Bradley-Terry pairs) declares `rows_per_example`; packing keeps them whole.
         groups = {"rows_per_group": getattr(loss_fn, "rows_per_example", 1)} if cfg.sequence_packing.enabled else {}
         num_global_batches = data.size // gbs
         kwargs: dict[str, Any] = {"loss_fn": loss_fn, "eval_mode": eval_mode, "mbs": mbs}
         counts: dict[str, int] = {}
-        trained = None if eval_mode else trained_rows_for(loss_fn, data, gbs, dp_size)
+        trained = None if eval_mode else trained_rows_for(loss_fn, data, gbs, dp_size, router_aux_loss)
         if trained is not None:
             data, gbs = trained.data, trained.global_batch_size
             kwargs["loss_normalization"] = trained.normalization
@@ -171,6 +174,7 @@ class Policy(ColocatablePolicyInterface):
             raise ValueError(f"{sizes} must divide the number of workers ({world_size})")
         self.dp_size = world_size // (tp_size * pp_size)
         self.is_reward_model = self.cfg.reward_model_cfg.enabled
+        self._router_aux_loss: bool | None = None
         # Rank order: tensor-parallel ranks are neighbours, then data-parallel, pipeline stages outermost
         # (Megatron's layout; the DTensor backend has one stage).
         sharding = NamedSharding(
@@ -263,7 +267,8 @@ class Policy(ColocatablePolicyInterface):
 
         Returns ``loss`` and ``grad_norm`` (``[B // gbs]``, identical whatever the number of DP workers),
         ``all_mb_metrics`` (every microbatch of every DP rank) and ``num_global_batches``. A loss with
-        ``rows_with_gradient`` gets only those rows run (`trained_rows`; same gradient); the result then also holds
+        ``rows_with_gradient`` gets only those rows run (`trained_rows`; same gradient; not when the model adds a router
+        load-balancing loss, which every row shapes); the result then also holds
         ``num_trained_samples`` and ``num_global_batches_with_metrics`` (the loss's metrics other than ``loss`` are
         means over the rows that ran, and a global batch whose rows are all masked reports none).
         """
@@ -283,7 +288,8 @@ class Policy(ColocatablePolicyInterface):
             raise ValueError(f"train: batch of {data.size} samples is not a multiple of the global batch size {gbs}")
         if self.is_reward_model and self.cfg.reward_model_cfg.reward_model_type == "bradley_terry":
             _check_pairs_stay_together(self.cfg, gbs // self.dp_size, mbs)
-        plan = TrainPlan.make(self.cfg, self.dp_size, data, loss_fn, gbs, mbs, eval_mode)
+        aux = self._has_router_aux_loss()
+        plan = TrainPlan.make(self.cfg, self.dp_size, data, loss_fn, gbs, mbs, eval_mode, router_aux_loss=aux)
         return plan.result(self._run_sharded("train", plan.shards, plan.kwargs))
 
     # ------------------------------------------------------------------ lifecycle
@@ -360,6 +366,15 @@ class Policy(ColocatablePolicyInterface):
     def _require_language_model(self, method: str) -> None:
         if self.is_reward_model:
             raise reward_model_error(f"Policy.{method}")
+
+    def _has_router_aux_loss(self) -> bool:
+        """The workers' `has_router_aux_loss`, asked at the first `train` (the workers may still be starting in the
+        constructor)."""
+        if self._router_aux_loss is None:
+            self._router_aux_loss = bool(self._run_all("has_router_aux_loss")[0])
+            if self._router_aux_loss:
+                logger.info("policy: a router load-balancing loss is on, so every sample trains (see trained_rows)")
+        return self._router_aux_loss
 
     def _run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         refs = self.worker_group.run_all_workers_single_data(method, *args, **kwargs)

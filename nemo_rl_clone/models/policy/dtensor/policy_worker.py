@@ -593,6 +593,11 @@ class DTensorPolicyWorker(RefitSender):
             "scheduler": self.scheduler.state_dict(),
         }
 
+    def has_router_aux_loss(self) -> bool:
+        """Whether training adds a router load-balancing loss (an MoE model, coefficient > 0): it depends on every
+        row that runs, so `Policy.train` then leaves no row out (`trained_rows`)."""
+        return self.router_loss is not None and self.router_loss.coef > 0
+
     def shutdown(self) -> bool:
         if dist.is_initialized():
             dist.destroy_process_group()

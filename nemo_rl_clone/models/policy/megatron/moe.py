@@ -121,6 +121,11 @@ def _shown(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
+def adds_load_balancing_loss(shape: converter.ModelShape, mcfg: Any) -> bool:
+    """Whether training adds a router load-balancing loss (Megatron applies one only with a coefficient > 0)."""
+    return shape.is_moe and mcfg.moe_router_load_balancing_type != "none" and mcfg.moe_aux_loss_coeff > 0
+
+
 def notes(shape: converter.ModelShape, mcfg: Any) -> list[str]:
     """Accepted MoE speed options without a kernel here, one log line each (the run computes the same result)."""
     if shape.is_moe and mcfg.moe_permute_fusion:

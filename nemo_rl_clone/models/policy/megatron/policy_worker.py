@@ -433,6 +433,10 @@ class MegatronPolicyWorker(RefitSender):
             return
         optimizer_checkpoint.load_optimizer(self.optimizer, self.scheduler, gpt.sharded_state_dict(), optimizer_path)
 
+    def has_router_aux_loss(self) -> bool:
+        """See `DTensorPolicyWorker.has_router_aux_loss`."""
+        return moe.adds_load_balancing_loss(self.shape, self.cfg.megatron_cfg)
+
     def shutdown(self) -> bool:
         if parallel_state.model_parallel_is_initialized():
             parallel_state.destroy_model_parallel()

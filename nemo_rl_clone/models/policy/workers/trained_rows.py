@@ -7,6 +7,10 @@ the *whole* global batch's counts (`StepNormalization` in `train_step`), so the 
 whole batch up to summation order. Skipped rows still count everywhere outside the training pass (rewards,
 advantages, logged samples, the batch's metrics).
 
+A router load-balancing loss (an MoE policy's ``router_aux_loss_coef`` or ``moe_aux_loss_coeff`` > 0) is a
+function of every row that runs, whatever its advantage: leaving rows out would change its gradient, so with one
+every row trains (``router_aux_loss``).
+
 Every global batch must keep the same number of rows, a multiple of the data-parallel size (each rank runs one
 share per optimizer step), so batches with fewer rows with a gradient are topped up with their shortest other rows
 (unmasked first): they add nothing to the gradient either, and the loss's metrics cover them with the rest. A global
@@ -42,9 +46,13 @@ class TrainedRows:
     num_global_batches_with_metrics: int
 
 
-def trained_rows_for(loss_fn: Any, data: BatchedDataDict, global_batch_size: int, dp_size: int) -> TrainedRows | None:
-    """`select_trained_rows` by ``loss_fn``'s ``rows_with_gradient`` (None: the loss declares none, or none to
-    leave out)."""
+def trained_rows_for(
+    loss_fn: Any, data: BatchedDataDict, global_batch_size: int, dp_size: int, router_aux_loss: bool
+) -> TrainedRows | None:
+    """`select_trained_rows` by ``loss_fn``'s ``rows_with_gradient``. None (every row trains): the loss declares
+    none, there are none to leave out, or ``router_aux_loss`` (the policy adds a router load-balancing loss)."""
+    if router_aux_loss:
+        return None
     rows_with_gradient = getattr(loss_fn, "rows_with_gradient", None)
     keep = rows_with_gradient(data) if rows_with_gradient is not None else None
     return select_trained_rows(data, keep, global_batch_size, dp_size) if keep is not None else None
