@@ -4,7 +4,8 @@
 Each run is started in a session of its own, so that everything it starts can be found afterwards by that session
 id (Ray's workers make process groups of their own, but stay in the session) and by the process tree recorded while
 it runs. The tests synchronise with a run through its output lines (`step 2: generation`, the save-pause marker of
-`run.state.SAVE_PAUSE_ENV`). The time bounds are the behaviour promised in the README, stated generously.
+`run.state.SAVE_PAUSE_ENV`). The time bounds are the behaviour promised in
+docs/logging_and_checkpoints.md, stated generously.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The guard against running PyTorch's CPU build on a GPU machine (README: CPU vs GPU)."""
+"""The guard against running PyTorch's CPU build on a GPU machine (docs/install.md: CPU vs GPU)."""
 
 import pytest
 import torch
