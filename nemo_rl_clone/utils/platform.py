@@ -25,7 +25,7 @@ def torch_build_problem(torch_version: str, cuda_version: str | None, gpu_presen
         return None
     return (
         f"torch {torch_version} is the CPU build but this machine has an NVIDIA GPU. Install the GPU environment: "
-        "`UV_NO_DEFAULT_GROUPS=1 uv sync --locked --group dev --group gpu` (README: GPU machines), "
+        "`UV_NO_DEFAULT_GROUPS=1 uv sync --locked --group dev --group gpu` (docs/install.md), "
         f"or set {ALLOW_CPU_TORCH_ENV}=1 to run on CPU on purpose."
     )
 
