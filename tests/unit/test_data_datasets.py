@@ -201,7 +201,7 @@ def test_unknown_dataset_lists_valid_names():
     with pytest.raises(
         ValueError,
         match=r"unknown dataset 'OpenMathInstruct2' \(did you mean 'OpenMathInstruct-2'\?\); "
-        r"valid names: OpenMathInstruct-2, DeepScaler, DAPOMath17K, aime2024, math500, reasoning_gym",
+        r"valid names: OpenMathInstruct-2, DeepScaler, DAPOMath17K, aime2024, math500, gsm8k, reasoning_gym",
     ):
         load_dataset_by_name("OpenMathInstruct2")
     with pytest.raises(TypeError, match=r"dataset 'math500' does not take \['split'\]; its arguments: \['data_path'\]"):
