@@ -64,17 +64,7 @@ def enumerated_logprobs(logits: list[float], params: TrainingSamplingParams, tar
     """(log p(target), d log p(target) / d logits) under the processed distribution, by hand: sort, keep the top k,
     walk down adding probabilities while the mass above stays below p, renormalise; the target always counts."""
     scaled = [z / params.temperature for z in logits]
-    order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
-    kept = order[: params.top_k] if params.top_k is not None else order
-    total = sum(math.exp(scaled[i]) for i in kept)
-    nucleus, mass = [], 0.0
-    for i in kept:
-        if params.top_p < 1.0 and mass >= params.top_p:
-            break
-        nucleus.append(i)
-        mass += math.exp(scaled[i]) / total
-    if target not in nucleus:
-        nucleus.append(target)
+    nucleus = sorted(reference_kept(scaled, params) | {target})
     norm = math.log(sum(math.exp(scaled[i]) for i in nucleus))
     grad = [
         ((i == target) - (math.exp(scaled[i] - norm) if i in nucleus else 0.0)) / params.temperature
