@@ -1,4 +1,5 @@
-"""Losses for GRPO/PPO (`ClippedPGLossFn`), SFT (`NLLLossFn`), DPO (`DPOLossFn`) and reward models (`PreferenceLossFn`).
+"""Losses for GRPO/PPO (`ClippedPGLossFn`, here), SFT (`NLLLossFn`), DPO (`DPOLossFn`) and reward models
+(`PreferenceLossFn`; those three in `supervised`), all importable from this module, NeMo-RL's path.
 
 Call contract (NeMo-RL's), shared by all four:
 
@@ -28,9 +29,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+from nemo_rl_clone.algorithms.loss.common import Metrics, masked_diff, masks, policy_logprobs, require_keys, shifted
 from nemo_rl_clone.algorithms.loss.configs import (
     ClippedPGLossConfig,
     ClippedPGLossDataDict,
@@ -45,8 +46,8 @@ from nemo_rl_clone.algorithms.loss.distillation import (
     DistillationLossFn,
 )
 from nemo_rl_clone.algorithms.loss.interfaces import LossType, TokenLogprobs
+from nemo_rl_clone.algorithms.loss.supervised import DPOLossFn, NLLLossFn, PreferenceLossFn
 from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
-from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits
 
 __all__ = [
     "ClippedPGLossConfig",
@@ -64,57 +65,6 @@ __all__ = [
     "PreferenceLossFn",
     "calculate_kl",
 ]
-
-Metrics = dict[str, float | int]
-
-
-def _require(data: Mapping[str, Any], keys: tuple[str, ...], owner: str) -> None:
-    missing = [key for key in keys if key not in data]
-    if missing:
-        raise KeyError(f"{owner}: data is missing {missing} (it needs {list(keys)})")
-
-
-def policy_logprobs(
-    logits: torch.Tensor | TokenLogprobs,
-    data: Mapping[str, Any],
-    vocab_parallel_rank: int | None,
-    vocab_parallel_group: dist.ProcessGroup | None,
-    context_parallel_group: dist.ProcessGroup | None,
-    chunk_size: int | None,
-    sampling: TrainingSamplingParams | None = None,
-) -> torch.Tensor:
-    """[B, S-1] fp32 logprobs of `data["input_ids"][:, 1:]` under `logits` (``chunk_size`` positions at a time),
-    processed as ``sampling`` says, or those the policy already computed at the `token_mask` positions
-    (`TokenLogprobs`: its ``values``, or its ``unfiltered`` ones when ``sampling`` filters nothing)."""
-    if isinstance(logits, TokenLogprobs):
-        if sampling is not None and not sampling.filters and logits.unfiltered is not None:
-            return logits.unfiltered
-        return logits.values
-    if context_parallel_group is not None and dist.get_world_size(context_parallel_group) > 1:
-        raise NotImplementedError("context parallelism is not supported by the losses; use context_parallel_size=1")
-    vocab_start = None
-    if vocab_parallel_group is not None and vocab_parallel_rank is not None:
-        vocab_start = vocab_parallel_rank * logits.shape[-1]
-    return token_logprobs_from_logits(
-        logits, data["input_ids"], vocab_parallel_group, vocab_start, chunk_size, sampling=sampling
-    )
-
-
-def _shifted(data: Mapping[str, Any], key: str, like: torch.Tensor) -> torch.Tensor:
-    """data[key][:, 1:] in fp32 on `like`'s device ([B, S] policy-layout tensors → [B, S-1])."""
-    return data[key][:, 1:].to(device=like.device, dtype=torch.float32)
-
-
-def _masks(data: Mapping[str, Any], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(token_mask[:, 1:], sample_mask, m = token_mask[:, 1:] * sample_mask[:, None]) in fp32."""
-    token_mask = _shifted(data, "token_mask", like)
-    sample_mask = data["sample_mask"].to(device=like.device, dtype=torch.float32)
-    return token_mask, sample_mask, token_mask * sample_mask.unsqueeze(-1)
-
-
-def _masked_diff(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """a − b where valid, else 0: padding holding −inf or NaN never reaches an exp or a gradient."""
-    return torch.where(valid, a - b, torch.zeros_like(a))
 
 
 def _js_divergence(lp_a: torch.Tensor, lp_b: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -193,20 +143,20 @@ class ClippedPGLossFn:
         keys: tuple[str, ...] = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
         keys += () if cfg.force_on_policy_ratio else ("prev_logprobs",)
         keys += ("reference_policy_logprobs",) if cfg.uses_reference_kl else ()
-        _require(data, keys, type(self).__name__)
+        require_keys(data, keys, type(self).__name__)
         parallel = (vocab_parallel_rank, vocab_parallel_group, context_parallel_group, logprob_chunk_size)
         lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params)
         kl_lp = lp  # the KL term's logprobs: the same unless top-k/top-p filter the sampled distribution
         if self.needs_unfiltered_logprobs:
             assert self.sampling_params is not None
             kl_lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params.unfiltered())
-        token_mask, sample_mask, mask = _masks(data, lp)
+        token_mask, sample_mask, mask = masks(data, lp)
         valid = mask > 0
-        advantages = torch.where(valid, _shifted(data, "advantages", lp), 0.0)
-        gen_lp = _shifted(data, "generation_logprobs", lp)
-        prev_lp = lp.detach() if cfg.force_on_policy_ratio else _shifted(data, "prev_logprobs", lp)
+        advantages = torch.where(valid, shifted(data, "advantages", lp), 0.0)
+        gen_lp = shifted(data, "generation_logprobs", lp)
+        prev_lp = lp.detach() if cfg.force_on_policy_ratio else shifted(data, "prev_logprobs", lp)
 
-        log_ratio = _masked_diff(lp, prev_lp, valid)
+        log_ratio = masked_diff(lp, prev_lp, valid)
         if cfg.disable_ppo_ratio:
             ratio = clamped_ratio = log_ratio.detach().exp()
             per_token = -advantages * torch.where(valid, lp, 0.0)
@@ -233,13 +183,13 @@ class ClippedPGLossFn:
 
         kl_per_token = torch.zeros_like(lp)
         if cfg.uses_reference_kl:
-            ref_lp = _shifted(data, "reference_policy_logprobs", lp)
+            ref_lp = shifted(data, "reference_policy_logprobs", lp)
             # The tokens were sampled from the policy being optimised, so the penalty's gradient needs the
             # score-function term k·∇lp besides the pathwise ∇k (arXiv 2506.09477): a weight of value 1 that carries
             # it, exp(lp − sg(lp)); or, under the on-policy approximation, the undetached exp(lp − lp_gen).
             # `calculate_kl` applies it inside its clamps, so a clamped token gets no gradient (NeMo-RL v0.7.0).
             anchor = gen_lp if cfg.use_on_policy_kl_approximation else kl_lp.detach()
-            weight = torch.nan_to_num(_masked_diff(kl_lp, anchor, valid).exp(), nan=0.0, posinf=0.0, neginf=0.0)
+            weight = torch.nan_to_num(masked_diff(kl_lp, anchor, valid).exp(), nan=0.0, posinf=0.0, neginf=0.0)
             kl_per_token = self._kl(kl_lp, torch.where(valid, ref_lp, kl_lp.detach()), weight)
 
         actor_loss = self._reduce(per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
@@ -252,7 +202,7 @@ class ClippedPGLossFn:
                 return masked_mean(values, mask, global_normalization_factor=global_valid_toks).item()
 
             lp_detached = lp.detach()
-            gen_gap = _masked_diff(gen_lp, prev_lp, valid)
+            gen_gap = masked_diff(gen_lp, prev_lp, valid)
             metrics: Metrics = {
                 "loss": loss.item(),
                 "probs_ratio": token_metric(ratio.detach()),
@@ -262,7 +212,7 @@ class ClippedPGLossFn:
                 "gen_kl_error": token_metric(self._kl(gen_lp, torch.where(valid, prev_lp, gen_lp), clamp=False)),
                 "policy_kl_error": token_metric(self._kl(prev_lp, torch.where(valid, gen_lp, prev_lp), clamp=False)),
                 "js_divergence_error": token_metric(_js_divergence(prev_lp, gen_lp, valid)),
-                "approx_entropy": token_metric(-_masked_diff(lp_detached, gen_lp, valid).exp() * lp_detached),
+                "approx_entropy": token_metric(-masked_diff(lp_detached, gen_lp, valid).exp() * lp_detached),
                 "sampling_importance_ratio": (
                     masked_mean(is_weights.squeeze(-1), sample_mask, global_normalization_factor=global_valid_seqs)
                     if cfg.sequence_level_importance_ratios
@@ -308,7 +258,7 @@ class ClippedPGLossFn:
         """Detached off-policy weights π_prev/π_gen, [B, S-1] (or [B, 1] with GSPO), after truncation, and the
         truncation's `is_oob_ratio` metric (share of tokens, or of sequences, it zeroed) for icepop / seq-mask-tis."""
         cfg = self.cfg
-        log_weight = _masked_diff(prev_lp, gen_lp, valid)
+        log_weight = masked_diff(prev_lp, gen_lp, valid)
         if cfg.sequence_level_importance_ratios:
             log_weight = log_weight.sum(dim=-1, keepdim=True)
         weights = torch.nan_to_num(log_weight.exp(), nan=0.0, posinf=0.0, neginf=0.0)
@@ -347,204 +297,3 @@ class ClippedPGLossFn:
             return masked_mean(per_token, mask, global_normalization_factor=global_valid_toks)
         per_sequence = masked_mean(per_token, token_mask, dim=-1)
         return masked_mean(per_sequence, sample_mask, global_normalization_factor=global_valid_seqs)
-
-
-def _sequence_nll(lp: torch.Tensor, mask: torch.Tensor, average: bool) -> torch.Tensor:
-    """[B] −Σ_t lp·mask per row, ÷ the row's mask count (at least 1) when ``average``."""
-    per_row = -torch.where(mask > 0, lp, 0.0).mul(mask).sum(dim=-1)
-    return per_row / mask.sum(dim=-1).clamp(min=1) if average else per_row
-
-
-class NLLLossFn:
-    """Token-level negative log-likelihood for SFT: −Σ lp·m / global_valid_toks.
-
-    With ``dpo_loss=True`` (NeMo-RL's DPO helper mode, keyword-only here) the loss is instead the [B] per-row
-    −Σ_t lp·m (÷ the row's token count with ``dpo_average_log_probs``); the metrics' ``loss`` is its sum (a number,
-    like every metric here; NeMo-RL puts the tensor there).
-
-    Data keys: input_ids, token_mask, sample_mask. Metrics: `loss`, `num_unmasked_tokens` (local Σ m),
-    `num_valid_samples` (local Σ sample_mask).
-    """
-
-    loss_type = LossType.TOKEN_LEVEL
-    accepts_token_logprobs = True
-
-    def __call__(
-        self,
-        next_token_logits: torch.Tensor | TokenLogprobs,
-        data: Mapping[str, Any],
-        global_valid_seqs: torch.Tensor | None,
-        global_valid_toks: torch.Tensor,
-        vocab_parallel_rank: int | None = None,
-        vocab_parallel_group: dist.ProcessGroup | None = None,
-        context_parallel_group: dist.ProcessGroup | None = None,
-        logprob_chunk_size: int | None = None,
-        *,
-        dpo_loss: bool = False,
-        dpo_average_log_probs: bool = False,
-    ) -> tuple[torch.Tensor, Metrics]:
-        _require(data, ("input_ids", "token_mask", "sample_mask"), type(self).__name__)
-        lp = policy_logprobs(
-            next_token_logits,
-            data,
-            vocab_parallel_rank,
-            vocab_parallel_group,
-            context_parallel_group,
-            logprob_chunk_size,
-        )
-        _, sample_mask, mask = _masks(data, lp)
-        if dpo_loss:
-            loss = _sequence_nll(lp, mask, dpo_average_log_probs)
-        else:
-            loss = -masked_mean(lp, mask, global_normalization_factor=global_valid_toks)
-        return loss, {
-            "loss": loss.sum().item(),
-            "num_unmasked_tokens": mask.sum().item(),
-            "num_valid_samples": sample_mask.sum().item(),
-        }
-
-
-def _split_pairs(
-    values: torch.Tensor, sample_mask: torch.Tensor, owner: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(chosen = values[::2], rejected = values[1::2], pair mask) of an interleaved preference batch."""
-    if values.shape[0] % 2:
-        raise ValueError(
-            f"{owner}: rows interleave chosen/rejected, so the batch size must be even, got {values.shape[0]}"
-        )
-    pair_mask = sample_mask[::2]
-    mismatch = (pair_mask != sample_mask[1::2]).nonzero()
-    if mismatch.numel():
-        row = 2 * mismatch[0].item()
-        raise ValueError(
-            f"{owner}: sample_mask of chosen row {row} and rejected row {row + 1} differ; mask a pair together"
-        )
-    return values[::2], values[1::2], pair_mask
-
-
-def _bradley_terry(
-    rewards: torch.Tensor, sample_mask: torch.Tensor, global_valid_seqs: torch.Tensor, beta: float, owner: str
-) -> tuple[torch.Tensor, Metrics]:
-    """−log σ(β(R_chosen − R_rejected)) summed over valid pairs / global pair count, and its metrics."""
-    chosen, rejected, pair_mask = _split_pairs(rewards, sample_mask, owner)
-    global_pairs = torch.as_tensor(global_valid_seqs, dtype=torch.float32, device=rewards.device) / 2
-
-    def pair_share(values: torch.Tensor) -> torch.Tensor:
-        return masked_mean(values, pair_mask, global_normalization_factor=global_pairs)
-
-    loss = pair_share(-F.logsigmoid(beta * (chosen - rejected)))
-    with torch.no_grad():
-        metrics: Metrics = {
-            "accuracy": pair_share((chosen > rejected).float()).item(),
-            "rewards_chosen_mean": pair_share(chosen.detach()).item(),
-            "rewards_rejected_mean": pair_share(rejected.detach()).item(),
-            "num_valid_samples": pair_mask.sum().item(),
-        }
-    return loss, metrics
-
-
-class PreferenceLossFn:
-    """Bradley-Terry reward-model loss: −log σ(s_chosen − s_rejected), per pair, / (global_valid_seqs / 2).
-
-    Same call signature as the other losses, but the first argument is the [B, 1] (or [B]) scalar scores of a
-    sequence-classification head, not next-token logits. Rows interleave chosen/rejected (`[::2]`, `[1::2]`);
-    `global_valid_seqs` counts rows, so it is twice the number of pairs. Data key: sample_mask (a pair's two rows
-    must share it). Metrics: `loss`, `accuracy` (s_c > s_r), `rewards_chosen_mean`, `rewards_rejected_mean` (mean
-    scores), `num_valid_samples` (local number of valid pairs).
-    """
-
-    loss_type = LossType.SEQUENCE_LEVEL
-    rows_per_example = 2  # a policy keeps each (chosen, rejected) pair adjacent in one microbatch
-
-    def split_output_tensor(self, tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(chosen rows, rejected rows) of an interleaved [2·P, ...] tensor (NeMo-RL's helper)."""
-        return tensor[::2], tensor[1::2]
-
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        data: Mapping[str, Any],
-        global_valid_seqs: torch.Tensor,
-        global_valid_toks: torch.Tensor | None = None,
-        vocab_parallel_rank: int | None = None,
-        vocab_parallel_group: dist.ProcessGroup | None = None,
-        context_parallel_group: dist.ProcessGroup | None = None,
-        logprob_chunk_size: int | None = None,
-    ) -> tuple[torch.Tensor, Metrics]:
-        _require(data, ("sample_mask",), type(self).__name__)
-        scores = logits.float()
-        if scores.dim() == 2 and scores.shape[-1] == 1:
-            scores = scores.squeeze(-1)
-        if scores.dim() != 1:
-            raise ValueError(f"PreferenceLossFn: scores must be [B, 1] or [B], got {tuple(logits.shape)}")
-        sample_mask = data["sample_mask"].to(device=scores.device, dtype=torch.float32)
-        loss, metrics = _bradley_terry(scores, sample_mask, global_valid_seqs, 1.0, type(self).__name__)
-        return loss, {"loss": loss.item(), **metrics}
-
-
-class DPOLossFn:
-    """DPO (Rafailov et al., 2023) with an optional SFT term on the chosen responses.
-
-    R = Σ_t (lp − lp_ref)·token_mask (÷ the token count when `preference_average_log_probs`), per row;
-    preference loss = −log σ(β(R_chosen − R_rejected)) per pair; SFT loss = −Σ_t lp·token_mask of the chosen
-    row (÷ its token count when `sft_average_log_probs`); each summed over valid pairs / (global_valid_seqs / 2);
-    loss = preference_loss_weight·preference + sft_loss_weight·sft; β = `reference_policy_kl_penalty`.
-
-    Rows interleave chosen/rejected (`[::2]`, `[1::2]`); a pair's rows must share sample_mask. Data keys:
-    input_ids, token_mask, sample_mask, reference_policy_logprobs ([B, S], the policy's layout). Metrics: `loss`,
-    `sft_loss` and `preference_loss` (unweighted; sft_loss is reported even with weight 0), `accuracy`
-    (R_c > R_r), `rewards_chosen_mean` / `rewards_rejected_mean` (mean R, without β), `num_valid_samples`
-    (local number of valid pairs).
-    """
-
-    loss_type = LossType.SEQUENCE_LEVEL
-    rows_per_example = 2  # a policy keeps each (chosen, rejected) pair adjacent in one microbatch
-
-    accepts_token_logprobs = True
-
-    def __init__(self, cfg: Mapping[str, Any] | DPOLossConfig | None = None) -> None:
-        self.cfg = as_loss_config(DPOLossConfig, cfg, "DPOLossFn")
-
-    def __call__(
-        self,
-        next_token_logits: torch.Tensor | TokenLogprobs,
-        data: Mapping[str, Any],
-        global_valid_seqs: torch.Tensor,
-        global_valid_toks: torch.Tensor | None = None,
-        vocab_parallel_rank: int | None = None,
-        vocab_parallel_group: dist.ProcessGroup | None = None,
-        context_parallel_group: dist.ProcessGroup | None = None,
-        logprob_chunk_size: int | None = None,
-    ) -> tuple[torch.Tensor, Metrics]:
-        owner = type(self).__name__
-        _require(data, ("input_ids", "token_mask", "sample_mask", "reference_policy_logprobs"), owner)
-        lp = policy_logprobs(
-            next_token_logits,
-            data,
-            vocab_parallel_rank,
-            vocab_parallel_group,
-            context_parallel_group,
-            logprob_chunk_size,
-        )
-        token_mask, sample_mask, _ = _masks(data, lp)
-        valid = token_mask > 0
-        num_tokens = token_mask.sum(dim=-1).clamp(min=1)
-
-        rewards = _masked_diff(lp, _shifted(data, "reference_policy_logprobs", lp), valid).sum(dim=-1)
-        if self.cfg.preference_average_log_probs:
-            rewards = rewards / num_tokens
-        preference_loss, metrics = _bradley_terry(
-            rewards, sample_mask, global_valid_seqs, self.cfg.reference_policy_kl_penalty, owner
-        )
-
-        sft_per_row = _sequence_nll(lp, token_mask, self.cfg.sft_average_log_probs)
-        global_pairs = torch.as_tensor(global_valid_seqs, dtype=torch.float32, device=lp.device) / 2
-        sft_loss = masked_mean(sft_per_row[::2], sample_mask[::2], global_normalization_factor=global_pairs)
-
-        loss = self.cfg.preference_loss_weight * preference_loss + self.cfg.sft_loss_weight * sft_loss
-        return loss, {
-            "loss": loss.item(),
-            "sft_loss": sft_loss.item(),
-            "preference_loss": preference_loss.item(),
-            **metrics,
-        }

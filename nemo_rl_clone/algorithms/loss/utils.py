@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+from nemo_rl_clone.algorithms.loss.common import policy_logprobs
 from nemo_rl_clone.algorithms.loss.interfaces import LossFunction, TokenLogprobs
-from nemo_rl_clone.algorithms.loss.loss_functions import policy_logprobs
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
 
