@@ -15,23 +15,24 @@ import functools
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from copy import deepcopy
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Generic, Literal, NotRequired, Self, TypedDict
+from dataclasses import replace
+from typing import Any, ClassVar, Generic, NotRequired, Self, TypedDict
 
 import torch
 import torch.distributed as dist
 from typing_extensions import TypeVar
 
-from nemo_rl_clone.distributed.sequence_packing import (
-    PACKING_ALGORITHMS,
-    plan_packed_groups,
-    plan_token_bounded_shards,
+from nemo_rl_clone.distributed.batch_sharding import (
+    MicrobatchKind,
+    MicrobatchPlan,
+    as_int_list,
+    checked_global_batch_size,
+    checked_microbatching_args,
+    contiguous_shard_rows,
+    plan_token_bounded,
+    sample_lengths,
+    split_sizes,
 )
-
-_DYNAMIC_KEYS = {"input_key", "input_lengths_key", "max_tokens_per_microbatch", "sequence_length_round"}
-_PACKING_KEYS = {"input_key", "input_lengths_key", "max_tokens_per_microbatch", "algorithm", "sequence_length_round"}
-# NeMo-RL's name for the packing rounding (each sample's length is padded up to a multiple of it).
-_PACKING_ROUND_ALIAS = "sequence_length_pad_multiple"
 
 DictT = TypeVar("DictT", bound=Mapping[str, Any], default=Mapping[str, Any])
 _BatchT = TypeVar("_BatchT", bound="BatchedDataDict[Any]")
@@ -55,26 +56,6 @@ class SequencePackingArgs(TypedDict):
     algorithm: str
     sequence_length_pad_multiple: NotRequired[int]
     sequence_length_round: NotRequired[int]
-
-
-@dataclass(frozen=True)
-class MicrobatchPlan:
-    """Token-bounded microbatches of one shard, made by ``shard_by_batch_size``.
-
-    Attributes:
-        kind: ``"dynamic"`` (length-sorted, padded microbatches) or ``"packing"`` (bins to be packed into rows).
-        input_key: the ``[B, S]`` token tensor the plan was made for; its sequence dim is truncated per microbatch.
-        input_lengths_key: per-sample lengths used for the plan.
-        indices: ``indices[g][m] = (start, end)``, the rows of microbatch ``m`` of global batch ``g`` in this shard.
-        lengths: ``lengths[g][m]``; dynamic: the padded sequence length of the microbatch (its longest sample
-            rounded up to ``sequence_length_round``); packing: the total (rounded) tokens in the bin. 0 when empty.
-    """
-
-    kind: Literal["dynamic", "packing"]
-    input_key: str
-    input_lengths_key: str
-    indices: list[list[tuple[int, int]]]
-    lengths: list[list[int]]
 
 
 class BatchedDataDict(dict[str, Any], Generic[DictT]):
@@ -251,7 +232,7 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
         """Contiguous chunk ``rank`` of ``chunks`` near-equal chunks (the first ``size % chunks`` get one extra)."""
         if chunks < 1 or not 0 <= rank < chunks:
             raise ValueError(f"chunk(rank={rank}, chunks={chunks}) needs chunks >= 1 and 0 <= rank < chunks")
-        sizes = _split_sizes(self.size, chunks)
+        sizes = split_sizes(self.size, chunks)
         start = sum(sizes[:rank])
         return self.slice(start, start + sizes[rank])
 
@@ -370,9 +351,9 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
         bin's token total. Empty bins (0 rows) can occur only with uneven shards.
         """
         plan = self._require_plan("packing")
-        sample_lengths = _as_int_list(self[plan.input_lengths_key])
+        lengths = as_int_list(self[plan.input_lengths_key])
         for start, end in itertools.chain.from_iterable(plan.indices):
-            yield self._truncated_slice(start, end, max(sample_lengths[start:end], default=0))
+            yield self._truncated_slice(start, end, max(lengths[start:end], default=0))
 
     # ---------------------------------------------------------------- sharding
     def shard_by_batch_size(
@@ -412,22 +393,7 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
         if dynamic_batching_args is not None and sequence_packing_args is not None:
             raise ValueError("shard_by_batch_size: pass dynamic_batching_args or sequence_packing_args, not both")
         size = self.size
-        if shards < 1:
-            raise ValueError(f"shard_by_batch_size: shards must be >= 1, got {shards}")
-        if batch_size is None:
-            batch_size = max(size, 1)  # an empty batch is zero global batches
-        elif batch_size < 1:
-            raise ValueError(f"shard_by_batch_size: batch_size must be >= 1, got {batch_size}")
-        if size and size % batch_size:
-            raise ValueError(
-                f"shard_by_batch_size: batch of {size} samples is not a whole number of global batches of "
-                f"batch_size={batch_size}"
-            )
-        if size and batch_size % shards and not allow_uneven_shards:
-            raise ValueError(
-                f"shard_by_batch_size: batch_size={batch_size} is not divisible by shards={shards}; "
-                f"pass allow_uneven_shards=True to give the first shards one extra sample"
-            )
+        batch_size = checked_global_batch_size(size, shards, batch_size, allow_uneven_shards)
         num_batches = size // batch_size if size else 0
         if dynamic_batching_args is not None:
             return self._shard_token_bounded(shards, batch_size, num_batches, "dynamic", dynamic_batching_args)
@@ -437,34 +403,22 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
             return self._shard_token_bounded(
                 shards, batch_size, num_batches, "packing", sequence_packing_args, rows_per_group
             )
-        piece_sizes = _split_sizes(batch_size, shards) if size else [0] * shards
-        offsets = [sum(piece_sizes[:s]) for s in range(shards)]
-        return [
-            self._gathered(
-                [g * batch_size + offsets[s] + k for g in range(num_batches) for k in range(piece_sizes[s])],
-                SlicedDataDict,
-            )
-            for s in range(shards)
-        ]
+        rows = contiguous_shard_rows(size, shards, batch_size, num_batches)
+        return [self._gathered(shard_rows, SlicedDataDict) for shard_rows in rows]
 
     def _shard_token_bounded(
         self,
         shards: int,
         batch_size: int,
         num_batches: int,
-        kind: Literal["dynamic", "packing"],
+        kind: MicrobatchKind,
         args: Mapping[str, Any],
         rows_per_group: int = 1,
     ) -> tuple[list[SlicedDataDict], list[int]]:
         """Token-bounded sharding; see ``shard_by_batch_size`` and ``plan_token_bounded_shards``."""
-        args = _checked_args(args, kind)
-        lengths = self._sample_lengths(args["input_lengths_key"], args["input_key"]) if num_batches else []
-        budget, rounding = args["max_tokens_per_microbatch"], args["sequence_length_round"]
-        if rows_per_group > 1:
-            plans = plan_packed_groups(lengths, shards, batch_size, budget, rounding, args["algorithm"], rows_per_group)
-        else:
-            algorithm = args["algorithm"] if kind == "packing" else None
-            plans = plan_token_bounded_shards(lengths, shards, batch_size, budget, rounding, algorithm)
+        args = checked_microbatching_args(args, kind)
+        lengths = sample_lengths(self, args["input_lengths_key"], args["input_key"]) if num_batches else []
+        plans = plan_token_bounded(lengths, shards, batch_size, kind, args, rows_per_group)
         result = []
         for plan in plans:
             shard = self._gathered(plan.order, SlicedDataDict)
@@ -475,22 +429,6 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
         return result, list(itertools.chain.from_iterable(plan.order for plan in plans))
 
     # ---------------------------------------------------------------- helpers
-    def _sample_lengths(self, lengths_key: str, input_key: str) -> list[int]:
-        for key in (lengths_key, input_key):
-            if key not in self:
-                raise KeyError(f"microbatching needs key {key!r}, batch has keys {list(self)}")
-        tokens = self[input_key]
-        if not isinstance(tokens, torch.Tensor) or tokens.ndim < 2:
-            raise ValueError(f"input_key {input_key!r} must be a tensor [batch, seq, ...] for microbatching")
-        lengths = _as_int_list(self[lengths_key])
-        for index, length in enumerate(lengths):
-            if not 0 <= length <= tokens.shape[1]:
-                raise ValueError(
-                    f"{lengths_key}[{index}] = {length} is outside 0..{tokens.shape[1]} "
-                    f"(the sequence width of {input_key!r})"
-                )
-        return lengths
-
     def _require_plan(self, kind: str) -> MicrobatchPlan:
         plan = self.microbatch_plan
         if plan is None or plan.kind != kind:
@@ -510,45 +448,6 @@ class BatchedDataDict(dict[str, Any], Generic[DictT]):
             if isinstance(value, torch.Tensor) and value.ndim > sequence_dim and value.shape[sequence_dim] == width:
                 batch[key] = value.narrow(sequence_dim, 0, min(length, width))
         return batch
-
-
-def _split_sizes(total: int, parts: int) -> list[int]:
-    """``parts`` near-equal sizes summing to ``total``; the first ``total % parts`` are one larger."""
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
-def _as_int_list(values: torch.Tensor | list[Any]) -> list[int]:
-    if isinstance(values, torch.Tensor):
-        if values.is_floating_point() or values.ndim != 1:
-            raise ValueError(f"sequence lengths must be a 1-D integer tensor, got {values.dtype} {tuple(values.shape)}")
-        return values.tolist()
-    return [int(v) for v in values]
-
-
-def _checked_args(args: Mapping[str, Any], kind: Literal["dynamic", "packing"]) -> dict[str, Any]:
-    name = "dynamic_batching_args" if kind == "dynamic" else "sequence_packing_args"
-    if kind == "packing" and _PACKING_ROUND_ALIAS in args:
-        args = dict(args)
-        alias = args.pop(_PACKING_ROUND_ALIAS)
-        if args.setdefault("sequence_length_round", alias) != alias:
-            raise ValueError(
-                f"{name}: sequence_length_round={args['sequence_length_round']!r} and its other name "
-                f"{_PACKING_ROUND_ALIAS}={alias!r} disagree; give one"
-            )
-    allowed = _DYNAMIC_KEYS if kind == "dynamic" else _PACKING_KEYS
-    unknown = sorted(set(args) - allowed)
-    missing = sorted(allowed - {"sequence_length_round"} - set(args))
-    if unknown or missing:
-        raise ValueError(f"{name}: unknown keys {unknown}, missing keys {missing}; expected {sorted(allowed)}")
-    checked = {"sequence_length_round": 1, **args}
-    for key in ("max_tokens_per_microbatch", "sequence_length_round"):
-        if not isinstance(checked[key], int) or checked[key] < 1:
-            raise ValueError(f"{name}[{key!r}] must be a positive int, got {checked[key]!r}")
-    if kind == "packing" and checked["algorithm"] not in PACKING_ALGORITHMS:
-        raise ValueError(
-            f"{name}['algorithm'] = {checked['algorithm']!r} is unknown; choose one of {list(PACKING_ALGORITHMS)}"
-        )
-    return checked
 
 
 def _concat_padded(key: str, tensors: list[torch.Tensor], pad_value: Any) -> torch.Tensor:
