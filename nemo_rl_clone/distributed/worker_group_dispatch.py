@@ -9,14 +9,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
-
-if TYPE_CHECKING:
-    from nemo_rl_clone.distributed.worker_groups import RayWorkerGroup
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +121,12 @@ def _check_level(data: Any, levels: list[tuple[str, int]], where: str) -> None:
         _check_level(piece, levels[1:], f"{where}[{i}]")
 
 
+class NamedWorkerGroup(Protocol):
+    """What `MultiWorkerFuture.get_results` reads of a `RayWorkerGroup` (not imported: the group imports this module)."""
+
+    name: str
+
+
 class MultiWorkerFuture:
     """Pending results of one call on several workers.
 
@@ -156,7 +159,7 @@ class MultiWorkerFuture:
         self.method_name = method_name
 
     def get_results(
-        self, worker_group: RayWorkerGroup | None = None, return_generators_as_proxies: bool = False
+        self, worker_group: NamedWorkerGroup | None = None, return_generators_as_proxies: bool = False
     ) -> list[Any]:
         """Block until every called worker is done; results of ``return_from_workers`` in rank order.
 

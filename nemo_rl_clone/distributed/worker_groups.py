@@ -14,7 +14,6 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -25,7 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
 from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_executable
-from nemo_rl_clone.distributed.virtual_cluster import BundleSlot, RayVirtualCluster
+from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.worker_group_dispatch import (
     MultiWorkerFuture,
     ShardedDispatchPlan,
@@ -35,11 +34,19 @@ from nemo_rl_clone.distributed.worker_group_dispatch import (
     plan_sharded_call,
     plan_sharded_dispatch,
 )
+from nemo_rl_clone.distributed.worker_placement import (
+    WorkerMetadata,
+    assign_ranks,
+    check_extra_env_vars,
+    checked_sharding,
+    dp_leaders,
+    select_slots,
+    worker_env,
+)
 from nemo_rl_clone.utils.imports import import_by_path
 
 logger = logging.getLogger(__name__)
 
-DISTRIBUTED_ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
 _READY_LOG_INTERVAL_S = 60.0
 # How long `shutdown` waits for each killed actor to be gone before warning.
 _KILL_WAIT_S = 60.0
@@ -149,17 +156,6 @@ class RayWorkerBuilder:
         )
 
 
-@dataclass(frozen=True)
-class WorkerMetadata:
-    """Where worker ``rank`` runs. ``node_rank`` counts the group's nodes densely from 0."""
-
-    rank: int
-    node_rank: int
-    local_rank: int
-    placement_group_index: int
-    bundle_index: int
-
-
 class RayWorkerGroup:
     """Actors built by ``remote_worker_builder``, one per selected bundle of ``cluster``; rank order = slot order.
 
@@ -196,53 +192,33 @@ class RayWorkerGroup:
         self.builder = remote_worker_builder
         self.name_prefix = name_prefix
         self.name = name_prefix or remote_worker_builder.class_name
-        reserved = sorted(set(env_vars or {}) & set(DISTRIBUTED_ENV_VARS))
-        if reserved:
-            raise ValueError(f"env_vars may not set {reserved}: RayWorkerGroup sets them for each worker")
-
-        slots = _select_slots(cluster, workers_per_node, bundle_indices_list)
-        world_size = len(slots)
-        if sharding_annotations is None:
-            sharding_annotations = NamedSharding(np.arange(world_size), ["data_parallel"])
-        ranks = sorted(sharding_annotations.layout.reshape(-1).tolist())
-        if ranks != list(range(world_size)):
-            raise ValueError(
-                f"sharding_annotations must hold every rank 0..{world_size - 1} of worker group {self.name!r} "
-                f"({world_size} workers) exactly once, got ranks {ranks}"
-            )
-        self.sharding_annotations = sharding_annotations
-        self.dp_leader_worker_indices = _dp_leaders(sharding_annotations, dp_leader_worker_indices)
-        self.worker_metadata = _assign_ranks(slots)
-
-        master_addr, master_port = cluster.get_master_address_and_port(
+        check_extra_env_vars(env_vars)
+        slots = select_slots(cluster, workers_per_node, bundle_indices_list)
+        self.sharding_annotations = checked_sharding(sharding_annotations, len(slots), self.name)
+        self.dp_leader_worker_indices = dp_leaders(self.sharding_annotations, dp_leader_worker_indices)
+        self.worker_metadata: list[WorkerMetadata] = assign_ranks(slots)
+        self.master_address, self.master_port = cluster.get_master_address_and_port(
             slots[0].placement_group_index, slots[0].bundle_index
         )
-        self.master_address, self.master_port = master_addr, master_port
-        resources = cluster.resources_per_worker()
-        placement_groups = cluster.get_placement_groups()
-        self._workers: list[ActorHandle] = []
-        for meta in self.worker_metadata:
-            worker_env = {
-                **(env_vars or {}),
-                "RANK": str(meta.rank),
-                "LOCAL_RANK": str(meta.local_rank),
-                "WORLD_SIZE": str(world_size),
-                "MASTER_ADDR": master_addr,
-                "MASTER_PORT": str(master_port),
-                "NODE_RANK": str(meta.node_rank),
-            }
-            self._workers.append(
-                remote_worker_builder.create_worker(
-                    placement_groups[meta.placement_group_index],
-                    meta.bundle_index,
-                    num_cpus=resources["num_cpus"],
-                    num_gpus=resources["num_gpus"],
-                    env_vars=worker_env,
-                    name=f"{name_prefix}-{meta.rank}" if name_prefix else None,
-                )
-            )
+        self._workers: list[ActorHandle] = self._start_workers(env_vars)
         if wait:
             self.wait_until_constructed()
+
+    def _start_workers(self, env_vars: dict[str, str] | None) -> list[ActorHandle]:
+        """One actor per rank in its bundle (returns at once; `wait_until_constructed` waits for them)."""
+        resources = self.cluster.resources_per_worker()
+        placement_groups = self.cluster.get_placement_groups()
+        return [
+            self.builder.create_worker(
+                placement_groups[meta.placement_group_index],
+                meta.bundle_index,
+                num_cpus=resources["num_cpus"],
+                num_gpus=resources["num_gpus"],
+                env_vars=worker_env(meta, self.world_size, self.master_address, self.master_port, env_vars),
+                name=f"{self.name_prefix}-{meta.rank}" if self.name_prefix else None,
+            )
+            for meta in self.worker_metadata
+        ]
 
     @property
     def workers(self) -> list[ActorHandle]:
@@ -463,76 +439,6 @@ class RayWorkerGroup:
             raise RuntimeError(f"{label}: an actor failed to start (see the cause below)") from error
 
 
-def _select_slots(
-    cluster: RayVirtualCluster,
-    workers_per_node: int | list[int] | None,
-    bundle_indices_list: list[tuple[int, list[int]]] | None,
-) -> list[BundleSlot]:
-    slots = cluster.get_bundle_slots()
-    if bundle_indices_list is not None:
-        if workers_per_node is not None:
-            raise ValueError("give workers_per_node or bundle_indices_list, not both")
-        by_key = {(slot.placement_group_index, slot.bundle_index): slot for slot in slots}
-        selected = []
-        for pg_index, bundle_indices in bundle_indices_list:
-            for bundle_index in bundle_indices:
-                if (pg_index, bundle_index) not in by_key:
-                    raise ValueError(
-                        f"bundle_indices_list names placement group {pg_index}, bundle {bundle_index}, which the "
-                        f"cluster does not have (bundles per placement group: {cluster.bundle_ct_per_node_list})"
-                    )
-                selected.append(by_key[(pg_index, bundle_index)])
-        if len(set(selected)) != len(selected):
-            raise ValueError(f"bundle_indices_list names a bundle twice: {bundle_indices_list}")
-        if not selected:
-            raise ValueError("bundle_indices_list selects no bundle")
-        return selected
-    if workers_per_node is None:
-        return slots
-    node_ranks = sorted({slot.node_rank for slot in slots})
-    counts = [workers_per_node] * len(node_ranks) if isinstance(workers_per_node, int) else list(workers_per_node)
-    if len(counts) != len(node_ranks):
-        raise ValueError(f"workers_per_node has {len(counts)} entries but the cluster has {len(node_ranks)} nodes")
-    selected = []
-    for node_rank, count in zip(node_ranks, counts, strict=True):
-        on_node = [slot for slot in slots if slot.node_rank == node_rank]
-        if not 0 <= count <= len(on_node):
-            raise ValueError(
-                f"workers_per_node asks for {count} workers on node {node_rank}, which has {len(on_node)} bundles"
-            )
-        selected += on_node[:count]
-    if not selected:
-        raise ValueError(f"workers_per_node={workers_per_node} selects no bundle")
-    return selected
-
-
-def _assign_ranks(slots: list[BundleSlot]) -> list[WorkerMetadata]:
-    node_ranks: dict[int, int] = {}
-    local_counts: dict[int, int] = {}
-    metadata = []
-    for rank, slot in enumerate(slots):
-        node_rank = node_ranks.setdefault(slot.node_rank, len(node_ranks))
-        local_rank = local_counts.get(node_rank, 0)
-        local_counts[node_rank] = local_rank + 1
-        metadata.append(WorkerMetadata(rank, node_rank, local_rank, slot.placement_group_index, slot.bundle_index))
-    return metadata
-
-
-def _dp_leaders(sharding: NamedSharding, given: list[int] | None) -> list[int]:
-    if given is None:
-        others = [axis for axis in sharding.names if axis != "data_parallel"]
-        return [
-            rank
-            for rank in range(sharding.size)
-            if NamedSharding.is_axis_zero(sharding.get_worker_coords(rank), others)
-        ]
-    if list(given) != sorted(set(given)) or not all(0 <= rank < sharding.size for rank in given):
-        raise ValueError(
-            f"dp_leader_worker_indices must be distinct ascending ranks in 0..{sharding.size - 1}, got {given}"
-        )
-    return list(given)
-
-
 def _wait_until_dead(actor: Any, timeout_s: float) -> None:
     """Block until calls to a killed actor fail (it is dead), or warn after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -546,7 +452,6 @@ def _wait_until_dead(actor: Any, timeout_s: float) -> None:
 
 
 __all__ = [
-    "DISTRIBUTED_ENV_VARS",
     "MultiWorkerFuture",
     "RayWorkerBuilder",
     "RayWorkerGroup",

@@ -27,12 +27,12 @@ from nemo_rl_clone.distributed.ray_actor_environment import (
 )
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.worker_groups import (
-    DISTRIBUTED_ENV_VARS,
     MultiWorkerFuture,
     RayWorkerBuilder,
     RayWorkerGroup,
     plan_sharded_dispatch,
 )
+from nemo_rl_clone.distributed.worker_placement import DISTRIBUTED_ENV_VARS
 from tests.unit.ray_test_actors import MODULE
 
 ECHO = f"{MODULE}.RankEchoActor"
