@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss.distillation import DistillationLossConfig, DistillationLossFn
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.distributed.model_utils import valid_counts
 
 B, S, V, K = 3, 6, 11, 4

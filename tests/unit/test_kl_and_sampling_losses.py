@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import ClippedPGLossFn
-from nemo_rl_clone.algorithms.loss.interfaces import TokenLogprobs
-from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
+from nemo_rl_clone.contract.logprobs import token_logprobs_from_logits
+from nemo_rl_clone.contract.loss import TokenLogprobs
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
+from nemo_rl_clone.distributed.model_utils import valid_counts
 from tests.unit.test_loss_functions import NEMO_RL_LOSS_CFG, pg_loss, random_batch, spec_layout
 
 

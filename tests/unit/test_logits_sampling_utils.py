@@ -1,4 +1,4 @@
-"""The trainer's copy of the sampler's processing (`algorithms/logits_sampling_utils.py`): the kept set against vLLM's
+"""The trainer's copy of the sampler's processing (`contract/sampling.py`): the kept set against vLLM's
 own sampler function, logprobs and gradients against a hand enumeration over a 6-token vocabulary, and the three
 places that compute them (plain logits, chunked logits, the selective LM head); the two rules for tokens tied at the
 boundary, by hand, against a per-row transcription and against vLLM's CUDA kernel (under the Triton interpreter on
@@ -13,13 +13,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import (
+from nemo_rl_clone.contract.logprobs import token_logprobs_from_logits
+from nemo_rl_clone.contract.sampling import (
     TrainingSamplingParams,
     keep_boundary,
     kept_tokens,
     processed_logits,
 )
-from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits
 from nemo_rl_clone.models.policy.workers.token_logprob_head import project_token_logprobs
 
 SETTINGS = [

@@ -16,7 +16,8 @@ from nemo_rl_clone.algorithms.loss import (
     NLLLossFn,
     PreferenceLossFn,
 )
-from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
+from nemo_rl_clone.contract.logprobs import token_logprobs_from_logits
+from nemo_rl_clone.distributed.model_utils import valid_counts
 
 LOG4 = math.log(4.0)
 

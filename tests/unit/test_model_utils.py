@@ -1,5 +1,5 @@
-"""`distributed/model_utils.py`: token logprobs from (vocab-parallel) logits and global valid counts, against the
-unsharded computation on a real 2-process gloo group."""
+"""`contract/logprobs.py` and `distributed/model_utils.py`: token logprobs from (vocab-parallel) logits and global
+valid counts, against the unsharded computation on a real 2-process gloo group."""
 
 import json
 import os
@@ -9,9 +9,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import NLLLossFn
-from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
+from nemo_rl_clone.contract.logprobs import token_logprobs_from_logits
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
+from nemo_rl_clone.distributed.model_utils import valid_counts
 from tests.unit.test_loss_functions import ALL_BRANCHES, pg_loss, random_batch, reference_logprobs, uniform_batch
 
 SAMPLING = {

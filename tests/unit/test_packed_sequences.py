@@ -4,9 +4,9 @@ losses and gradients (fp64 for the attention itself; fp32 through the real losse
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, NLLLossFn
-from nemo_rl_clone.algorithms.loss.interfaces import TokenLogprobs
+from nemo_rl_clone.contract.loss import TokenLogprobs
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.distributed.model_utils import valid_counts
 from nemo_rl_clone.models.policy.workers import token_logprob_head
 from nemo_rl_clone.models.policy.workers.packed_sequences import PACKED_ATTENTION, PackedRows, PaddedRows, rows_for

@@ -5,10 +5,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
 from nemo_rl_clone.algorithms.loss import ClippedPGLossFn, DPOLossFn, NLLLossFn
-from nemo_rl_clone.algorithms.loss.interfaces import TokenLogprobs
-from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
+from nemo_rl_clone.contract.logprobs import token_logprobs_from_logits
+from nemo_rl_clone.contract.loss import TokenLogprobs
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
+from nemo_rl_clone.distributed.model_utils import valid_counts
 from nemo_rl_clone.models.policy.workers import token_logprob_head
 from nemo_rl_clone.models.policy.workers.token_logprob_head import (
     Selection,

@@ -16,9 +16,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, keep_boundary
+from nemo_rl_clone.contract.logprobs import token_logprobs_from_logits
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams, keep_boundary
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.config import VllmConfig
 from nemo_rl_clone.models.generation.vllm import VllmGeneration

@@ -4,6 +4,6 @@ ClippedPGLossFn`` here. The call contract is in `loss_functions`."""
 
 from nemo_rl_clone.algorithms.loss import loss_functions
 from nemo_rl_clone.algorithms.loss.loss_functions import *  # noqa: F403
-from nemo_rl_clone.algorithms.loss.utils import prepare_loss_input
+from nemo_rl_clone.contract.loss_input import prepare_loss_input
 
 __all__ = [*loss_functions.__all__, "prepare_loss_input"]

@@ -36,10 +36,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams, scale
 from nemo_rl_clone.algorithms.loss.configs import as_loss_config
-from nemo_rl_clone.algorithms.loss.interfaces import LossType
 from nemo_rl_clone.algorithms.utils import masked_mean
+from nemo_rl_clone.contract.loss import LossType
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams, scale
 
 __all__ = ["DistillationLossConfig", "DistillationLossDataDict", "DistillationLossFn"]
 

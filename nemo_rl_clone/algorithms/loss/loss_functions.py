@@ -30,8 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-from nemo_rl_clone.algorithms.loss.common import Metrics, masked_diff, masks, policy_logprobs, require_keys, shifted
+from nemo_rl_clone.algorithms.loss.common import Metrics, masked_diff, masks, require_keys, shifted
 from nemo_rl_clone.algorithms.loss.configs import (
     ClippedPGLossConfig,
     ClippedPGLossDataDict,
@@ -45,9 +44,11 @@ from nemo_rl_clone.algorithms.loss.distillation import (
     DistillationLossDataDict,
     DistillationLossFn,
 )
-from nemo_rl_clone.algorithms.loss.interfaces import LossType, TokenLogprobs
 from nemo_rl_clone.algorithms.loss.supervised import DPOLossFn, NLLLossFn, PreferenceLossFn
 from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
+from nemo_rl_clone.contract.loss import LossType, TokenLogprobs
+from nemo_rl_clone.contract.loss_input import policy_logprobs
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 
 __all__ = [
     "ClippedPGLossConfig",

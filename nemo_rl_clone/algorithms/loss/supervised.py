@@ -10,10 +10,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_rl_clone.algorithms.loss.common import Metrics, masked_diff, masks, policy_logprobs, require_keys, shifted
+from nemo_rl_clone.algorithms.loss.common import Metrics, masked_diff, masks, require_keys, shifted
 from nemo_rl_clone.algorithms.loss.configs import DPOLossConfig, as_loss_config
-from nemo_rl_clone.algorithms.loss.interfaces import LossType, TokenLogprobs
 from nemo_rl_clone.algorithms.utils import masked_mean
+from nemo_rl_clone.contract.loss import LossType, TokenLogprobs
+from nemo_rl_clone.contract.loss_input import policy_logprobs
 
 
 def _sequence_nll(lp: torch.Tensor, mask: torch.Tensor, average: bool) -> torch.Tensor:

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nemo_rl_clone.algorithms.loss.interfaces import LossType
 from nemo_rl_clone.algorithms.ppo.config import MseValueLossConfig
 from nemo_rl_clone.algorithms.utils import masked_mean
+from nemo_rl_clone.contract.loss import LossType
 from nemo_rl_clone.utils.config_validation import ConfigError, as_config
 
 Metrics = dict[str, float | int]

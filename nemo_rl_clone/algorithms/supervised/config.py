@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
+from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
+from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
 

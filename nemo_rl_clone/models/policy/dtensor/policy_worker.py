@@ -34,9 +34,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from nemo_rl_clone.algorithms import logits_sampling_utils
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-from nemo_rl_clone.algorithms.loss.interfaces import LossFunction, TokenLogprobs
+from nemo_rl_clone.contract import sampling as logits_sampling_utils
+from nemo_rl_clone.contract.loss import LossFunction, TokenLogprobs
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import save_consolidated_hf

@@ -29,9 +29,9 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
-from nemo_rl_clone.algorithms.loss.utils import prepare_loss_input
+from nemo_rl_clone.contract.loss import LossFunction
+from nemo_rl_clone.contract.loss_input import prepare_loss_input
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import save_consolidated_hf, to_checkpoint_layout

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from nemo_rl_clone.algorithms import logits_sampling_utils
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+from nemo_rl_clone.contract import sampling as logits_sampling_utils
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 
 DEFAULT_CHUNK_SIZE = 1024  # positions per chunk: a [1024, 49152] fp32 block is 192 MiB
 

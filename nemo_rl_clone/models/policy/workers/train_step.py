@@ -15,10 +15,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-from nemo_rl_clone.algorithms.loss.interfaces import LossType
+from nemo_rl_clone.contract.logprobs import token_logprobs_from_logits
+from nemo_rl_clone.contract.loss import LossType
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.distributed.model_utils import token_logprobs_from_logits, valid_counts
+from nemo_rl_clone.distributed.model_utils import valid_counts
 
 
 def microbatches(batch: BatchedDataDict, micro_batch_size: int) -> Iterator[BatchedDataDict]:

@@ -1,0 +1,150 @@
+"""Imports between the top-level folders of `nemo_rl_clone` point down only (issue 52).
+
+Every module is parsed with `ast`. An import counts wherever it is written — module level, inside a function, under
+``if TYPE_CHECKING:`` — and so does a string naming a module (``"nemo_rl_clone.x.y"`` or ``"nemo_rl_clone.x.y:attr"``,
+the targets of registries and lazy exports), since each one couples the two folders as much as an import does. The
+only exception is the facade table (`nemo_rl_clone.facades`): a module that exists to present another path may
+import any layer, and nothing inside the package imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import NamedTuple
+
+import nemo_rl_clone
+from nemo_rl_clone.facades import FACADES
+
+PACKAGE = "nemo_rl_clone"
+PACKAGE_DIR = Path(nemo_rl_clone.__file__).parent
+
+# Bottom → top: a folder may import the folders before it. The package `__init__` runs on every import, so it sits
+# below them all.
+LAYERS = (
+    "utils",
+    "distributed",
+    "contract",
+    "data",
+    "models",
+    "environments",
+    "rollout",
+    "algorithms",
+    "evals",
+    "viewer",
+)
+ALLOWED: dict[str, frozenset[str]] = {layer: frozenset(LAYERS[:rank]) for rank, layer in enumerate(LAYERS)}
+ALLOWED[PACKAGE] = frozenset()
+FACADE_TABLE = f"{PACKAGE}.facades"  # names modules, imports none: not scanned
+
+_MODULE_STRING = re.compile(rf"{PACKAGE}(\.\w+)+(:[\w.]+)?")
+
+
+class Import(NamedTuple):
+    path: Path
+    line: int
+    module: str  # the importing module
+    target: str  # the imported module (or the package whose attribute is imported)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def package_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE_DIR.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> Iterator[Import]:
+    """Every ``nemo_rl_clone`` module that module ``name`` (at ``path``) names, with its line; ``from pkg import sub``
+    names the submodule."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_STRING.fullmatch(node.value):
+            targets = [node.value.split(":")[0]]
+        else:
+            continue
+        for target in targets:
+            if target == PACKAGE or target.startswith(PACKAGE + "."):
+                yield Import(path, node.lineno, name, target)
+
+
+def layer(module: str) -> str:
+    """The top-level folder (or top-level module) ``module`` belongs to; the package itself is `PACKAGE`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else PACKAGE
+
+
+def arrows_up() -> list[str]:
+    """One line per import from a folder to one it may not import (the facade modules excepted)."""
+    modules = package_modules()
+    found: dict[str, None] = {}  # ordered, one line per arrow
+    for name, path in modules.items():
+        if name in FACADES or name == FACADE_TABLE:
+            continue
+        source = layer(name)
+        for found_import in imports_of(name, path, modules):
+            target = layer(found_import.target)
+            if target == source:
+                continue
+            if source not in ALLOWED or target not in ALLOWED[source]:
+                where = f"{path.relative_to(PACKAGE_DIR.parent)}:{found_import.line}"
+                found[f"{where}: {source} → {target} ({found_import.target})"] = None
+    return list(found)
+
+
+def test_imports_point_down() -> None:
+    bad = arrows_up()
+    assert not bad, "imports running back up the layers (move the shared piece down):\n" + "\n".join(bad)
+
+
+def test_facades_are_listed_present_and_unused_inside() -> None:
+    modules = package_modules()
+    for facade, presented in FACADES.items():
+        assert facade in modules, f"facade {facade} is in the table but not in the package"
+        named = {found.target for found in imports_of(facade, modules[facade], modules)}
+        assert any(t == presented or t.startswith(presented + ".") for t in named), (
+            f"{facade} does not import {presented}"
+        )
+    used = [
+        f"{found.path.relative_to(PACKAGE_DIR.parent)}:{found.line}: imports facade {found.target}"
+        for name, path in modules.items()
+        if name not in FACADES and name != FACADE_TABLE
+        for found in imports_of(name, path, modules)
+        if found.target in FACADES or found.target == FACADE_TABLE
+    ]
+    assert not used, "the package imports its facades (import what they present instead):\n" + "\n".join(used)
+
+
+def test_scan_reads_every_kind_of_import(tmp_path: Path) -> None:
+    """Function-local, TYPE_CHECKING, relative and string imports all count, each with its line."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from nemo_rl_clone.models import policy\n"
+        "def f():\n"
+        "    from ..algorithms import loss\n"
+        "LAZY = {'x': 'nemo_rl_clone.evals.run:main'}\n"
+        "import nemo_rl_clone.contract.loss\n"
+    )
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    found = {(i.line, i.target) for i in imports_of(f"{PACKAGE}.data.probe", path, {f"{PACKAGE}.models.policy": path})}
+    assert found == {
+        (3, f"{PACKAGE}.models.policy"),
+        (5, f"{PACKAGE}.algorithms"),
+        (6, f"{PACKAGE}.evals.run"),
+        (7, f"{PACKAGE}.contract.loss"),
+    }
