@@ -12,44 +12,29 @@ from nemo_rl_clone.algorithms.loss.distillation import DistillationLossConfig
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
+from nemo_rl_clone.models.policy.backends import backend_key, known_backend_spec
 from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY, PolicyConfig
+from nemo_rl_clone.rollout.config import RolloutLoopConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
 @dataclass
-class DistillationConfig:
-    """The step loop's keys (NeMo-RL's names and defaults)."""
+class DistillationConfig(RolloutLoopConfig):
+    """``distillation``: the shared loop keys (`RolloutLoopConfig`, NeMo-RL's defaults) and the teacher's top-k."""
 
     num_prompts_per_step: int = 128
     num_generations_per_prompt: int = 1
-    max_rollout_turns: int = 1
     max_num_steps: int = 1000
     max_num_epochs: int = 10
     val_period: int = 20
-    val_at_start: bool = False
-    val_at_end: bool = False
-    # null (NeMo-RL's NeMo-Gym recipes): every validation row, in one batch.
     max_val_samples: int | None = 512
     val_batch_size: int | None = 64
     topk_logits_k: int = 64
-    seed: int = 42
 
     def check(self) -> list[tuple[str, str]]:
-        problems = check_at_least(
-            self,
-            1,
-            "num_prompts_per_step",
-            "num_generations_per_prompt",
-            "max_rollout_turns",
-            "max_num_epochs",
-            "max_num_steps",
-            "max_val_samples",
-            "val_batch_size",
-            "topk_logits_k",
-        )
-        return problems
+        return super().check() + check_at_least(self, 1, "topk_logits_k")
 
 
 @dataclass
@@ -66,6 +51,10 @@ class DistillationMasterConfig:
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
+    @property
+    def loop(self) -> RolloutLoopConfig:
+        return self.distillation
+
     def check(self) -> list[tuple[str, str]]:
         # The student's run is a GRPO run without rewards to learn from: its checks (batch sizes, generation,
         # sequence lengths, environment) apply as they are, under this config's key names.
@@ -74,10 +63,11 @@ class DistillationMasterConfig:
             problems.append(("env.agent", "not supported yet with distillation; agent runs use examples/run_grpo.py"))
         for who in ("policy", "teacher"):
             section: PolicyConfig = getattr(self, who)
-            if section.megatron_cfg.enabled:
+            backend = known_backend_spec(section)
+            if backend is not None and not backend.topk_logits:
                 problems.append(
                     (
-                        f"{who}.megatron_cfg.enabled",
+                        f"{who}.{backend_key(section)}",
                         "not supported yet with distillation: the teacher's top-k and the student's KL loss run on "
                         "the DTensor backend (dtensor_cfg.enabled=true)",
                     )

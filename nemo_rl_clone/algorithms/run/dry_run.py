@@ -27,6 +27,7 @@ from nemo_rl_clone.models.memory_estimate import (
     policy_worker_memory,
     refit_bytes,
 )
+from nemo_rl_clone.models.policy.backends import backend_spec
 from nemo_rl_clone.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -152,11 +153,13 @@ def plan_memory(config: Any, plan: Plan) -> None:
         generation: Any = getattr(policy, "generation", None)
         has_engines = generation is not None and getattr(generation, "vllm_cfg", None) is not None
         refit = refit_bytes(generation.vllm_cfg, shape, generation.colocated.enabled, on_gpu) if has_engines else 0
-        if policy.megatron_cfg.enabled:
+        backend = backend_spec(policy)
+        if not backend.calibrated_memory:
             plan.warnings.append(
-                "memory: the Megatron worker's plan is computed from its parallel layout, not calibrated on measured "
-                "runs (the DTensor worker's is)"
+                f"memory: the {backend.title} worker's plan is computed from its parallel layout, not calibrated on "
+                "measured runs (the DTensor worker's is)"
             )
+        if backend.section == "megatron_cfg":
             plan.workers.append(megatron_worker_memory(policy, shape, shards, reference, refit, count=workers))
         else:
             loss_share = _loss_share(config, algorithm)

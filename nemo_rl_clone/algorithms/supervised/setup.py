@@ -64,6 +64,7 @@ def build_supervised_run(
 ) -> SupervisedRun:
     """Logger, loaders, checkpoint state (resumed from ``checkpointing.checkpoint_dir`` if it holds one), policy."""
     from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
+    from nemo_rl_clone.models.policy.backends import policy_backend
     from nemo_rl_clone.models.policy.lm_policy import Policy
 
     section = algorithm.section
@@ -84,7 +85,7 @@ def build_supervised_run(
     dataloader = StatefulPromptLoader(train_dataset, gbs, collate_fn, shuffle=config.data.shuffle, seed=loop.seed)
 
     checkpointer = CheckpointManager(config.checkpointing, lock=config.checkpointing.enabled)
-    model = model_identity(config.policy.model_name, tokenizer, config.policy.backend)
+    model = model_identity(config.policy.model_name, tokenizer, policy_backend(config.policy))
     check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
     init_ray(log_dir=str(log_dir))
     state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)

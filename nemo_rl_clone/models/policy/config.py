@@ -6,11 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_rl_clone.models.generation.config import GenerationConfig
-from nemo_rl_clone.models.policy.megatron.config import (
-    MegatronConfig,
-    check_megatron_against_policy,
-    check_megatron_config,
-)
+from nemo_rl_clone.models.policy.backend_checks import check_backend, feature_problems, hf_overrides_refused
+from nemo_rl_clone.models.policy.backends import backend_spec, known_backend_spec, parallel_layout
+from nemo_rl_clone.models.policy.megatron.config import MegatronConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 
 # apply_chat_template's own arguments: the code sets them per call, a config must not pin them.
@@ -342,20 +340,16 @@ class PolicyConfig:
     dequantize_base_checkpoint: bool = False
     offload_optimizer_for_logprob: bool = False
     quant_cfg: str | None = None
-
-    @property
-    def backend(self) -> str:
-        """``"megatron"`` or ``"dtensor"``: the enabled policy backend (validation guarantees exactly one)."""
-        return "megatron" if self.megatron_cfg.enabled else "dtensor"
+    # Ours: the policy backend by registry name or "package.module:ATTRIBUTE" (a `PolicyBackend`); null derives it
+    # from dtensor_cfg.enabled / megatron_cfg.enabled as NeMo-RL does (see `nemo_rl_clone.models.policy.backends`).
+    backend: str | None = None
 
     def model_parallel_size(self) -> int:
-        """Workers per model replica (the data-parallel size is workers / this): the backend's TP, or TP × PP."""
-        if self.megatron_cfg.enabled and not self.dtensor_cfg.enabled:
-            return self.megatron_cfg.tensor_model_parallel_size * self.megatron_cfg.pipeline_model_parallel_size
-        return self.dtensor_cfg.tensor_parallel_size * self.dtensor_cfg.context_parallel_size
+        """Workers per model replica (the data-parallel size is workers / this): the backend's TP (or CP), or TP × PP."""
+        return parallel_layout(self, backend_spec(self)).model_parallel_size
 
     def check(self) -> list[tuple[str, str]]:
-        problems = _check_unsupported_features(self) + _check_backend(self)
+        problems = _check_unsupported_features(self) + check_backend(self)
         problems += check_at_least(
             self,
             1,
@@ -380,54 +374,10 @@ class PolicyConfig:
         return problems
 
 
-def _check_backend(config: PolicyConfig) -> list[tuple[str, str]]:
-    """Exactly one backend, and the keys of the other backend's kind null (``megatron_cfg`` keys: only checked
-    when it is the backend, see `nemo_rl_clone.models.policy.megatron.config`)."""
-    dtensor, megatron = config.dtensor_cfg.enabled, config.megatron_cfg.enabled
-    if dtensor and megatron:
-        return [
-            ("megatron_cfg.enabled", "pick one backend: dtensor_cfg.enabled and megatron_cfg.enabled are both true")
-        ]
-    if not dtensor and not megatron:
-        return [
-            (
-                "dtensor_cfg.enabled",
-                "no policy backend: set dtensor_cfg.enabled=true (DTensor/FSDP2) or megatron_cfg.enabled=true "
-                "(Megatron Core)",
-            )
-        ]
-    if dtensor:
-        if config.optimizer is None:
-            return [
-                (
-                    "optimizer",
-                    "the DTensor backend trains with this torch optimizer; null is only for the Megatron backend "
-                    "(megatron_cfg.enabled=true), which builds its own",
-                )
-            ]
-        return []
-    problems = [(f"megatron_cfg.{key}", message) for key, message in check_megatron_config(config.megatron_cfg)]
-    problems += [
-        (f"megatron_cfg.{key}", message)
-        for key, message in check_megatron_against_policy(config.megatron_cfg, config.precision, config.max_grad_norm)
-    ]
-    # An inherited policy.optimizer is accepted (NeMo-RL's Megatron worker ignores it too) and named in the log.
-    if config.reward_model_cfg.enabled:
-        # The converter builds causal LMs (Llama, Qwen2), not the scalar-head sequence classifier.
-        problems.append(
-            (
-                "megatron_cfg.enabled",
-                "reward models (reward_model_cfg.enabled) are not supported by the Megatron backend yet; use "
-                "dtensor_cfg.enabled=true",
-            )
-        )
-    return problems
-
-
 def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
     """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored
     (``megatron_cfg``'s own: `nemo_rl_clone.models.policy.megatron.config`)."""
-    problems = _check_sequence_packing(config) + _check_lora(config) + _check_context_parallel(config)
+    problems = feature_problems(config)
     if config.dtensor_cfg.sequence_parallel:
         problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))
     refused = [
@@ -447,90 +397,9 @@ def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
             "moving the optimizer state to CPU during logprob passes; use dtensor_cfg.cpu_offload",
         ),
         (config.quant_cfg is not None, "quant_cfg", "ModelOpt quantized training; set it to null"),
-        (
-            bool(config.hf_config_overrides) and config.megatron_cfg.enabled,
-            "hf_config_overrides",
-            "Hugging Face config overrides with the Megatron backend (its converter reads the checkpoint's config); "
-            "use dtensor_cfg",
-        ),
     ]
     problems += [(key, f"not supported yet: {why}") for is_set, key, why in refused if is_set]
-    return problems
-
-
-def _check_context_parallel(config: PolicyConfig) -> list[tuple[str, str]]:
-    """Context parallelism splits plain causal-LM sequences: not packed rows, TP-sharded layers or a score head."""
-    size = config.dtensor_cfg.context_parallel_size
-    key = "dtensor_cfg.context_parallel_size"
-    if size == 1:
-        return []
-    if size < 1:
-        return [(key, f"must be >= 1, got {size}")]
-    if config.megatron_cfg.enabled:
-        return []  # the DTensor backend's, inherited: named in the log as unused (NeMo-RL ignores it as well)
-    unsupported = [
-        (config.dtensor_cfg.tensor_parallel_size > 1, "dtensor_cfg.tensor_parallel_size > 1"),
-        (config.sequence_packing.enabled, "sequence_packing (use policy.dynamic_batching)"),
-        (config.reward_model_cfg.enabled, "reward models (reward_model_cfg.enabled)"),
-    ]
-    return [(key, f"context parallelism with {what} is not supported yet") for refused, what in unsupported if refused]
-
-
-def _check_lora(config: PolicyConfig) -> list[tuple[str, str]]:
-    """LoRA runs on the DTensor backend's causal LMs, without tensor parallelism (its plan names the plain layers)."""
-    if not config.dtensor_cfg.lora_cfg.enabled:
-        return []
-    key = "dtensor_cfg.lora_cfg.enabled"
-    if config.megatron_cfg.enabled:
-        return [(key, "dtensor_cfg.lora_cfg is the DTensor backend's LoRA; the Megatron backend has no LoRA yet")]
-    problems = []
-    if config.dtensor_cfg.tensor_parallel_size != 1:
-        problems.append((key, "LoRA with dtensor_cfg.tensor_parallel_size > 1 is not supported yet"))
-    if config.reward_model_cfg.enabled:
-        problems.append((key, "LoRA for reward models (reward_model_cfg.enabled) is not supported yet"))
-    return problems
-
-
-def _check_sequence_packing(config: PolicyConfig) -> list[tuple[str, str]]:
-    """What packed training supports: the DTensor backend with SDPA attention, bins that fit a sample."""
-    packing = config.sequence_packing
-    if not packing.enabled:
-        return []
-    if config.megatron_cfg.enabled:
-        return [
-            (
-                "sequence_packing.enabled",
-                "not supported yet: sequence packing with the Megatron backend (the DTensor backend packs); with "
-                "megatron_cfg use policy.dynamic_batching to cut padding",
-            )
-        ]
-    problems = []
-    if config.dtensor_cfg.tensor_parallel_size != 1:
-        problems.append(
-            (
-                "sequence_packing.enabled",
-                "sequence packing with dtensor_cfg.tensor_parallel_size > 1 is not supported yet; use "
-                "policy.dynamic_batching",
-            )
-        )
-    if config.dtensor_cfg.attn_implementation != "sdpa":
-        problems.append(
-            (
-                "dtensor_cfg.attn_implementation",
-                f"sequence packing runs SDPA attention per packed sample; set it to sdpa (got "
-                f"{config.dtensor_cfg.attn_implementation!r})",
-            )
-        )
-    step = max(packing.sequence_length_round, 1)  # below 1 is reported by SequencePackingConfig.check
-    longest = -(-config.max_total_sequence_length // step) * step
-    for key in ("train_mb_tokens", "logprob_mb_tokens"):
-        budget = getattr(packing, key)
-        if budget is not None and 1 <= budget < longest:
-            problems.append(
-                (
-                    f"sequence_packing.{key}",
-                    f"{budget} is below {longest}, the cost of a max_total_sequence_length sample (rounded up to "
-                    f"sequence_length_round={packing.sequence_length_round}): it would fit no microbatch",
-                )
-            )
+    hf_refusal = hf_overrides_refused(config, known_backend_spec(config))
+    if hf_refusal:
+        problems.append(("hf_config_overrides", f"not supported yet: {hf_refusal}"))
     return problems

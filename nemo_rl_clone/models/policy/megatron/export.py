@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from nemo_rl_clone.models.policy.backends import backend_spec
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.workers import worker_setup
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
@@ -21,8 +22,8 @@ MEGATRON_CHECKPOINT_MARKER = "metadata.json"
 
 
 def is_megatron_run(policy_section: dict[str, Any]) -> bool:
-    megatron = policy_section.get("megatron_cfg")
-    return isinstance(megatron, dict) and bool(megatron.get("enabled"))
+    """Whether a run's saved ``policy`` section wrote Megatron distributed checkpoints."""
+    return backend_spec(policy_section).checkpoint_format == "megatron_dist"
 
 
 def single_process_policy(policy_section: dict[str, Any], where: str) -> PolicyConfig:
@@ -32,7 +33,8 @@ def single_process_policy(policy_section: dict[str, Any], where: str) -> PolicyC
     if not is_megatron_run(policy_section):
         raise ConfigError(
             [
-                f"{where}: policy.megatron_cfg.enabled is not true: this run used the DTensor backend; convert "
+                f"{where}: policy.megatron_cfg.enabled is not true: this run used the "
+                f"{backend_spec(policy_section).title} backend; convert "
                 "its checkpoint with examples/converters/convert_dcp_to_hf.py"
             ]
         )
