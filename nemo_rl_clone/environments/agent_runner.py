@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Names the episode of every request an agent makes; the server records calls by it (generation/vllm/http_server.py).
-EPISODE_HEADER = "X-Episode-Id"
+from nemo_rl_clone.contract.episode import EPISODE_HEADER
 
 AgentFn = Callable[[Any, Mapping[str, Any]], Awaitable[Any]]
 

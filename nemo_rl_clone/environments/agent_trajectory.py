@@ -21,41 +21,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nemo_rl_clone.contract.episode import GENERATION_LOGPROBS, ServedCall
 from nemo_rl_clone.data.interfaces import LLMMessageLogType
 from nemo_rl_clone.data.llm_message_utils import message_from_token_ids
-from nemo_rl_clone.experience.rollouts import GENERATION_LOGPROBS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-
-@dataclass(frozen=True)
-class ServedCall:
-    """One call the server answered. ``output_logprobs[i]`` is the processed logprob of ``output_token_ids[i]``
-    and ``weight_versions[i]`` the number of weight updates the engine had loaded when it sampled that token (a
-    call that spans a refit has two versions; None: all 0)."""
-
-    prompt_token_ids: tuple[int, ...]
-    output_token_ids: tuple[int, ...]
-    output_logprobs: tuple[float, ...]
-    weight_versions: tuple[int, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if not self.prompt_token_ids:
-            raise ValueError("a served call has an empty prompt")
-        if self.weight_versions is None:
-            object.__setattr__(self, "weight_versions", (0,) * len(self.output_token_ids))
-        for name in ("output_logprobs", "weight_versions"):
-            if len(getattr(self, name)) != len(self.output_token_ids):
-                raise ValueError(
-                    f"a served call has {len(self.output_token_ids)} output tokens but {len(getattr(self, name))} "
-                    f"{name}"
-                )
-
-    @property
-    def context(self) -> tuple[int, ...]:
-        """The conversation's tokens once this call returned: its prompt, then what it generated."""
-        return self.prompt_token_ids + self.output_token_ids
 
 
 @dataclass(frozen=True)

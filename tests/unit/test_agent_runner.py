@@ -13,8 +13,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from nemo_rl_clone.contract.episode import EPISODE_HEADER
 from nemo_rl_clone.environments.agent_runner import (
-    EPISODE_HEADER,
     AgentLoadError,
     episode_result,
     failure_metrics,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nemo_rl_clone.contract.episode import ServedCall
 from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, message_log_to_flat_messages
-from nemo_rl_clone.environments.agent_trajectory import ServedCall, episode_samples, first_context_break
+from nemo_rl_clone.environments.agent_trajectory import episode_samples, first_context_break
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
 
 

@@ -19,7 +19,7 @@ import socket
 from collections.abc import Sequence
 from typing import Any
 
-from nemo_rl_clone.environments.agent_runner import EPISODE_HEADER
+from nemo_rl_clone.contract.episode import EPISODE_HEADER
 
 # Not forwarded: they describe one connection, not the request (httpx and uvicorn set their own).
 _HOP_HEADERS = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "content-length", "upgrade"})

@@ -28,8 +28,7 @@ from typing import Any
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from nemo_rl_clone.environments.agent_runner import EPISODE_HEADER
-from nemo_rl_clone.environments.agent_trajectory import ServedCall
+from nemo_rl_clone.contract.episode import EPISODE_HEADER, ServedCall
 from nemo_rl_clone.models.generation.config import HTTP_CHAT_KWARG_FLAGS
 
 _episode: contextvars.ContextVar[str | None] = contextvars.ContextVar("served_episode", default=None)
