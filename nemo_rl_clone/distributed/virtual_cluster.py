@@ -1,4 +1,4 @@
-"""Ray start-up and the placement groups that every worker group of a run is built on.
+"""The placement groups that every worker group of a run is built on (Ray start-up: `ray_startup`).
 
 `RayVirtualCluster` reserves one *bundle* per worker slot: ``{"GPU": 1, "CPU": 1}`` on GPU machines or ``{"CPU": 1}``
 with ``use_gpus=False`` (how everything runs on CPU machines). Bundles are grouped by logical node: one placement
@@ -9,35 +9,26 @@ bundles, each actor taking a ``1 / max_colocated_worker_groups`` share of the bu
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 import time
-from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import ray
-from ray._private import services
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from nemo_rl_clone.distributed.cluster_fit import ray_node_resources
 from nemo_rl_clone.distributed.ports import pick_free_port
 from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES
-from nemo_rl_clone.distributed.reaper import register_temp_path, start_reaper
+from nemo_rl_clone.distributed.ray_startup import init_ray
 from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
-from nemo_rl_clone.utils.platform import check_torch_build
 
 logger = logging.getLogger(__name__)
 
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
-# Ray's session dir adds ~62 characters (`session_<date>_<pid>/sockets/plasma_store`) and unix sockets allow 107.
-_MAX_RAY_TEMP_DIR_CHARS = 44
 # Ray accepts fractional resources with 4 decimals; rounding *down* keeps n shares of a bundle within the bundle.
 _RESOURCE_PRECISION = 10_000
-# Ports the OS picks are rarely repeated; a repeat of one already handed out is retried this many times.
 
 
 @dataclass
@@ -67,178 +58,8 @@ class ClusterConfig:
         return problems
 
 
-def starts_local_ray() -> bool:
-    """Whether `init_ray` would start a local cluster (no ``RAY_ADDRESS``, no ``ray start`` cluster to attach to)."""
-    return not ray.is_initialized() and _existing_cluster_address() is None
-
-
-def _existing_cluster_address() -> str | None:
-    """``RAY_ADDRESS``, else the cluster of the last ``ray start`` on this machine, else None. (Ray's
-    ``address="auto"`` would also grab any other Ray instance running here, e.g. another user's test session.)"""
-    return services.canonicalize_bootstrap_address(None)  # type: ignore[arg-type]  # None means "look it up"
-
-
-def check_local_cluster_fits(worker_slots: dict[str, int], use_gpus: bool) -> list[str]:
-    """Problems (one line each) if a local cluster on this machine cannot hold ``worker_slots`` (config key → slots,
-    e.g. ``{"cluster.gpus_per_node * cluster.num_nodes": 2}``): one CPU per slot, and one GPU with ``use_gpus``.
-    Without this, the placement groups would wait `ready_timeout_s` before failing."""
-    from ray._private.utils import get_num_cpus
-
-    total = sum(worker_slots.values())
-    keys = " + ".join(f"{key} ({slots})" for key, slots in worker_slots.items())
-    available = {"CPU": int(get_num_cpus())}
-    if use_gpus:
-        import torch
-
-        available["GPU"] = torch.cuda.device_count()
-    return [
-        f"{keys}: {total} worker slots, each needs one {kind}, and this machine has {count} {kind}s"
-        for kind, count in available.items()
-        if total > count
-    ]
-
-
-@dataclass(frozen=True)
-class NodeResources:
-    """What one alive Ray node offers worker bundles: its total CPUs and GPUs (not what is free right now)."""
-
-    cpus: float
-    gpus: float
-
-    def worker_slots(self, use_gpus: bool) -> int:
-        """Bundles of `RayVirtualCluster` this node holds: ``{"GPU": 1, "CPU": 1}`` each, or ``{"CPU": 1}``."""
-        return int(min(self.cpus, self.gpus) if use_gpus else self.cpus)
-
-
-def ray_node_resources() -> list[NodeResources]:
-    """The alive nodes of the Ray cluster this process is connected to."""
-    return [
-        NodeResources(cpus=node["Resources"].get("CPU", 0.0), gpus=node["Resources"].get("GPU", 0.0))
-        for node in ray.nodes()
-        if node["Alive"]
-    ]
-
-
-def check_cluster_shape(
-    nodes: list[NodeResources], shapes: dict[str, tuple[int, int]], use_gpus: bool, where: str
-) -> list[str]:
-    """Problems (one line each) if the Ray cluster of ``nodes`` cannot hold the worker layouts of ``shapes``.
-
-    ``shapes`` maps a config section to its ``(gpus_per_node, num_nodes)``, e.g. ``{"cluster": (8, 2)}``. A logical
-    node of ``gpus_per_node`` slots must fit on one machine (its placement group is STRICT_PACK); a machine with room
-    for several logical nodes may hold several. On CPU (``use_gpus=False``) a "GPU" of the config is one CPU slot.
-    Totals are compared, not free resources: a busy cluster is left to the placement-group timeout, which says so.
-    ``where`` names the cluster in the messages, e.g. ``"the Ray cluster at 10.0.0.1:6379"``.
-    """
-    slots = [node.worker_slots(use_gpus) for node in nodes]
-    has = f"{_describe_slot(use_gpus)}; its alive nodes: {_summarize_nodes(nodes)}"
-    problems = []
-    for section, (per_node, num_nodes) in shapes.items():
-        if per_node < 1 or num_nodes < 1:  # the config's own checks report these
-            continue
-        keys = f"{section}.num_nodes={num_nodes}, {section}.gpus_per_node={per_node}"
-        room = sum(count // per_node for count in slots)
-        if max(slots, default=0) < per_node:
-            problems.append(f"{keys}: no node of {where} has room for {per_node} worker slots ({has})")
-        elif room < num_nodes:
-            problems.append(f"{keys}: {where} has room for {room} such node(s), not {num_nodes} ({has})")
-    total = sum(per_node * num_nodes for per_node, num_nodes in shapes.values())
-    if not problems and len(shapes) > 1 and total > sum(slots):
-        keys = " + ".join(
-            f"{section}.gpus_per_node * {section}.num_nodes ({g * n})" for section, (g, n) in shapes.items()
-        )
-        problems.append(f"{keys}: {total} worker slots, {where} has {sum(slots)} ({has})")
-    return problems
-
-
-def _describe_slot(use_gpus: bool) -> str:
-    return "a worker slot takes 1 GPU and 1 CPU" if use_gpus else "on CPU a worker slot takes 1 CPU"
-
-
-def _summarize_nodes(nodes: list[NodeResources]) -> str:
-    """``"2 x (CPU 16, GPU 8), 1 x (CPU 4, GPU 0)"``: nodes grouped by size, so a large cluster stays one short line."""
-    if not nodes:
-        return "none"
-    sizes = Counter((node.cpus, node.gpus) for node in nodes)
-    return ", ".join(f"{count} x (CPU {cpus:g}, GPU {gpus:g})" for (cpus, gpus), count in sizes.most_common())
-
-
 class ResourceInsufficientError(RuntimeError):
     """The placement groups asked for could not be reserved within the readiness timeout."""
-
-
-def init_ray(log_dir: str | os.PathLike | None = None, num_cpus: int | None = None) -> None:
-    """Connect this process to Ray; idempotent.
-
-    Attaches to ``RAY_ADDRESS`` or else to the cluster of the last ``ray start`` on this machine if there is one
-    (as ``ray.init()`` does), else starts a local single-node cluster with ``num_cpus`` logical CPUs (default: all
-    cores). ``num_cpus`` is ignored when attaching. ``log_dir``: when a local cluster is started, Ray's session dir
-    (worker logs) goes to ``<log_dir>/ray`` if that path is short enough for Ray's unix sockets; otherwise Ray's
-    default temp dir is kept.
-
-    Two environment choices are made for every worker:
-    - Ray's ``uv run`` hook is switched off (unless ``RAY_ENABLE_UV_RUN_RUNTIME_ENV=1`` is set explicitly): under
-      ``uv run`` it would start every worker through ``uv run`` in a copy of the repo, building a fresh venv per
-      session (~1 min here). Workers use the driver's interpreter or the one `ray_actor_environment` names.
-    - A driver-side ``OMP_NUM_THREADS`` is not inherited by a locally started cluster, so each actor gets Ray's
-      default of ``max(1, floor(actor CPUs))`` threads instead of oversubscribing the cores. Pass ``env_vars`` to
-      a worker group to choose otherwise.
-    """
-    if ray.is_initialized():
-        return
-    check_torch_build()  # fail before any worker trains on the CPU torch build of a GPU machine
-    start_reaper()  # before Ray starts anything: whatever the run starts is killed when the driver is gone
-    _disable_ray_uv_run_hook()
-    address = _existing_cluster_address()
-    if address is not None:
-        if num_cpus is not None:
-            logger.warning("init_ray: attaching to the Ray cluster at %s; num_cpus=%s is ignored", address, num_cpus)
-        ray.init(address=address, log_to_driver=True)
-        logger.info("Attached to the Ray cluster at %s", address)
-        return
-    temp_dir = _ray_temp_dir(log_dir)
-    with _without_env("OMP_NUM_THREADS"):
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, _temp_dir=temp_dir)
-    node = ray._private.worker._global_node
-    if temp_dir is None and node is not None:  # Ray's session dir is in the system temp dir, not the run's log dir
-        register_temp_path(node.get_session_dir_path())
-    logger.info("Started a local Ray cluster: %s", ray.cluster_resources())
-
-
-def _disable_ray_uv_run_hook() -> None:
-    if os.environ.get("RAY_ENABLE_UV_RUN_RUNTIME_ENV") == "1":
-        return
-    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # for processes started from here (e.g. `ray job submit`)
-    # Ray reads the variable once at import; `ray.init` consults this module attribute at call time.
-    from ray._private import ray_constants
-
-    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False
-
-
-def _ray_temp_dir(log_dir: str | os.PathLike | None) -> str | None:
-    if log_dir is None:
-        return None
-    temp_dir = Path(log_dir).resolve() / "ray"
-    if len(str(temp_dir)) > _MAX_RAY_TEMP_DIR_CHARS:
-        logger.warning(
-            "init_ray: %s is too long for Ray's unix sockets (max %d chars); Ray logs stay in its default temp dir",
-            temp_dir,
-            _MAX_RAY_TEMP_DIR_CHARS,
-        )
-        return None
-    temp_dir.mkdir(parents=True, exist_ok=True)
-    return str(temp_dir)
-
-
-@contextlib.contextmanager
-def _without_env(name: str) -> Iterator[None]:
-    """Hide one environment variable from processes started inside the block (Ray's raylet copies the env)."""
-    saved = os.environ.pop(name, None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[name] = saved
 
 
 @dataclass(frozen=True)
@@ -579,12 +400,7 @@ __all__ = [
     "PY_EXECUTABLES",
     "BundleSlot",
     "ClusterConfig",
-    "NodeResources",
     "RayVirtualCluster",
     "ResourceInsufficientError",
-    "check_cluster_shape",
-    "check_local_cluster_fits",
     "init_ray",
-    "ray_node_resources",
-    "starts_local_ray",
 ]

@@ -13,12 +13,8 @@ import pytest
 import ray
 
 from nemo_rl_clone.algorithms.run.preflight import preflight
-from nemo_rl_clone.distributed.virtual_cluster import (
-    ClusterConfig,
-    NodeResources,
-    check_cluster_shape,
-    ray_node_resources,
-)
+from nemo_rl_clone.distributed.cluster_fit import NodeResources, check_cluster_shape, ray_node_resources
+from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.utils.errors import UserInputError
 from tests.conftest import attached_ray_cluster
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
-from nemo_rl_clone.distributed.virtual_cluster import NodeResources, check_cluster_shape
+from nemo_rl_clone.distributed.cluster_fit import NodeResources, check_cluster_shape
 from nemo_rl_clone.utils.config import load_validated_config
 
 REPO = Path(__file__).resolve().parents[2]

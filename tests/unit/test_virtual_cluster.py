@@ -191,7 +191,7 @@ def test_gpu_request_on_a_cpu_cluster_names_the_missing_gpus(ray_local):
 
 
 def test_ray_logs_go_to_log_dir_only_when_the_socket_path_fits(tmp_path, caplog):
-    from nemo_rl_clone.distributed.virtual_cluster import _ray_temp_dir
+    from nemo_rl_clone.distributed.ray_startup import _ray_temp_dir
 
     assert _ray_temp_dir(None) is None
     deep = tmp_path / ("x" * 40)
