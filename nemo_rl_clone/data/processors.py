@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.interfaces import DatumSpec, LLMMessageLogType, TaskDataProcessFn, TaskDataSpec
 from nemo_rl_clone.data.llm_message_utils import get_formatted_message_log
+from nemo_rl_clone.data.sliding_puzzle import MOVE_STOP_STRINGS
 
 
 def math_data_processor(
@@ -71,8 +72,6 @@ def sliding_puzzle_data_processor(
     idx: int,
 ) -> DatumSpec:
     """A game row → its first turn; ``extra_env_info = {"board", "moves"}``; generation stops after the move."""
-    from nemo_rl_clone.environments.games.sliding_puzzle import MOVE_STOP_STRINGS
-
     problem = _required_str(datum, "problem", idx)
     info = datum.get("extra_env_info")
     if not isinstance(info, dict) or "board" not in info:

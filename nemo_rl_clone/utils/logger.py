@@ -46,7 +46,7 @@ from nemo_rl_clone.utils.logger_backends import (
     WandbBackend,
     default_mlflow_tracking_uri,
 )
-from nemo_rl_clone.utils.samples import print_samples, sample_rows
+from nemo_rl_clone.utils.samples import one_row_slices, print_samples, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -310,11 +310,9 @@ class Logger:
     def log_batched_dict_as_jsonl(self, to_log: Mapping[str, Any], filename: str) -> Path:
         """Writes one JSON line per sample of a batch (a `BatchedDataDict` or a dict of equal-length columns) to
         `log_dir/filename` (overwritten), as NeMo-RL does: each value is that sample's one-row slice, plus ``idx``."""
-        from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-
-        batch = to_log if isinstance(to_log, BatchedDataDict) else BatchedDataDict(to_log)
-        rows = [{**sample, "idx": i} for i, sample in enumerate(batch.make_microbatch_iterator(1))]
-        return self.log_samples_jsonl(rows, step=0, filename=filename.replace("{", "{{").replace("}", "}}"))
+        return self.log_samples_jsonl(
+            one_row_slices(to_log), step=0, filename=filename.replace("{", "{{").replace("}", "}}")
+        )
 
     def log_string_list_as_jsonl(self, to_log: Sequence[str], filename: str) -> Path:
         """Appends each string (already one JSON document) as a line of `log_dir/filename`."""

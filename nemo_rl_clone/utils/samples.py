@@ -51,6 +51,21 @@ def sample_rows(
     return rows
 
 
+def one_row_slices(columns: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Sample ``i`` of a batch of equal-length columns (tensors ``[B, ...]`` or lists; a `BatchedDataDict` is one) as
+    ``{key: column[i : i + 1], ..., "idx": i}``: NeMo-RL's rows of ``log_batched_dict_as_jsonl``."""
+    lengths = set()
+    for key, value in columns.items():
+        if not isinstance(value, list) and not (isinstance(value, torch.Tensor) and value.ndim >= 1):
+            raise TypeError(f"column {key!r} must be a tensor [B, ...] or a list, got {type(value).__name__}")
+        lengths.add(len(value))
+    if len(lengths) > 1:
+        raise ValueError(f"columns of different lengths: {sorted(lengths)}")
+    return [
+        {**{key: value[i : i + 1] for key, value in columns.items()}, "idx": i} for i in range(max(lengths, default=0))
+    ]
+
+
 def token_texts(token_ids: Sequence[int], tokenizer: Any) -> list[str]:
     """Each token's text, decoded one id after another so that the texts join to ``tokenizer.decode(token_ids)``.
 

@@ -13,18 +13,18 @@ from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
 from nemo_rl_clone.data.datasets.sliding_puzzle import load_sliding_puzzle
 from nemo_rl_clone.data.interfaces import TaskDataSpec
-from nemo_rl_clone.environments import create_env
-from nemo_rl_clone.environments.config import SlidingPuzzleCfg, SlidingPuzzleEnvConfig
-from nemo_rl_clone.environments.games.sliding_puzzle import (
+from nemo_rl_clone.data.sliding_puzzle import (
     movable_tiles,
     parse_move,
-    play_turn,
     puzzle_prompt,
     render,
     shuffled_board,
     slide,
     solved_board,
 )
+from nemo_rl_clone.environments import create_env
+from nemo_rl_clone.environments.config import SlidingPuzzleCfg, SlidingPuzzleEnvConfig
+from nemo_rl_clone.environments.games.sliding_puzzle import play_turn
 from nemo_rl_clone.models.huggingface import load_tokenizer
 
 ONE_MOVE_LEFT = [[1, 2, 3], [4, 5, 6], [7, 0, 8]]  # slide 8 left to solve

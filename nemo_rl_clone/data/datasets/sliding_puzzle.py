@@ -13,6 +13,7 @@ from typing import Any
 
 from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.datasets.common import LoadedDataset
+from nemo_rl_clone.data.sliding_puzzle import puzzle_prompt, shuffled_board
 
 NAME = "sliding_puzzle"
 TASK_NAME = "sliding_puzzle_game"
@@ -23,8 +24,6 @@ def load_sliding_puzzle(
     size: int, shuffle_moves: int, train_size: int = 1000, val_size: int = 32, seed: int = 42
 ) -> LoadedDataset:
     """``train_size`` training and ``val_size`` validation games (distinct validation boards)."""
-    from nemo_rl_clone.environments.games.sliding_puzzle import puzzle_prompt, shuffled_board
-
     if size < 2 or shuffle_moves < 1 or train_size < 1 or val_size < 0:
         raise DataError(
             f"{NAME}: need size >= 2, shuffle_moves >= 1, train_size >= 1, val_size >= 0; got {size}, "
