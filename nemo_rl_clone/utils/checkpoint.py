@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import shutil
-import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,6 +37,8 @@ from omegaconf import OmegaConf
 from nemo_rl_clone.utils.checkpoint_fs import fsync_path, fsync_tree, replace_dir
 from nemo_rl_clone.utils.checkpoint_lock import CheckpointDirLock
 from nemo_rl_clone.utils.checkpoint_manifest import MANIFEST_FLAG, verify_checkpoint, write_manifest
+from nemo_rl_clone.utils.checkpoint_ranking import check_rankable_metric, rank_best_first
+from nemo_rl_clone.utils.checkpoint_schedule import parse_deadline
 from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
 
@@ -52,8 +52,6 @@ SAVE_FAILURE_ACTIONS = ("stop", "continue")
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _TMP_STEP_RE = re.compile(r"^tmp_step_(\d+)$")
 _OLD_STEP_RE = re.compile(r"^old_step_(\d+)$")
-_DEADLINE_RE = re.compile(r"^(\d+):(\d+):(\d+):(\d+)$")
-_DEADLINE_FORMAT_HINT = "expected 'DD:HH:MM:SS' (e.g. '00:03:45:00' = 3 h 45 min after the run starts)"
 
 
 _NEMO_RL_DEFAULT_VAL_SET = "val:validation-default_"
@@ -133,92 +131,6 @@ class CheckpointingConfig:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Schedule: period and deadline
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def should_save(step: int, cfg: CheckpointingConfig, is_last_step: bool) -> bool:
-    """Whether to checkpoint after ``step`` (1-based count of completed steps): every ``save_period`` and at the end."""
-    return cfg.enabled and (is_last_step or step % cfg.save_period == 0)
-
-
-def parse_deadline(s: str) -> float:
-    """Seconds in a ``"DD:HH:MM:SS"`` duration; ``ValueError`` naming the format on anything else."""
-    match = _DEADLINE_RE.match(s.strip()) if isinstance(s, str) else None
-    if match is None:
-        raise ValueError(f"bad deadline {s!r}: {_DEADLINE_FORMAT_HINT}")
-    days, hours, minutes, seconds = (int(g) for g in match.groups())
-    for value, limit, unit in ((hours, 24, "hours"), (minutes, 60, "minutes"), (seconds, 60, "seconds")):
-        if value >= limit:
-            raise ValueError(f"bad deadline {s!r}: {unit} must be < {limit}; {_DEADLINE_FORMAT_HINT}")
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-
-
-def must_save_by_deadline(
-    cfg: CheckpointingConfig, start_time: float, now: float | None = None, expected_step_s: float = 0.0
-) -> bool:
-    """True when the run must save and stop now to respect ``checkpoint_must_save_by``.
-
-    ``start_time`` and ``now`` are ``time.monotonic()`` readings. ``expected_step_s`` is how long the next step
-    (plus its save) is expected to take: the check fires when finishing it would cross the deadline. Always False
-    when checkpointing is disabled or no deadline is set.
-    """
-    if not cfg.enabled or cfg.checkpoint_must_save_by is None:
-        return False
-    now = time.monotonic() if now is None else now
-    return (now - start_time) + expected_step_s >= parse_deadline(cfg.checkpoint_must_save_by)
-
-
-class SaveDeadline:
-    """Tracks step durations so a train loop can stop one step early rather than one step late.
-
-    Usage: ``deadline = SaveDeadline(cfg)`` at start; after each step ``deadline.mark_step()``; then
-    ``if deadline.reached(): save and stop``. Uses the longest step seen as the estimate of the next one.
-    """
-
-    def __init__(self, cfg: CheckpointingConfig, start_time: float | None = None):
-        self._cfg = cfg
-        self.start_time = time.monotonic() if start_time is None else start_time
-        self._last_mark = self.start_time
-        self.longest_step_s = 0.0
-
-    def mark_step(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        self.longest_step_s = max(self.longest_step_s, now - self._last_mark)
-        self._last_mark = now
-
-    def reached(self, now: float | None = None) -> bool:
-        return must_save_by_deadline(self._cfg, self.start_time, now, expected_step_s=self.longest_step_s)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Metric lookup
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _raw_metric(training_info: Mapping[str, Any], metric_name: str) -> Any:
-    if metric_name in training_info:
-        return training_info[metric_name]
-    prefix, _, name = metric_name.partition(":")
-    section = training_info.get(prefix)
-    return section.get(name) if isinstance(section, Mapping) else None
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def get_metric(training_info: Mapping[str, Any], metric_name: str) -> float | None:
-    """The value of ``metric_name`` in ``training_info``, or None if it is absent or not a finite number.
-
-    ``"val:accuracy"`` reads the flat key ``training_info["val:accuracy"]`` when it exists, else the nested
-    ``training_info["val"]["accuracy"]``.
-    """
-    value = _raw_metric(training_info, metric_name)
-    return float(value) if _is_number(value) and math.isfinite(value) else None
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Manager
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -277,7 +189,7 @@ class CheckpointManager:
             raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
         training_info = {key: _as_number(value) for key, value in training_info.items()}
         training_info[MANIFEST_FLAG] = True
-        self._check_metric_type(training_info)
+        check_rankable_metric(training_info, self.cfg.metric_name)
         try:
             info_text = json.dumps(training_info, indent=2, sort_keys=True)
         except TypeError as e:
@@ -443,38 +355,18 @@ class CheckpointManager:
         return removed
 
     def _ranked_best_first(self) -> list[tuple[int, Path]]:
-        checkpoints = self.list_checkpoints()
-        metric_name = self.cfg.metric_name
-        if metric_name is None:
-            return checkpoints[::-1]
-        sign = 1.0 if self.cfg.higher_is_better else -1.0
-        keyed, missing = [], []
-        for step, path in checkpoints:
-            value = get_metric(self.load_training_info(path), metric_name)
-            if value is None:
-                missing.append(path.name)
-            keyed.append(((value is not None, sign * value if value is not None else 0.0, step), step, path))
+        ranked, missing = rank_best_first(
+            self.list_checkpoints(), self.cfg.metric_name, self.cfg.higher_is_better, self.load_training_info
+        )
         if missing and not self._warned_missing_metric:
             self._warned_missing_metric = True
             logger.warning(
                 "Checkpoints %s have no finite %r in %s; they rank last for keep_top_k",
                 missing,
-                metric_name,
+                self.cfg.metric_name,
                 TRAINING_INFO_FILE,
             )
-        keyed.sort(key=lambda item: item[0], reverse=True)
-        return [(step, path) for _, step, path in keyed]
-
-    def _check_metric_type(self, training_info: Mapping[str, Any]) -> None:
-        """Fail early on a metric that exists but cannot be ranked (a caller bug, not a missing value)."""
-        if self.cfg.metric_name is None:
-            return
-        value = _raw_metric(training_info, self.cfg.metric_name)
-        if value is not None and not _is_number(value):
-            raise TypeError(
-                f"training_info[{self.cfg.metric_name!r}] must be a number (it ranks checkpoints for keep_top_k), "
-                f"got {type(value).__name__} {value!r}"
-            )
+        return ranked
 
     # -- crash recovery -------------------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import overload
 
-from nemo_rl_clone.utils.checkpoint import parse_deadline
+from nemo_rl_clone.utils.checkpoint_schedule import parse_deadline
 
 log = logging.getLogger(__name__)
 

@@ -14,16 +14,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from nemo_rl_clone.utils.checkpoint import (
-    CheckpointingConfig,
-    CheckpointManager,
-    SaveDeadline,
-    get_metric,
-    must_save_by_deadline,
-    parse_deadline,
-    should_save,
-)
+from nemo_rl_clone.utils.checkpoint import CheckpointingConfig, CheckpointManager
 from nemo_rl_clone.utils.checkpoint_fs import replace_dir
+from nemo_rl_clone.utils.checkpoint_ranking import get_metric
+from nemo_rl_clone.utils.checkpoint_schedule import SaveDeadline, must_save_by_deadline, parse_deadline, should_save
 from tests.functional.supervised_runs import LiveRun
 
 

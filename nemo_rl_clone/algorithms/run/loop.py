@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from nemo_rl_clone.algorithms.run.stop import LoaderPosition, stop_on_signals
-from nemo_rl_clone.utils.checkpoint import SaveDeadline, should_save
+from nemo_rl_clone.utils.checkpoint_schedule import SaveDeadline, should_save
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
 
