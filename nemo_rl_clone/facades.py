@@ -13,6 +13,8 @@ FACADES: dict[str, str] = {
     "nemo_rl_clone.algorithms.logits_sampling_utils": "nemo_rl_clone.contract.sampling",
     # NeMo-RL's path (nemo_rl.algorithms.loss.interfaces)
     "nemo_rl_clone.algorithms.loss.interfaces": "nemo_rl_clone.contract.loss",
+    # NeMo-RL's path (nemo_rl.algorithms.loss.utils)
+    "nemo_rl_clone.algorithms.loss.utils": "nemo_rl_clone.contract.loss_input",
     # our earlier path of the losses (now nemo_rl_clone.algorithms.loss, NeMo-RL's layout)
     "nemo_rl_clone.algorithms.loss_functions": "nemo_rl_clone.algorithms.loss",
     # our earlier path of the loss configs

@@ -23,7 +23,7 @@ PACKAGE = "nemo_rl_clone"
 PACKAGE_DIR = Path(nemo_rl_clone.__file__).parent
 
 # Bottom → top: a folder may import the folders before it. The package `__init__` runs on every import, so it sits
-# below them all.
+# below them all. A lazy package face (`utils.lazy_exports`) names submodules of its own package: never another layer.
 LAYERS = (
     "utils",
     "distributed",
@@ -81,6 +81,13 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> Iterator[Impo
                 yield Import(path, node.lineno, name, target)
 
 
+@cache
+def package_imports() -> tuple[Import, ...]:
+    """Every import of every module of the package, parsed once for all the tests here."""
+    modules = package_modules()
+    return tuple(found for name, path in modules.items() for found in imports_of(name, path, modules))
+
+
 def layer(module: str) -> str:
     """The top-level folder (or top-level module) ``module`` belongs to; the package itself is `PACKAGE`."""
     parts = module.split(".")
@@ -89,19 +96,14 @@ def layer(module: str) -> str:
 
 def arrows_up() -> list[str]:
     """One line per import from a folder to one it may not import (the facade modules excepted)."""
-    modules = package_modules()
     found: dict[str, None] = {}  # ordered, one line per arrow
-    for name, path in modules.items():
-        if name in FACADES or name == FACADE_TABLE:
+    for imported in package_imports():
+        if imported.module in FACADES or imported.module == FACADE_TABLE:
             continue
-        source = layer(name)
-        for found_import in imports_of(name, path, modules):
-            target = layer(found_import.target)
-            if target == source:
-                continue
-            if source not in ALLOWED or target not in ALLOWED[source]:
-                where = f"{path.relative_to(PACKAGE_DIR.parent)}:{found_import.line}"
-                found[f"{where}: {source} → {target} ({found_import.target})"] = None
+        source, target = layer(imported.module), layer(imported.target)
+        if target != source and target not in ALLOWED.get(source, ()):
+            where = f"{imported.path.relative_to(PACKAGE_DIR.parent)}:{imported.line}"
+            found[f"{where}: {source} → {target} ({imported.target})"] = None
     return list(found)
 
 
@@ -114,15 +116,14 @@ def test_facades_are_listed_present_and_unused_inside() -> None:
     modules = package_modules()
     for facade, presented in FACADES.items():
         assert facade in modules, f"facade {facade} is in the table but not in the package"
-        named = {found.target for found in imports_of(facade, modules[facade], modules)}
+        named = {found.target for found in package_imports() if found.module == facade}
         assert any(t == presented or t.startswith(presented + ".") for t in named), (
             f"{facade} does not import {presented}"
         )
     used = [
         f"{found.path.relative_to(PACKAGE_DIR.parent)}:{found.line}: imports facade {found.target}"
-        for name, path in modules.items()
-        if name not in FACADES and name != FACADE_TABLE
-        for found in imports_of(name, path, modules)
+        for found in package_imports()
+        if found.module not in FACADES and found.module != FACADE_TABLE
         if found.target in FACADES or found.target == FACADE_TABLE
     ]
     assert not used, "the package imports its facades (import what they present instead):\n" + "\n".join(used)
