@@ -141,57 +141,22 @@ class ClippedPGLossFn:
         logprob_chunk_size: int | None = None,
     ) -> tuple[torch.Tensor, Metrics]:
         cfg = self.cfg
-        keys: tuple[str, ...] = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
-        keys += () if cfg.force_on_policy_ratio else ("prev_logprobs",)
-        keys += ("reference_policy_logprobs",) if cfg.uses_reference_kl else ()
-        require_keys(data, keys, type(self).__name__)
+        require_keys(data, self._required_keys(), type(self).__name__)
         parallel = (vocab_parallel_rank, vocab_parallel_group, context_parallel_group, logprob_chunk_size)
-        lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params)
-        kl_lp = lp  # the KL term's logprobs: the same unless top-k/top-p filter the sampled distribution
-        if self.needs_unfiltered_logprobs:
-            assert self.sampling_params is not None
-            kl_lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params.unfiltered())
+        lp, kl_lp = self._policy_and_kl_logprobs(next_token_logits, data, parallel)
         token_mask, sample_mask, mask = masks(data, lp)
         valid = mask > 0
         advantages = torch.where(valid, shifted(data, "advantages", lp), 0.0)
         gen_lp = shifted(data, "generation_logprobs", lp)
         prev_lp = lp.detach() if cfg.force_on_policy_ratio else shifted(data, "prev_logprobs", lp)
 
-        log_ratio = masked_diff(lp, prev_lp, valid)
-        if cfg.disable_ppo_ratio:
-            ratio = clamped_ratio = log_ratio.detach().exp()
-            per_token = -advantages * torch.where(valid, lp, 0.0)
-        elif cfg.use_cispo:
-            ratio = log_ratio.exp()
-            clamped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
-            per_token = -advantages * clamped_ratio.detach() * torch.where(valid, lp, 0.0)
-        else:
-            if cfg.sequence_level_importance_ratios:
-                ratio = masked_mean(log_ratio, mask, dim=-1).exp().unsqueeze(-1).expand_as(lp)
-            else:
-                ratio = log_ratio.exp()
-            clamped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
-            per_token = torch.maximum(-advantages * ratio, -advantages * clamped_ratio)
-            if cfg.ratio_clip_c is not None:
-                dual_bound = -advantages * cfg.ratio_clip_c
-                per_token = torch.where(advantages < 0, torch.minimum(per_token, dual_bound), per_token)
-
+        ratio, clamped_ratio, per_token = self._policy_gradient_terms(lp, prev_lp, advantages, valid, mask)
         is_weights, filter_metrics = self._importance_weights(
             prev_lp, gen_lp, valid, token_mask, mask, global_valid_toks, sample_mask, global_valid_seqs
         )
         if cfg.use_importance_sampling_correction:
             per_token = per_token * is_weights
-
-        kl_per_token = torch.zeros_like(lp)
-        if cfg.uses_reference_kl:
-            ref_lp = shifted(data, "reference_policy_logprobs", lp)
-            # The tokens were sampled from the policy being optimised, so the penalty's gradient needs the
-            # score-function term k·∇lp besides the pathwise ∇k (arXiv 2506.09477): a weight of value 1 that carries
-            # it, exp(lp − sg(lp)); or, under the on-policy approximation, the undetached exp(lp − lp_gen).
-            # `calculate_kl` applies it inside its clamps, so a clamped token gets no gradient (NeMo-RL v0.7.0).
-            anchor = gen_lp if cfg.use_on_policy_kl_approximation else kl_lp.detach()
-            weight = torch.nan_to_num(masked_diff(kl_lp, anchor, valid).exp(), nan=0.0, posinf=0.0, neginf=0.0)
-            kl_per_token = self._kl(kl_lp, torch.where(valid, ref_lp, kl_lp.detach()), weight)
+        kl_per_token = self._reference_kl_terms(data, lp, kl_lp, gen_lp, valid)
 
         actor_loss = self._reduce(per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
         kl = self._reduce(kl_per_token, token_mask, sample_mask, mask, global_valid_seqs, global_valid_toks)
@@ -223,6 +188,76 @@ class ClippedPGLossFn:
                 **filter_metrics,
             }
         return loss, metrics
+
+    def _required_keys(self) -> tuple[str, ...]:
+        cfg = self.cfg
+        keys: tuple[str, ...] = ("input_ids", "token_mask", "sample_mask", "advantages", "generation_logprobs")
+        keys += () if cfg.force_on_policy_ratio else ("prev_logprobs",)
+        keys += ("reference_policy_logprobs",) if cfg.uses_reference_kl else ()
+        return keys
+
+    def _policy_and_kl_logprobs(
+        self, next_token_logits: torch.Tensor | TokenLogprobs, data: Mapping[str, Any], parallel: tuple[Any, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lp, the KL term's lp)``: the same tensor unless top-k/top-p filter the sampled distribution."""
+        lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params)
+        kl_lp = lp
+        if self.needs_unfiltered_logprobs:
+            assert self.sampling_params is not None
+            kl_lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params.unfiltered())
+        return lp, kl_lp
+
+    def _policy_gradient_terms(
+        self,
+        lp: torch.Tensor,
+        prev_lp: torch.Tensor,
+        advantages: torch.Tensor,
+        valid: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(ratio, clamped ratio, per-token loss L)`` of the configured variant (see the class doc)."""
+        cfg = self.cfg
+        log_ratio = masked_diff(lp, prev_lp, valid)
+        if cfg.disable_ppo_ratio:
+            ratio = clamped_ratio = log_ratio.detach().exp()
+            per_token = -advantages * torch.where(valid, lp, 0.0)
+        elif cfg.use_cispo:
+            ratio = log_ratio.exp()
+            clamped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+            per_token = -advantages * clamped_ratio.detach() * torch.where(valid, lp, 0.0)
+        else:
+            if cfg.sequence_level_importance_ratios:
+                ratio = masked_mean(log_ratio, mask, dim=-1).exp().unsqueeze(-1).expand_as(lp)
+            else:
+                ratio = log_ratio.exp()
+            clamped_ratio = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+            per_token = torch.maximum(-advantages * ratio, -advantages * clamped_ratio)
+            if cfg.ratio_clip_c is not None:
+                dual_bound = -advantages * cfg.ratio_clip_c
+                per_token = torch.where(advantages < 0, torch.minimum(per_token, dual_bound), per_token)
+        return ratio, clamped_ratio, per_token
+
+    def _reference_kl_terms(
+        self,
+        data: Mapping[str, Any],
+        lp: torch.Tensor,
+        kl_lp: torch.Tensor,
+        gen_lp: torch.Tensor,
+        valid: torch.Tensor,
+    ) -> torch.Tensor:
+        """Per-token KL penalty against the reference policy (zeros without a KL term)."""
+        cfg = self.cfg
+        kl_per_token = torch.zeros_like(lp)
+        if cfg.uses_reference_kl:
+            ref_lp = shifted(data, "reference_policy_logprobs", lp)
+            # The tokens were sampled from the policy being optimised, so the penalty's gradient needs the
+            # score-function term k·∇lp besides the pathwise ∇k (arXiv 2506.09477): a weight of value 1 that carries
+            # it, exp(lp − sg(lp)); or, under the on-policy approximation, the undetached exp(lp − lp_gen).
+            # `calculate_kl` applies it inside its clamps, so a clamped token gets no gradient (NeMo-RL v0.7.0).
+            anchor = gen_lp if cfg.use_on_policy_kl_approximation else kl_lp.detach()
+            weight = torch.nan_to_num(masked_diff(kl_lp, anchor, valid).exp(), nan=0.0, posinf=0.0, neginf=0.0)
+            kl_per_token = self._kl(kl_lp, torch.where(valid, ref_lp, kl_lp.detach()), weight)
+        return kl_per_token
 
     def rows_with_gradient(self, data: Mapping[str, Any]) -> torch.Tensor | None:
         """[B] bool: the rows whose terms can be non-zero; the others' loss, gradient and share of the loss are
