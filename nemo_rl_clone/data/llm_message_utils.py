@@ -59,7 +59,18 @@ def get_formatted_message_log(
         ValueError: empty ``messages``, a bad role or content, a tokenizer without chat template or offsets, or a
             template whose rendering of a prefix of the conversation is not a prefix of the full rendering.
     """
-    messages = _with_task_prompt(message_log, task_data_spec)
+    messages = _checked_messages(_with_task_prompt(message_log, task_data_spec), tokenizer)
+    full_text, ends = _render_with_message_ends(messages, tokenizer, add_generation_prompt, chat_template_kwargs)
+    formatted = _split_by_message(messages, full_text, ends, tokenizer)
+    if add_bos_token:
+        _add_special_token(formatted[0], tokenizer.bos_token, tokenizer.bos_token_id, at_start=True)
+    if add_eos_token:
+        _add_special_token(formatted[-1], tokenizer.eos_token, tokenizer.eos_token_id, at_start=False)
+    return formatted
+
+
+def _checked_messages(messages: list[Mapping[str, str]], tokenizer: PreTrainedTokenizerBase) -> list[Mapping[str, str]]:
+    """``messages`` unchanged once they and ``tokenizer`` are fit for per-message templating."""
     if not messages:
         raise ValueError("get_formatted_message_log: message_log is empty")
     for i, message in enumerate(messages):
@@ -71,7 +82,16 @@ def get_formatted_message_log(
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no chat template; set one before templating")
     if not tokenizer.is_fast:
         raise ValueError(f"tokenizer {tokenizer.name_or_path!r} is not a fast tokenizer (offsets are needed)")
+    return messages
 
+
+def _render_with_message_ends(
+    messages: list[Mapping[str, str]],
+    tokenizer: PreTrainedTokenizerBase,
+    add_generation_prompt: bool,
+    chat_template_kwargs: Mapping[str, Any] | None,
+) -> tuple[str, list[int]]:
+    """The templated conversation and where each message's text ends in it (each prefix rendered on its own)."""
     template_messages = [{"role": _TEMPLATE_ROLE.get(m["role"], m["role"]), "content": m["content"]} for m in messages]
     kwargs = dict(chat_template_kwargs or {})
 
@@ -96,10 +116,15 @@ def get_formatted_message_log(
             )
         ends.append(len(prefix))
     ends.append(len(full_text))
+    return full_text, ends
 
+
+def _split_by_message(
+    messages: list[Mapping[str, str]], full_text: str, ends: list[int], tokenizer: PreTrainedTokenizerBase
+) -> LLMMessageLogType:
+    """Tokenise ``full_text`` once and give each message its text slice and the tokens that start in it."""
     encoding = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
     token_ids: list[int] = encoding["input_ids"]
-    # A token belongs to the message in which it starts.
     owner = [_message_index(start, ends) for start, _ in encoding["offset_mapping"]]
     formatted: LLMMessageLogType = []
     text_start = 0
@@ -113,10 +138,6 @@ def get_formatted_message_log(
             }
         )
         text_start = ends[i]
-    if add_bos_token:
-        _add_special_token(formatted[0], tokenizer.bos_token, tokenizer.bos_token_id, at_start=True)
-    if add_eos_token:
-        _add_special_token(formatted[-1], tokenizer.eos_token, tokenizer.eos_token_id, at_start=False)
     return formatted
 
 
