@@ -2,19 +2,19 @@
 With ``policy.reward_model_cfg.enabled`` it is a 1-label sequence-classification model instead (see `reward_model`).
 
 The `Policy` facade starts one per bundle with ``RANK/WORLD_SIZE/MASTER_*`` set, hands each its data-parallel shard
-and calls the collective methods (training, logprobs, checkpoints, full state dict) on every rank at once.
+and calls the collective methods (training, logprobs, checkpoints, full state dict) on every rank at once. The
+sequence they share with the Megatron worker is `PolicyWorkerBase`'s; this module builds, runs and saves the model.
 
-Gradient normalisation: a loss returns its microbatch's share of the *global* mean (divided by the valid tokens or
-sequences of the whole global batch on all DP ranks), so the global gradient is the *sum* of the ranks' gradients.
-FSDP averages over DP ranks, hence every backward scales the loss by the DP size.
+Gradient normalisation (see `PolicyWorkerBase`): FSDP averages over DP ranks, hence every backward scales the loss
+by the DP size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -26,12 +26,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.tensor import DTensor
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     PretrainedConfig,
-    PreTrainedTokenizerBase,
 )
 
 from nemo_rl_clone.contract import sampling as logits_sampling_utils
@@ -39,9 +37,7 @@ from nemo_rl_clone.contract.loss import LossFunction, TokenLogprobs
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
-from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.dtensor import bf16_backward, context_parallel, lora, moe, weights
 from nemo_rl_clone.models.policy.dtensor import parallel as dtensor_parallel
 from nemo_rl_clone.models.policy.workers import (
@@ -52,77 +48,36 @@ from nemo_rl_clone.models.policy.workers import (
     train_step,
     worker_setup,
 )
+from nemo_rl_clone.models.policy.workers.base import (
+    Forward,
+    LossShare,
+    MicrobatchCompute,
+    PolicyWorkerBase,
+)
 from nemo_rl_clone.models.policy.workers.optim import build_optimizer, build_scheduler
-from nemo_rl_clone.models.policy.workers.refit_sender import RefitSender
 from nemo_rl_clone.models.policy.workers.train_profile import TrainProfile, device_peak_flops, peak_rss_bytes
 from nemo_rl_clone.utils.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a (possibly DTensor) parameter; in-place writes to it update the parameter."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+class DTensorPolicyWorker(PolicyWorkerBase):
+    """One rank of the policy; the constructor arguments are `PolicyWorkerBase`'s. The reference copy is not kept
+    for reward models (they have no logprobs) nor with LoRA (the reference is the base model: the adapters switched
+    off). Checkpoints are sharded DCP with Hugging Face names."""
 
-
-class DTensorPolicyWorker(RefitSender):
-    """One rank of the policy. Every public method except the ``prepare_*``/``offload_*`` ones is a collective.
-
-    Args:
-        config: the ``policy`` section.
-        tokenizer: saved with checkpoints.
-        model_path: a local Hugging Face folder or hub id (already resolved by the driver).
-        weights_path / optimizer_path: DCP checkpoints written by `save_checkpoint` to resume from (any DP size).
-        init_optimizer: build the optimizer and scheduler (False for inference-only policies).
-        init_reference_model: keep a frozen CPU copy of the initial (Hugging Face) weights for
-            `get_reference_policy_logprobs`; it is taken before ``weights_path`` is loaded, so a resumed run keeps
-            the original reference. Ignored for reward models (they have no logprobs) and with LoRA (the reference
-            is the base model: the adapters switched off).
-    """
-
-    def __init__(
-        self,
-        config: PolicyConfig,
-        tokenizer: PreTrainedTokenizerBase,
-        model_path: str,
-        weights_path: str | None = None,
-        optimizer_path: str | None = None,
-        init_optimizer: bool = True,
-        init_reference_model: bool = True,
-    ) -> None:
-        self.cfg = config
-        self.tokenizer = tokenizer
-        self.device = worker_setup.init_distributed()
-        self.rank = dist.get_rank()
-        dtensor_cfg = config.dtensor_cfg
+    # ------------------------------------------------------------------ build
+    def _build(self, model_path: str) -> None:
+        config, dtensor_cfg = self.cfg, self.cfg.dtensor_cfg
         self.mesh = dtensor_parallel.build_device_mesh(
             self.device, dtensor_cfg.tensor_parallel_size, dtensor_cfg.context_parallel_size
         )
         self.dp_size = self.mesh["dp"].size()
         self.dp_group = self.mesh["dp"].get_group()
-        self.dtype = worker_setup.PRECISION_DTYPES[config.precision]
-
         # fp32 master weights on every rank; FSDP casts to `self.dtype` for compute.
         self.is_reward_model = config.reward_model_cfg.enabled
         self.packed = config.sequence_packing.enabled  # validation: SDPA attention only
-        attn_implementation = packed_sequences.PACKED_ATTENTION if self.packed else dtensor_cfg.attn_implementation
-        self.context_parallel: context_parallel.ContextParallel | None = None
-        if dtensor_cfg.context_parallel_size > 1:  # validation: no packing, TP or reward model with it
-            self.context_parallel = context_parallel.ContextParallel(self.mesh["cp"])
-            attn_implementation = context_parallel.ATTENTION
-        with reporting_model_load_errors(model_path):
-            hf_config = load_hf_config(model_path, config.hf_config_overrides)
-            refused = moe.refusal(hf_config, dtensor_cfg.tensor_parallel_size, dtensor_cfg.context_parallel_size)
-            if refused:
-                raise UserInputError(refused)
-            if self.is_reward_model:
-                model = reward_model.load_reward_model(
-                    model_path, tokenizer.pad_token_id, attn_implementation, hf_config=hf_config
-                )
-            else:
-                model = AutoModelForCausalLM.from_pretrained(
-                    model_path, config=hf_config, dtype=torch.float32, attn_implementation=attn_implementation
-                )
+        model = self._load_model(model_path)
         model.config.use_cache = False
         self.router_loss = moe.RouterAuxLoss(model.config) if moe.num_routed_experts(model.config) else None
         self._router_logits: tuple[torch.Tensor, ...] = ()
@@ -130,21 +85,7 @@ class DTensorPolicyWorker(RefitSender):
         if self.lora is not None:
             adapted = lora.apply(model, self.lora)
             logger.info("rank %d: LoRA adapters (dim %d) on %d linear layers", self.rank, self.lora.dim, len(adapted))
-        # The sampler's processing (temperature, top-k, top-p) that the policy's logprobs reproduce.
-        self.sampling = TrainingSamplingParams.from_generation(config.generation)
-        self._head_mode: tuple[TrainingSamplingParams | None, bool] = (None, False)
-        self.selective_head: token_logprob_head.SelectiveLMHead | None = None
-        if (
-            dtensor_cfg.logits_at_loss_tokens_only
-            and not self.is_reward_model
-            and dtensor_cfg.tensor_parallel_size == 1
-        ):
-            self.selective_head = token_logprob_head.install(model)
-        self.grad_dtype = worker_setup.backward_dtype(self.dtype, dtensor_cfg.backward_precision, self.device)
-        if self.grad_dtype != self.dtype and dtensor_cfg.tensor_parallel_size == 1:
-            bf16_backward.install(model, skip=self.selective_head)
-        else:
-            self.grad_dtype = self.dtype  # TP shards the linear layers itself: their backward stays as it is
+        self._install_heads(model)
         plan = None
         if self.mesh["tp"].size() > 1:
             plan = dtensor_parallel.tensor_parallel_plan(model, dtensor_cfg.custom_parallel_plan)
@@ -158,28 +99,62 @@ class DTensorPolicyWorker(RefitSender):
         )
         self.routing_replay = moe.RoutingReplay(self.model) if config.router_replay.enabled else None
         self.num_parameters = sum(param.numel() for param in self.model.parameters())  # DTensors count in full
-        trainable = [param for param in self.model.parameters() if param.requires_grad]
-        self.num_trainable_parameters = sum(param.numel() for param in trainable)
+        self.num_trainable_parameters = sum(param.numel() for param in self._trainable_parameters())
         self.scorer = (
             reward_model.make_scorer(self.model, config.reward_model_cfg.reward_model_type)
             if self.is_reward_model
             else None
         )
-        self.reference_weights: dict[str, torch.Tensor] | None = None
-        if init_reference_model and not self.is_reward_model and self.lora is None:
-            # Kept in CPU memory and copied into the live shards only while reference logprobs are computed.
-            self.reference_weights = {
-                name: _local(param).detach().to("cpu", copy=True) for name, param in self.model.named_parameters()
-            }
-        self.optimizer: torch.optim.Optimizer | None = None
         self.optimizer_steps = 0  # taken by this worker (for dtensor_cfg.clear_cache_every_n_steps)
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        if init_optimizer:
-            assert config.optimizer is not None, "validation refuses policy.optimizer=null with the DTensor backend"
-            self.optimizer = build_optimizer(trainable, config.optimizer)
-            self.scheduler = build_scheduler(self.optimizer, config.scheduler)
-        if weights_path:
-            self.load_checkpoint(weights_path, optimizer_path)
+
+    def _load_model(self, model_path: str) -> torch.nn.Module:
+        """The Hugging Face model in fp32 with the attention packing or context parallelism needs."""
+        dtensor_cfg = self.cfg.dtensor_cfg
+        attn_implementation = packed_sequences.PACKED_ATTENTION if self.packed else dtensor_cfg.attn_implementation
+        self.context_parallel: context_parallel.ContextParallel | None = None
+        if dtensor_cfg.context_parallel_size > 1:  # validation: no packing, TP or reward model with it
+            self.context_parallel = context_parallel.ContextParallel(self.mesh["cp"])
+            attn_implementation = context_parallel.ATTENTION
+        with reporting_model_load_errors(model_path):
+            hf_config = load_hf_config(model_path, self.cfg.hf_config_overrides)
+            refused = moe.refusal(hf_config, dtensor_cfg.tensor_parallel_size, dtensor_cfg.context_parallel_size)
+            if refused:
+                raise UserInputError(refused)
+            if self.is_reward_model:
+                return reward_model.load_reward_model(
+                    model_path, self.tokenizer.pad_token_id, attn_implementation, hf_config=hf_config
+                )
+            return AutoModelForCausalLM.from_pretrained(
+                model_path, config=hf_config, dtype=torch.float32, attn_implementation=attn_implementation
+            )
+
+    def _install_heads(self, model: torch.nn.Module) -> None:
+        """The selective LM head (token logprobs at the loss's tokens only) and the bf16 backward, where they apply."""
+        dtensor_cfg = self.cfg.dtensor_cfg
+        self._head_mode: tuple[TrainingSamplingParams | None, bool] = (None, False)
+        self.selective_head: token_logprob_head.SelectiveLMHead | None = None
+        if (
+            dtensor_cfg.logits_at_loss_tokens_only
+            and not self.is_reward_model
+            and dtensor_cfg.tensor_parallel_size == 1
+        ):
+            self.selective_head = token_logprob_head.install(model)
+        self.grad_dtype = worker_setup.backward_dtype(self.dtype, dtensor_cfg.backward_precision, self.device)
+        if self.grad_dtype != self.dtype and dtensor_cfg.tensor_parallel_size == 1:
+            bf16_backward.install(model, skip=self.selective_head)
+        else:
+            self.grad_dtype = self.dtype  # TP shards the linear layers itself: their backward stays as it is
+
+    def _trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [param for param in self.model.parameters() if param.requires_grad]
+
+    def _keeps_reference_weights(self) -> bool:
+        return not self.is_reward_model and self.lora is None
+
+    def _build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        assert self.cfg.optimizer is not None, "validation refuses policy.optimizer=null with the DTensor backend"
+        optimizer = build_optimizer(self._trainable_parameters(), self.cfg.optimizer)
+        return optimizer, build_scheduler(optimizer, self.cfg.scheduler)
 
     # ------------------------------------------------------------------ forward passes
     def _rows(self, batch: BatchedDataDict) -> packed_sequences.PaddedRows | packed_sequences.PackedRows:
@@ -267,51 +242,32 @@ class DTensorPolicyWorker(RefitSender):
             return cast(torch.Tensor, token_logprobs)
         return self._forward(batch)
 
-    def _inference_pass(
-        self, data: BatchedDataDict, micro_batch_size: int | None, compute: Callable[[BatchedDataDict], torch.Tensor]
-    ) -> torch.Tensor:
-        """``compute(microbatch)`` (a tensor per microbatch, concatenated) over this rank's shard, without gradients.
-
-        Shards may differ in size by one sample; ranks with fewer microbatches run dummy forwards so that FSDP's
-        per-forward collectives stay matched.
-        """
-        train_step.require_keys(data, ("input_ids", "input_lengths"))
-        micro_batch_size = micro_batch_size or self.cfg.logprob_batch_size
-        self.model.eval()
+    def _inference_outputs(
+        self, data: BatchedDataDict, micro_batch_size: int, compute: MicrobatchCompute
+    ) -> list[torch.Tensor]:
+        """Shards may differ in size by one sample; ranks with fewer microbatches run dummy forwards so that FSDP's
+        per-forward collectives stay matched."""
         count = torch.tensor(train_step.count_microbatches(data, micro_batch_size))
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.dp_group)
-        with torch.no_grad():
-            outputs = [compute(batch) for batch in train_step.microbatches(data, micro_batch_size)]
-            for _ in range(int(count) - len(outputs)):
-                self._forward(data.slice(0, 1))  # output unused: only the collectives matter
-        dtensor_parallel.reshard(self.model)
-        return torch.cat(outputs)
+        outputs = [
+            compute(batch, functools.partial(self._forward, batch))
+            for batch in train_step.microbatches(data, micro_batch_size)
+        ]
+        for _ in range(int(count) - len(outputs)):
+            self._forward(data.slice(0, 1))  # output unused: only the collectives matter
+        return outputs
 
-    def get_logprobs(
-        self, data: BatchedDataDict, micro_batch_size: int | None = None, filtered: bool = True
-    ) -> BatchedDataDict:
-        """``{"logprobs": [B, S] fp32}`` of this rank's shard (layout: `train_step.spec_logprobs`), under the
-        sampler's processing (``policy.generation``'s temperature, and its top-k/top-p unless ``filtered`` is
-        false)."""
-        self._require_language_model("get_logprobs")
-        sampling = self.sampling if filtered else self.sampling.unfiltered()
+    def _after_inference(self) -> None:
+        self._reshard()
 
-        def logprobs(batch: BatchedDataDict) -> torch.Tensor:
-            if self.selective_head is not None:
-                lp = train_step.logprobs_within_lengths(
-                    batch, lambda b, wanted: self._token_logprobs(b, wanted, sampling)
-                )
-            else:
-                lp = train_step.spec_logprobs(
-                    self._forward(batch),
-                    batch["input_ids"],
-                    batch["input_lengths"],
-                    self.cfg.logprob_chunk_size,
-                    sampling=sampling,
-                )
-            return train_step.pad_to_width(lp, data["input_ids"].shape[1]).cpu()
-
-        return BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
+    def _microbatch_logprobs(
+        self, microbatch: BatchedDataDict, forward: Forward, sampling: TrainingSamplingParams
+    ) -> torch.Tensor:
+        if self.selective_head is None:
+            return super()._microbatch_logprobs(microbatch, forward, sampling)
+        return train_step.logprobs_within_lengths(
+            microbatch, lambda b, wanted: self._token_logprobs(b, wanted, sampling)
+        )
 
     def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
         """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}`` of this rank's shard (layout:
@@ -320,8 +276,8 @@ class DTensorPolicyWorker(RefitSender):
         topk_logits.check_k(k)
         width, indices = data["input_ids"].shape[1], []
 
-        def topk(batch: BatchedDataDict) -> torch.Tensor:
-            logits = logits_sampling_utils.scale(self._forward(batch), self.sampling)  # ÷ the sampling temperature
+        def topk(batch: BatchedDataDict, forward: Forward) -> torch.Tensor:
+            logits = logits_sampling_utils.scale(forward(), self.sampling)  # ÷ the sampling temperature
             values, ids = topk_logits.topk_of_logits(logits, k, batch["input_lengths"], width)
             indices.append(ids)
             return values
@@ -337,140 +293,61 @@ class DTensorPolicyWorker(RefitSender):
             raise RuntimeError("score needs a reward model (policy.reward_model_cfg.enabled=true); this is a causal LM")
         width = data["input_ids"].shape[1]
 
-        def scores_of(batch: BatchedDataDict) -> torch.Tensor:
-            return scorer.reported(self._forward(batch).float(), width).cpu()
+        def scores_of(batch: BatchedDataDict, forward: Forward) -> torch.Tensor:
+            return scorer.reported(forward().float(), width).cpu()
 
         scores = self._inference_pass(data, micro_batch_size, scores_of)
         return BatchedDataDict({"scores": scores})
 
-    def _require_language_model(self, method: str) -> None:
-        if self.is_reward_model:
-            raise reward_model.reward_model_error(method)
-
-    @torch.no_grad()
-    def get_reference_policy_logprobs(
-        self, data: BatchedDataDict, micro_batch_size: int | None = None
-    ) -> BatchedDataDict:
-        """``{"reference_logprobs": [B, S]}``: `get_logprobs` under the frozen initial weights (with LoRA: the base
-        model's), temperature-scaled but not top-k/top-p filtered (the KL term's distribution)."""
-        self._require_language_model("get_reference_policy_logprobs")
-        with self._reference_model():
-            logprobs = self.get_logprobs(data, micro_batch_size, filtered=False)["logprobs"]
-        return BatchedDataDict({"reference_logprobs": logprobs})
-
     @contextlib.contextmanager
     def _reference_model(self) -> Iterator[None]:
-        if self.lora is not None:
-            with lora.adapters_disabled(self.model):
-                yield
-            return
-        if self.reference_weights is None:
-            raise RuntimeError("this policy was created with init_reference_model=False; it has no reference model")
-        params = dict(self.model.named_parameters())
-        dtensor_parallel.reshard(self.model)
-        with torch.no_grad():
-            current = {name: _local(param).to("cpu", copy=True) for name, param in params.items()}
-            for name, param in params.items():
-                _local(param).copy_(self.reference_weights[name])
-            try:
-                yield
-            finally:
-                dtensor_parallel.reshard(self.model)  # drop anything gathered from the reference weights
-                for name, param in params.items():
-                    _local(param).copy_(current[name])
+        with lora.adapters_disabled(self.model) if self.lora is not None else super()._reference_model():
+            yield
 
     # ------------------------------------------------------------------ training
-    def train(
-        self,
-        data: BatchedDataDict,
-        loss_fn: LossFunction,
-        eval_mode: bool = False,
-        gbs: int | None = None,
-        mbs: int | None = None,
-        loss_normalization: list[tuple[float, float]] | None = None,
-    ) -> dict[str, Any]:
-        """Optimizer steps over this rank's shard: one per global batch of ``gbs`` samples (``gbs // dp`` here).
-        ``loss_normalization``: the whole global batches' counts when `Policy.train` left rows out (`trained_rows`).
-
-        Returns (identical on every rank of a DP group except ``all_mb_metrics``, which holds this rank's
-        microbatches): ``global_loss`` ``[num_global_batches]`` (the global mean loss of each step), ``grad_norm``
-        ``[num_global_batches]`` (before clipping; 0 in eval mode), ``all_mb_metrics`` (metric → list, one entry
-        per microbatch, plus ``lr``, ``global_valid_seqs``, ``global_valid_toks``).
-        """
-        if self.optimizer is None and not eval_mode:
-            raise RuntimeError("this policy was created with init_optimizer=False; it cannot train")
-        gbs = gbs or self.cfg.train_global_batch_size
-        mbs = mbs or self.cfg.train_micro_batch_size
-        local_gbs = gbs // self.dp_size
-        num_global_batches = data.size // local_gbs
-        self.model.train(not eval_mode)
-        losses, grad_norms = [], []
-        all_mb_metrics: dict[str, list[Any]] = defaultdict(list)
-        profile = TrainProfile(
+    def _new_train_profile(self) -> TrainProfile:
+        return TrainProfile(
             num_parameters=self.num_parameters,
             trainable_parameters=self.num_trainable_parameters,
             peak_flops=device_peak_flops(self.device, self.dtype),
         )
-        with torch.set_grad_enabled(not eval_mode):
-            for index in range(num_global_batches):
-                batch = data.get_batch(index, local_gbs)
-                norm = train_step.global_batch_normalization(batch, self.dp_group, loss_normalization, index, loss_fn)
-                if not eval_mode:
-                    assert self.optimizer is not None, "train() needs a policy built with init_optimizer=True"
-                    self.optimizer.zero_grad(set_to_none=True)
-                step_loss = torch.zeros((), dtype=torch.float64)
-                microbatches = list(train_step.microbatches(batch, mbs))
-                for microbatch in microbatches:
-                    microbatch = microbatch.to(self.device)
-                    profile.count_microbatch(microbatch, self._rows(microbatch).num_tokens)
-                    with profile.timed("forward_s", self.device):
-                        loss, metrics = loss_fn(
-                            self._loss_input(microbatch, loss_fn),
-                            microbatch,
-                            norm.valid_seqs,
-                            norm.valid_toks,
-                            logprob_chunk_size=self.cfg.logprob_chunk_size,
-                        )
-                        loss, metrics = train_step.scaled_loss(loss, metrics, norm)
-                        if self.router_loss is not None and self._router_logits:
-                            share = 1.0 / (len(microbatches) * self.dp_size)  # of the step's mean router loss
-                            valid = microbatch.get("input_lengths") if not self.packed else None
-                            loss, metrics = self.router_loss.add_to(loss, metrics, self._router_logits, valid, share)
-                            self._router_logits = ()
-                    if not eval_mode:
-                        with profile.timed("backward_s", self.device):
-                            (loss * self.dp_size).backward()
-                    step_loss += loss.detach().double().cpu()
-                    metrics = {
-                        **metrics,
-                        "lr": self._lr(),
-                        **norm.reported_counts(),
-                    }
-                    for key, value in metrics.items():
-                        all_mb_metrics[key].append(value)
-                with profile.timed("optimizer_s", self.device):
-                    grad_norms.append(self._optimizer_step() if not eval_mode else torch.tensor(0.0))
-                if not eval_mode:
-                    self.optimizer_steps += 1
-                    if worker_setup.clear_cache_due(
-                        self.optimizer_steps, self.cfg.dtensor_cfg.clear_cache_every_n_steps
-                    ):
-                        self._empty_cache()
-                dist.all_reduce(step_loss, group=self.dp_group)
-                losses.append(step_loss.float())
-        if not eval_mode and self.scheduler is not None:
-            self.scheduler.step()
-        if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)  # gradients are not needed until the next train call
-        dtensor_parallel.reshard(self.model)  # an eval-mode pass leaves the root gathered, see `reshard`
-        worker_setup.release_freed_memory(self.device)
-        profile.peak_rss_bytes = peak_rss_bytes()
-        return {
-            "global_loss": torch.stack(losses) if losses else torch.zeros(0),
-            "grad_norm": torch.stack(grad_norms).float().cpu() if grad_norms else torch.zeros(0),
-            "all_mb_metrics": dict(all_mb_metrics),
-            "profile": profile,
-        }
+
+    def _zero_grad(self) -> None:
+        assert self.optimizer is not None, "train() needs a policy built with init_optimizer=True"
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _forward_backward(
+        self,
+        microbatches: list[BatchedDataDict],
+        loss_fn: LossFunction,
+        norm: train_step.StepNormalization,
+        eval_mode: bool,
+        profile: TrainProfile | None,
+    ) -> list[LossShare]:
+        assert profile is not None  # `_new_train_profile` makes one
+        shares: list[LossShare] = []
+        for microbatch in microbatches:
+            microbatch = microbatch.to(self.device)
+            profile.count_microbatch(microbatch, self._rows(microbatch).num_tokens)
+            with profile.timed("forward_s", self.device):
+                loss, metrics = loss_fn(
+                    self._loss_input(microbatch, loss_fn),
+                    microbatch,
+                    norm.valid_seqs,
+                    norm.valid_toks,
+                    logprob_chunk_size=self.cfg.logprob_chunk_size,
+                )
+                loss, metrics = train_step.scaled_loss(loss, metrics, norm)
+                if self.router_loss is not None and self._router_logits:
+                    share = 1.0 / (len(microbatches) * self.dp_size)  # of the step's mean router loss
+                    valid = microbatch.get("input_lengths") if not self.packed else None
+                    loss, metrics = self.router_loss.add_to(loss, metrics, self._router_logits, valid, share)
+                    self._router_logits = ()
+            if not eval_mode:
+                with profile.timed("backward_s", self.device):
+                    (loss * self.dp_size).backward()
+            shares.append((loss.detach().double().cpu(), metrics))
+        return shares
 
     def _optimizer_step(self) -> torch.Tensor:
         grad_norm = dtensor_parallel.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
@@ -481,32 +358,25 @@ class DTensorPolicyWorker(RefitSender):
             logger.warning("rank %d: non-finite grad norm %s; skipping this optimizer step", self.rank, grad_norm)
         return grad_norm.detach().cpu()
 
-    def _lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else 0.0
+    def _after_optimizer_step(self) -> None:
+        self.optimizer_steps += 1
+        if worker_setup.clear_cache_due(self.optimizer_steps, self.cfg.dtensor_cfg.clear_cache_every_n_steps):
+            self._empty_cache()
+
+    def _advance_scheduler(self) -> None:
+        self.scheduler.step()
+
+    def _after_train(self, profile: TrainProfile | None) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)  # gradients are not needed until the next train call
+        self._reshard()  # an eval-mode pass leaves the root gathered, see `reshard`
+        worker_setup.release_freed_memory(self.device)
+        assert profile is not None
+        profile.peak_rss_bytes = peak_rss_bytes()
 
     # ------------------------------------------------------------------ placement
-    def prepare_for_training(self) -> None:
-        self._move_model(self.device)
-        self._move_optimizer_state(self.device)
-        self.model.train()
-
-    def prepare_for_lp_inference(self) -> None:
-        self._move_model(self.device)
-        self.model.eval()
-
-    def finish_training(self) -> None:
-        """Nothing to release: the weights stay where they are until `offload_after_refit`."""
-
-    def offload_before_refit(self) -> None:
-        """Free accelerator memory for the refit: optimizer state moves to CPU (it is already there on CPU)."""
-        self._move_optimizer_state(torch.device("cpu"))
-        self._empty_cache()
-
-    def offload_after_refit(self) -> None:
-        """Free accelerator memory for colocated generation: the model moves to CPU until the next
-        ``prepare_for_*``. On a CPU-only machine both already live in CPU memory, so this does nothing."""
-        self._move_model(torch.device("cpu"))
-        self._empty_cache()
+    def _reshard(self) -> None:
+        dtensor_parallel.reshard(self.model)
 
     def _move_model(self, device: torch.device) -> None:
         if self.device.type == "cpu" or self.cfg.dtensor_cfg.cpu_offload:
@@ -521,6 +391,9 @@ class DTensorPolicyWorker(RefitSender):
                 if isinstance(value, torch.Tensor) and value.device != device:
                     state[key] = value.to(device, non_blocking=True)
 
+    def _free_cached_memory(self) -> None:
+        self._empty_cache()
+
     def _empty_cache(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -528,7 +401,6 @@ class DTensorPolicyWorker(RefitSender):
 
     # ------------------------------------------------------------------ weights for refit and export
     def prepare_refit_info(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
-        """``{hf_name: (full shape, dtype)}`` of what `get_full_state_dict_for_refit` returns (local, no collective)."""
         self._require_language_model("prepare_refit_info")
         return weights.refit_info(self.model, self.lora, self.dtype)
 
@@ -539,52 +411,35 @@ class DTensorPolicyWorker(RefitSender):
         state = weights.full_state_dict(self.model, self.lora)
         return weights.for_engines(self.model, state, self.dtype) if self.rank == 0 else None
 
-    # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(
-        self,
-        weights_path: str,
-        optimizer_path: str | None = None,
-        tokenizer_path: str | None = None,
-        save_hf_path: str | None = None,
-        save_hf_format: str = "safetensors",
-    ) -> None:
-        """Sharded DCP of the model (``{"model": ...}``, Hugging Face names) and, with ``optimizer_path``, of the
-        optimizer and scheduler; ``tokenizer.save_pretrained(tokenizer_path)``; a consolidated Hugging Face folder
-        at ``save_hf_path`` (fp32 master weights, ``save_hf_format`` as `save_consolidated_hf`'s ``save_format``).
-        A collective."""
-        dcp.save({"model": weights.checkpoint_model_state(self.model, self.lora)}, checkpoint_id=weights_path)
-        if optimizer_path is not None:
-            if self.optimizer is None:
-                raise RuntimeError("save_checkpoint: optimizer_path given but this policy has no optimizer")
-            dcp.save(self._optimizer_checkpoint_state(), checkpoint_id=optimizer_path)
-        if tokenizer_path is not None and self.rank == 0:
-            self.tokenizer.save_pretrained(tokenizer_path)
-        if save_hf_path is not None:
-            full_state = weights.full_state_dict(self.model, self.lora)
-            if self.rank == 0:
-                model_class = AutoModelForSequenceClassification if self.is_reward_model else AutoModelForCausalLM
-                save_consolidated_hf(
-                    full_state,
-                    cast(PretrainedConfig, self.model.config),
-                    save_hf_path,
-                    tokenizer=self.tokenizer,
-                    model_class=model_class,
-                    save_format=save_hf_format,
-                )
-        dist.barrier()
+    # ------------------------------------------------------------------ checkpoints: sharded DCP
+    def _save_weights(self, path: str) -> None:
+        dcp.save({"model": weights.checkpoint_model_state(self.model, self.lora)}, checkpoint_id=path)
 
-    def load_checkpoint(self, weights_path: str, optimizer_path: str | None = None) -> None:
-        """Load a `save_checkpoint` output, resharded to this run's layout (a collective)."""
+    def _save_optimizer(self, path: str) -> None:
+        dcp.save(self._optimizer_checkpoint_state(), checkpoint_id=path)
+
+    def _hf_export(self) -> tuple[dict[str, torch.Tensor], PretrainedConfig, Any] | None:
+        """fp32 master weights."""
+        full_state = weights.full_state_dict(self.model, self.lora)
+        if self.rank != 0:
+            return None
+        model_class = AutoModelForSequenceClassification if self.is_reward_model else AutoModelForCausalLM
+        return full_state, cast(PretrainedConfig, self.model.config), model_class
+
+    def _load_weights(self, path: str) -> None:
         model_state = {"model": weights.checkpoint_model_state(self.model, self.lora)}
-        dcp.load(model_state, checkpoint_id=weights_path)  # raises if the checkpoint lacks any of these keys
+        dcp.load(model_state, checkpoint_id=path)  # raises if the checkpoint lacks any of these keys
         set_model_state_dict(self.model, model_state["model"], options=StateDictOptions(strict=self.lora is None))
-        dtensor_parallel.reshard(self.model)
-        if optimizer_path is not None and self.optimizer is not None:
-            state = self._optimizer_checkpoint_state()
-            dcp.load(state, checkpoint_id=optimizer_path)
-            set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
-            if self.scheduler is not None:
-                self.scheduler.load_state_dict(state["scheduler"])
+        self._reshard()
+
+    def _load_optimizer(self, path: str | None) -> None:
+        if path is None:
+            return
+        state = self._optimizer_checkpoint_state()
+        dcp.load(state, checkpoint_id=path)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optim"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
 
     def _optimizer_checkpoint_state(self) -> dict[str, Any]:
         assert self.optimizer is not None and self.scheduler is not None
@@ -594,11 +449,4 @@ class DTensorPolicyWorker(RefitSender):
         }
 
     def has_router_aux_loss(self) -> bool:
-        """Whether training adds a router load-balancing loss (an MoE model, coefficient > 0): it depends on every
-        row that runs, so `Policy.train` then leaves no row out (`trained_rows`)."""
         return self.router_loss is not None and self.router_loss.coef > 0
-
-    def shutdown(self) -> bool:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return True
