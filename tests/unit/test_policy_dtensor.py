@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -30,6 +31,7 @@ from nemo_rl_clone.models.policy.config import (
 )
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.utils.config_validation import config_to_dict
+from tests.unit.policy_backend_plugin import PLUGIN_PATH
 from tests.unit.policy_reference import (
     LR,
     MAX_GRAD_NORM,
@@ -245,11 +247,15 @@ def context_parallel_two_workers(
 def bf16_two_workers(
     two_workers: dict[str, Any], cluster: RayVirtualCluster, model_path: str, tokenizer: Any, batch: BatchedDataDict
 ) -> dict[str, Any]:
-    """bf16 compute (FSDP mixed precision, fp32 master weights and gradient reduction) on 2 workers: one step."""
-    policy = Policy(cluster, policy_config(model_path, precision="bfloat16"), tokenizer, name_prefix="policy-bf16")
+    """bf16 compute (FSDP mixed precision, fp32 master weights and gradient reduction) on 2 workers: one step. The
+    workers come from a policy backend registered outside the package (`tests.unit.policy_backend_plugin`: the
+    DTensor worker under another class), chosen by ``policy.backend``."""
+    config = policy_config(model_path, precision="bfloat16", backend=PLUGIN_PATH)
+    policy = Policy(cluster, config, tokenizer, name_prefix="policy-bf16")
     try:
         record = {"logprobs": policy.get_logprobs(batch)["logprobs"], "step1": policy.train(batch, NLLLossFn())}
         record["refit_state"] = policy.get_full_state_dict_for_refit()
+        record["backend"] = ray.get(policy.worker_group.run_all_workers_single_data("backend_name"))
     finally:
         policy.shutdown()
     return record
@@ -432,7 +438,8 @@ def test_context_parallel_equals_the_unsplit_model(
 
 def test_bf16_mixed_precision_tracks_fp32(bf16_two_workers: dict, reference: dict) -> None:
     """bf16 compute with fp32 master weights and gradient reduction (measured: logprobs 4e-3, loss 4e-5 relative,
-    grad norm 2e-3 relative); refit tensors are the updated weights in bf16."""
+    grad norm 2e-3 relative); refit tensors are the updated weights in bf16. It trained through the plug-in backend."""
+    assert bf16_two_workers["backend"] == ["plugin", "plugin"]
     torch.testing.assert_close(bf16_two_workers["logprobs"], reference["initial_logprobs"], atol=2e-2, rtol=0)
     assert bf16_two_workers["step1"]["loss"].item() == pytest.approx(reference["steps"][0][0], rel=1e-3)
     assert bf16_two_workers["step1"]["grad_norm"].item() == pytest.approx(reference["steps"][0][1], rel=1e-2)

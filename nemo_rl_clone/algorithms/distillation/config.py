@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig, problems_as
-from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
-from nemo_rl_clone.algorithms.loss.distillation import DistillationLossConfig
+from nemo_rl_clone.algorithms.loss.registry import ClippedPGLossSection, DistillationLossSection
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
@@ -42,7 +41,7 @@ class DistillationMasterConfig:
     """Everything a distillation run reads; each section is validated by its own schema."""
 
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
-    loss_fn: DistillationLossConfig = field(default_factory=DistillationLossConfig)
+    loss_fn: DistillationLossSection = field(default_factory=DistillationLossSection)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     teacher: PolicyConfig = field(default_factory=PolicyConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -105,7 +104,7 @@ class DistillationMasterConfig:
         )
         return GRPOMasterConfig(
             grpo=grpo,
-            loss_fn=ClippedPGLossConfig(reference_policy_kl_penalty=0.0),
+            loss_fn=ClippedPGLossSection(reference_policy_kl_penalty=0.0),
             policy=self.policy,
             data=self.data,
             env=self.env,

@@ -8,7 +8,7 @@ from typing import Any
 
 from nemo_rl_clone.algorithms.dpo.config import DPOAlgorithm, DPOMasterConfig
 from nemo_rl_clone.algorithms.interfaces import Algorithm
-from nemo_rl_clone.algorithms.loss import DPOLossFn
+from nemo_rl_clone.algorithms.loss.registry import build_loss
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.loop import supervised_train
 from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_preference_run, preference_datasets
@@ -18,7 +18,7 @@ from nemo_rl_clone.utils.config_validation import as_config
 def setup(config: DPOMasterConfig | Mapping[str, Any]) -> SupervisedRun:
     """Tokenizer, preference data, logger, policy with a frozen reference; resumes from the latest checkpoint."""
     config = as_config(config, DPOMasterConfig)  # NeMo-RL passes its master config as a dict
-    return build_preference_run(config, DPOAlgorithm(DPOLossFn(config.dpo.loss_config())))
+    return build_preference_run(config, DPOAlgorithm(build_loss(None, "dpo", config.dpo.loss_config())))
 
 
 def dpo_train(run: SupervisedRun) -> None:

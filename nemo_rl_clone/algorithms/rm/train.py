@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nemo_rl_clone.algorithms.interfaces import Algorithm
-from nemo_rl_clone.algorithms.loss import PreferenceLossFn
+from nemo_rl_clone.algorithms.loss.registry import build_loss
 from nemo_rl_clone.algorithms.rm.config import RMAlgorithm, RMMasterConfig
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.loop import supervised_train
@@ -18,7 +18,7 @@ from nemo_rl_clone.utils.config_validation import as_config
 def setup(config: RMMasterConfig | Mapping[str, Any]) -> SupervisedRun:
     """Tokenizer, preference data, logger, reward model; resumes from the latest checkpoint."""
     config = as_config(config, RMMasterConfig)  # NeMo-RL passes its master config as a dict
-    return build_preference_run(config, RMAlgorithm(PreferenceLossFn()))
+    return build_preference_run(config, RMAlgorithm(build_loss(None, "preference")))
 
 
 def rm_train(run: SupervisedRun) -> None:

@@ -1,10 +1,10 @@
 """Pre-flight: every check of a validated config that needs the machine or the files it names, run by the entry
 points before Ray starts and before any log or checkpoint directory is created. Each check lives with its component
 (model sources in ``models/huggingface.py``, data files in ``data/checks.py``, optimizer and scheduler in
-``models/policy/workers/optim.py``, cluster shape and Ray's port in ``distributed/virtual_cluster.py``, directories in
-``utils/run_dirs.py``); this module composes them by the sections a config has, for GRPO, SFT, DPO, RM and
-evaluation alike. A run on a running Ray cluster (``RAY_ADDRESS``, ``ray job submit``) connects to it here, to check
-cluster.* against its nodes.
+``models/policy/workers/optim.py``, cluster shape in ``distributed/cluster_fit.py``, Ray's port in
+``distributed/ports.py``, directories in ``utils/run_dirs.py``); this module composes them by the sections a
+config has, for GRPO, SFT, DPO, RM and evaluation alike. A run on a running Ray cluster (``RAY_ADDRESS``, ``ray job
+submit``) connects to it here, to check cluster.* against its nodes.
 
     preflight(config)                     # raises UserInputError listing every problem, one line each
     with removed_if_run_start_fails(config):
@@ -89,8 +89,9 @@ def _directory_problems(config: Any) -> list[str]:
 def _cluster_problems(config: Any) -> list[str]:
     import torch
 
+    from nemo_rl_clone.distributed.cluster_fit import check_local_cluster_fits
     from nemo_rl_clone.distributed.ports import check_ray_port_free
-    from nemo_rl_clone.distributed.virtual_cluster import check_local_cluster_fits, starts_local_ray
+    from nemo_rl_clone.distributed.ray_startup import starts_local_ray
 
     shapes = _worker_shapes(config)
     use_gpus = torch.cuda.is_available()  # as the setups decide it
@@ -127,7 +128,8 @@ def _attached_cluster_problems(shapes: dict[str, tuple[int, int]], use_gpus: boo
     timeout (3 min) and then fails with a long message."""
     import ray
 
-    from nemo_rl_clone.distributed.virtual_cluster import check_cluster_shape, init_ray, ray_node_resources
+    from nemo_rl_clone.distributed.cluster_fit import check_cluster_shape, ray_node_resources
+    from nemo_rl_clone.distributed.ray_startup import init_ray
 
     init_ray()
     nodes = ray_node_resources()
@@ -159,6 +161,7 @@ def _other_model_problems(config: Any, section: str, model: Any) -> list[str]:
 
 def _policy_problems(config: Any, policy: Any) -> list[str]:
     from nemo_rl_clone.models.huggingface import check_model_source
+    from nemo_rl_clone.models.policy.backends import backend_spec, parallel_layout
     from nemo_rl_clone.models.policy.workers.optim import OptimizerConfigError, check_optimizer_and_scheduler
 
     problems = []
@@ -166,12 +169,8 @@ def _policy_problems(config: Any, policy: Any) -> list[str]:
     if model_problem is not None:
         problems.append(model_problem)
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
-    model_parallel = policy.model_parallel_size()
-    if policy.megatron_cfg.enabled:
-        divisor = "tensor_model_parallel_size * pipeline_model_parallel_size"
-        key = f"policy.megatron_cfg.{divisor}"
-    else:
-        key, divisor = "policy.dtensor_cfg.tensor_parallel_size", "tensor_parallel_size"
+    layout = parallel_layout(policy, backend_spec(policy))
+    model_parallel, key, divisor = layout.model_parallel_size, f"policy.{layout.divisor_key}", layout.divisor
     if workers % model_parallel:
         problems.append(f"{key}: {model_parallel} must divide the {workers} workers of cluster.*")
     elif policy.train_global_batch_size % (workers // model_parallel):

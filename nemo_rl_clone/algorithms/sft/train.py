@@ -7,7 +7,7 @@ from functools import partial
 from typing import Any
 
 from nemo_rl_clone.algorithms.interfaces import Algorithm
-from nemo_rl_clone.algorithms.loss import NLLLossFn
+from nemo_rl_clone.algorithms.loss.registry import build_loss
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.sft.config import SFTAlgorithm, SFTMasterConfig
 from nemo_rl_clone.algorithms.supervised.loop import supervised_train
@@ -27,7 +27,7 @@ def setup(config: SFTMasterConfig | Mapping[str, Any]) -> SupervisedRun:
         pad_token_id=tokenizer.pad_token_id,
         make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
     )
-    return build_supervised_run(config, SFTAlgorithm(NLLLossFn()), tokenizer, train, val, collate)
+    return build_supervised_run(config, SFTAlgorithm(build_loss(None, "nll")), tokenizer, train, val, collate)
 
 
 def sft_train(run: SupervisedRun) -> None:

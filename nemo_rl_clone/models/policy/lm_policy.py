@@ -22,13 +22,15 @@ import ray
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from nemo_rl_clone.algorithms.loss.interfaces import LossFunction
+from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S
 from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
 from nemo_rl_clone.models.huggingface import resolve_model_path
+from nemo_rl_clone.models.policy.backend_checks import capability_problems
+from nemo_rl_clone.models.policy.backends import backend_key, backend_spec, known_backend_spec, parallel_layout
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
 from nemo_rl_clone.models.policy.megatron.config import local_spec_notes
@@ -37,30 +39,9 @@ from nemo_rl_clone.models.policy.workers.optim import check_import_paths
 from nemo_rl_clone.models.policy.workers.reward_model import check_input_lengths, reward_model_error
 from nemo_rl_clone.models.policy.workers.topk_logits import check_k
 from nemo_rl_clone.models.policy.workers.trained_rows import trained_rows_for
-from nemo_rl_clone.utils.config_validation import as_config
-
-DTENSOR_WORKER = "nemo_rl_clone.models.policy.dtensor.policy_worker.DTensorPolicyWorker"
-MEGATRON_WORKER = "nemo_rl_clone.models.policy.megatron.policy_worker.MegatronPolicyWorker"
+from nemo_rl_clone.utils.config_validation import ConfigError, as_config
 
 logger = logging.getLogger(__name__)
-
-
-def _backend(config: PolicyConfig) -> tuple[str, str, int, int]:
-    """(worker class path, key, size of a replica's inner group, pipeline-parallel size) of the backend the config
-    enables (validation guarantees exactly one). The inner group (tensor- or context-parallel ranks) shares each
-    data-parallel shard; it is the sharding's "tensor_parallel" axis."""
-    if config.megatron_cfg.enabled:
-        mcfg = config.megatron_cfg
-        return (
-            MEGATRON_WORKER,
-            "megatron_cfg.tensor_model_parallel_size",
-            mcfg.tensor_model_parallel_size,
-            mcfg.pipeline_model_parallel_size,
-        )
-    dtensor = config.dtensor_cfg
-    if dtensor.context_parallel_size > 1:  # validation refuses it together with TP: one of the two is 1
-        return DTENSOR_WORKER, "dtensor_cfg.context_parallel_size", dtensor.context_parallel_size, 1
-    return DTENSOR_WORKER, "dtensor_cfg.tensor_parallel_size", dtensor.tensor_parallel_size, 1
 
 
 @dataclass
@@ -166,7 +147,13 @@ class Policy(ColocatablePolicyInterface):
         # Whether the model loads is pre-flight's check (`check_model_source`); here it is only resolved.
         model_path = resolve_model_path(self.cfg.model_name)
         world_size = cluster.world_size()
-        worker_class, tp_key, tp_size, pp_size = _backend(self.cfg)
+        self.backend = backend_spec(self.cfg)
+        # A registered backend's table was checked at validation; an import path's is checked here, once imported.
+        problems = [] if known_backend_spec(self.cfg) else capability_problems(self.cfg, self.backend)
+        if problems:
+            raise ConfigError([f"policy.{key}: {message}" for key, message in problems])
+        layout = parallel_layout(self.cfg, self.backend)
+        tp_key, tp_size, pp_size = layout.inner_key, layout.inner_size, layout.pipeline_size
         if world_size % (tp_size * pp_size):
             sizes = f"policy.{tp_key}={tp_size}"
             if pp_size > 1:
@@ -182,7 +169,7 @@ class Policy(ColocatablePolicyInterface):
             ["pipeline_parallel", "data_parallel", "tensor_parallel"],
         )
         builder = RayWorkerBuilder(
-            worker_class,
+            self.backend.worker,
             self.cfg,
             tokenizer,
             model_path,
@@ -191,7 +178,7 @@ class Policy(ColocatablePolicyInterface):
             init_optimizer=init_optimizer,
             init_reference_model=init_reference_model,
         )
-        backend_env = self.cfg.megatron_cfg.env_vars if self.cfg.megatron_cfg.enabled else self.cfg.dtensor_cfg.env_vars
+        backend_env = getattr(self.cfg, self.backend.section).env_vars
         if backend_env:
             env_vars = {**backend_env, **(env_vars or {})}
         self.worker_group = RayWorkerGroup(
@@ -219,11 +206,11 @@ class Policy(ColocatablePolicyInterface):
         """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}``: the ``k`` largest next-token logits
         at every position (largest first) and their vocab ids, 0 at positions ``>= input_lengths`` (layout:
         `nemo_rl_clone.models.policy.workers.topk_logits`). Needs ``input_ids`` and ``input_lengths``; sharded like
-        `get_logprobs`. The DTensor backend only: Megatron raises NotImplementedError."""
+        `get_logprobs`. A backend without ``topk_logits`` in its table (Megatron) raises NotImplementedError."""
         self._require_language_model("get_topk_logits")
-        if self.cfg.megatron_cfg.enabled:
+        if not self.backend.topk_logits:
             raise NotImplementedError(
-                "Policy.get_topk_logits is not supported yet with policy.megatron_cfg.enabled (a distillation "
+                f"Policy.get_topk_logits is not supported yet with policy.{backend_key(self.cfg)} (a distillation "
                 "teacher needs the DTensor backend: megatron_cfg.enabled=false, dtensor_cfg.enabled=true)"
             )
         check_k(k)
@@ -459,7 +446,7 @@ def _check_pairs_stay_together(config: PolicyConfig, rank_batch_size: int, mbs: 
 
 def _unused_settings(config: PolicyConfig) -> list[str]:
     """Settings of NeMo-RL recipes that validate but have no effect with this config, one log line each."""
-    if not config.megatron_cfg.enabled:
+    if backend_spec(config).section != "megatron_cfg":
         return []
     notes = local_spec_notes(config.megatron_cfg)
     if config.scheduler is not None:
