@@ -17,7 +17,6 @@ import time
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
@@ -25,6 +24,7 @@ from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.huggingface import SMOLLM2, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.lm_policy import Policy
+from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
 
 
 def make_policy(cluster: RayVirtualCluster, model_path: str, tokenizer) -> Policy:

@@ -23,7 +23,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from nemo_rl_clone.algorithms.grpo import replay
+    from nemo_rl_clone.algorithms.grpo.components import replay_loss
+    from nemo_rl_clone.rollout import replay
     from nemo_rl_clone.utils.errors import reporting_user_errors
 
     with reporting_user_errors():
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"not replayed: {bundle.start.get('summary', 'the weights the step started from were not saved')}")
             _print_nonfinite(broken_inputs)
             return 0
-        replayed = replay.replay(bundle)
+        replayed = replay.replay(bundle, replay_loss)
     print(f"replayed from {replay.describe_start(bundle)}; tolerance {replay.TOLERANCE:g} (relative above 1)")
     rows, notes = replay.comparison_rows(bundle, replayed)
     for line in replay.format_table(rows):

@@ -21,4 +21,8 @@ FACADES: dict[str, str] = {
     "nemo_rl_clone.algorithms.loss_configs": "nemo_rl_clone.algorithms.loss.configs",
     # our earlier path of the distillation loss
     "nemo_rl_clone.algorithms.distillation_loss": "nemo_rl_clone.algorithms.loss.distillation",
+    # NeMo-RL's path (nemo_rl.experience.rollouts)
+    "nemo_rl_clone.experience.rollouts": "nemo_rl_clone.rollout.multi_turn",
+    # NeMo-RL's path (nemo_rl.algorithms.reward_functions)
+    "nemo_rl_clone.algorithms.reward_functions": "nemo_rl_clone.rollout.rewards",
 }

@@ -265,7 +265,7 @@ def generate_and_score(
     from rich.console import Console
 
     from nemo_rl_clone.data.collate_fn import eval_collate_fn
-    from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
+    from nemo_rl_clone.rollout.multi_turn import run_multi_turn_rollout
 
     console = Console()
     n = config.eval.num_tests_per_prompt

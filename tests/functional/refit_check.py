@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.algorithms.loss import NLLLossFn
 from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
 from nemo_rl_clone.models.policy.config import OptimizerConfig, PolicyConfig
+from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
 
 PROMPTS = ["The capital of France is", "Hello", "def add(a, b):", "Once upon a time, in a land far away, there"]
 MAX_NEW_TOKENS = 16

@@ -10,7 +10,7 @@ import torch
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.experience.agent_rollouts import EXTRA_SAMPLES, _fit, expand_agent_samples
+from nemo_rl_clone.rollout.agent_rollouts import EXTRA_SAMPLES, _fit, expand_agent_samples
 from nemo_rl_clone.utils.config import load_validated_config
 from nemo_rl_clone.utils.config_validation import ConfigError
 

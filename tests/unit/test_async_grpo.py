@@ -1,4 +1,4 @@
-"""Async GRPO's replay buffer and trained-position bookkeeping (`algorithms/grpo/async_rollouts.py`), with threads as the
+"""Async GRPO's replay buffer and trained-position bookkeeping (`rollout/async_rollouts.py`), with threads as the
 collector and trainer use them. The whole loop on real engines is in tests/functional/test_grpo_async.py."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.grpo.async_rollouts import CollectorError, ReplayBuffer, TrainedPosition
-from nemo_rl_clone.algorithms.grpo.rollouts import StepRollouts
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.rollout.async_rollouts import CollectorError, ReplayBuffer, TrainedPosition
+from nemo_rl_clone.rollout.step_rollouts import StepRollouts
 
 
 def rollouts(version: int, prompts: int = 2, tag: int = 0) -> StepRollouts:

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig
-from nemo_rl_clone.algorithms.reward_functions import accuracy_reward, process_rewards
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.environments.interfaces import reward_component_keys
 from nemo_rl_clone.environments.math_multi_reward_environment import (
@@ -14,6 +13,7 @@ from nemo_rl_clone.environments.math_multi_reward_environment import (
     format_reward,
     tagged_answer,
 )
+from nemo_rl_clone.rollout.rewards import accuracy_reward, process_rewards
 from nemo_rl_clone.utils.config_validation import validate_config
 
 FORMATTED = "<think>\n6 * 7 = 42\n</think>\n<answer>42</answer>"

@@ -13,14 +13,15 @@ from nemo_rl_clone.algorithms.advantage_estimator import (
     adjacent_groups,
     baseline_and_std,
 )
-from nemo_rl_clone.algorithms.grpo.batches import combine_rollout_metrics, step_advantages
+from nemo_rl_clone.algorithms.grpo.advantages import step_advantages
 from nemo_rl_clone.algorithms.grpo.config import AdvEstimatorConfig, GRPOConfig
 from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
-from nemo_rl_clone.algorithms.reward_functions import overlong_penalty, scale_rewards
 from nemo_rl_clone.algorithms.utils import (
     groups_with_signal,
 )
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.rollout.batches import combine_rollout_metrics
+from nemo_rl_clone.rollout.rewards import overlong_penalty, scale_rewards
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 from nemo_rl_clone.utils.errors import UserInputError
 

@@ -17,7 +17,6 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.data.interfaces import merge_routing
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
@@ -25,6 +24,7 @@ from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.hf_export import save_consolidated_hf, to_checkpoint_layout
 from nemo_rl_clone.models.huggingface import TINY_QWEN3_MOE, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.dtensor import moe
+from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.utils.errors import UserInputError
 from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
 from tests.unit.test_vllm_refit import engine_vs_reference_gap

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
-from nemo_rl_clone.algorithms.grpo.batches import mask_logprob_mismatch, step_advantages
+from nemo_rl_clone.algorithms.grpo.advantages import mask_logprob_mismatch, step_advantages
 from nemo_rl_clone.algorithms.grpo.components import _validation_rows
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig

@@ -1,4 +1,4 @@
-"""Repro bundles (`grpo.repro`) and the replay's input handling (`grpo.replay`, examples/replay_step.py), without a run.
+"""Repro bundles (`rollout.repro`) and the replay's input handling (`rollout.replay`, examples/replay_step.py), without a run.
 
 The replay's recomputation itself is checked on a real run's bundle in tests/functional/test_grpo.py.
 """
@@ -16,10 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.grpo import repro
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig
-from nemo_rl_clone.algorithms.grpo.replay import close, nonfinite_samples
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.rollout import repro
+from nemo_rl_clone.rollout.replay import close, nonfinite_samples
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 from tests.scripts import entry_point_main

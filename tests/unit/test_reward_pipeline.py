@@ -1,4 +1,4 @@
-"""GRPO's reward pipeline in NeMo-RL v0.7.0's order (`algorithms/reward_functions.py`, `algorithms/grpo/batches.py`): scaling, then the overlong
+"""GRPO's reward pipeline in NeMo-RL v0.7.0's order (`rollout/rewards.py`, `rollout/batches.py`): scaling, then the overlong
 shaping; dynamic sampling judges the unshaped reward; `train/accuracy` counts the environment's reward, hand-computed
 numbers throughout."""
 
@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.grpo.batches import aggregate_train_metrics, select_groups
-from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, RewardScalingConfig, RewardShapingConfig
-from nemo_rl_clone.algorithms.reward_functions import process_rewards
+from nemo_rl_clone.algorithms.grpo.config import GRPOConfig
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.rollout.batches import aggregate_train_metrics, select_groups
+from nemo_rl_clone.rollout.config import RewardScalingConfig, RewardShapingConfig
+from nemo_rl_clone.rollout.rewards import process_rewards
 from nemo_rl_clone.utils.errors import UserInputError
 
 

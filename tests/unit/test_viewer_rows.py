@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nemo_rl_clone.algorithms.grpo.batches import build_train_batch
 from nemo_rl_clone.data.llm_message_utils import message_from_token_ids, observation_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
+from nemo_rl_clone.rollout.batches import build_train_batch
+from nemo_rl_clone.rollout.config import RewardedLoopConfig
 from nemo_rl_clone.utils.samples import sample_rows, token_texts
 
 ANSWER = "π ≈ 3.14, so the answer is 日本 ✓ café"
@@ -69,7 +70,7 @@ def _batch(tokenizer) -> BatchedDataDict:
 def _train_data(tokenizer, batch: BatchedDataDict, overlong_filtering: bool) -> BatchedDataDict:
     cfg = SimpleNamespace(
         policy=SimpleNamespace(make_sequence_length_divisible_by=8),
-        grpo=SimpleNamespace(overlong_filtering=overlong_filtering),
+        loop=RewardedLoopConfig(overlong_filtering=overlong_filtering),
     )
     return build_train_batch(batch, torch.tensor([0.5, -0.5]), tokenizer, cfg)
 

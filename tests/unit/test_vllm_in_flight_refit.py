@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import ray
 
-from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
 from tests.unit.test_vllm_refit import engine_vs_reference_gap
 from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, prompt_batch, tiny_config

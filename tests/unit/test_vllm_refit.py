@@ -27,12 +27,12 @@ import ray
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.environments.agent_runner import EpisodeResult, load_agent, run_episodes
 from nemo_rl_clone.models.generation.interfaces import RefitError
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.utils.timer import Timer
 from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
 from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, hf_logprobs, prompt_batch, tiny_config

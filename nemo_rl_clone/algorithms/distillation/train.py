@@ -21,17 +21,18 @@ import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from nemo_rl_clone.algorithms.distillation.config import DistillationConfig, DistillationMasterConfig
-from nemo_rl_clone.algorithms.grpo.batches import build_train_batch
 from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
 from nemo_rl_clone.algorithms.grpo.second_model import SecondModelAlgorithm, SyncRolloutSteps, setup_with_model
 from nemo_rl_clone.algorithms.grpo.train import step_performance
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-from nemo_rl_clone.algorithms.loss.distillation import DistillationLossFn
+from nemo_rl_clone.algorithms.loss.registry import build_loss
 from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results
+from nemo_rl_clone.contract.loss import LossFunction
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.lm_policy import Policy
+from nemo_rl_clone.rollout.batches import build_train_batch
 from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.progress import console, phase
@@ -62,7 +63,7 @@ class DistillationComponents:
     config: DistillationMasterConfig
     run: GRPOComponents  # the student's run: policy, vLLM engines, data, environments, logger, checkpoints, state
     teacher: Policy
-    loss_fn: DistillationLossFn
+    loss_fn: LossFunction
 
     def shutdown(self) -> None:
         self.teacher.shutdown()
@@ -87,7 +88,8 @@ def setup(config: DistillationMasterConfig | Mapping[str, Any]) -> DistillationC
             env_vars=env_vars,
         ),
     )
-    loss_fn = DistillationLossFn(config.loss_fn, TrainingSamplingParams.from_generation(config.policy.generation))
+    sampling = TrainingSamplingParams.from_generation(config.policy.generation)
+    loss_fn = build_loss(config.loss_fn.name, "distillation", config.loss_fn.loss_config(), sampling)
     return DistillationComponents(config, run, teacher, loss_fn)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,64 +12,31 @@ import datasets
 import torch
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
-from nemo_rl_clone.algorithms.grpo.refit import init_refit_collective, prepare_refit
-from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-from nemo_rl_clone.algorithms.loss import ClippedPGLossFn
-from nemo_rl_clone.algorithms.run.state import (
-    RunState,
-    check_checkpoint_model,
-    model_identity,
-    restore_run_state,
-    save_run_checkpoint,
-    set_seeds,
-)
+from nemo_rl_clone.algorithms.loss.registry import build_loss
+from nemo_rl_clone.algorithms.run.setup import setup_run
+from nemo_rl_clone.algorithms.run.state import RunState, save_run_checkpoint
+from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.data.datasets import DataError, load_dataset_by_name, load_dataset_from_config, seed_argument
 from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
 from nemo_rl_clone.data.interfaces import TaskDataSpec
-from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
+from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.environments import create_env
 from nemo_rl_clone.models.generation.factory import build_generation
 from nemo_rl_clone.models.generation.interfaces import GenerationInterface
 from nemo_rl_clone.models.policy.lm_policy import Policy
-from nemo_rl_clone.utils.checkpoint import CheckpointManager
-from nemo_rl_clone.utils.config import save_config
-from nemo_rl_clone.utils.config_validation import as_config, config_to_dict
-from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
+from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit
+from nemo_rl_clone.rollout.run import RolloutRun
+from nemo_rl_clone.utils.config_validation import as_config
 
 # GRPO's checkpointed state is the run state every algorithm shares.
 GRPOState = RunState
 
 
-@dataclass
-class GRPOComponents:
-    config: GRPOMasterConfig
-    tokenizer: Any
-    policy: Policy
-    generation: GenerationInterface
-    dataloader: StatefulPromptLoader
-    val_dataset: AllTaskProcessedDataset | None
-    task_to_env: dict[str, Any]
-    loss_fn: ClippedPGLossFn
-    logger: Logger
-    checkpointer: CheckpointManager
-    state: GRPOState
-    colocated: bool
-    log_dir: Path
-    clusters: list[RayVirtualCluster]
-
-    def shutdown(self) -> None:
-        import ray
-
-        self.generation.shutdown()
-        self.policy.shutdown()
-        for env in self.task_to_env.values():
-            ray.kill(env)
-        for cluster in self.clusters:
-            cluster.shutdown()
-        self.logger.finish()
+# GRPO's run: the rollout machinery's run with GRPO's config.
+GRPOComponents = RolloutRun[GRPOMasterConfig]
 
 
 def setup(
@@ -83,40 +49,36 @@ def setup(
     share the training cluster's bundles, e.g. a teacher policy) and ``run_config`` (the config that
     ``config.yaml`` and the logged hyperparameters hold instead of ``config``)."""
     config = as_config(config, GRPOMasterConfig)
-    set_seeds(config.grpo.seed)
-    log_dir = get_next_experiment_dir(config.logger.log_dir)
-    resolved = config_to_dict(config if run_config is None else run_config)
-    save_config(resolved, log_dir / "config.yaml")
-    run_logger = Logger(config.logger, log_dir)
-    run_logger.log_hyperparams(resolved)
-
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
-    dataloader, val_dataset = setup_data(config, tokenizer)
-    checkpointer = CheckpointManager(config.checkpointing, lock=config.checkpointing.enabled)
-    model = model_identity(config.policy.model_name, tokenizer, config.policy.backend)
-    check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
-    init_ray(log_dir=str(log_dir))
-    task_to_env = {name: create_env(name, env_cfg) for name, env_cfg in config.env.items()}
-
-    state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)
-
+    start = setup_run(
+        config if run_config is None else run_config,
+        config.grpo.seed,
+        tokenizer,
+        lambda: setup_data(config, tokenizer),
+        after_ray=lambda: {name: create_env(name, env_cfg) for name, env_cfg in config.env.items()},
+    )
     policy, generation, clusters, colocated = _setup_workers(
-        config, tokenizer, weights_path, optimizer_path, extra_worker_groups
+        config, tokenizer, start.weights_path, start.optimizer_path, extra_worker_groups
     )
     return GRPOComponents(
         config=config,
         tokenizer=tokenizer,
         policy=policy,
         generation=generation,
-        dataloader=dataloader,
-        val_dataset=val_dataset,
-        task_to_env=task_to_env,
-        loss_fn=ClippedPGLossFn(config.loss_fn, TrainingSamplingParams.from_generation(config.policy.generation)),
-        logger=run_logger,
-        checkpointer=checkpointer,
-        state=state,
+        dataloader=start.dataloader,
+        val_dataset=start.data,
+        task_to_env=start.services,
+        loss_fn=build_loss(
+            config.loss_fn.name,
+            "clipped_pg",
+            config.loss_fn.loss_config(),
+            TrainingSamplingParams.from_generation(config.policy.generation),
+        ),
+        logger=start.logger,
+        checkpointer=start.checkpointer,
+        state=start.state,
         colocated=colocated,
-        log_dir=log_dir,
+        log_dir=start.log_dir,
         clusters=clusters,
     )
 
@@ -185,39 +147,17 @@ def _setup_workers(
     optimizer_path: str | None,
     extra_worker_groups: int = 0,
 ) -> tuple[Policy, GenerationInterface, list[RayVirtualCluster], bool]:
-    """Colocated: one cluster, two worker groups time-sharing its bundles. Otherwise a cluster each."""
+    """The policy workers and the engines (they start while the policy workers load and shard the model), with the
+    refit path between them."""
     use_gpus = torch.cuda.is_available()
     gen_cfg = config.policy.generation
     assert gen_cfg is not None  # GRPOMasterConfig.check guarantees it
     colocated = gen_cfg.colocated.enabled
-    bundles = [config.cluster.gpus_per_node] * config.cluster.num_nodes
-    train_cluster = RayVirtualCluster(
-        bundles,
-        use_gpus=use_gpus,
-        max_colocated_worker_groups=(2 if colocated else 1) + extra_worker_groups,
-        num_gpus_per_node=config.cluster.gpus_per_node,
-        name="grpo_train",
-        port_range_low=config.cluster.master_port_range_low,
-        port_range_high=config.cluster.master_port_range_high,
-    )
-    clusters = [train_cluster]
+    clusters = _clusters(config, use_gpus, extra_worker_groups)
+    train_cluster, gen_cluster = clusters[0], clusters[-1]
     # On CPU, colocated groups take turns on the same cores: each may use all of them while it runs.
     shared = colocated or extra_worker_groups > 0
     threads = {} if use_gpus or not shared else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
-    if colocated:
-        gen_cluster = train_cluster
-    else:
-        resources = gen_cfg.colocated.resources
-        assert resources.gpus_per_node is not None and resources.num_nodes is not None  # ColocatedConfig.check
-        gen_cluster = RayVirtualCluster(
-            [resources.gpus_per_node] * resources.num_nodes,
-            use_gpus=use_gpus,
-            num_gpus_per_node=resources.gpus_per_node,
-            name="grpo_generation",
-            port_range_low=config.cluster.master_port_range_low,
-            port_range_high=config.cluster.master_port_range_high,
-        )
-        clusters.append(gen_cluster)
     policy = Policy(
         train_cluster,
         config.policy,
@@ -244,3 +184,46 @@ def _setup_workers(
     if not colocated:
         init_refit_collective(policy, generation, train_cluster)
     return policy, generation, clusters, colocated
+
+
+def _clusters(config: GRPOMasterConfig, use_gpus: bool, extra_worker_groups: int) -> list[RayVirtualCluster]:
+    """Colocated: one cluster, two worker groups time-sharing its bundles. Otherwise a cluster each (training
+    first, then generation)."""
+    gen_cfg = config.policy.generation
+    assert gen_cfg is not None  # GRPOMasterConfig.check guarantees it
+    colocated = gen_cfg.colocated.enabled
+    bundles = [config.cluster.gpus_per_node] * config.cluster.num_nodes
+    ports = {
+        "port_range_low": config.cluster.master_port_range_low,
+        "port_range_high": config.cluster.master_port_range_high,
+    }
+    train_cluster = RayVirtualCluster(
+        bundles,
+        use_gpus=use_gpus,
+        max_colocated_worker_groups=(2 if colocated else 1) + extra_worker_groups,
+        num_gpus_per_node=config.cluster.gpus_per_node,
+        name="grpo_train",
+        **ports,
+    )
+    if colocated:
+        return [train_cluster]
+    resources = gen_cfg.colocated.resources
+    assert resources.gpus_per_node is not None and resources.num_nodes is not None  # ColocatedConfig.check
+    gen_cluster = RayVirtualCluster(
+        [resources.gpus_per_node] * resources.num_nodes,
+        use_gpus=use_gpus,
+        num_gpus_per_node=resources.gpus_per_node,
+        name="grpo_generation",
+        **ports,
+    )
+    return [train_cluster, gen_cluster]
+
+
+def replay_loss(section: Mapping[str, Any], sampling: TrainingSamplingParams) -> Any:
+    """GRPO's loss from a repro bundle's ``loss_fn`` section (`rollout.replay.replay`'s ``make_loss``); raises
+    `ConfigError` on a bad key."""
+    from nemo_rl_clone.algorithms.loss.registry import ClippedPGLossSection
+    from nemo_rl_clone.utils.config_validation import validate_config
+
+    loss_cfg = validate_config(dict(section), ClippedPGLossSection)
+    return build_loss(loss_cfg.name, "clipped_pg", loss_cfg.loss_config(), sampling)

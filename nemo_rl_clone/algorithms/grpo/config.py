@@ -5,42 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nemo_rl_clone.algorithms.grpo.monitors import MonitorsConfig
-from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
+from nemo_rl_clone.algorithms.loss.registry import ClippedPGLossSection
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.rollout.config import RewardedLoopConfig, RolloutLoopConfig
+from nemo_rl_clone.rollout.monitors import MonitorsConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.imports import import_by_path
 from nemo_rl_clone.utils.logger import LoggerConfig
-
-
-@dataclass
-class RewardShapingConfig:
-    """DAPO-style overlong penalty: responses longer than max_response_length - buffer lose up to ``penalty``."""
-
-    enabled: bool = False
-    overlong_buffer_length: int = 128
-    overlong_buffer_penalty: float = 1.0
-    max_response_length: int | None = None
-    stop_properly_penalty_coef: float | None = None
-
-    def check(self) -> list[tuple[str, str]]:
-        problems = []
-        if self.enabled and self.max_response_length is None:
-            problems.append(("max_response_length", "required when reward_shaping.enabled is true"))
-        if self.stop_properly_penalty_coef is not None:
-            problems.append(
-                (
-                    "stop_properly_penalty_coef",
-                    "not supported yet: a penalty for responses that did not stop; use grpo.overlong_filtering or "
-                    "the overlong buffer penalty, and set it to null",
-                )
-            )
-        return problems
-
 
 # Built-in environments with one reward per sample (a user's env_class may return several: GDPO checks at run time).
 SINGLE_REWARD_ENVS = ("math", "reasoning_gym", "sliding_puzzle_game", "tool_use", "code", "reward_model", "agent")
@@ -98,24 +72,8 @@ class AdvEstimatorConfig:
 
 
 @dataclass
-class RewardScalingConfig:
-    """Linear map of rewards from [source_min, source_max] to [target_min, target_max] (clamped)."""
-
-    enabled: bool = False
-    source_min: float = 0.0
-    source_max: float = 1.0
-    target_min: float = 0.0
-    target_max: float = 1.0
-
-    def check(self) -> list[tuple[str, str]]:
-        if self.enabled and self.source_max <= self.source_min:
-            return [("source_max", f"must be > source_min ({self.source_max} <= {self.source_min})")]
-        return []
-
-
-@dataclass
 class AsyncGRPOConfig:
-    """Async GRPO (`nemo_rl_clone.algorithms.grpo.async_rollouts`): the engines generate the next steps' rollouts while the
+    """Async GRPO (`nemo_rl_clone.rollout.async_rollouts`): the engines generate the next steps' rollouts while the
     trainer trains, on rollouts at most ``max_trajectory_age_steps`` training steps old."""
 
     enabled: bool = False
@@ -147,33 +105,14 @@ class AsyncGRPOConfig:
 
 
 @dataclass
-class GRPOConfig:
-    num_prompts_per_step: int = 32
-    num_generations_per_prompt: int = 16
-    max_rollout_turns: int = 1
-    max_num_epochs: int = 1
-    max_num_steps: int = 1000000
+class GRPOConfig(RewardedLoopConfig):
+    """``grpo``: the shared loop keys (`RewardedLoopConfig`) and GRPO's own."""
+
     normalize_rewards: bool = True
     use_leave_one_out_baseline: bool = True
-    val_period: int = 10
-    val_at_start: bool = False
-    overlong_filtering: bool = False
-    # null (NeMo-RL's NeMo-Gym recipes): every validation row, in one batch.
-    max_val_samples: int | None = 256
-    val_batch_size: int | None = 256
-    seed: int = 42
-    use_dynamic_sampling: bool = False
-    dynamic_sampling_max_gen_batches: int = 10
     # Ours, not NeMo-RL's: when dynamic sampling finds too few groups with signal in time, fill the batch with groups
     # that train nothing instead of stopping the run (NeMo-RL's behaviour, the default).
     dynamic_sampling_fill_without_signal: bool = False
-    # With dynamic sampling, each generation batch draws int(num_prompts_per_step * batch_multiplier) prompts, so
-    # that enough groups with signal remain after filtering (NeMo-RL's key; without dynamic sampling it must be 1).
-    batch_multiplier: float = 1.0
-    val_at_end: bool = False
-    # NeMo-RL's switch to leave out the reference pass; it needs loss_fn.reference_policy_kl_penalty 0, where the
-    # pass is left out anyway here (the KL term is the only reader of the reference logprobs).
-    skip_reference_policy_logprobs_calculation: bool = False
     # Advantages are clamped into [advantage_clip_low, advantage_clip_high] (null: that side is open).
     advantage_clip_low: float | None = None
     advantage_clip_high: float | None = None
@@ -190,22 +129,10 @@ class GRPOConfig:
     # whose rewards are random on their own).
     allow_greedy_groups: bool = False
     adv_estimator: AdvEstimatorConfig = field(default_factory=AdvEstimatorConfig)
-    reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
-    reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
     async_grpo: AsyncGRPOConfig = field(default_factory=AsyncGRPOConfig)
 
     def check(self) -> list[tuple[str, str]]:
-        problems = check_at_least(
-            self,
-            1,
-            "num_prompts_per_step",
-            "num_generations_per_prompt",
-            "max_rollout_turns",
-            "max_num_epochs",
-            "max_num_steps",
-            "max_val_samples",
-            "val_batch_size",
-        )
+        problems = super().check()
         if self.async_grpo.enabled and self.use_dynamic_sampling:
             problems.append(
                 ("use_dynamic_sampling", "not supported with async GRPO (one prompt batch per step); set it to false")
@@ -238,9 +165,8 @@ class GRPOConfig:
         return problems
 
     @property
-    def prompts_per_generation_batch(self) -> int:
-        """Prompts per generation batch: ``num_prompts_per_step``, times ``batch_multiplier`` (rounded down)."""
-        return int(self.num_prompts_per_step * self.batch_multiplier)
+    def fills_without_signal(self) -> bool:
+        return self.dynamic_sampling_fill_without_signal
 
     @property
     def normalize(self) -> bool:
@@ -286,7 +212,7 @@ class GRPOMasterConfig:
     """Everything a GRPO run reads; each section is validated by its own schema."""
 
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    loss_fn: ClippedPGLossConfig = field(default_factory=ClippedPGLossConfig)
+    loss_fn: ClippedPGLossSection = field(default_factory=ClippedPGLossSection)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     data: DataConfig = field(default_factory=DataConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -297,6 +223,10 @@ class GRPOMasterConfig:
     # Not a NeMo-RL section: collapse warnings and monitor/* metrics (docs/monitors.md).
     monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
     on_policy_distillation: Any = None
+
+    @property
+    def loop(self) -> RolloutLoopConfig:
+        return self.grpo
 
     def check(self) -> list[tuple[str, str]]:
         problems = []

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 
 from nemo_rl_clone.algorithms.grpo.components import GRPOComponents, setup
-from nemo_rl_clone.algorithms.grpo.rollouts import SyncRollouts
 from nemo_rl_clone.algorithms.grpo.train import ALGORITHM as GRPO_ALGORITHM
 from nemo_rl_clone.algorithms.grpo.train import log_validation, response_token_share
 from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.run.loop import Schedule
 from nemo_rl_clone.models.policy.lm_policy import Policy
+from nemo_rl_clone.rollout.step_rollouts import SyncRollouts
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.timer import Timer
 

@@ -1,10 +1,10 @@
 """GRPO: generate → reward → advantages → logprobs → train → sync → validate → checkpoint → log (see docs/grpo.md).
 
 `GRPOSteps.train_step` is GRPO's step and reads top to bottom; the loop around it (schedule, validation, logging,
-checkpoints, signals) is every algorithm's `run.loop.train_loop`. Building the run lives in `grpo.components`, where
-rollouts come from (on demand, or from async GRPO's replay buffer) in `grpo.rollouts` / `grpo.async_rollouts`, the
-reward arithmetic in `algorithms.utils`, batch plumbing in `grpo.batches`, the collapse monitors in `grpo.monitors`, repro
-bundles in `grpo.repro`.
+checkpoints, signals) is every algorithm's `run.loop.train_loop`. Building the run lives in `grpo.components`, the
+step's advantages in `grpo.advantages`; the rollout machinery every RL algorithm shares is `nemo_rl_clone.rollout`:
+where rollouts come from (on demand, or from async GRPO's replay buffer) in `step_rollouts` / `async_rollouts`, batch
+plumbing in `batches`, the collapse monitors in `monitors`, repro bundles in `repro`.
 """
 
 from __future__ import annotations
@@ -15,25 +15,21 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo.async_rollouts import AsyncRollouts
-from nemo_rl_clone.algorithms.grpo.batches import (
-    aggregate_train_metrics,
-    build_train_batch,
-    mask_logprob_mismatch,
-    step_advantages,
-)
+from nemo_rl_clone.algorithms.grpo.advantages import mask_logprob_mismatch, step_advantages
 from nemo_rl_clone.algorithms.grpo.components import GRPOComponents, GRPOState, save_checkpoint, setup, setup_data
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.grpo.monitors import CollapseMonitors
-from nemo_rl_clone.algorithms.grpo.repro import ReproBundles
-from nemo_rl_clone.algorithms.grpo.rollouts import RolloutSource, SyncRollouts, roll_out
 from nemo_rl_clone.algorithms.interfaces import Algorithm
-from nemo_rl_clone.algorithms.reward_functions import accuracy_reward
 from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import run_validation
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
-from nemo_rl_clone.experience.agent_rollouts import expand_agent_samples
 from nemo_rl_clone.models.policy.workers.train_profile import memory_metrics, profile_metrics
+from nemo_rl_clone.rollout.agent_rollouts import expand_agent_samples
+from nemo_rl_clone.rollout.async_rollouts import AsyncRollouts
+from nemo_rl_clone.rollout.batches import aggregate_train_metrics, build_train_batch
+from nemo_rl_clone.rollout.monitors import CollapseMonitors
+from nemo_rl_clone.rollout.repro import ReproBundles
+from nemo_rl_clone.rollout.rewards import accuracy_reward
+from nemo_rl_clone.rollout.step_rollouts import RolloutSource, SyncRollouts, roll_out
 from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.samples import print_samples, sample_rows
 from nemo_rl_clone.utils.timer import Timer
@@ -60,7 +56,12 @@ class GRPOSteps:
         self.checkpointing, self.log_dir = cfg.checkpointing, c.log_dir
         grpo = cfg.grpo
         self.schedule = Schedule.for_rollouts("GRPO", grpo)
-        self.source: RolloutSource = AsyncRollouts(c) if grpo.async_grpo.enabled else SyncRollouts(c)
+        async_grpo = grpo.async_grpo
+        self.source: RolloutSource = (
+            AsyncRollouts(c, async_grpo.max_trajectory_age_steps, async_grpo.in_flight_weight_updates)
+            if async_grpo.enabled
+            else SyncRollouts(c)
+        )
         self.monitors = CollapseMonitors(cfg.monitors, grpo.num_generations_per_prompt, c.state.monitors)
         self.repro = ReproBundles(c, self.monitors.alerting)
 

@@ -3,7 +3,8 @@
 
 Keys come from NeMo-RL v0.7.0's ``examples/configs/ppo_math_1B.yaml`` and its ``recipes/llm/ppo-*.yaml``; defaults
 are those of NeMo-RL's ``PPOConfig`` / ``GAEConfig`` / ``MseValueLossConfig`` where they differ from the YAML.
-``reward_shaping`` and ``reward_scaling`` are GRPO's sections (NeMo-RL's PPO imports them from GRPO too).
+``reward_shaping`` and ``reward_scaling`` are the rewarded loops' sections (`nemo_rl_clone.rollout.config`; NeMo-RL's
+PPO imports them from GRPO).
 
 Refused when set to anything but their inert value (each names what it would switch on):
 ``adv_estimator.name: raw_reward`` (advantage = reward, no critic), ``use_dynamic_sampling: true`` and
@@ -15,19 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nemo_rl_clone.algorithms.grpo.config import (
-    GRPOConfig,
-    GRPOMasterConfig,
-    RewardScalingConfig,
-    RewardShapingConfig,
-    problems_as,
-)
-from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
+from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig, problems_as
+from nemo_rl_clone.algorithms.loss.registry import ClippedPGLossSection
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.policy.backends import backend_key, known_backend_spec
 from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY, PolicyConfig, RewardModelConfig
+from nemo_rl_clone.rollout.config import RewardedLoopConfig, RolloutLoopConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import LoggerConfig
@@ -99,50 +96,24 @@ class MseValueLossConfig:
 
 
 @dataclass
-class PPOConfig:
-    """``ppo``: the PPO loop's keys (NeMo-RL v0.7.0's names, its ``PPOConfig`` defaults)."""
+class PPOConfig(RewardedLoopConfig):
+    """``ppo``: the shared loop keys (`RewardedLoopConfig`, NeMo-RL's ``PPOConfig`` defaults) and PPO's own."""
 
-    num_prompts_per_step: int = 32
-    num_generations_per_prompt: int = 16
-    max_rollout_turns: int = 1
     max_num_epochs: int = 100000
     max_num_steps: int = 100000
+    val_period: int = 20
+    val_at_start: bool = True
+    # True by default in PPO (NeMo-RL): its recipes have no KL term; the run's master config pairs it with
+    # loss_fn.reference_policy_kl_penalty.
+    skip_reference_policy_logprobs_calculation: bool = True
     # Optimizer passes of the policy over each rollout batch.
     ppo_epochs: int = 4
     # Critic warm-up: steps 0 .. policy_training_start_step - 1 train only the value model.
     policy_training_start_step: int = 0
-    val_period: int = 20
-    val_at_start: bool = True
-    val_at_end: bool = False
-    overlong_filtering: bool = False
-    # null: every validation row, in one batch (as in the GRPO section).
-    max_val_samples: int | None = 256
-    val_batch_size: int | None = 256
-    seed: int = 42
-    use_dynamic_sampling: bool = False
-    dynamic_sampling_max_gen_batches: int = 10
-    batch_multiplier: float = 1.0
-    # True by default in PPO (NeMo-RL): its recipes have no KL term; the run's master config pairs it with
-    # loss_fn.reference_policy_kl_penalty.
-    skip_reference_policy_logprobs_calculation: bool = True
-    reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
     adv_estimator: GAEConfig = field(default_factory=GAEConfig)
-    reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
 
     def check(self) -> list[tuple[str, str]]:
-        problems = check_at_least(
-            self,
-            1,
-            "num_prompts_per_step",
-            "num_generations_per_prompt",
-            "max_rollout_turns",
-            "max_num_epochs",
-            "max_num_steps",
-            "ppo_epochs",
-            "max_val_samples",
-            "val_batch_size",
-            "dynamic_sampling_max_gen_batches",
-        )
+        problems = super().check() + check_at_least(self, 1, "ppo_epochs", "dynamic_sampling_max_gen_batches")
         problems += check_at_least(self, 0, "policy_training_start_step", "val_period")
         if self.use_dynamic_sampling:
             problems.append(
@@ -179,7 +150,7 @@ class PPOMasterConfig:
     every token)."""
 
     ppo: PPOConfig = field(default_factory=PPOConfig)
-    loss_fn: ClippedPGLossConfig = field(default_factory=lambda: ClippedPGLossConfig(reference_policy_kl_penalty=0.0))
+    loss_fn: ClippedPGLossSection = field(default_factory=lambda: ClippedPGLossSection(reference_policy_kl_penalty=0.0))
     value_loss_fn: MseValueLossConfig = field(default_factory=MseValueLossConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     value: PolicyConfig = field(default_factory=_value_section)
@@ -189,17 +160,23 @@ class PPOMasterConfig:
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
+    @property
+    def loop(self) -> RolloutLoopConfig:
+        return self.ppo
+
     def check(self) -> list[tuple[str, str]]:
         # The actor's run is a GRPO run with GAE advantages: its checks (batch sizes, generation, lengths,
         # environments, the KL term against skip_reference_policy_logprobs_calculation) apply under PPO's names.
         problems = problems_as("ppo", self.rollout_view().check())
         if "agent" in self.env:  # agent episodes train with GRPO only (docs/agents.md)
             problems.append(("env.agent", "not supported yet with PPO; agent runs use examples/run_grpo.py"))
-        value = self.value
-        if value.megatron_cfg.enabled:
+        value, critic_backend = self.value, known_backend_spec(self.value)
+        if critic_backend is not None and not critic_backend.value_head:
             # NeMo-RL's Megatron critic leaves reward_model_cfg off (its head is built another way): this is the
             # one line such a recipe gets.
-            problems.append(("value.megatron_cfg.enabled", "not supported yet: the critic runs on the DTensor backend"))
+            problems.append(
+                (f"value.{backend_key(value)}", "not supported yet: the critic runs on the DTensor backend")
+            )
         elif not (value.reward_model_cfg.enabled and value.reward_model_cfg.reward_model_type == "regression"):
             problems.append(
                 (
@@ -207,11 +184,12 @@ class PPOMasterConfig:
                     "the critic is a scalar head read at every token: set enabled: true, reward_model_type: regression",
                 )
             )
-        if self.policy.megatron_cfg.enabled:
+        actor_backend = known_backend_spec(self.policy)
+        if actor_backend is not None and not actor_backend.ppo_actor:
             # Untested there: the critic's warm-up steps leave the actor's distributed optimizer without a step, and
             # Megatron's optimizer state cannot be saved before its first step.
             problems.append(
-                ("policy.megatron_cfg.enabled", "not supported yet: PPO's actor runs on the DTensor backend")
+                (f"policy.{backend_key(self.policy)}", "not supported yet: PPO's actor runs on the DTensor backend")
             )
         if self.policy.reward_model_cfg.enabled:
             problems.append(("policy.reward_model_cfg.enabled", "must be false: the actor is a language model"))

@@ -31,16 +31,18 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo.batches import build_train_batch, training_metrics
 from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
 from nemo_rl_clone.algorithms.grpo.second_model import SecondModelAlgorithm, SyncRolloutSteps, setup_with_model
+from nemo_rl_clone.algorithms.loss.registry import build_loss
 from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
 from nemo_rl_clone.algorithms.ppo.gae import compute_advantages_and_returns, last_token_rewards
-from nemo_rl_clone.algorithms.ppo.value_loss import MseValueLossFn, explained_variance
+from nemo_rl_clone.algorithms.ppo.value_loss import explained_variance
 from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results
+from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.models.policy.lm_policy import Policy
+from nemo_rl_clone.rollout.batches import build_train_batch, training_metrics
 from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.progress import console, phase
 from nemo_rl_clone.utils.samples import sample_rows
@@ -57,7 +59,7 @@ class PPOComponents:
     config: PPOMasterConfig
     run: GRPOComponents  # the actor's run: policy, vLLM engines, data, environments, logger, checkpoints, state
     critic: Policy
-    value_loss_fn: MseValueLossFn
+    value_loss_fn: LossFunction
 
     def shutdown(self) -> None:
         self.critic.shutdown()
@@ -69,7 +71,7 @@ def setup(config: PPOMasterConfig | Any) -> PPOComponents:
     ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
     config = as_config(config, PPOMasterConfig)
     run, critic = setup_with_model(config, partial(_build_critic, config))
-    return PPOComponents(config, run, critic, MseValueLossFn(config.value_loss_fn))
+    return PPOComponents(config, run, critic, build_loss(None, "mse_value", config.value_loss_fn))
 
 
 def _build_critic(config: PPOMasterConfig, run: GRPOComponents, env_vars: dict[str, str]) -> Policy:

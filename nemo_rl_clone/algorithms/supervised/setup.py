@@ -13,21 +13,14 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.run.state import (
-    RunState,
-    check_checkpoint_model,
-    model_identity,
-    restore_run_state,
-    set_seeds,
-)
+from nemo_rl_clone.algorithms.run.setup import RunStart, setup_run
+from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
 from nemo_rl_clone.data.dataloader import IndexedDataset, StatefulPromptLoader
 from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
-from nemo_rl_clone.utils.config import save_config
-from nemo_rl_clone.utils.config_validation import config_to_dict
-from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
+from nemo_rl_clone.utils.logger import Logger
 
 
 @dataclass
@@ -63,10 +56,6 @@ def build_supervised_run(
     collate_fn: Callable[[list[Any]], BatchedDataDict],
 ) -> SupervisedRun:
     """Logger, loaders, checkpoint state (resumed from ``checkpointing.checkpoint_dir`` if it holds one), policy."""
-    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
-    from nemo_rl_clone.models.policy.backends import policy_backend
-    from nemo_rl_clone.models.policy.lm_policy import Policy
-
     section = algorithm.section
     loop: SupervisedLoopConfig = getattr(config, section)
     gbs = config.policy.train_global_batch_size
@@ -76,26 +65,46 @@ def build_supervised_run(
             f"data.dataset_name={config.data.dataset_name!r} has only {len(train_dataset)}"
         )
     val_batches = validation_batches(val_dataset, loop, collate_fn, section)
-    set_seeds(loop.seed)
-    log_dir = get_next_experiment_dir(config.logger.log_dir)
-    resolved = config_to_dict(config)
-    save_config(resolved, log_dir / "config.yaml")
-    run_logger = Logger(config.logger, log_dir)
-    run_logger.log_hyperparams(resolved)
-    dataloader = StatefulPromptLoader(train_dataset, gbs, collate_fn, shuffle=config.data.shuffle, seed=loop.seed)
+    start = setup_run(
+        config,
+        loop.seed,
+        tokenizer,
+        lambda: (
+            StatefulPromptLoader(train_dataset, gbs, collate_fn, shuffle=config.data.shuffle, seed=loop.seed),
+            None,
+        ),
+    )
+    policy, cluster = _build_policy(config, algorithm, tokenizer, start)
+    return SupervisedRun(
+        config=config,
+        loop=loop,
+        algorithm=algorithm,
+        tokenizer=tokenizer,
+        policy=policy,
+        dataloader=start.dataloader,
+        val_batches=val_batches,
+        logger=start.logger,
+        checkpointer=start.checkpointer,
+        state=start.state,
+        log_dir=start.log_dir,
+        cluster=cluster,
+    )
 
-    checkpointer = CheckpointManager(config.checkpointing, lock=config.checkpointing.enabled)
-    model = model_identity(config.policy.model_name, tokenizer, policy_backend(config.policy))
-    check_checkpoint_model(checkpointer, model)  # a checkpoint of another model fails here, before Ray starts
-    init_ray(log_dir=str(log_dir))
-    state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)
+
+def _build_policy(
+    config: Any, algorithm: SupervisedAlgorithm, tokenizer: Any, start: RunStart[None]
+) -> tuple[Any, Any]:
+    """(policy, its cluster): one worker group on all the run's bundles, from the restored weights if any."""
+    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+    from nemo_rl_clone.models.policy.lm_policy import Policy
+
     use_gpus = torch.cuda.is_available()
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
     cluster = RayVirtualCluster(
         [config.cluster.gpus_per_node] * config.cluster.num_nodes,
         use_gpus=use_gpus,
         num_gpus_per_node=config.cluster.gpus_per_node,
-        name=f"{section}_cluster",
+        name=f"{algorithm.section}_cluster",
         port_range_low=config.cluster.master_port_range_low,
         port_range_high=config.cluster.master_port_range_high,
     )
@@ -105,25 +114,12 @@ def build_supervised_run(
         cluster,
         config.policy,
         tokenizer,
-        weights_path=weights_path,
-        optimizer_path=optimizer_path,
+        weights_path=start.weights_path,
+        optimizer_path=start.optimizer_path,
         init_reference_model=algorithm.needs_reference_model,
         env_vars=threads,
     )
-    return SupervisedRun(
-        config=config,
-        loop=loop,
-        algorithm=algorithm,
-        tokenizer=tokenizer,
-        policy=policy,
-        dataloader=dataloader,
-        val_batches=val_batches,
-        logger=run_logger,
-        checkpointer=checkpointer,
-        state=state,
-        log_dir=log_dir,
-        cluster=cluster,
-    )
+    return policy, cluster
 
 
 def build_preference_run(config: Any, algorithm: PreferenceAlgorithm) -> SupervisedRun:

@@ -11,7 +11,7 @@ Batch formats (`BatchedDataDict`):
   limit). ``W >= S``. An engine that records routing (MoE router replay) adds ``routed_experts``
   ``[B, W, layers, k]`` int16: the experts each position's token was routed to, -1 where none (`data.interfaces.pad_routing`).
 
-Refit: the algorithm (``algorithms/grpo/refit.py``) moves weights from a policy to a generation backend through
+Refit: the algorithm (``rollout/refit.py``) moves weights from a policy to a generation backend through
 `prepare_refit_info`, `update_weights_from_state_dict` (colocated) or `init_collective` +
 `update_weights_from_collective` (non-colocated). Policy and generation never import each other.
 """

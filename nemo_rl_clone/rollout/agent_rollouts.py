@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.environments.agent_runner import EpisodeResult, failure_metrics
 from nemo_rl_clone.environments.agent_trajectory import episode_samples, first_context_break
-from nemo_rl_clone.experience.rollouts import GENERATION_LOGPROBS
+from nemo_rl_clone.rollout.multi_turn import GENERATION_LOGPROBS
 
 EXTRA_SAMPLES = "agent_extra_samples"
 

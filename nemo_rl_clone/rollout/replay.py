@@ -1,4 +1,4 @@
-"""Replay of a repro bundle (`grpo.repro`): one GRPO step's training call recomputed on CPU, in one process.
+"""Replay of a repro bundle (`rollout.repro`): one GRPO step's training call recomputed on CPU, in one process.
 
 The policy worker the run trained with (`DTensorPolicyWorker`, world size 1) loads the weights the step started
 from, recomputes the trainer logprobs of the step's batch the way `Policy.get_logprobs` does and runs the step's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import yaml
 
-from nemo_rl_clone.algorithms.grpo import repro
+from nemo_rl_clone.rollout import repro
 from nemo_rl_clone.utils.errors import UserInputError
 
 # |recomputed - logged| <= TOLERANCE * max(1, |logged|): absolute below 1, relative above (fp32, same machine).
@@ -128,15 +128,16 @@ class Replayed:
 
 def policy_config(bundle: Bundle) -> Any:
     """The run's ``policy`` section re-laid out for one process (no tensor/context parallelism, nothing offloaded)."""
+    from nemo_rl_clone.models.policy.backends import backend_key, backend_spec
     from nemo_rl_clone.models.policy.config import PolicyConfig
     from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
     section = dict(bundle.config["policy"])
-    megatron = section.get("megatron_cfg")
-    if isinstance(megatron, dict) and megatron.get("enabled"):
+    backend = backend_spec(section)
+    if not backend.step_replay:
         raise ReplayError(
-            f"{bundle.path}: the run used the Megatron backend (policy.megatron_cfg.enabled); the replay supports "
-            "the DTensor backend only"
+            f"{bundle.path}: the run used the {backend.title} backend (policy.{backend_key(section)}); the replay "
+            "supports the DTensor backend only"
         )
     dtensor = dict(section.get("dtensor_cfg") or {})
     dtensor.update(tensor_parallel_size=1, context_parallel_size=1, cpu_offload=False)
@@ -146,21 +147,22 @@ def policy_config(bundle: Bundle) -> Any:
         raise ReplayError(f"{bundle.path / repro.CONFIG_FILE}: policy.{err.problems[0]}") from None
 
 
-def replay(bundle: Bundle) -> Replayed:
-    """Recompute the step's trainer logprobs and training call from its start weights (see the module doc)."""
-    from nemo_rl_clone.algorithms.grpo.batches import training_metrics
-    from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
-    from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig, ClippedPGLossFn
+def replay(bundle: Bundle, make_loss: Callable[[Mapping[str, Any], Any], Any]) -> Replayed:
+    """Recompute the step's trainer logprobs and training call from its start weights (see the module doc).
+    ``make_loss(loss_fn section, sampling params)`` builds the run's loss (the algorithm that wrote the bundle knows
+    which); a `ConfigError` it raises names the bad key."""
+    from nemo_rl_clone.contract.sampling import TrainingSamplingParams
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.models.huggingface import check_model_available
     from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
     from nemo_rl_clone.models.policy.lm_policy import TrainPlan, merge_shards, shard_batch
     from nemo_rl_clone.models.policy.workers import worker_setup
-    from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
+    from nemo_rl_clone.rollout.batches import training_metrics
+    from nemo_rl_clone.utils.config_validation import ConfigError
 
     cfg = policy_config(bundle)
     try:
-        loss_cfg = validate_config(bundle.config.get("loss_fn") or {}, ClippedPGLossConfig)
+        loss_fn = make_loss(bundle.config.get("loss_fn") or {}, TrainingSamplingParams.from_generation(cfg.generation))
     except ConfigError as err:
         raise ReplayError(f"{bundle.path / repro.CONFIG_FILE}: loss_fn.{err.problems[0]}") from None
     weights = optimizer = None
@@ -192,7 +194,6 @@ def replay(bundle: Bundle) -> Replayed:
         data = BatchedDataDict({k: v for k, v in bundle.batch.items() if k != "rewards"})
         shards, order = shard_batch(cfg, 1, data, "logprob", allow_uneven_shards=True)
         logprobs = merge_shards([worker.get_logprobs(shard) for shard in shards], order)["logprobs"]
-        loss_fn = ClippedPGLossFn(loss_cfg, TrainingSamplingParams.from_generation(cfg.generation))
         gbs, mbs = cfg.train_global_batch_size, cfg.train_micro_batch_size
         plan = TrainPlan.make(cfg, 1, data, loss_fn, gbs, mbs, router_aux_loss=worker.has_router_aux_loss())
         result = plan.result([worker.train(plan.shards[0], **plan.kwargs)])

@@ -17,20 +17,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo.batches import combine_rollout_metrics, generation_seeds, select_groups
-from nemo_rl_clone.algorithms.grpo.refit import refit_policy_generation
-from nemo_rl_clone.algorithms.reward_functions import process_rewards
-from nemo_rl_clone.algorithms.utils import groups_with_signal
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.experience.agent_rollouts import run_agent_rollout
-from nemo_rl_clone.experience.rollouts import run_multi_turn_rollout
+from nemo_rl_clone.rollout.agent_rollouts import run_agent_rollout
+from nemo_rl_clone.rollout.batches import combine_rollout_metrics, generation_seeds, select_groups
+from nemo_rl_clone.rollout.config import reward_keys
+from nemo_rl_clone.rollout.metrics import groups_with_signal
+from nemo_rl_clone.rollout.multi_turn import run_multi_turn_rollout
+from nemo_rl_clone.rollout.refit import refit_policy_generation
+from nemo_rl_clone.rollout.rewards import process_rewards
 from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.timer import Timer
 
 AGENT = "agent"  # the env section whose agent plays whole episodes (env.agent)
 
 if TYPE_CHECKING:
-    from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
+    from nemo_rl_clone.rollout.run import RolloutRun
 
 
 @dataclass
@@ -56,27 +57,28 @@ class StepRollouts:
 
 
 def generate_step_rollouts(
-    c: GRPOComponents, step: int, batches: Iterator[BatchedDataDict], weight_version: int
+    c: RolloutRun, step: int, batches: Iterator[BatchedDataDict], weight_version: int
 ) -> StepRollouts:
     """Steps 1-4 of GRPO for ``step``: prompts × generations, rollouts, reward scaling then shaping (repeated while
     dynamic sampling still lacks groups whose unshaped rewards differ). Sampling seeds depend on (seed, step, batch, row)
     only, so a step's samples do not depend on which source generated them."""
-    cfg, timer = c.config, Timer()
-    group_size = cfg.grpo.num_generations_per_prompt
+    loop, timer = c.config.loop, Timer()
+    cfg = reward_keys(loop)
+    group_size = loop.num_generations_per_prompt
     rollouts, rewards, unshaped, per_batch_metrics = [], [], [], []
-    for gen_batch in range(cfg.grpo.dynamic_sampling_max_gen_batches if cfg.grpo.use_dynamic_sampling else 1):
+    for gen_batch in range(cfg.dynamic_sampling_max_gen_batches if cfg.use_dynamic_sampling else 1):
         prompts = next(batches).repeat_interleave(group_size)
-        prompts["seeds"] = generation_seeds(cfg.grpo.seed, step, gen_batch, prompts.size)
+        prompts["seeds"] = generation_seeds(loop.seed, step, gen_batch, prompts.size)
         with timer.time("generation"):
             batch, batch_metrics = roll_out(c, prompts)
         rollouts.append(batch)
-        shaped, before_shaping = process_rewards(batch, cfg.grpo)
+        shaped, before_shaping = process_rewards(batch, cfg)
         rewards.append(shaped)
         unshaped.append(before_shaping)
         per_batch_metrics.append(batch_metrics)
-        if not cfg.grpo.use_dynamic_sampling:
+        if not cfg.use_dynamic_sampling:
             break
-        if int(groups_with_signal(torch.cat(unshaped), group_size).sum()) >= cfg.grpo.num_prompts_per_step:
+        if int(groups_with_signal(torch.cat(unshaped), group_size).sum()) >= loop.num_prompts_per_step:
             break
     loader_state = c.dataloader.state_dict()
     generation_performance = c.generation.take_performance_metrics()
@@ -84,15 +86,13 @@ def generate_step_rollouts(
     batch = BatchedDataDict.from_batches(rollouts) if len(rollouts) > 1 else rollouts[0]
     step_rewards, signal_rewards = torch.cat(rewards), torch.cat(unshaped)
     sampling_metrics: dict[str, float] = {}
-    if cfg.grpo.use_dynamic_sampling:
-        surplus = int(groups_with_signal(signal_rewards, group_size).sum()) - cfg.grpo.num_prompts_per_step
+    if cfg.use_dynamic_sampling:
+        surplus = int(groups_with_signal(signal_rewards, group_size).sum()) - loop.num_prompts_per_step
         sampling_metrics = {
             "dynamic_sampling_num_gen_batches": float(len(rollouts)),
             "dynamic_sampling_num_discarded_valid_samples": float(max(0, surplus) * group_size),
         }
-        rows = select_groups(
-            signal_rewards, group_size, cfg.grpo.num_prompts_per_step, cfg.grpo.dynamic_sampling_fill_without_signal
-        )
+        rows = select_groups(signal_rewards, group_size, loop.num_prompts_per_step, loop.fills_without_signal)
         batch, step_rewards = batch.select_indices(rows), step_rewards[rows]
     return StepRollouts(
         batch=batch,
@@ -107,7 +107,7 @@ def generate_step_rollouts(
     )
 
 
-def roll_out(c: GRPOComponents, prompts: BatchedDataDict) -> tuple[BatchedDataDict, dict[str, float]]:
+def roll_out(c: RolloutRun, prompts: BatchedDataDict) -> tuple[BatchedDataDict, dict[str, float]]:
     """One rollout of ``prompts`` (single- or multi-turn) with the engines as they are: (final batch, metrics)."""
     cfg = c.config
     c.generation.prepare_for_generation()
@@ -122,7 +122,7 @@ def roll_out(c: GRPOComponents, prompts: BatchedDataDict) -> tuple[BatchedDataDi
             c.tokenizer,
             c.task_to_env,
             max_seq_len=cfg.policy.max_total_sequence_length,
-            max_rollout_turns=cfg.grpo.max_rollout_turns,
+            max_rollout_turns=cfg.loop.max_rollout_turns,
         )
     c.generation.finish_generation()
     return batch, metrics
@@ -143,7 +143,7 @@ class RolloutSource(Protocol):
 class SyncRollouts:
     """Synchronous GRPO: every step generates with the weights the previous step trained."""
 
-    def __init__(self, c: GRPOComponents) -> None:
+    def __init__(self, c: RolloutRun) -> None:
         self.c = c
         self.batches = iter(c.dataloader)
         self.weights_stale = c.state.step > 0  # a resumed policy differs from the model the engines loaded
@@ -174,7 +174,7 @@ class SyncRollouts:
             self.weights_stale = False
 
 
-def refit(c: GRPOComponents, timer: Timer | None) -> float:
+def refit(c: RolloutRun, timer: Timer | None) -> float:
     """Copy the policy's weights into the engines (``policy.refit_buffer_size_gb`` bounds the transfer buckets)."""
     buffer_gb = c.config.policy.refit_buffer_size_gb
     bucket = {"bucket_bytes": int(buffer_gb * 2**30)} if buffer_gb else {}

@@ -30,13 +30,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_clone.algorithms.grpo.rollouts import StepRollouts, generate_step_rollouts, refit
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.rollout.step_rollouts import StepRollouts, generate_step_rollouts, refit
 from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.timer import Timer
 
 if TYPE_CHECKING:
-    from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
+    from nemo_rl_clone.rollout.run import RolloutRun
 
 # Waits wake up this often to notice a stop or a collector failure (and to let Ctrl-C through).
 _POLL_S = 0.2
@@ -130,10 +130,10 @@ class TrainedPosition:
 class AsyncRollouts:
     """The async `RolloutSource`: a collector thread feeding a `ReplayBuffer` (module docstring)."""
 
-    def __init__(self, c: GRPOComponents) -> None:
+    def __init__(self, c: RolloutRun, max_age: int, in_flight: bool) -> None:
         self.c = c
-        self.max_age = c.config.grpo.async_grpo.max_trajectory_age_steps
-        self.in_flight = c.config.grpo.async_grpo.in_flight_weight_updates
+        self.max_age = max_age  # max_trajectory_age_steps
+        self.in_flight = in_flight  # in_flight_weight_updates
         self.buffer = ReplayBuffer(self.max_age)
         self.position = TrainedPosition(c.dataloader)
         self.engine_lock = threading.Lock()  # held by the collector for one rollout batch, by refit and validation
@@ -212,7 +212,7 @@ class AsyncRollouts:
         self._thread.start()
 
     def _collect(self) -> None:
-        cfg = self.c.config.grpo
+        cfg = self.c.config.loop
         loader = self.c.dataloader
         batches = iter(loader)
         target = self.c.state.step + 1

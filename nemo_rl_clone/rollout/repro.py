@@ -11,7 +11,7 @@ enters its alert state, or when ``grpo.dump_steps`` lists it:
 - ``checkpoint/``: hard links to the files of checkpoint ``step_{N-1}`` (copies across filesystems), so that
   ``keep_top_k`` pruning cannot take the weights away. Step 1 starts from ``policy.model_name`` itself.
 
-``examples/replay_step.py`` reads a bundle (`nemo_rl_clone.algorithms.grpo.replay`). Writing one never stops the run:
+``examples/replay_step.py`` reads a bundle (`nemo_rl_clone.rollout.replay`). Writing one never stops the run:
 a failure is one warning line.
 """
 
@@ -36,8 +36,8 @@ from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.progress import console
 
 if TYPE_CHECKING:
-    from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+    from nemo_rl_clone.rollout.run import RolloutRun
 
 REPRO_DIR = "repro"
 BUNDLE_FILE, CONFIG_FILE, VERSIONS_FILE = "bundle.json", "config.yaml", "versions.json"
@@ -75,8 +75,8 @@ def bundle_reasons(
 class ReproBundles:
     """The GRPO loop's bundle writer: `after_step` once per step, `wants_checkpoint` in the save decision."""
 
-    def __init__(self, c: GRPOComponents, alerting: Mapping[str, bool]) -> None:
-        self.c = c
+    def __init__(self, c: RolloutRun[Any], alerting: Mapping[str, bool]) -> None:
+        self.c = c  # a GRPO run: it reads ``grpo.dump_steps``
         self.alerting = dict(alerting)  # the monitors' alert states before the next step
         self.unplanned = 0
         self._versions: dict[str, Any] | None = None

@@ -1,8 +1,5 @@
-"""Batch plumbing of a GRPO step: rewards from rollouts, the training batch, metric aggregation.
-
-The sample rows of the dumps live in `nemo_rl_clone.utils.samples`; they are re-exported here for the callers that
-import them from this module.
-"""
+"""Batch plumbing of a rollout step: sampling seeds, dynamic sampling's group choice, the training batch, metric
+aggregation."""
 
 from __future__ import annotations
 
@@ -11,23 +8,12 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.advantage_estimator import ESTIMATORS, AdvantageEstimator, adjacent_groups
-from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
-from nemo_rl_clone.algorithms.reward_functions import response_length
-from nemo_rl_clone.algorithms.utils import (
-    combine_batches,
-    groups_with_signal,
-    masked_mean,
-    reduce_train_results,
-)
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS, pad_routing
 from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.rollout.config import RolloutRunConfig, reward_keys
+from nemo_rl_clone.rollout.metrics import combine_batches, groups_with_signal, reduce_train_results
 from nemo_rl_clone.utils.errors import UserInputError
-from nemo_rl_clone.utils.imports import import_by_path
-
-# Re-exported (the `as` form tells ruff so): grpo/train.py and distillation/train.py import them from here.
 
 # Loss metrics are each microbatch's share of the global mean (the call contract in `loss_functions`), so they add
 # up over microbatches.
@@ -55,22 +41,6 @@ def generation_seeds(seed: int, step: int, gen_batch: int, size: int) -> list[in
     return [base + i for i in range(size)]
 
 
-def advantage_estimator(cfg: GRPOConfig, loss_config: ClippedPGLossConfig | None = None) -> AdvantageEstimator:
-    """The estimator ``grpo.adv_estimator.name`` names (built in, or a user's class by its dotted path), built as
-    NeMo-RL builds it: from the ``adv_estimator`` keys, the flat ``grpo.*`` switches filled in, and the loss config
-    (the one place estimators are built)."""
-    est = cfg.adv_estimator
-    estimator_config = {
-        "name": est.name,
-        "normalize_rewards": cfg.normalize,
-        "use_leave_one_out_baseline": cfg.leave_one_out,
-        "minus_baseline": est.minus_baseline,
-        "std": est.std,
-    }
-    estimator_class = ESTIMATORS.get(est.name) or import_by_path(est.name)
-    return estimator_class(estimator_config, ClippedPGLossConfig() if loss_config is None else loss_config)
-
-
 def training_sample_mask(batch: BatchedDataDict, overlong_filtering: bool) -> torch.Tensor:
     """``[B]`` 1 for the samples that train, 0 for the others (loss multiplier 0, or truncated with
     ``overlong_filtering``: a truncated response has no trustworthy reward)."""
@@ -78,63 +48,6 @@ def training_sample_mask(batch: BatchedDataDict, overlong_filtering: bool) -> to
     if overlong_filtering:
         sample_mask = sample_mask * (~batch["truncated"]).float()
     return sample_mask
-
-
-def step_advantages(
-    rewards: torch.Tensor,
-    cfg: GRPOConfig,
-    batch: BatchedDataDict | None = None,
-    loss_config: ClippedPGLossConfig | None = None,
-) -> torch.Tensor:
-    """[B] advantages of one step: ``grpo.adv_estimator``'s, then clamped into [advantage_clip_low,
-    advantage_clip_high].
-
-    The estimator sees NeMo-RL's inputs: the prompt group of each sample, and a ``[B, L]`` mask with 1 on each
-    sample's response tokens (from ``batch``'s message logs, left-aligned) where the sample trains; without
-    ``batch`` every sample is one response token that trains. Each sample's advantage is the mean of its token
-    advantages over its response tokens: every built-in estimator gives each token of a sample the same value, and an
-    estimator whose values vary across a sample's tokens is refused in one line."""
-    if batch is None:
-        lengths, sample_mask = torch.ones(rewards.shape[0], dtype=torch.long), torch.ones_like(rewards)
-    else:
-        lengths = torch.tensor([response_length(log) for log in batch["message_log"]], dtype=torch.long)
-        sample_mask = training_sample_mask(batch, cfg.overlong_filtering)
-    tokens = (torch.arange(max(1, int(lengths.max())))[None, :] < lengths[:, None]).to(rewards.dtype)
-    token_advantages = advantage_estimator(cfg, loss_config).compute_advantage(
-        prompt_ids=adjacent_groups(rewards.shape[0], cfg.num_generations_per_prompt),
-        rewards=rewards,
-        mask=tokens * sample_mask.to(rewards.dtype)[:, None],
-        repeated_batch=batch if batch is not None else BatchedDataDict(),
-        logprobs_policy=None,
-        logprobs_reference=None,
-    )
-    # a sample without response tokens keeps its first column's value (it trains nothing; it is still logged)
-    # in float64 a sum of n equal float32 values is exact, so the mean of a constant row is that value exactly
-    counts = tokens.double().sum(dim=1)
-    means = (token_advantages.double() * tokens).sum(dim=1) / counts.clamp(min=1)
-    spread = ((token_advantages.double() - means[:, None]).abs() * tokens).amax(dim=1)
-    if bool((spread > 1e-6 * means.abs().clamp(min=1.0)).any()):
-        # Averaging them would silently train something else than the estimator computed.
-        raise UserInputError(
-            f"grpo.adv_estimator.name: {cfg.adv_estimator.name} returned advantages that vary across a sample's "
-            "tokens; the trainer takes one advantage per sample (every token of a sample must carry the same value)"
-        )
-    advantages = torch.where(counts > 0, means, token_advantages[:, 0]).to(rewards.dtype)
-    if cfg.advantage_clip_low is not None or cfg.advantage_clip_high is not None:
-        advantages = advantages.clamp(min=cfg.advantage_clip_low, max=cfg.advantage_clip_high)
-    return advantages
-
-
-def mask_logprob_mismatch(train_data: BatchedDataDict, threshold: float) -> int:
-    """Zero ``sample_mask`` of the samples whose token_mult_prob_error (mean over their trainable tokens of
-    exp|lp_gen − lp_prev|) exceeds ``threshold``: the trainer and the generator disagree on them too much to trust
-    the importance ratios. Returns how many samples it masked (samples masked already are not counted)."""
-    token_mask = train_data["token_mask"][:, 1:]
-    gap = (train_data["generation_logprobs"][:, 1:] - train_data["prev_logprobs"][:, 1:]).abs()
-    error = masked_mean(torch.where(token_mask > 0, gap, 0.0).exp(), token_mask, dim=-1)
-    drop = (error > threshold) & (train_data["sample_mask"] > 0)
-    train_data["sample_mask"] = torch.where(drop, 0.0, train_data["sample_mask"])
-    return int(drop.sum())
 
 
 def select_groups(signal_rewards: torch.Tensor, group_size: int, num_groups: int, fill: bool) -> list[int]:
@@ -164,7 +77,7 @@ def combine_rollout_metrics(per_batch: Sequence[Mapping[str, float]], sizes: Seq
 
 
 def build_train_batch(
-    batch: BatchedDataDict, advantages: torch.Tensor, tokenizer: Any, cfg: GRPOMasterConfig
+    batch: BatchedDataDict, advantages: torch.Tensor, tokenizer: Any, cfg: RolloutRunConfig
 ) -> BatchedDataDict:
     """Flatten the conversations into ``[B, S]`` tensors for the policy (loss on assistant tokens only)."""
     message_logs = batch["message_log"]
@@ -174,7 +87,7 @@ def build_train_batch(
         pad_value_dict={"token_ids": tokenizer.pad_token_id},
         make_sequence_length_divisible_by=cfg.policy.make_sequence_length_divisible_by,
     )
-    sample_mask = training_sample_mask(batch, cfg.grpo.overlong_filtering)
+    sample_mask = training_sample_mask(batch, reward_keys(cfg.loop).overlong_filtering)
     token_ids = flat["token_ids"]
     train_data = BatchedDataDict(
         input_ids=token_ids,

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.utils import groups_with_signal
+from nemo_rl_clone.rollout.metrics import groups_with_signal
 from nemo_rl_clone.utils.progress import console
 
 # Keeps value/median finite when the median is 0 (e.g. the KL term with a zero KL coefficient).

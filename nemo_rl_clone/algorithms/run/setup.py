@@ -1,0 +1,71 @@
+"""The start every algorithm's setup shares: seeds, the log folder with the config dump, the logger, the data, the
+checkpoint manager, the model's identity checked against the checkpoint, Ray, and the state restored from the latest
+checkpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from nemo_rl_clone.algorithms.run.state import (
+    RunState,
+    check_checkpoint_model,
+    model_identity,
+    restore_run_state,
+    set_seeds,
+)
+from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.utils.checkpoint import CheckpointManager
+from nemo_rl_clone.utils.config import save_config
+from nemo_rl_clone.utils.config_validation import config_to_dict
+from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
+
+DataT = TypeVar("DataT")
+
+
+@dataclass
+class RunStart(Generic[DataT]):
+    """What `setup_run` built; ``data`` is the second item ``build_data`` returned, ``services`` what ``after_ray``
+    returned."""
+
+    log_dir: Path
+    logger: Logger
+    dataloader: StatefulPromptLoader
+    data: DataT
+    checkpointer: CheckpointManager
+    state: RunState
+    weights_path: str | None
+    optimizer_path: str | None
+    services: Any = None
+
+
+def setup_run(
+    config: Any,
+    seed: int,
+    tokenizer: Any,
+    build_data: Callable[[], tuple[StatefulPromptLoader, DataT]],
+    after_ray: Callable[[], Any] | None = None,
+) -> RunStart[DataT]:
+    """The shared start of a run of ``config`` (its ``logger``, ``checkpointing`` and ``policy`` sections).
+    ``build_data`` gives the training loader (and whatever else the algorithm loads with it); ``after_ray`` starts
+    what needs Ray (environments) before the checkpoint restores the RNG states. A checkpoint of another model fails
+    before Ray starts."""
+    from nemo_rl_clone.distributed.virtual_cluster import init_ray
+    from nemo_rl_clone.models.policy.backends import policy_backend
+
+    set_seeds(seed)
+    log_dir = get_next_experiment_dir(config.logger.log_dir)
+    resolved = config_to_dict(config)
+    save_config(resolved, log_dir / "config.yaml")
+    run_logger = Logger(config.logger, log_dir)
+    run_logger.log_hyperparams(resolved)
+    dataloader, data = build_data()
+    checkpointer = CheckpointManager(config.checkpointing, lock=config.checkpointing.enabled)
+    model = model_identity(config.policy.model_name, tokenizer, policy_backend(config.policy))
+    check_checkpoint_model(checkpointer, model)
+    init_ray(log_dir=str(log_dir))
+    services = after_ray() if after_ray is not None else None
+    state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)
+    return RunStart(log_dir, run_logger, dataloader, data, checkpointer, state, weights_path, optimizer_path, services)

@@ -1,0 +1,134 @@
+"""The loop section every rollout-based algorithm shares (``grpo``, ``ppo``, ``distillation``: NeMo-RL's keys, each
+algorithm's own defaults), the reward keys of the loops that train on rewards, and what the rollout machinery reads
+of a whole run's config (`RolloutRunConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from nemo_rl_clone.utils.config_validation import check_at_least
+
+
+@dataclass
+class RolloutLoopConfig:
+    """The step loop's keys every rollout-based algorithm has (its section composes this class)."""
+
+    num_prompts_per_step: int = 32
+    num_generations_per_prompt: int = 16
+    max_rollout_turns: int = 1
+    max_num_epochs: int = 1
+    max_num_steps: int = 1000000
+    val_period: int = 10
+    val_at_start: bool = False
+    val_at_end: bool = False
+    # null (NeMo-RL's NeMo-Gym recipes): every validation row, in one batch.
+    max_val_samples: int | None = 256
+    val_batch_size: int | None = 256
+    seed: int = 42
+
+    def check(self) -> list[tuple[str, str]]:
+        return check_at_least(
+            self,
+            1,
+            "num_prompts_per_step",
+            "num_generations_per_prompt",
+            "max_rollout_turns",
+            "max_num_epochs",
+            "max_num_steps",
+            "max_val_samples",
+            "val_batch_size",
+        )
+
+    @property
+    def fills_without_signal(self) -> bool:
+        """Whether dynamic sampling fills a batch short of groups with signal (a key of GRPO's only)."""
+        return False
+
+
+@dataclass
+class RewardShapingConfig:
+    """DAPO-style overlong penalty: responses longer than max_response_length - buffer lose up to ``penalty``."""
+
+    enabled: bool = False
+    overlong_buffer_length: int = 128
+    overlong_buffer_penalty: float = 1.0
+    max_response_length: int | None = None
+    stop_properly_penalty_coef: float | None = None
+
+    def check(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.enabled and self.max_response_length is None:
+            problems.append(("max_response_length", "required when reward_shaping.enabled is true"))
+        if self.stop_properly_penalty_coef is not None:
+            problems.append(
+                (
+                    "stop_properly_penalty_coef",
+                    "not supported yet: a penalty for responses that did not stop; use grpo.overlong_filtering or "
+                    "the overlong buffer penalty, and set it to null",
+                )
+            )
+        return problems
+
+
+@dataclass
+class RewardScalingConfig:
+    """Linear map of rewards from [source_min, source_max] to [target_min, target_max] (clamped)."""
+
+    enabled: bool = False
+    source_min: float = 0.0
+    source_max: float = 1.0
+    target_min: float = 0.0
+    target_max: float = 1.0
+
+    def check(self) -> list[tuple[str, str]]:
+        if self.enabled and self.source_max <= self.source_min:
+            return [("source_max", f"must be > source_min ({self.source_max} <= {self.source_min})")]
+        return []
+
+
+@dataclass
+class RewardedLoopConfig(RolloutLoopConfig):
+    """The keys of a loop that trains on rewards (``grpo``, ``ppo``): sample filtering, DAPO's dynamic sampling, the
+    reference pass, reward scaling and shaping."""
+
+    overlong_filtering: bool = False
+    use_dynamic_sampling: bool = False
+    dynamic_sampling_max_gen_batches: int = 10
+    # With dynamic sampling, each generation batch draws int(num_prompts_per_step * batch_multiplier) prompts, so
+    # that enough groups with signal remain after filtering (NeMo-RL's key; without dynamic sampling it must be 1).
+    batch_multiplier: float = 1.0
+    # NeMo-RL's switch to leave out the reference pass; it needs loss_fn.reference_policy_kl_penalty 0, where the
+    # pass is left out anyway here (the KL term is the only reader of the reference logprobs).
+    skip_reference_policy_logprobs_calculation: bool = False
+    reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
+    reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
+
+    @property
+    def prompts_per_generation_batch(self) -> int:
+        """Prompts per generation batch: ``num_prompts_per_step``, times ``batch_multiplier`` (rounded down)."""
+        return int(self.num_prompts_per_step * self.batch_multiplier)
+
+
+# A loop that trains on no reward (distillation) reads these: nothing filtered, rewards as the environment gave them.
+_NO_REWARD_KEYS = RewardedLoopConfig()
+
+
+def reward_keys(loop: RolloutLoopConfig) -> RewardedLoopConfig:
+    """The reward keys of ``loop``: its own, or their inert defaults for a loop without them."""
+    return loop if isinstance(loop, RewardedLoopConfig) else _NO_REWARD_KEYS
+
+
+class RolloutRunConfig(Protocol):
+    """What the rollout machinery reads of a run's whole config (each algorithm's master config has it)."""
+
+    policy: Any
+    data: Any
+    env: Any
+    checkpointing: Any
+
+    @property
+    def loop(self) -> RolloutLoopConfig: ...
+
+    @property
+    def needs_reference_model(self) -> bool: ...

@@ -1,0 +1,218 @@
+"""Rollouts: generate, hand finished turns to their environments, append observations, repeat (docs/grpo.md).
+
+Single-turn generation is the one-turn case of `run_multi_turn_rollout`. Generated token ids are appended to the
+conversation exactly as the engine produced them (never decoded and re-encoded), together with the engine's
+logprobs, so training sees the very tokens that were sampled.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from nemo_rl_clone.contract.episode import GENERATION_LOGPROBS
+from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS, merge_routing
+from nemo_rl_clone.data.llm_message_utils import (
+    batched_message_log_to_flat_message,
+    message_from_token_ids,
+    observation_message,
+)
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.environments.interfaces import reward_component_keys
+from nemo_rl_clone.models.generation.interfaces import GenerationInterface
+
+
+def run_multi_turn_rollout(
+    policy_generation: GenerationInterface,
+    input_batch: BatchedDataDict,
+    tokenizer: PreTrainedTokenizerBase,
+    task_to_env: Mapping[str, Any],
+    max_seq_len: int,
+    max_rollout_turns: int = 1,
+    greedy: bool = False,
+) -> tuple[BatchedDataDict, dict[str, float]]:
+    """Roll out every sample of ``input_batch`` (from ``rl_collate_fn``) until it terminates.
+
+    A sample stops when its environment says so, when the engine hit its token limit (``truncated``), when the
+    conversation reaches ``max_seq_len`` tokens (an observation that does not fit is cut at ``max_seq_len`` and the
+    sample marked ``truncated``), or after ``max_rollout_turns`` turns. Rewards are summed over
+    turns.
+
+    Args:
+        task_to_env: ``task_name`` → environment actor handle (``step.remote(message_logs, metadata)``).
+
+    An optional ``seeds`` entry (ints, one per sample) makes sampling reproducible per sample.
+
+    Returns:
+        ``(batch, metrics)``: the input batch (message logs deep-copied, then extended) plus ``total_reward``
+        ``[B]`` float, ``truncated`` ``[B]`` bool, ``turns`` ``[B]`` long, ``extracted_answers`` (B answers the
+        environment extracted from each sample's last scored turn, ``None`` where it found none) and, when an
+        environment returns K rewards per sample (``[B, K]``), ``reward1`` .. ``rewardK`` ``[B]`` float, each summed
+        over turns (``total_reward`` is their sum; samples of single-reward environments get 0 in each); metrics
+        ``mean_turns``, ``truncation_rate``, ``mean_generation_length``, ``total_generated_tokens``,
+        ``natural_termination_rate``, and each environment's own metrics of its episodes as ``env/<name>/<metric>``.
+    """
+    batch = BatchedDataDict(input_batch.copy())
+    batch["message_log"] = copy.deepcopy(list(input_batch["message_log"]))
+    batch["extra_env_info"] = copy.deepcopy(list(input_batch["extra_env_info"]))
+    size = batch.size
+    missing_envs = sorted(set(batch["task_name"]) - set(task_to_env))
+    if missing_envs:
+        raise KeyError(f"no environment for task_name {missing_envs}; environments given: {sorted(task_to_env)}")
+    for log in batch["message_log"]:
+        for message in log:
+            message.setdefault(GENERATION_LOGPROBS, torch.zeros(len(message["token_ids"]), dtype=torch.float32))
+
+    stop_strings = list(batch.get("stop_strings") or [None] * size)
+    total_reward = torch.zeros(size, dtype=torch.float32)
+    components: torch.Tensor | None = None  # [B, K] once an environment returns K rewards per sample
+    truncated = torch.zeros(size, dtype=torch.bool)
+    terminated = torch.zeros(size, dtype=torch.bool)
+    turns = torch.zeros(size, dtype=torch.long)
+    extracted_answers: list[str | None] = [None] * size
+    generated_tokens = 0
+
+    seeds = batch.get("seeds")
+    for turn in range(max_rollout_turns):
+        active = [i for i in range(size) if not (terminated[i] or truncated[i])]
+        if not active:
+            break
+        flat, input_lengths = batched_message_log_to_flat_message(
+            [batch["message_log"][i] for i in active], pad_value_dict={"token_ids": tokenizer.pad_token_id}
+        )
+        room = max_seq_len - input_lengths
+        for j in (room <= 0).nonzero().flatten().tolist():  # no space left to generate: the sample is over
+            truncated[active[j]] = True
+        keep = [j for j in range(len(active)) if room[j] > 0]
+        if not keep:
+            break
+        active = [active[j] for j in keep]
+        gen_input = BatchedDataDict(
+            input_ids=flat["token_ids"][keep],
+            input_lengths=input_lengths[keep],
+            stop_strings=[stop_strings[i] for i in active],
+        )
+        if seeds is not None:  # reproducible sampling per sample (and a different draw each turn)
+            gen_input["seeds"] = [int(seeds[i]) + turn for i in active]
+        outputs = policy_generation.generate(gen_input, greedy=greedy)
+        for j, i in enumerate(active):
+            start, length = int(input_lengths[keep[j]]), int(outputs["generation_lengths"][j])
+            message = message_from_token_ids("assistant", outputs["output_ids"][j, start : start + length], tokenizer)
+            message[GENERATION_LOGPROBS] = outputs["logprobs"][j, start : start + length].to(torch.float32)
+            batch["message_log"][i].append(message)
+            if ROUTED_EXPERTS in outputs:  # router replay: per sample, each position as the engine first routed it
+                records = batch.setdefault(ROUTED_EXPERTS, [None] * size)
+                records[i] = merge_routing(records[i], outputs[ROUTED_EXPERTS][j, : start + length])
+            generated_tokens += length
+            turns[i] += 1
+            total_len = start + length
+            if bool(outputs["truncated"][j]) or total_len >= max_seq_len:
+                truncated[i] = True
+
+        env_returns = _step_environments(batch, active, task_to_env)
+        for i, (observation, metadata, next_stops, reward, done, answer) in env_returns.items():
+            total_reward[i] += float(reward.sum())
+            if reward.dim() == 1:
+                if components is None:
+                    components = torch.zeros(size, reward.numel(), dtype=torch.float32)
+                if components.shape[1] != reward.numel():
+                    raise ValueError(
+                        f"environments returned {components.shape[1]} and {reward.numel()} rewards per sample in one "
+                        f"batch (task {batch['task_name'][i]!r}); every multi-reward environment of a run must return "
+                        "the same number"
+                    )
+                components[i] += reward
+            extracted_answers[i] = answer
+            batch["extra_env_info"][i] = metadata if metadata is not None else batch["extra_env_info"][i]
+            if done:
+                terminated[i] = True
+                continue
+            if truncated[i]:
+                continue
+            stop_strings[i] = next_stops
+            last = batch["message_log"][i][-1]["token_ids"]
+            ended_with_eos = len(last) > 0 and int(last[-1]) == tokenizer.eos_token_id
+            message = observation_message(observation, tokenizer, ended_with_eos)
+            room_left = max_seq_len - sum(len(m["token_ids"]) for m in batch["message_log"][i])
+            if len(message["token_ids"]) > room_left:  # the observation is cut to fit, and the sample ends here
+                message["token_ids"] = message["token_ids"][: max(room_left, 0)]
+                message["content"] = tokenizer.decode(message["token_ids"])
+                truncated[i] = True
+            message[GENERATION_LOGPROBS] = torch.zeros(len(message["token_ids"]), dtype=torch.float32)
+            batch["message_log"][i].append(message)
+
+    batch["total_reward"] = total_reward
+    batch["truncated"] = truncated
+    batch["turns"] = turns
+    batch["extracted_answers"] = extracted_answers
+    batch["stop_strings"] = stop_strings
+    if components is not None:
+        for k in range(components.shape[1]):
+            batch[f"reward{k + 1}"] = components[:, k].clone()
+    metrics = {
+        "mean_turns": turns.float().mean().item(),
+        "truncation_rate": truncated.float().mean().item(),
+        "natural_termination_rate": terminated.float().mean().item(),
+        "total_generated_tokens": float(generated_tokens),
+        "mean_generation_length": generated_tokens / max(1, size),
+    }
+    metrics.update(_environment_metrics(batch, task_to_env))
+    return batch, metrics
+
+
+def _environment_metrics(batch: BatchedDataDict, task_to_env: Mapping[str, Any]) -> dict[str, float]:
+    """Each environment's own metrics of its episodes (``global_post_process_and_metrics``), as ``env/<name>/*``."""
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, task in enumerate(batch["task_name"]):
+        by_task[task].append(i)
+    futures = {
+        task: task_to_env[task].global_post_process_and_metrics.remote(
+            {
+                "rewards": batch["total_reward"][indices],
+                "turns": batch["turns"][indices],
+                "is_end": ~batch["truncated"][indices],
+                **{key: batch[key][indices] for key in reward_component_keys(batch)},
+            }
+        )
+        for task, indices in by_task.items()
+    }
+    metrics = {}
+    for task, future in futures.items():
+        _, env_metrics = ray.get(future)
+        metrics.update({f"env/{task}/{name}": float(value) for name, value in env_metrics.items()})
+    return metrics
+
+
+def _step_environments(
+    batch: BatchedDataDict, active: list[int], task_to_env: Mapping[str, Any]
+) -> dict[int, tuple[dict[str, Any], Any, Any, torch.Tensor, bool, str | None]]:
+    """Send each active sample's conversation to its task's environment (all environments in parallel). A sample's
+    reward is a 0-d tensor, or ``[K]`` from an environment with K rewards."""
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i in active:
+        by_task[batch["task_name"][i]].append(i)
+    futures = {
+        task: task_to_env[task].step.remote(
+            [batch["message_log"][i] for i in indices], [batch["extra_env_info"][i] for i in indices]
+        )
+        for task, indices in by_task.items()
+    }
+    results: dict[int, tuple[dict[str, Any], Any, Any, torch.Tensor, bool, str | None]] = {}
+    for task, future in futures.items():
+        ret = ray.get(future)
+        for k, i in enumerate(by_task[task]):
+            results[i] = (
+                ret.observations[k],
+                ret.metadata[k],
+                ret.next_stop_strings[k],
+                torch.as_tensor(ret.rewards[k], dtype=torch.float32),
+                bool(ret.terminateds[k]),
+                None if ret.answers is None else ret.answers[k],  # NeMo-RL lets an environment return no answers
+            )
+    return results
