@@ -50,6 +50,7 @@ from nemo_rl_clone.models.policy.workers import (
 )
 from nemo_rl_clone.models.policy.workers.base import (
     Forward,
+    GlobalBatch,
     LossShare,
     MicrobatchCompute,
     PolicyWorkerBase,
@@ -316,17 +317,11 @@ class DTensorPolicyWorker(PolicyWorkerBase):
         assert self.optimizer is not None, "train() needs a policy built with init_optimizer=True"
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _forward_backward(
-        self,
-        microbatches: list[BatchedDataDict],
-        loss_fn: LossFunction,
-        norm: train_step.StepNormalization,
-        eval_mode: bool,
-        profile: TrainProfile | None,
-    ) -> list[LossShare]:
+    def _forward_backward(self, step: GlobalBatch) -> list[LossShare]:
+        loss_fn, norm, profile = step.loss_fn, step.norm, step.profile
         assert profile is not None  # `_new_train_profile` makes one
         shares: list[LossShare] = []
-        for microbatch in microbatches:
+        for microbatch in step.microbatches:
             microbatch = microbatch.to(self.device)
             profile.count_microbatch(microbatch, self._rows(microbatch).num_tokens)
             with profile.timed("forward_s", self.device):
@@ -339,11 +334,11 @@ class DTensorPolicyWorker(PolicyWorkerBase):
                 )
                 loss, metrics = train_step.scaled_loss(loss, metrics, norm)
                 if self.router_loss is not None and self._router_logits:
-                    share = 1.0 / (len(microbatches) * self.dp_size)  # of the step's mean router loss
+                    share = 1.0 / (len(step.microbatches) * self.dp_size)  # of the step's mean router loss
                     valid = microbatch.get("input_lengths") if not self.packed else None
                     loss, metrics = self.router_loss.add_to(loss, metrics, self._router_logits, valid, share)
                     self._router_logits = ()
-            if not eval_mode:
+            if not step.eval_mode:
                 with profile.timed("backward_s", self.device):
                     (loss * self.dp_size).backward()
             shares.append((loss.detach().double().cpu(), metrics))

@@ -27,7 +27,6 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.contract.loss_input import prepare_loss_input
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
@@ -36,7 +35,7 @@ from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy.megatron import converter, moe, optimizer_checkpoint
 from nemo_rl_clone.models.policy.megatron import model as mmodel
 from nemo_rl_clone.models.policy.workers import train_step
-from nemo_rl_clone.models.policy.workers.base import LossShare, MicrobatchCompute, PolicyWorkerBase
+from nemo_rl_clone.models.policy.workers.base import GlobalBatch, LossShare, MicrobatchCompute, PolicyWorkerBase
 from nemo_rl_clone.models.policy.workers.train_profile import TrainProfile
 from nemo_rl_clone.utils.errors import UserInputError
 
@@ -198,15 +197,9 @@ class MegatronPolicyWorker(PolicyWorkerBase):
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def _forward_backward(
-        self,
-        microbatches: list[BatchedDataDict],
-        loss_fn: LossFunction,
-        norm: train_step.StepNormalization,
-        eval_mode: bool,
-        profile: TrainProfile | None,
-    ) -> list[LossShare]:
-        scale = self.dp_size * len(microbatches)
+    def _forward_backward(self, step: GlobalBatch) -> list[LossShare]:
+        loss_fn, norm = step.loss_fn, step.norm
+        scale = self.dp_size * len(step.microbatches)
 
         def finish(microbatch: BatchedDataDict, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
             loss_input, _ = prepare_loss_input(
@@ -217,7 +210,7 @@ class MegatronPolicyWorker(PolicyWorkerBase):
             loss, metrics = train_step.scaled_loss(loss, metrics, norm)
             return loss * scale, {"loss_share": loss.detach().double().cpu(), **metrics}
 
-        stored = self._run_schedule(microbatches, finish, forward_only=eval_mode)
+        stored = self._run_schedule(step.microbatches, finish, forward_only=step.eval_mode)
         return [(metrics.pop("loss_share"), metrics) for metrics in stored]  # none but on the last pipeline stage
 
     def _optimizer_step(self) -> torch.Tensor:

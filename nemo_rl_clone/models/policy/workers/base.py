@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,6 +47,17 @@ Forward = Callable[[], torch.Tensor]
 MicrobatchCompute = Callable[[BatchedDataDict, Forward], torch.Tensor]
 # One microbatch's (loss share as a CPU float64 scalar, metrics) of a training step.
 LossShare = tuple[torch.Tensor, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """One optimizer step's work as a backend's ``_forward_backward`` gets it."""
+
+    microbatches: list[BatchedDataDict]
+    loss_fn: LossFunction
+    norm: train_step.StepNormalization  # what the loss calls divide by
+    eval_mode: bool  # no backward
+    profile: TrainProfile | None  # where the backend's forward and backward times go, when it profiles
 
 
 def local_values(param: torch.Tensor) -> torch.Tensor:
@@ -126,16 +138,9 @@ class PolicyWorkerBase(RefitSender):
     def _keeps_reference_weights(self) -> bool:
         return True
 
-    def _forward_backward(
-        self,
-        microbatches: list[BatchedDataDict],
-        loss_fn: LossFunction,
-        norm: train_step.StepNormalization,
-        eval_mode: bool,
-        profile: TrainProfile | None,
-    ) -> list[LossShare]:
-        """Call ``loss_fn`` on every microbatch of one global batch (and backpropagate unless ``eval_mode``); their
-        loss shares and metrics, in microbatch order (none on a rank without the loss)."""
+    def _forward_backward(self, step: GlobalBatch) -> list[LossShare]:
+        """Call ``step.loss_fn`` on every microbatch (and backpropagate unless ``step.eval_mode``); their loss shares
+        and metrics, in microbatch order (none on a rank without the loss)."""
         raise NotImplementedError
 
     def _zero_grad(self) -> None:
@@ -323,7 +328,7 @@ class PolicyWorkerBase(RefitSender):
         microbatches = list(train_step.microbatches(batch, mbs))
         if not eval_mode:
             self._zero_grad()
-        shares = self._forward_backward(microbatches, loss_fn, norm, eval_mode, profile)
+        shares = self._forward_backward(GlobalBatch(microbatches, loss_fn, norm, eval_mode, profile))
         step_loss = torch.zeros((), dtype=torch.float64)
         step_metrics: dict[str, list[Any]] = defaultdict(list)
         for loss_share, metrics in shares:
