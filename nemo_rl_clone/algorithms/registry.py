@@ -5,15 +5,16 @@
     algorithm_for(config)         # the algorithm whose schema ``config`` is, or None (evaluation)
     register_algorithm("mine", "my_pkg.config:MyConfig", "my_pkg.algorithm:MY_ALGORITHM")   # a plug-in
 
-Entries are ``"module:attribute"`` strings, imported on first use: registering costs nothing, and an algorithm's
-heavy imports happen only when a run uses it.
+An entry is a `Registry` entry (`nemo_rl_clone.utils.registry`) holding ``"module:attribute"`` paths, imported on
+first use: registering costs nothing, and an algorithm's heavy imports happen only when a run uses it.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from nemo_rl_clone.utils.registry import Registry, is_import_path, load_import_path
 
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.interfaces import Algorithm
@@ -26,27 +27,19 @@ class _Entry:
     title: str  # how the entry point and the progress bar name it
 
 
-_PACKAGE = "nemo_rl_clone.algorithms"
-_REGISTRY: dict[str, _Entry] = {
-    "grpo": _Entry(f"{_PACKAGE}.grpo.config:GRPOMasterConfig", f"{_PACKAGE}.grpo.train:ALGORITHM", "GRPO"),
-    "distillation": _Entry(
-        f"{_PACKAGE}.distillation.config:DistillationMasterConfig",
-        f"{_PACKAGE}.distillation.train:ALGORITHM",
-        "Distillation",
-    ),
-    "sft": _Entry(f"{_PACKAGE}.sft.config:SFTMasterConfig", f"{_PACKAGE}.sft.train:ALGORITHM", "SFT"),
-    "dpo": _Entry(f"{_PACKAGE}.dpo.config:DPOMasterConfig", f"{_PACKAGE}.dpo.train:ALGORITHM", "DPO"),
-    "rm": _Entry(f"{_PACKAGE}.rm.config:RMMasterConfig", f"{_PACKAGE}.rm.train:ALGORITHM", "RM"),
-    "ppo": _Entry(f"{_PACKAGE}.ppo.config:PPOMasterConfig", f"{_PACKAGE}.ppo.train:ALGORITHM", "PPO"),
-}
+ALGORITHMS: Registry[_Entry] = Registry("algorithm", "algorithm")
 
 
 def register_algorithm(name: str, config: str, algorithm: str, title: str | None = None) -> None:
     """Add (or replace) algorithm ``name``: ``config`` and ``algorithm`` are ``"module:attribute"`` paths."""
     for path in (config, algorithm):
-        if ":" not in path:
+        if not is_import_path(path):
             raise ValueError(f"register_algorithm({name!r}): {path!r} is not 'module:attribute'")
-    _REGISTRY[name] = _Entry(config, algorithm, title or name)
+    ALGORITHMS.register(name, _Entry(config, algorithm, title or name))
+
+
+def unregister_algorithm(name: str) -> None:
+    ALGORITHMS.unregister(name)
 
 
 def title(name: str) -> str:
@@ -54,31 +47,40 @@ def title(name: str) -> str:
 
 
 def algorithm_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return ALGORITHMS.names()
 
 
 def config_class(name: str) -> type:
-    return _load(_entry(name).config)
+    loaded: type = load_import_path(_entry(name).config, ALGORITHMS.key)
+    return loaded
 
 
 def get_algorithm(name: str) -> Algorithm:
-    return _load(_entry(name).algorithm)
+    loaded: Algorithm = load_import_path(_entry(name).algorithm, ALGORITHMS.key)
+    return loaded
 
 
 def algorithm_for(config: Any) -> Algorithm | None:
     """The registered algorithm whose config schema ``config`` is an instance of; None for any other config."""
-    for name in _REGISTRY:
+    for name in ALGORITHMS:
         if type(config) is config_class(name):
             return get_algorithm(name)
     return None
 
 
 def _entry(name: str) -> _Entry:
-    if name not in _REGISTRY:
+    if name not in ALGORITHMS:  # a programming error (entry points pass their own name): KeyError, not user input
         raise KeyError(f"no algorithm {name!r}; registered: {', '.join(algorithm_names())}")
-    return _REGISTRY[name]
+    return ALGORITHMS.resolve(name)
 
 
-def _load(path: str) -> Any:
-    module, _, attribute = path.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+_PACKAGE = "nemo_rl_clone.algorithms"
+for _name, _schema, _title in (
+    ("grpo", "GRPOMasterConfig", "GRPO"),
+    ("distillation", "DistillationMasterConfig", "Distillation"),
+    ("sft", "SFTMasterConfig", "SFT"),
+    ("dpo", "DPOMasterConfig", "DPO"),
+    ("rm", "RMMasterConfig", "RM"),
+    ("ppo", "PPOMasterConfig", "PPO"),
+):
+    register_algorithm(_name, f"{_PACKAGE}.{_name}.config:{_schema}", f"{_PACKAGE}.{_name}.train:ALGORITHM", _title)

@@ -58,6 +58,10 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r}: {target!r} is not 'package.module:attribute'")
         self._entries[name] = target
 
+    def unregister(self, name: str) -> None:
+        """Drop ``name`` (a plug-in a test registered, once the test is done)."""
+        self._entries.pop(name, None)
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 

@@ -165,7 +165,7 @@ def bandit(tmp_path):
     )
     _RUNS.clear()
     yield config
-    registry._REGISTRY.pop("bandit")
+    registry.unregister_algorithm("bandit")
 
 
 def test_a_plug_in_algorithm_trains_through_the_shared_entry_point_and_loop(bandit, tmp_path):

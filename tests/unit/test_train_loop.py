@@ -163,7 +163,7 @@ def test_registry_names_the_known_algorithms_and_plug_ins_register_by_path():
     try:
         assert registry.get_algorithm("sft_alias") is registry.get_algorithm("sft")
     finally:
-        registry._REGISTRY.pop("sft_alias")
+        registry.unregister_algorithm("sft_alias")
 
 
 def test_the_dry_run_and_pre_flight_ask_the_algorithm_not_the_config_sections():

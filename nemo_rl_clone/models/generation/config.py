@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from nemo_rl_clone.models.generation.factory import GENERATION_BACKENDS
 from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
@@ -122,10 +122,13 @@ class ColocatedConfig:
         return []
 
 
+NEMO_RL_GENERATION_BACKENDS = ("vllm", "hf", "megatron", "sglang")
+
+
 @dataclass
 class GenerationConfig:
-    # All NeMo-RL's names; only those in `GENERATION_BACKENDS` are built, the others are refused.
-    backend: Literal["vllm", "hf", "megatron", "sglang"] = "vllm"
+    # A name in `GENERATION_BACKENDS` or a class's "package.module:Class"; NeMo-RL's other names are refused.
+    backend: str = "vllm"
     max_new_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
@@ -170,7 +173,9 @@ class GenerationConfig:
             problems.append(("top_p", f"must be in (0, 1], got {self.top_p}"))
         if self.top_k is not None and self.top_k < 1 and self.top_k != -1:
             problems.append(("top_k", f"must be >= 1 (or -1/null for no limit), got {self.top_k}"))
-        if self.backend not in GENERATION_BACKENDS:
+        if self.backend in NEMO_RL_GENERATION_BACKENDS and self.backend not in GENERATION_BACKENDS:
             names = " or ".join(repr(name) for name in GENERATION_BACKENDS)
             problems.append(("backend", f"the {self.backend!r} generation backend is not supported yet; use {names}"))
+        elif problem := GENERATION_BACKENDS.problem(self.backend, "backend"):
+            problems.append(("backend", problem.partition(": ")[2]))
         return problems

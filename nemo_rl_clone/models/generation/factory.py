@@ -1,9 +1,10 @@
 """The generation backend that ``generation.backend`` names, built by one factory for training (GRPO, distillation)
 and evaluation.
 
-The registry holds each backend's class by dotted path, not the class itself: config validation reads the
-registered names (`GenerationConfig.check`), and the backends import that config, so importing them here would
-make a cycle. Adding a backend is one entry whose class takes `build_generation`'s arguments.
+The registry (`nemo_rl_clone.utils.registry`) holds each backend's class by ``"module:Class"`` path, not the class
+itself: config validation reads the registered names (`GenerationConfig.check`), and the backends import that
+config, so importing them here would make a cycle. Adding a backend is one entry whose class takes
+`build_generation`'s arguments; ``generation.backend`` may also name a class by import path.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nemo_rl_clone.utils.imports import import_by_path
+from nemo_rl_clone.utils.registry import Registry
 
 if TYPE_CHECKING:
     from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
@@ -19,9 +20,8 @@ if TYPE_CHECKING:
     from nemo_rl_clone.models.generation.interfaces import GenerationInterface
 
 # Backend name -> its `GenerationInterface` class.
-GENERATION_BACKENDS: dict[str, str] = {
-    "vllm": "nemo_rl_clone.models.generation.vllm.vllm_generation.VllmGeneration",
-}
+GENERATION_BACKENDS: Registry[Any] = Registry("generation backend", "generation.backend")
+GENERATION_BACKENDS.register("vllm", "nemo_rl_clone.models.generation.vllm.vllm_generation:VllmGeneration")
 
 
 def build_generation(
@@ -38,11 +38,12 @@ def build_generation(
 ) -> GenerationInterface:
     """Start the workers of the ``config.backend`` backend on ``cluster``, serving ``model_name``.
 
-    ``config`` was validated where it was loaded, which refuses a backend not in `GENERATION_BACKENDS`.
+    ``config`` was validated where it was loaded, which refuses a backend neither in `GENERATION_BACKENDS` nor an
+    import path.
     ``name_prefix``: Ray actor names ``{name_prefix}-{rank}`` (None: the backend's default). The other arguments
     are the backend's, see `VllmGeneration`.
     """
-    backend = import_by_path(GENERATION_BACKENDS[config.backend])
+    backend = GENERATION_BACKENDS.resolve(config.backend)
     named = {} if name_prefix is None else {"name_prefix": name_prefix}
     generation: GenerationInterface = backend(
         cluster,
