@@ -30,6 +30,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     PretrainedConfig,
+    PreTrainedModel,
 )
 
 from nemo_rl_clone.contract import sampling as logits_sampling_utils
@@ -108,7 +109,7 @@ class DTensorPolicyWorker(PolicyWorkerBase):
         )
         self.optimizer_steps = 0  # taken by this worker (for dtensor_cfg.clear_cache_every_n_steps)
 
-    def _load_model(self, model_path: str) -> torch.nn.Module:
+    def _load_model(self, model_path: str) -> PreTrainedModel:
         """The Hugging Face model in fp32 with the attention packing or context parallelism needs."""
         dtensor_cfg = self.cfg.dtensor_cfg
         attn_implementation = packed_sequences.PACKED_ATTENTION if self.packed else dtensor_cfg.attn_implementation
@@ -129,7 +130,7 @@ class DTensorPolicyWorker(PolicyWorkerBase):
                 model_path, config=hf_config, dtype=torch.float32, attn_implementation=attn_implementation
             )
 
-    def _install_heads(self, model: torch.nn.Module) -> None:
+    def _install_heads(self, model: PreTrainedModel) -> None:
         """The selective LM head (token logprobs at the loss's tokens only) and the bf16 backward, where they apply."""
         dtensor_cfg = self.cfg.dtensor_cfg
         self._head_mode: tuple[TrainingSamplingParams | None, bool] = (None, False)
