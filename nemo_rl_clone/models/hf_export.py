@@ -84,18 +84,8 @@ def save_consolidated_hf(
     target_dtype = _as_dtype(dtype) if dtype is not None else None
     with torch.device("meta"):  # the architecture's parameter names and shapes, without allocating weights
         reference = model_class.from_config(model_config)
-    tensors = _checked_full_state_dict(state_dict, reference)
-    if target_dtype is not None:
-        tensors = {k: v.to(target_dtype) if v.is_floating_point() else v for k, v in tensors.items()}
-    tensors = _safetensors_ready(to_checkpoint_layout(reference, tensors))
-
-    config = copy.deepcopy(model_config)
-    # A dequantised or trained model is plain weights now: a leftover quantization_config (e.g. from a GGUF load)
-    # would make loaders look for quantized tensors.
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.architectures = [type(reference).__name__]
-    config.dtype = _floating_dtype(tensors)
+    tensors = _export_tensors(state_dict, reference, target_dtype)
+    config = _export_config(model_config, reference, tensors)
     gen_config = generation_config or GenerationConfig.from_model_config(config)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +102,30 @@ def save_consolidated_hf(
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     return out_dir
+
+
+def _export_tensors(
+    state_dict: dict[str, torch.Tensor], reference: torch.nn.Module, dtype: torch.dtype | None
+) -> dict[str, torch.Tensor]:
+    """``state_dict`` checked against ``reference``, cast to ``dtype`` and in the on-disk layout and names."""
+    tensors = _checked_full_state_dict(state_dict, reference)
+    if dtype is not None:
+        tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()}
+    return _safetensors_ready(to_checkpoint_layout(reference, tensors))
+
+
+def _export_config(
+    model_config: PretrainedConfig, reference: torch.nn.Module, tensors: dict[str, torch.Tensor]
+) -> PretrainedConfig:
+    """A copy of ``model_config`` describing the exported weights."""
+    config = copy.deepcopy(model_config)
+    # A dequantised or trained model is plain weights now: a leftover quantization_config (e.g. from a GGUF load)
+    # would make loaders look for quantized tensors.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [type(reference).__name__]
+    config.dtype = _floating_dtype(tensors)
+    return config
 
 
 def load_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
