@@ -68,6 +68,10 @@ __all__ = [
 ]
 
 
+# vocab_parallel_rank, vocab_parallel_group, context_parallel_group, logprob_chunk_size of the call contract
+_ParallelArgs = tuple[int | None, dist.ProcessGroup | None, dist.ProcessGroup | None, int | None]
+
+
 def _js_divergence(lp_a: torch.Tensor, lp_b: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of JS(P_a ‖ P_b): ½·k3(P_a ‖ M) + ½·k3(P_b ‖ M) with M = ½(P_a + P_b)."""
     a = torch.where(valid, lp_a, 0.0)
@@ -197,7 +201,7 @@ class ClippedPGLossFn:
         return keys
 
     def _policy_and_kl_logprobs(
-        self, next_token_logits: torch.Tensor | TokenLogprobs, data: Mapping[str, Any], parallel: tuple[Any, ...]
+        self, next_token_logits: torch.Tensor | TokenLogprobs, data: Mapping[str, Any], parallel: _ParallelArgs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lp, the KL term's lp)``: the same tensor unless top-k/top-p filter the sampled distribution."""
         lp = policy_logprobs(next_token_logits, data, *parallel, self.sampling_params)
