@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from typing import Protocol
 
 _DEADLINE_RE = re.compile(r"^(\d+):(\d+):(\d+):(\d+)$")
 _DEADLINE_FORMAT_HINT = "expected 'DD:HH:MM:SS' (e.g. '00:03:45:00' = 3 h 45 min after the run starts)"
 
 
-def should_save(step: int, cfg: CheckpointingConfig, is_last_step: bool) -> bool:
+class SaveSchedule(Protocol):
+    """The keys of `checkpoint.CheckpointingConfig` read here (not imported: that module imports this one)."""
+
+    enabled: bool
+    save_period: int
+    checkpoint_must_save_by: str | None
+
+
+def should_save(step: int, cfg: SaveSchedule, is_last_step: bool) -> bool:
     """Whether to checkpoint after ``step`` (1-based count of completed steps): every ``save_period`` and at the end."""
     return cfg.enabled and (is_last_step or step % cfg.save_period == 0)
 
@@ -32,7 +37,7 @@ def parse_deadline(s: str) -> float:
 
 
 def must_save_by_deadline(
-    cfg: CheckpointingConfig, start_time: float, now: float | None = None, expected_step_s: float = 0.0
+    cfg: SaveSchedule, start_time: float, now: float | None = None, expected_step_s: float = 0.0
 ) -> bool:
     """True when the run must save and stop now to respect ``checkpoint_must_save_by``.
 
@@ -53,7 +58,7 @@ class SaveDeadline:
     ``if deadline.reached(): save and stop``. Uses the longest step seen as the estimate of the next one.
     """
 
-    def __init__(self, cfg: CheckpointingConfig, start_time: float | None = None):
+    def __init__(self, cfg: SaveSchedule, start_time: float | None = None):
         self._cfg = cfg
         self.start_time = time.monotonic() if start_time is None else start_time
         self._last_mark = self.start_time
