@@ -34,6 +34,8 @@ import torch
 
 from nemo_rl_clone.environments.interfaces import reward_component_keys
 from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.imports import import_by_path
+from nemo_rl_clone.utils.registry import Registry, is_import_path
 
 EPSILON = 1e-6  # added to a std before dividing (NeMo-RL's)
 
@@ -161,9 +163,17 @@ class GDPOAdvantageEstimator:
         return (centred / spread if spread > 0 else centred)[:, None].expand(mask.shape)
 
 
-ESTIMATORS: dict[str, type] = {
-    "grpo": GRPOAdvantageEstimator,
-    "rloo": RLOOAdvantageEstimator,
-    "reinforce_plus_plus": ReinforcePlusPlusAdvantageEstimator,
-    "gdpo": GDPOAdvantageEstimator,
-}
+ESTIMATORS: Registry[type] = Registry("advantage estimator", "grpo.adv_estimator.name")
+ESTIMATORS.register("grpo", GRPOAdvantageEstimator)
+ESTIMATORS.register("rloo", RLOOAdvantageEstimator)
+ESTIMATORS.register("reinforce_plus_plus", ReinforcePlusPlusAdvantageEstimator)
+ESTIMATORS.register("gdpo", GDPOAdvantageEstimator)
+
+
+def estimator_class(name: str) -> type:
+    """The estimator class ``name`` names: a registered name, an import path ``"package.module:Class"``, or the
+    dotted ``"package.module.Class"`` the docs have always shown (ImportError naming the path)."""
+    if name in ESTIMATORS or is_import_path(name):
+        return ESTIMATORS.resolve(name)
+    found: type = import_by_path(name)
+    return found

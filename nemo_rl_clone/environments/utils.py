@@ -12,25 +12,35 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-# Environment name (the ``env.<name>`` config section and a sample's ``task_name``) -> actor class path.
-ENVIRONMENT_REGISTRY: dict[str, str] = {
-    "math": "nemo_rl_clone.environments.math_environment.MathEnvironment",
-    "math_multi_reward": "nemo_rl_clone.environments.math_multi_reward_environment.MathMultiRewardEnvironment",
-    "reasoning_gym": "nemo_rl_clone.environments.reasoning_gym_environment.ReasoningGymEnvironment",
-    "sliding_puzzle_game": "nemo_rl_clone.environments.games.sliding_puzzle.SlidingPuzzleEnvironment",
-    "tool_use": "nemo_rl_clone.environments.tool_use_environment.ToolUseEnvironment",
-    "code": "nemo_rl_clone.environments.code_environment.CodeEnvironment",
-    "reward_model": "nemo_rl_clone.environments.reward_model_environment.RewardModelEnvironment",
-    "agent": "nemo_rl_clone.environments.agent_environment.AgentEnvironment",
-}
+from nemo_rl_clone.utils.registry import Registry
+
+# Environment name (the ``env.<name>`` config section and a sample's ``task_name``) -> actor class.
+ENVIRONMENT_REGISTRY: Registry[Any] = Registry("environment", "env")
+_FQNS: dict[str, str] = {}  # each registered name's "pkg.mod.Cls", to refuse registering another class under it
 
 
 def register_env(name: str, actor_class_fqn: str) -> None:
     """Makes ``create_env(name, cfg)`` start the class at ``actor_class_fqn`` (``"pkg.mod.Cls"``), for code that
     builds configs in Python; a YAML config names the class in the section instead (``env.<name>.env_class``)."""
-    if name in ENVIRONMENT_REGISTRY and ENVIRONMENT_REGISTRY[name] != actor_class_fqn:
-        raise ValueError(f"environment {name!r} is already registered as {ENVIRONMENT_REGISTRY[name]}")
-    ENVIRONMENT_REGISTRY[name] = actor_class_fqn
+    if name in _FQNS and _FQNS[name] != actor_class_fqn:
+        raise ValueError(f"environment {name!r} is already registered as {_FQNS[name]}")
+    module, _, attribute = actor_class_fqn.rpartition(".")
+    ENVIRONMENT_REGISTRY.register(name, f"{module}:{attribute}")
+    _FQNS[name] = actor_class_fqn
+
+
+_PACKAGE = "nemo_rl_clone.environments"
+for _name, _fqn in {
+    "math": f"{_PACKAGE}.math_environment.MathEnvironment",
+    "math_multi_reward": f"{_PACKAGE}.math_multi_reward_environment.MathMultiRewardEnvironment",
+    "reasoning_gym": f"{_PACKAGE}.reasoning_gym_environment.ReasoningGymEnvironment",
+    "sliding_puzzle_game": f"{_PACKAGE}.games.sliding_puzzle.SlidingPuzzleEnvironment",
+    "tool_use": f"{_PACKAGE}.tool_use_environment.ToolUseEnvironment",
+    "code": f"{_PACKAGE}.code_environment.CodeEnvironment",
+    "reward_model": f"{_PACKAGE}.reward_model_environment.RewardModelEnvironment",
+    "agent": f"{_PACKAGE}.agent_environment.AgentEnvironment",
+}.items():
+    register_env(_name, _fqn)
 
 
 def create_env(name: str, cfg: Any) -> Any:
@@ -50,14 +60,14 @@ def create_env(name: str, cfg: Any) -> Any:
     if isinstance(cfg, CustomEnvConfig):
         fqn, actor_cfg = cfg.env_class, cfg.cfg
     elif name in ENVIRONMENT_REGISTRY:
-        fqn, actor_cfg = ENVIRONMENT_REGISTRY[name], cfg
+        fqn, actor_cfg = _FQNS[name], cfg
     else:
         raise ValueError(
-            f"unknown environment {name!r}; registered: {', '.join(sorted(ENVIRONMENT_REGISTRY))}; for your own, "
+            f"unknown environment {name!r}; registered: {', '.join(ENVIRONMENT_REGISTRY.names())}; for your own, "
             "pass a CustomEnvConfig naming its class"
         )
     check_env_config(name, actor_cfg)  # fail here, not as an actor that dies in its constructor
-    actor_cls = import_by_path(fqn)
+    actor_cls = import_by_path(fqn) if isinstance(cfg, CustomEnvConfig) else ENVIRONMENT_REGISTRY.resolve(name)
     env_cls = getattr(actor_cls, "__ray_actor_class__", actor_cls)
     if not hasattr(actor_cls, "__ray_actor_class__"):
         actor_cls = ray.remote(actor_cls)

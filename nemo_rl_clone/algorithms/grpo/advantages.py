@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from nemo_rl_clone.algorithms.advantage_estimator import ESTIMATORS, AdvantageEstimator, adjacent_groups
+from nemo_rl_clone.algorithms.advantage_estimator import AdvantageEstimator, adjacent_groups, estimator_class
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig
 from nemo_rl_clone.algorithms.loss import ClippedPGLossConfig
 from nemo_rl_clone.algorithms.utils import masked_mean
@@ -13,7 +13,6 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.rollout.batches import training_sample_mask
 from nemo_rl_clone.rollout.rewards import response_length
 from nemo_rl_clone.utils.errors import UserInputError
-from nemo_rl_clone.utils.imports import import_by_path
 
 
 def advantage_estimator(cfg: GRPOConfig, loss_config: ClippedPGLossConfig | None = None) -> AdvantageEstimator:
@@ -28,8 +27,8 @@ def advantage_estimator(cfg: GRPOConfig, loss_config: ClippedPGLossConfig | None
         "minus_baseline": est.minus_baseline,
         "std": est.std,
     }
-    estimator_class = ESTIMATORS.get(est.name) or import_by_path(est.name)
-    return estimator_class(estimator_config, ClippedPGLossConfig() if loss_config is None else loss_config)
+    cls = estimator_class(est.name)
+    return cls(estimator_config, ClippedPGLossConfig() if loss_config is None else loss_config)
 
 
 def step_advantages(
