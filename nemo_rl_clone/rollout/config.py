@@ -41,6 +41,11 @@ class RolloutLoopConfig:
         )
 
     @property
+    def prompts_per_generation_batch(self) -> int:
+        """Prompts per generation batch (dynamic sampling's loops draw more, `RewardedLoopConfig`)."""
+        return self.num_prompts_per_step
+
+    @property
     def fills_without_signal(self) -> bool:
         """Whether dynamic sampling fills a batch short of groups with signal (a key of GRPO's only)."""
         return False
@@ -125,10 +130,80 @@ class RolloutRunConfig(Protocol):
     policy: Any
     data: Any
     env: Any
+    logger: Any
     checkpointing: Any
+    cluster: Any
 
     @property
     def loop(self) -> RolloutLoopConfig: ...
 
     @property
     def needs_reference_model(self) -> bool: ...
+
+
+def rollout_problems(config: RolloutRunConfig, section: str, title: str) -> list[tuple[str, str]]:
+    """The checks every rollout-based run needs (``section``: its loop section's key, ``title``: the algorithm's
+    name): the rollout batch fills whole optimizer steps, the engines have a generation section, the prompts fit, and
+    an environment scores the rows."""
+    problems = []
+    loop = config.loop
+    rollout_batch = loop.num_prompts_per_step * loop.num_generations_per_prompt
+    gbs = config.policy.train_global_batch_size
+    if gbs >= 1 and rollout_batch % gbs:
+        problems.append(
+            (
+                "policy.train_global_batch_size",
+                f"must divide {section}.num_prompts_per_step * {section}.num_generations_per_prompt = {rollout_batch} "
+                f"(got {gbs})",
+            )
+        )
+    if config.policy.generation is None:
+        problems.append(("policy.generation", f"{title} needs a generation section"))
+    if config.data.max_input_seq_length > config.policy.max_total_sequence_length:
+        problems.append(
+            (
+                "data.max_input_seq_length",
+                f"exceeds policy.max_total_sequence_length ({config.data.max_input_seq_length} > "
+                f"{config.policy.max_total_sequence_length})",
+            )
+        )
+    if config.data.task_name not in config.env:
+        key = "data.env_name" if config.data.env_name else "data.dataset_name"
+        problems.append(
+            (
+                f"env.{config.data.task_name}",
+                f"required: this environment scores the rows ({key}: {getattr(config.data, key[5:])!r}); "
+                f"configured environments: {', '.join(config.env) or 'none'}",
+            )
+        )
+    return problems
+
+
+def clipped_pg_problems(config: Any, section: str) -> list[tuple[str, str]]:
+    """The checks of a run whose actor trains with the clipped policy-gradient loss (GRPO, PPO): the KL term needs
+    the reference pass, and ``loss_fn.force_on_policy_ratio`` needs one optimizer step per rollout batch."""
+    problems = []
+    if config.loop.skip_reference_policy_logprobs_calculation and config.loss_fn.uses_reference_kl:
+        problems.append(
+            (
+                f"{section}.skip_reference_policy_logprobs_calculation",
+                "needs loss_fn.reference_policy_kl_penalty=0: the KL term reads the reference logprobs",
+            )
+        )
+    rollout_batch = config.loop.num_prompts_per_step * config.loop.num_generations_per_prompt
+    gbs = config.policy.train_global_batch_size
+    if config.loss_fn.force_on_policy_ratio and gbs != rollout_batch:
+        problems.append(
+            (
+                "loss_fn.force_on_policy_ratio",
+                f"needs one optimizer step per rollout batch: policy.train_global_batch_size ({gbs}) must equal "
+                f"{section}.num_prompts_per_step * {section}.num_generations_per_prompt ({rollout_batch})",
+            )
+        )
+    return problems
+
+
+def needs_reference_pass(loss_fn: Any, loop: RolloutLoopConfig) -> bool:
+    """Whether each step computes the reference policy's logprobs (so the policy holds a reference model): the
+    loss has a KL term and ``skip_reference_policy_logprobs_calculation`` is off."""
+    return bool(loss_fn.uses_reference_kl) and not reward_keys(loop).skip_reference_policy_logprobs_calculation

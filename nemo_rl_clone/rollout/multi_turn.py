@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -26,6 +27,9 @@ from nemo_rl_clone.data.llm_message_utils import (
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.environments.interfaces import reward_component_keys
 from nemo_rl_clone.models.generation.interfaces import GenerationInterface
+
+# A sample's environment return: (observation, metadata, next stop strings, reward, done, extracted answer).
+_EnvReturn = tuple[dict[str, Any], Any, Any, torch.Tensor, bool, str | None]
 
 
 def run_multi_turn_rollout(
@@ -58,46 +62,77 @@ def run_multi_turn_rollout(
         ``mean_turns``, ``truncation_rate``, ``mean_generation_length``, ``total_generated_tokens``,
         ``natural_termination_rate``, and each environment's own metrics of its episodes as ``env/<name>/<metric>``.
     """
-    batch = BatchedDataDict(input_batch.copy())
-    batch["message_log"] = copy.deepcopy(list(input_batch["message_log"]))
-    batch["extra_env_info"] = copy.deepcopy(list(input_batch["extra_env_info"]))
-    size = batch.size
-    missing_envs = sorted(set(batch["task_name"]) - set(task_to_env))
-    if missing_envs:
-        raise KeyError(f"no environment for task_name {missing_envs}; environments given: {sorted(task_to_env)}")
-    for log in batch["message_log"]:
-        for message in log:
-            message.setdefault(GENERATION_LOGPROBS, torch.zeros(len(message["token_ids"]), dtype=torch.float32))
-
-    stop_strings = list(batch.get("stop_strings") or [None] * size)
-    total_reward = torch.zeros(size, dtype=torch.float32)
-    components: torch.Tensor | None = None  # [B, K] once an environment returns K rewards per sample
-    truncated = torch.zeros(size, dtype=torch.bool)
-    terminated = torch.zeros(size, dtype=torch.bool)
-    turns = torch.zeros(size, dtype=torch.long)
-    extracted_answers: list[str | None] = [None] * size
-    generated_tokens = 0
-
-    seeds = batch.get("seeds")
+    rollout = _Rollout.start(input_batch, task_to_env)
     for turn in range(max_rollout_turns):
-        active = [i for i in range(size) if not (terminated[i] or truncated[i])]
+        active = rollout.generate_turn(policy_generation, tokenizer, max_seq_len, turn, greedy)
         if not active:
             break
+        rollout.take_env_returns(_step_environments(rollout.batch, active, task_to_env), tokenizer, max_seq_len)
+    return rollout.finish(task_to_env)
+
+
+@dataclass
+class _Rollout:
+    """One batch's rollout in progress: its conversations (``batch``) and per-sample bookkeeping."""
+
+    batch: BatchedDataDict
+    stop_strings: list[Any]
+    total_reward: torch.Tensor
+    truncated: torch.Tensor
+    terminated: torch.Tensor
+    turns: torch.Tensor
+    extracted_answers: list[str | None]
+    components: torch.Tensor | None = None  # [B, K] once an environment returns K rewards per sample
+    generated_tokens: int = 0
+
+    @classmethod
+    def start(cls, input_batch: BatchedDataDict, task_to_env: Mapping[str, Any]) -> _Rollout:
+        """The input batch with its message logs deep-copied (every message with its engine logprobs)."""
+        batch = BatchedDataDict(input_batch.copy())
+        batch["message_log"] = copy.deepcopy(list(input_batch["message_log"]))
+        batch["extra_env_info"] = copy.deepcopy(list(input_batch["extra_env_info"]))
+        size = batch.size
+        missing_envs = sorted(set(batch["task_name"]) - set(task_to_env))
+        if missing_envs:
+            raise KeyError(f"no environment for task_name {missing_envs}; environments given: {sorted(task_to_env)}")
+        for log in batch["message_log"]:
+            for message in log:
+                message.setdefault(GENERATION_LOGPROBS, torch.zeros(len(message["token_ids"]), dtype=torch.float32))
+        return cls(
+            batch=batch,
+            stop_strings=list(batch.get("stop_strings") or [None] * size),
+            total_reward=torch.zeros(size, dtype=torch.float32),
+            truncated=torch.zeros(size, dtype=torch.bool),
+            terminated=torch.zeros(size, dtype=torch.bool),
+            turns=torch.zeros(size, dtype=torch.long),
+            extracted_answers=[None] * size,
+        )
+
+    def generate_turn(
+        self, policy_generation: GenerationInterface, tokenizer: Any, max_seq_len: int, turn: int, greedy: bool
+    ) -> list[int]:
+        """Generate one turn for every sample still running that has room left; returns those samples (none: the
+        rollout is over)."""
+        batch, size = self.batch, self.batch.size
+        active = [i for i in range(size) if not (self.terminated[i] or self.truncated[i])]
+        if not active:
+            return []
         flat, input_lengths = batched_message_log_to_flat_message(
             [batch["message_log"][i] for i in active], pad_value_dict={"token_ids": tokenizer.pad_token_id}
         )
         room = max_seq_len - input_lengths
         for j in (room <= 0).nonzero().flatten().tolist():  # no space left to generate: the sample is over
-            truncated[active[j]] = True
+            self.truncated[active[j]] = True
         keep = [j for j in range(len(active)) if room[j] > 0]
         if not keep:
-            break
+            return []
         active = [active[j] for j in keep]
         gen_input = BatchedDataDict(
             input_ids=flat["token_ids"][keep],
             input_lengths=input_lengths[keep],
-            stop_strings=[stop_strings[i] for i in active],
+            stop_strings=[self.stop_strings[i] for i in active],
         )
+        seeds = batch.get("seeds")
         if seeds is not None:  # reproducible sampling per sample (and a different draw each turn)
             gen_input["seeds"] = [int(seeds[i]) + turn for i in active]
         outputs = policy_generation.generate(gen_input, greedy=greedy)
@@ -109,61 +144,75 @@ def run_multi_turn_rollout(
             if ROUTED_EXPERTS in outputs:  # router replay: per sample, each position as the engine first routed it
                 records = batch.setdefault(ROUTED_EXPERTS, [None] * size)
                 records[i] = merge_routing(records[i], outputs[ROUTED_EXPERTS][j, : start + length])
-            generated_tokens += length
-            turns[i] += 1
-            total_len = start + length
-            if bool(outputs["truncated"][j]) or total_len >= max_seq_len:
-                truncated[i] = True
+            self.generated_tokens += length
+            self.turns[i] += 1
+            if bool(outputs["truncated"][j]) or start + length >= max_seq_len:
+                self.truncated[i] = True
+        return active
 
-        env_returns = _step_environments(batch, active, task_to_env)
+    def take_env_returns(
+        self, env_returns: dict[int, _EnvReturn], tokenizer: PreTrainedTokenizerBase, max_seq_len: int
+    ) -> None:
+        """Add each sample's reward, and append the observation of each sample that goes on."""
         for i, (observation, metadata, next_stops, reward, done, answer) in env_returns.items():
-            total_reward[i] += float(reward.sum())
+            self.total_reward[i] += float(reward.sum())
             if reward.dim() == 1:
-                if components is None:
-                    components = torch.zeros(size, reward.numel(), dtype=torch.float32)
-                if components.shape[1] != reward.numel():
-                    raise ValueError(
-                        f"environments returned {components.shape[1]} and {reward.numel()} rewards per sample in one "
-                        f"batch (task {batch['task_name'][i]!r}); every multi-reward environment of a run must return "
-                        "the same number"
-                    )
-                components[i] += reward
-            extracted_answers[i] = answer
-            batch["extra_env_info"][i] = metadata if metadata is not None else batch["extra_env_info"][i]
+                self._add_components(i, reward)
+            self.extracted_answers[i] = answer
+            self.batch["extra_env_info"][i] = metadata if metadata is not None else self.batch["extra_env_info"][i]
             if done:
-                terminated[i] = True
+                self.terminated[i] = True
                 continue
-            if truncated[i]:
+            if self.truncated[i]:
                 continue
-            stop_strings[i] = next_stops
-            last = batch["message_log"][i][-1]["token_ids"]
-            ended_with_eos = len(last) > 0 and int(last[-1]) == tokenizer.eos_token_id
-            message = observation_message(observation, tokenizer, ended_with_eos)
-            room_left = max_seq_len - sum(len(m["token_ids"]) for m in batch["message_log"][i])
-            if len(message["token_ids"]) > room_left:  # the observation is cut to fit, and the sample ends here
-                message["token_ids"] = message["token_ids"][: max(room_left, 0)]
-                message["content"] = tokenizer.decode(message["token_ids"])
-                truncated[i] = True
-            message[GENERATION_LOGPROBS] = torch.zeros(len(message["token_ids"]), dtype=torch.float32)
-            batch["message_log"][i].append(message)
+            self.stop_strings[i] = next_stops
+            self._append_observation(i, observation, tokenizer, max_seq_len)
 
-    batch["total_reward"] = total_reward
-    batch["truncated"] = truncated
-    batch["turns"] = turns
-    batch["extracted_answers"] = extracted_answers
-    batch["stop_strings"] = stop_strings
-    if components is not None:
-        for k in range(components.shape[1]):
-            batch[f"reward{k + 1}"] = components[:, k].clone()
-    metrics = {
-        "mean_turns": turns.float().mean().item(),
-        "truncation_rate": truncated.float().mean().item(),
-        "natural_termination_rate": terminated.float().mean().item(),
-        "total_generated_tokens": float(generated_tokens),
-        "mean_generation_length": generated_tokens / max(1, size),
-    }
-    metrics.update(_environment_metrics(batch, task_to_env))
-    return batch, metrics
+    def _add_components(self, i: int, reward: torch.Tensor) -> None:
+        if self.components is None:
+            self.components = torch.zeros(self.batch.size, reward.numel(), dtype=torch.float32)
+        if self.components.shape[1] != reward.numel():
+            raise ValueError(
+                f"environments returned {self.components.shape[1]} and {reward.numel()} rewards per sample in one "
+                f"batch (task {self.batch['task_name'][i]!r}); every multi-reward environment of a run must return "
+                "the same number"
+            )
+        self.components[i] += reward
+
+    def _append_observation(
+        self, i: int, observation: dict[str, Any], tokenizer: PreTrainedTokenizerBase, max_seq_len: int
+    ) -> None:
+        log = self.batch["message_log"][i]
+        last = log[-1]["token_ids"]
+        ended_with_eos = len(last) > 0 and int(last[-1]) == tokenizer.eos_token_id
+        message = observation_message(observation, tokenizer, ended_with_eos)
+        room_left = max_seq_len - sum(len(m["token_ids"]) for m in log)
+        if len(message["token_ids"]) > room_left:  # the observation is cut to fit, and the sample ends here
+            message["token_ids"] = message["token_ids"][: max(room_left, 0)]
+            message["content"] = tokenizer.decode(message["token_ids"])
+            self.truncated[i] = True
+        message[GENERATION_LOGPROBS] = torch.zeros(len(message["token_ids"]), dtype=torch.float32)
+        log.append(message)
+
+    def finish(self, task_to_env: Mapping[str, Any]) -> tuple[BatchedDataDict, dict[str, float]]:
+        batch, size = self.batch, self.batch.size
+        batch["total_reward"] = self.total_reward
+        batch["truncated"] = self.truncated
+        batch["turns"] = self.turns
+        batch["extracted_answers"] = self.extracted_answers
+        batch["stop_strings"] = self.stop_strings
+        if self.components is not None:
+            for k in range(self.components.shape[1]):
+                batch[f"reward{k + 1}"] = self.components[:, k].clone()
+        metrics = {
+            "mean_turns": self.turns.float().mean().item(),
+            "truncation_rate": self.truncated.float().mean().item(),
+            "natural_termination_rate": self.terminated.float().mean().item(),
+            "total_generated_tokens": float(self.generated_tokens),
+            "mean_generation_length": self.generated_tokens / max(1, size),
+        }
+        metrics.update(_environment_metrics(batch, task_to_env))
+        return batch, metrics
 
 
 def _environment_metrics(batch: BatchedDataDict, task_to_env: Mapping[str, Any]) -> dict[str, float]:
@@ -191,7 +240,7 @@ def _environment_metrics(batch: BatchedDataDict, task_to_env: Mapping[str, Any])
 
 def _step_environments(
     batch: BatchedDataDict, active: list[int], task_to_env: Mapping[str, Any]
-) -> dict[int, tuple[dict[str, Any], Any, Any, torch.Tensor, bool, str | None]]:
+) -> dict[int, _EnvReturn]:
     """Send each active sample's conversation to its task's environment (all environments in parallel). A sample's
     reward is a 0-d tensor, or ``[K]`` from an environment with K rewards."""
     by_task: dict[str, list[int]] = defaultdict(list)
@@ -203,7 +252,7 @@ def _step_environments(
         )
         for task, indices in by_task.items()
     }
-    results: dict[int, tuple[dict[str, Any], Any, Any, torch.Tensor, bool, str | None]] = {}
+    results: dict[int, _EnvReturn] = {}
     for task, future in futures.items():
         ret = ray.get(future)
         for k, i in enumerate(by_task[task]):

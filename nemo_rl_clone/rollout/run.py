@@ -1,5 +1,5 @@
 """A rollout-based run's parts (`RolloutRun`): what the rollout machinery and every algorithm on it use. The
-algorithm's setup builds it (`nemo_rl_clone.algorithms.grpo.components.setup`)."""
+algorithm's setup builds it (`nemo_rl_clone.algorithms.run.rollout.setup_rollout_run`)."""
 
 from __future__ import annotations
 

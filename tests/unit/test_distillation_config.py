@@ -40,13 +40,12 @@ def test_shipped_recipes_validate() -> None:
     assert (smoke.policy.model_name, smoke.teacher.model_name) == ("tiny-random-llama", "SmolLM2-135M-Instruct")
 
 
-def test_rollout_view_is_the_student_run() -> None:
+def test_the_loop_section_is_the_student_run() -> None:
     config = load("distillation.num_generations_per_prompt=2", "policy.train_global_batch_size=16")
-    view = config.rollout_view()
-    assert view.policy is config.policy and view.data is config.data and view.env is config.env
-    assert (view.grpo.num_prompts_per_step, view.grpo.num_generations_per_prompt) == (8, 2)
-    assert view.loss_fn.reference_policy_kl_penalty == 0  # no reference model is built for the student
-    assert view.check() == []
+    assert config.loop is config.distillation
+    assert (config.loop.num_prompts_per_step, config.loop.num_generations_per_prompt) == (8, 2)
+    assert not config.needs_reference_model  # no reference model is built for the student
+    assert config.check() == []
 
 
 def test_impossible_combinations_name_their_keys() -> None:

@@ -12,7 +12,8 @@ import torch
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.run.state import RunState
-from nemo_rl_clone.rollout.monitors import CollapseMonitors, MonitorsConfig, zero_variance_group_fraction
+from nemo_rl_clone.rollout.monitor_config import MonitorsConfig
+from nemo_rl_clone.rollout.monitors import CollapseMonitors, zero_variance_group_fraction
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
 
 ALL_ALERTS = {

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_clone.algorithms.grpo.components import setup_data
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.run.rollout import setup_data
 from nemo_rl_clone.evals.config import EvalDataConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.generation.vllm import engine_io

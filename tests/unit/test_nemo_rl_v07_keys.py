@@ -13,9 +13,9 @@ import torch
 
 from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
 from nemo_rl_clone.algorithms.grpo.advantages import mask_logprob_mismatch, step_advantages
-from nemo_rl_clone.algorithms.grpo.components import _validation_rows
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
 from nemo_rl_clone.algorithms.rm import RMMasterConfig
+from nemo_rl_clone.algorithms.run.rollout import _validation_rows
 from nemo_rl_clone.algorithms.sft import SFTMasterConfig
 from nemo_rl_clone.data.config import DataConfig, SFTDataConfig
 from nemo_rl_clone.data.supervised import build_sft_datum

@@ -137,8 +137,7 @@ def test_shipped_ppo_configs_validate_with_a_regression_critic(name):
     config = load_validated_config(REPO / "configs" / name, [], PPOMasterConfig)
     assert config.value.reward_model_cfg.reward_model_type == "regression"
     assert config.value.model_name == config.policy.model_name  # interpolated from the actor's section
-    view = config.rollout_view()
-    assert view.grpo.num_prompts_per_step == config.ppo.num_prompts_per_step and not view.needs_reference_model
+    assert config.loop is config.ppo and not config.needs_reference_model
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig, problems_as
-from nemo_rl_clone.algorithms.loss.registry import ClippedPGLossSection, DistillationLossSection
+from nemo_rl_clone.algorithms.loss.registry import DistillationLossSection
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.policy.backends import backend_key, known_backend_spec
 from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY, PolicyConfig
-from nemo_rl_clone.rollout.config import RolloutLoopConfig
+from nemo_rl_clone.rollout.config import RolloutLoopConfig, rollout_problems
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import LoggerConfig
@@ -55,9 +54,7 @@ class DistillationMasterConfig:
         return self.distillation
 
     def check(self) -> list[tuple[str, str]]:
-        # The student's run is a GRPO run without rewards to learn from: its checks (batch sizes, generation,
-        # sequence lengths, environment) apply as they are, under this config's key names.
-        problems = problems_as("distillation", self.rollout_view().check())
+        problems = rollout_problems(self, "distillation", "distillation")
         if "agent" in self.env:  # agent episodes train with GRPO only (docs/agents.md)
             problems.append(("env.agent", "not supported yet with distillation; agent runs use examples/run_grpo.py"))
         for who in ("policy", "teacher"):
@@ -85,30 +82,7 @@ class DistillationMasterConfig:
             )
         return problems
 
-    def rollout_view(self) -> GRPOMasterConfig:
-        """This run as the GRPO config whose setup, rollouts, validation and refit it reuses: the student is
-        GRPO's policy, with no reference model and no reward-based loss (advantages are never computed)."""
-        d = self.distillation
-        grpo = GRPOConfig(
-            num_prompts_per_step=d.num_prompts_per_step,
-            num_generations_per_prompt=d.num_generations_per_prompt,
-            max_rollout_turns=d.max_rollout_turns,
-            max_num_epochs=d.max_num_epochs,
-            max_num_steps=d.max_num_steps,
-            val_period=d.val_period,
-            val_at_start=d.val_at_start,
-            max_val_samples=d.max_val_samples,
-            val_batch_size=d.val_batch_size,
-            seed=d.seed,
-            use_leave_one_out_baseline=False,
-        )
-        return GRPOMasterConfig(
-            grpo=grpo,
-            loss_fn=ClippedPGLossSection(reference_policy_kl_penalty=0.0),
-            policy=self.policy,
-            data=self.data,
-            env=self.env,
-            logger=self.logger,
-            checkpointing=self.checkpointing,
-            cluster=self.cluster,
-        )
+    @property
+    def needs_reference_model(self) -> bool:
+        """The student's loss has no KL term to a reference policy."""
+        return False

@@ -3,9 +3,9 @@
 The student (``policy``) samples responses with vLLM exactly as GRPO's policy does; a frozen teacher (``teacher``,
 a second `Policy` sharing the training cluster's bundles) returns its top-k logits at every position of those
 samples, and the student is trained to match that distribution (`DistillationLossFn`: forward, reverse or mixed KL).
-Everything but the teacher and the loss is GRPO's (`grpo.components.setup` builds the run from
-`DistillationMasterConfig.rollout_view`; rollouts, validation, refit, checkpoints and logging are GRPO's functions),
-so the two algorithms sample, validate and resume the same way. Environment rewards are computed and logged
+Everything but the teacher and the loss is the rollout run every RL algorithm builds (`run.rollout.setup_rollout_run`;
+rollouts, validation, refit, checkpoints and logging are the shared functions), so distillation samples, validates and
+resumes as GRPO does. Environment rewards are computed and logged
 (``train/reward``) but never trained on. See docs/distillation.md.
 """
 
@@ -21,11 +21,10 @@ import torch
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from nemo_rl_clone.algorithms.distillation.config import DistillationConfig, DistillationMasterConfig
-from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
-from nemo_rl_clone.algorithms.grpo.second_model import SecondModelAlgorithm, SyncRolloutSteps, setup_with_model
-from nemo_rl_clone.algorithms.grpo.train import step_performance
 from nemo_rl_clone.algorithms.loss.registry import build_loss
 from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
+from nemo_rl_clone.algorithms.run.rollout import RolloutAlgorithm, step_performance
+from nemo_rl_clone.algorithms.run.second_model import SyncRolloutSteps, setup_with_model
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.contract.loss import LossFunction
@@ -33,6 +32,7 @@ from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.rollout.batches import build_train_batch
+from nemo_rl_clone.rollout.run import RolloutRun
 from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.progress import console, phase
@@ -61,7 +61,7 @@ _SHARE_METRICS = ("loss", "kl_forward", "kl_reverse")
 @dataclass
 class DistillationComponents:
     config: DistillationMasterConfig
-    run: GRPOComponents  # the student's run: policy, vLLM engines, data, environments, logger, checkpoints, state
+    run: RolloutRun[DistillationMasterConfig]  # the student's: policy, engines, data, environments, logger, state
     teacher: Policy
     loss_fn: LossFunction
 
@@ -78,6 +78,7 @@ def setup(config: DistillationMasterConfig | Mapping[str, Any]) -> DistillationC
     check_vocab_match(config)  # before Ray starts: a mismatch is one line, not a failed run
     run, teacher = setup_with_model(
         config,
+        None,  # the student trains with the distillation loss (`DistillationComponents.loss_fn`)
         lambda run, env_vars: Policy(
             run.clusters[0],
             config.teacher,
@@ -196,7 +197,7 @@ class DistillationSteps(SyncRolloutSteps):
         )
 
 
-class Distillation(SecondModelAlgorithm):
+class Distillation(RolloutAlgorithm):
     name = "distillation"
     config_class = DistillationMasterConfig
 

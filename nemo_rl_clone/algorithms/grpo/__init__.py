@@ -1,6 +1,6 @@
-"""GRPO (docs/grpo.md): the step loop in `train`, and beside it the machinery that async GRPO, on-policy
-distillation and PPO share: `config`, `components` (building the run), `rollouts` / `async_rollouts`, `batches`,
-`refit`, `monitors`, `repro` / `replay`. NeMo-RL's names, from the package as from NeMo-RL's module:
+"""GRPO (docs/grpo.md): the step loop in `train`, its config (`config`), building its run (`components`) and its
+advantages (`advantages`); the rollout machinery it shares with async GRPO, PPO and distillation is
+`nemo_rl_clone.rollout`. NeMo-RL's names, from the package as from NeMo-RL's module:
 ``from nemo_rl_clone.algorithms.grpo import MasterConfig, setup, grpo_train``."""
 
 from __future__ import annotations

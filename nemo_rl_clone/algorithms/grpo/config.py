@@ -10,10 +10,16 @@ from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
-from nemo_rl_clone.rollout.config import RewardedLoopConfig, RolloutLoopConfig
-from nemo_rl_clone.rollout.monitors import MonitorsConfig
+from nemo_rl_clone.rollout.config import (
+    RewardedLoopConfig,
+    RolloutLoopConfig,
+    clipped_pg_problems,
+    needs_reference_pass,
+    rollout_problems,
+)
+from nemo_rl_clone.rollout.monitor_config import MonitorsConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.imports import import_by_path
+from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 # Built-in environments with one reward per sample (a user's env_class may return several: GDPO checks at run time).
@@ -62,10 +68,15 @@ class AdvEstimatorConfig:
         if "." not in self.name:
             names = ", ".join(repr(name) for name in _BUILT_IN_ESTIMATORS)
             return [("name", f"must be one of {names} or a class path package.module.Class, got {self.name!r}")]
+        # A user's class is imported here (its interface is checked before the run starts); torch comes with it.
+        from nemo_rl_clone.algorithms.advantage_estimator import estimator_class
+
         try:
-            found = import_by_path(self.name)
+            found = estimator_class(self.name)
         except ImportError as error:
             return [("name", str(error))]
+        except UserInputError as error:
+            return [("name", str(error).partition(": ")[2])]
         if not isinstance(found, type) or not callable(getattr(found, "compute_advantage", None)):
             return [("name", f"{self.name} is not a class with compute_advantage(prompt_ids, rewards, mask, **kwargs)")]
         return []
@@ -229,55 +240,13 @@ class GRPOMasterConfig:
         return self.grpo
 
     def check(self) -> list[tuple[str, str]]:
-        problems = []
-        if self.grpo.skip_reference_policy_logprobs_calculation and self.loss_fn.uses_reference_kl:
-            problems.append(
-                (
-                    "grpo.skip_reference_policy_logprobs_calculation",
-                    "needs loss_fn.reference_policy_kl_penalty=0: the KL term reads the reference logprobs",
-                )
-            )
+        problems = clipped_pg_problems(self, "grpo") + rollout_problems(self, "grpo", "GRPO")
         if self.on_policy_distillation is not None:
             problems.append(
                 (
                     "on_policy_distillation",
                     "not supported by GRPO runs: on-policy distillation is its own run; use "
                     "examples/run_distillation_math.py, and set it to null here",
-                )
-            )
-        rollout_batch = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
-        gbs = self.policy.train_global_batch_size
-        if gbs >= 1 and rollout_batch % gbs:
-            problems.append(
-                (
-                    "policy.train_global_batch_size",
-                    f"must divide grpo.num_prompts_per_step * grpo.num_generations_per_prompt = {rollout_batch} (got {gbs})",
-                )
-            )
-        if self.loss_fn.force_on_policy_ratio and gbs != rollout_batch:
-            problems.append(
-                (
-                    "loss_fn.force_on_policy_ratio",
-                    f"needs one optimizer step per rollout batch: policy.train_global_batch_size ({gbs}) must equal "
-                    f"grpo.num_prompts_per_step * grpo.num_generations_per_prompt ({rollout_batch})",
-                )
-            )
-        if self.policy.generation is None:
-            problems.append(("policy.generation", "GRPO needs a generation section"))
-        if self.data.max_input_seq_length > self.policy.max_total_sequence_length:
-            problems.append(
-                (
-                    "data.max_input_seq_length",
-                    f"exceeds policy.max_total_sequence_length ({self.data.max_input_seq_length} > {self.policy.max_total_sequence_length})",
-                )
-            )
-        if self.data.task_name not in self.env:
-            key = "data.env_name" if self.data.env_name else "data.dataset_name"
-            problems.append(
-                (
-                    f"env.{self.data.task_name}",
-                    f"required: this environment scores the rows ({key}: {getattr(self.data, key[5:])!r}); "
-                    f"configured environments: {', '.join(self.env) or 'none'}",
                 )
             )
         if (greedy := self.identical_groups) is not None:
@@ -312,7 +281,7 @@ class GRPOMasterConfig:
     def needs_reference_model(self) -> bool:
         """Whether each step computes the reference policy's logprobs (so the policy holds a reference model): the
         loss has a KL term and ``grpo.skip_reference_policy_logprobs_calculation`` is off."""
-        return self.loss_fn.uses_reference_kl and not self.grpo.skip_reference_policy_logprobs_calculation
+        return needs_reference_pass(self.loss_fn, self.grpo)
 
     @property
     def needs_prev_logprobs(self) -> bool:
@@ -390,13 +359,3 @@ class GRPOMasterConfig:
                 )
             )
         return problems
-
-
-def problems_as(section: str, problems: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """A GRPO view's problems under the name of the section it was built from (distillation, PPO): ``grpo.`` in
-    keys and messages becomes ``<section>.``."""
-    prefix = f"{section}."
-    return [
-        (prefix + key[len("grpo.") :] if key.startswith("grpo.") else key, message.replace("grpo.", prefix))
-        for key, message in problems
-    ]

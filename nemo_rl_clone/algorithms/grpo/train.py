@@ -13,25 +13,26 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nemo_rl_clone.algorithms.grpo.advantages import mask_logprob_mismatch, step_advantages
-from nemo_rl_clone.algorithms.grpo.components import GRPOComponents, GRPOState, save_checkpoint, setup, setup_data
+from nemo_rl_clone.algorithms.grpo.components import GRPOComponents, GRPOState, setup
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
-from nemo_rl_clone.algorithms.run.state import run_validation
-from nemo_rl_clone.data.collate_fn import rl_collate_fn
+from nemo_rl_clone.algorithms.run.rollout import (
+    RolloutAlgorithm,
+    log_validation,
+    save_checkpoint,
+    step_performance,
+    validate,
+)
 from nemo_rl_clone.models.policy.workers.train_profile import memory_metrics, profile_metrics
 from nemo_rl_clone.rollout.agent_rollouts import expand_agent_samples
 from nemo_rl_clone.rollout.async_rollouts import AsyncRollouts
 from nemo_rl_clone.rollout.batches import aggregate_train_metrics, build_train_batch
 from nemo_rl_clone.rollout.monitors import CollapseMonitors
 from nemo_rl_clone.rollout.repro import ReproBundles
-from nemo_rl_clone.rollout.rewards import accuracy_reward
-from nemo_rl_clone.rollout.step_rollouts import RolloutSource, SyncRollouts, roll_out
+from nemo_rl_clone.rollout.step_rollouts import RolloutSource, SyncRollouts
 from nemo_rl_clone.utils.progress import phase
-from nemo_rl_clone.utils.samples import print_samples, sample_rows
+from nemo_rl_clone.utils.samples import sample_rows
 from nemo_rl_clone.utils.timer import Timer
 
 # NeMo-RL's names: `from nemo_rl_clone.algorithms.grpo import MasterConfig, setup, grpo_train`.
@@ -164,46 +165,7 @@ class GRPOSteps:
         self.source.close()
 
 
-def validate(c: GRPOComponents, samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
-    """Roll out the validation prompts once (sampled with fixed per-prompt seeds, so runs compare fairly).
-
-    Returns ``accuracy`` (fraction of responses whose `accuracy_reward` is 1), ``mean_reward`` (what a graded scorer such as a
-    reward model is judged by) and ``avg_length`` (generated tokens). ``samples``
-    receives the first ``logger.num_val_samples_to_print`` samples as `sample_rows` rows.
-    """
-    cfg = c.config
-    if c.val_dataset is None:
-        return {}
-    count = min(len(c.val_dataset), cfg.grpo.max_val_samples or len(c.val_dataset))
-    batch_size = cfg.grpo.val_batch_size or count
-    rewards, correct, lengths = [], [], []
-    for start in range(0, count, batch_size):
-        prompts = rl_collate_fn([c.val_dataset[i] for i in range(start, min(count, start + batch_size))])
-        prompts["seeds"] = [cfg.grpo.seed * 100_003 + start + i for i in range(prompts.size)]
-        batch, metrics = roll_out(c, prompts)
-        if samples is not None and len(samples) < cfg.logger.num_val_samples_to_print:
-            rows = sample_rows(batch, batch["total_reward"])
-            samples.extend(rows[: cfg.logger.num_val_samples_to_print - len(samples)])
-        rewards.append(batch["total_reward"])
-        correct.append(accuracy_reward(batch) == 1.0)
-        lengths.append(metrics["mean_generation_length"] * batch.size)
-    all_rewards = torch.cat(rewards)
-    c.generation.take_performance_metrics()  # validation's generation is not the next training step's
-    return {
-        "accuracy": torch.cat(correct).float().mean().item(),
-        "mean_reward": all_rewards.float().mean().item(),
-        "avg_length": sum(lengths) / count,
-    }
-
-
-def log_validation(c: GRPOComponents, step: int) -> None:
-    phase(step, "validation")
-    samples: list[dict[str, Any]] = []
-    run_validation(lambda: validate(c, samples), c.state, c.logger, step, shown=("accuracy", "avg_length"))
-    print_samples(samples, f"step {step}: validation sample")
-
-
-class GRPO(Algorithm):
+class GRPO(RolloutAlgorithm):
     name = "grpo"
     config_class = GRPOMasterConfig
 
@@ -213,35 +175,5 @@ class GRPO(Algorithm):
     def train(self, run: GRPOComponents) -> None:
         grpo_train(run)
 
-    def datasets(self, config: GRPOMasterConfig, tokenizer: Any) -> tuple[Any, Any, int | None]:
-        loader, validation = setup_data(config, tokenizer)
-        return loader.dataset, validation, config.data.max_input_seq_length
-
-    def needs_reference_model(self, config: GRPOMasterConfig) -> bool:
-        return config.needs_reference_model
-
-    def loss_token_share(self, config: GRPOMasterConfig) -> float:
-        return response_token_share(config)
-
-    def multi_turn(self, config: GRPOMasterConfig) -> bool:
-        return config.grpo.max_rollout_turns > 1
-
-
-def response_token_share(config: GRPOMasterConfig) -> float:
-    """At most this share of a sequence is response tokens, the ones an RL loss reads."""
-    generation = config.policy.generation
-    assert generation is not None  # GRPOMasterConfig.check requires it
-    return min(1.0, generation.max_new_tokens / config.policy.max_total_sequence_length)
-
 
 ALGORITHM = GRPO()
-
-
-def step_performance(metrics: dict[str, float], timing: dict[str, float]) -> dict[str, float]:
-    """``performance/*`` throughput of a step that generated, then trained its policy."""
-    total_tokens = metrics["total_num_tokens"]
-    return {
-        "tokens_per_sec": total_tokens / max(timing["total_step_time"], 1e-9),
-        "generation_tokens_per_sec": metrics["generated_tokens"] / max(timing["generation"], 1e-9),
-        "policy_training_tokens_per_sec": total_tokens / max(timing["policy_training"], 1e-9),
-    }

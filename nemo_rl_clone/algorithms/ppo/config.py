@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig, problems_as
 from nemo_rl_clone.algorithms.loss.registry import ClippedPGLossSection
 from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
@@ -24,7 +23,13 @@ from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.backends import backend_key, known_backend_spec
 from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY, PolicyConfig, RewardModelConfig
-from nemo_rl_clone.rollout.config import RewardedLoopConfig, RolloutLoopConfig
+from nemo_rl_clone.rollout.config import (
+    RewardedLoopConfig,
+    RolloutLoopConfig,
+    clipped_pg_problems,
+    needs_reference_pass,
+    rollout_problems,
+)
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import LoggerConfig
@@ -165,9 +170,7 @@ class PPOMasterConfig:
         return self.ppo
 
     def check(self) -> list[tuple[str, str]]:
-        # The actor's run is a GRPO run with GAE advantages: its checks (batch sizes, generation, lengths,
-        # environments, the KL term against skip_reference_policy_logprobs_calculation) apply under PPO's names.
-        problems = problems_as("ppo", self.rollout_view().check())
+        problems = clipped_pg_problems(self, "ppo") + rollout_problems(self, "ppo", "PPO")
         if "agent" in self.env:  # agent episodes train with GRPO only (docs/agents.md)
             problems.append(("env.agent", "not supported yet with PPO; agent runs use examples/run_grpo.py"))
         value, critic_backend = self.value, known_backend_spec(self.value)
@@ -215,36 +218,14 @@ class PPOMasterConfig:
             problems.append(("value.generation", "the critic generates nothing; set it to null"))
         return problems
 
-    def rollout_view(self) -> GRPOMasterConfig:
-        """This run as the GRPO config whose setup, rollouts, reward shaping, validation and refit it reuses: the
-        actor is GRPO's policy; its advantages come from GAE instead of the group baseline."""
-        p = self.ppo
-        grpo = GRPOConfig(
-            num_prompts_per_step=p.num_prompts_per_step,
-            num_generations_per_prompt=p.num_generations_per_prompt,
-            max_rollout_turns=p.max_rollout_turns,
-            max_num_epochs=p.max_num_epochs,
-            max_num_steps=p.max_num_steps,
-            val_period=p.val_period,
-            val_at_start=p.val_at_start,
-            val_at_end=p.val_at_end,
-            overlong_filtering=p.overlong_filtering,
-            max_val_samples=p.max_val_samples,
-            val_batch_size=p.val_batch_size,
-            seed=p.seed,
-            skip_reference_policy_logprobs_calculation=p.skip_reference_policy_logprobs_calculation,
-            reward_shaping=p.reward_shaping,
-            reward_scaling=p.reward_scaling,
-            use_leave_one_out_baseline=False,
-            allow_greedy_groups=True,  # PPO's baseline is the critic, not the group: identical samples still teach
-        )
-        return GRPOMasterConfig(
-            grpo=grpo,
-            loss_fn=self.loss_fn,
-            policy=self.policy,
-            data=self.data,
-            env=self.env,
-            logger=self.logger,
-            checkpointing=self.checkpointing,
-            cluster=self.cluster,
-        )
+    @property
+    def needs_reference_model(self) -> bool:
+        """Whether each step computes the reference policy's logprobs (the actor's loss has a KL term and
+        ``ppo.skip_reference_policy_logprobs_calculation`` is off)."""
+        return needs_reference_pass(self.loss_fn, self.ppo)
+
+    @property
+    def needs_prev_logprobs(self) -> bool:
+        """Whether each step computes the actor's pre-update logprobs (the loss's ratio reads them unless
+        ``loss_fn.force_on_policy_ratio``)."""
+        return not self.loss_fn.force_on_policy_ratio

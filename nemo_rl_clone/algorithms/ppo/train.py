@@ -1,6 +1,6 @@
 """PPO with a critic: generate → reward → values → GAE → logprobs → train the critic → train the actor → sync.
 
-The actor's run is GRPO's (`grpo.components.setup` builds it from `PPOMasterConfig.rollout_view`: vLLM engines, data,
+The actor's run is the rollout run every RL algorithm builds (`run.rollout.setup_rollout_run`: vLLM engines, data,
 environments, reward scaling and shaping, validation, refit, checkpoints); PPO adds a critic — a second policy worker
 group on the training workers with a scalar head read at every token (``value.reward_model_cfg.reward_model_type:
 regression``) — and replaces the group baseline by GAE over the critic's values. The loop around the step is every
@@ -31,18 +31,19 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
-from nemo_rl_clone.algorithms.grpo.second_model import SecondModelAlgorithm, SyncRolloutSteps, setup_with_model
 from nemo_rl_clone.algorithms.loss.registry import build_loss
 from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
 from nemo_rl_clone.algorithms.ppo.gae import compute_advantages_and_returns, last_token_rewards
 from nemo_rl_clone.algorithms.ppo.value_loss import explained_variance
 from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
+from nemo_rl_clone.algorithms.run.rollout import RolloutAlgorithm, clipped_pg_loss
+from nemo_rl_clone.algorithms.run.second_model import SyncRolloutSteps, setup_with_model
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.rollout.batches import build_train_batch, training_metrics
+from nemo_rl_clone.rollout.run import RolloutRun
 from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.progress import console, phase
 from nemo_rl_clone.utils.samples import sample_rows
@@ -57,7 +58,7 @@ _VALUE_SHARES = ("loss", "vf_clipfrac", "values_mean", "returns_mean", "returns_
 @dataclass
 class PPOComponents:
     config: PPOMasterConfig
-    run: GRPOComponents  # the actor's run: policy, vLLM engines, data, environments, logger, checkpoints, state
+    run: RolloutRun[PPOMasterConfig]  # the actor's: policy, engines, data, environments, logger, checkpoints, state
     critic: Policy
     value_loss_fn: LossFunction
 
@@ -70,11 +71,12 @@ def setup(config: PPOMasterConfig | Any) -> PPOComponents:
     """Build a PPO run (validated here when given as NeMo-RL's plain dict); resumes the actor and the critic from
     ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
     config = as_config(config, PPOMasterConfig)
-    run, critic = setup_with_model(config, partial(_build_critic, config))
+    loss_fn = clipped_pg_loss(config.loss_fn, config.policy.generation)
+    run, critic = setup_with_model(config, loss_fn, partial(_build_critic, config))
     return PPOComponents(config, run, critic, build_loss(None, "mse_value", config.value_loss_fn))
 
 
-def _build_critic(config: PPOMasterConfig, run: GRPOComponents, env_vars: dict[str, str]) -> Policy:
+def _build_critic(config: PPOMasterConfig, run: RolloutRun[PPOMasterConfig], env_vars: dict[str, str]) -> Policy:
     """The critic on the actor's training cluster; from ``value/`` of the checkpoint the actor resumes from."""
     latest = run.checkpointer.get_latest_checkpoint_path() if run.state.step > 0 else None
     weights, optimizer = None, None
@@ -222,7 +224,7 @@ def _step_metrics(
     return metrics
 
 
-class PPO(SecondModelAlgorithm):
+class PPO(RolloutAlgorithm):
     name = "ppo"
     config_class = PPOMasterConfig
 
@@ -231,9 +233,6 @@ class PPO(SecondModelAlgorithm):
 
     def train(self, run: PPOComponents) -> None:
         ppo_train(run)
-
-    def needs_reference_model(self, config: PPOMasterConfig) -> bool:
-        return config.rollout_view().needs_reference_model
 
     def trained_models(self, config: PPOMasterConfig) -> dict[str, Any]:
         return {VALUE_DIR: config.value}
