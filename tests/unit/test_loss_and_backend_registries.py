@@ -85,3 +85,21 @@ def test_an_imported_backends_capability_table_is_checked_when_the_policy_builds
             "dtensor_cfg use policy.dynamic_batching to cut padding",
         )
     ]
+
+
+def test_estimators_and_environments_are_registries() -> None:
+    from nemo_rl_clone.algorithms.advantage_estimator import (
+        GRPOAdvantageEstimator,
+        RLOOAdvantageEstimator,
+        estimator_class,
+    )
+    from nemo_rl_clone.environments import ENVIRONMENT_REGISTRY, register_env
+
+    module = "nemo_rl_clone.algorithms.advantage_estimator"
+    assert estimator_class("grpo") is GRPOAdvantageEstimator
+    assert estimator_class(f"{module}:RLOOAdvantageEstimator") is estimator_class(f"{module}.RLOOAdvantageEstimator")
+    assert estimator_class(f"{module}.RLOOAdvantageEstimator") is RLOOAdvantageEstimator
+    assert {"math", "code", "agent"} <= set(ENVIRONMENT_REGISTRY.names())
+    register_env("math", "nemo_rl_clone.environments.math_environment.MathEnvironment")  # the same class: accepted
+    with pytest.raises(ValueError, match="'math' is already registered"):
+        register_env("math", "my_pkg.envs.OtherMath")

@@ -56,7 +56,8 @@ class ClippedPGLossSection(ClippedPGLossConfig):
         return super().check() + name_problems(self.name)
 
     def loss_config(self) -> ClippedPGLossConfig:
-        return without_name(self, ClippedPGLossConfig)  # type: ignore[no-any-return]
+        config: ClippedPGLossConfig = without_name(self, ClippedPGLossConfig)
+        return config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,4 +70,5 @@ class DistillationLossSection(DistillationLossConfig):
         return super().check() + name_problems(self.name)
 
     def loss_config(self) -> DistillationLossConfig:
-        return without_name(self, DistillationLossConfig)  # type: ignore[no-any-return]
+        config: DistillationLossConfig = without_name(self, DistillationLossConfig)
+        return config
