@@ -318,7 +318,10 @@ def _check_recompute(cfg: MegatronConfig) -> list[tuple[str, str]]:
 
 def _check_optimizer_and_scheduler(cfg: MegatronConfig) -> list[tuple[str, str]]:
     """Megatron's own asserts (``OptimizerParamScheduler``), reported at validation instead of at start-up."""
-    opt, sched = cfg.optimizer, cfg.scheduler
+    return _check_optimizer(cfg.optimizer) + _check_scheduler(cfg.scheduler, cfg.optimizer.lr)
+
+
+def _check_optimizer(opt: MegatronOptimizerConfig) -> list[tuple[str, str]]:
     problems = []
     if opt.params_dtype != "float32":
         problems.append(
@@ -344,9 +347,14 @@ def _check_optimizer_and_scheduler(cfg: MegatronConfig) -> list[tuple[str, str]]
             problems.append((f"optimizer.{name}", f"must be >= 0, got {getattr(opt, name)}"))
     if not 0 <= opt.min_lr <= opt.lr:
         problems.append(("optimizer.min_lr", f"must be between 0 and optimizer.lr ({opt.lr}), got {opt.min_lr}"))
-    if not 0 <= sched.lr_warmup_init <= opt.lr:
+    return problems
+
+
+def _check_scheduler(sched: MegatronSchedulerConfig, lr: float) -> list[tuple[str, str]]:
+    problems = []
+    if not 0 <= sched.lr_warmup_init <= lr:
         problems.append(
-            ("scheduler.lr_warmup_init", f"must be between 0 and optimizer.lr ({opt.lr}), got {sched.lr_warmup_init}")
+            ("scheduler.lr_warmup_init", f"must be between 0 and optimizer.lr ({lr}), got {sched.lr_warmup_init}")
         )
     if sched.lr_warmup_iters < 0:
         problems.append(("scheduler.lr_warmup_iters", f"must be >= 0, got {sched.lr_warmup_iters}"))

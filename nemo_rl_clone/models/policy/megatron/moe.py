@@ -60,28 +60,7 @@ def check(shape: converter.ModelShape, mcfg: Any, world_size: int, varying_shape
         for (key, off), reason in _REFUSED_FOR_MOE.items()
         if getattr(mcfg, key) not in off
     ]
-    if mcfg.moe_token_dispatcher_type == "alltoall" and not torch.cuda.is_available():
-        problems.append(
-            f"{_KEY}moe_token_dispatcher_type: 'alltoall' copies token counts on a CUDA stream (Megatron's "
-            "MoEAlltoAllTokenDispatcher); set 'allgather' on a machine without CUDA"
-        )
-    elif mcfg.moe_token_dispatcher_type not in DISPATCHERS:
-        problems.append(
-            f"{_KEY}moe_token_dispatcher_type: must be one of {list(DISPATCHERS)} (flex {_NO_TE}), got "
-            f"{mcfg.moe_token_dispatcher_type!r}"
-        )
-    elif mcfg.moe_token_dispatcher_type == "allgather" and mcfg.pipeline_model_parallel_size > 1:
-        problems.append(
-            f"{_KEY}moe_token_dispatcher_type: 'allgather' needs fixed sequence lengths, which pipeline stages do not "
-            "have here (microbatches differ in length); use 'alltoall'"
-        )
-    elif mcfg.moe_token_dispatcher_type == "allgather" and varying_shapes and ep * etp > 1:
-        # Its all-gather over the expert ranks (which are data-parallel ranks) assumes equal token counts.
-        problems.append(
-            f"{_KEY}moe_token_dispatcher_type: 'allgather' over {ep * etp} expert ranks needs the same microbatch "
-            "shapes on every data-parallel rank; turn off policy.dynamic_batching / policy.sequence_packing, or use "
-            "'alltoall' (CUDA)"
-        )
+    problems += _dispatcher_problems(mcfg, ep * etp, varying_shapes)
     if mcfg.moe_router_dtype not in ROUTER_DTYPES:
         problems.append(f"{_KEY}moe_router_dtype: must be one of {list(ROUTER_DTYPES)}, got {mcfg.moe_router_dtype!r}")
     if mcfg.moe_router_load_balancing_type not in LOAD_BALANCING_TYPES:
@@ -115,6 +94,33 @@ def check(shape: converter.ModelShape, mcfg: Any, world_size: int, varying_shape
             problems.append(str(error))
     if problems:
         raise UserInputError(*problems)
+
+
+def _dispatcher_problems(mcfg: Any, expert_ranks: int, varying_shapes: bool) -> list[str]:
+    """Why ``moe_token_dispatcher_type`` cannot run here (``expert_ranks``: expert × expert-tensor parallel size)."""
+    if mcfg.moe_token_dispatcher_type == "alltoall" and not torch.cuda.is_available():
+        return [
+            f"{_KEY}moe_token_dispatcher_type: 'alltoall' copies token counts on a CUDA stream (Megatron's "
+            "MoEAlltoAllTokenDispatcher); set 'allgather' on a machine without CUDA"
+        ]
+    if mcfg.moe_token_dispatcher_type not in DISPATCHERS:
+        return [
+            f"{_KEY}moe_token_dispatcher_type: must be one of {list(DISPATCHERS)} (flex {_NO_TE}), got "
+            f"{mcfg.moe_token_dispatcher_type!r}"
+        ]
+    if mcfg.moe_token_dispatcher_type == "allgather" and mcfg.pipeline_model_parallel_size > 1:
+        return [
+            f"{_KEY}moe_token_dispatcher_type: 'allgather' needs fixed sequence lengths, which pipeline stages do not "
+            "have here (microbatches differ in length); use 'alltoall'"
+        ]
+    if mcfg.moe_token_dispatcher_type == "allgather" and varying_shapes and expert_ranks > 1:
+        # Its all-gather over the expert ranks (which are data-parallel ranks) assumes equal token counts.
+        return [
+            f"{_KEY}moe_token_dispatcher_type: 'allgather' over {expert_ranks} expert ranks needs the same microbatch "
+            "shapes on every data-parallel rank; turn off policy.dynamic_batching / policy.sequence_packing, or use "
+            "'alltoall' (CUDA)"
+        ]
+    return []
 
 
 def _shown(value: Any) -> str:
