@@ -39,15 +39,7 @@ def run_agent_rollout(
     malformed_result}_rate``, ``agent/no_call_rate``, ``agent/context_break_rate``, ``agent/samples_per_episode``.
     """
     size = input_batch.size
-    run = uuid.uuid4().hex[:12]
-    episode_ids = [f"{run}-{i}" for i in range(size)]
-    infos, indices = input_batch["extra_env_info"], input_batch["idx"]
-    rows = [{**dict(info or {}), "idx": int(idx)} for info, idx in zip(infos, indices, strict=True)]
-    results: list[EpisodeResult] = ray.get(
-        agent_env.run_episodes.remote(rows, episode_ids, generation.http_url, len(generation.http_urls))
-    )
-    calls = generation.take_served_calls(episode_ids)
-
+    episode_ids, results, calls = _play_episodes(generation, input_batch, agent_env)
     batch = BatchedDataDict(input_batch.copy())
     batch["message_log"] = copy.deepcopy(list(input_batch["message_log"]))
     loss_multiplier = batch["loss_multiplier"].clone().float()
@@ -88,6 +80,20 @@ def run_agent_rollout(
         **failure_metrics(results),
     }
     return batch, metrics
+
+
+def _play_episodes(
+    generation: Any, input_batch: BatchedDataDict, agent_env: Any
+) -> tuple[list[str], list[EpisodeResult], dict[str, list[Any]]]:
+    """The agent plays one episode per row: (episode ids, their results, the engine calls each made)."""
+    run = uuid.uuid4().hex[:12]
+    episode_ids = [f"{run}-{i}" for i in range(input_batch.size)]
+    infos, indices = input_batch["extra_env_info"], input_batch["idx"]
+    rows = [{**dict(info or {}), "idx": int(idx)} for info, idx in zip(infos, indices, strict=True)]
+    results: list[EpisodeResult] = ray.get(
+        agent_env.run_episodes.remote(rows, episode_ids, generation.http_url, len(generation.http_urls))
+    )
+    return episode_ids, results, generation.take_served_calls(episode_ids)
 
 
 def _fit(message_log: list[dict[str, Any]], max_seq_len: int) -> tuple[list[dict[str, Any]], bool]:

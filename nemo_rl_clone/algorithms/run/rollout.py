@@ -13,7 +13,7 @@ import torch
 
 from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.loss.registry import build_loss
-from nemo_rl_clone.algorithms.run.setup import RunStart, setup_run
+from nemo_rl_clone.algorithms.run.setup import RunStart, ray_cluster, setup_run
 from nemo_rl_clone.algorithms.run.state import run_validation, save_run_checkpoint
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
@@ -189,30 +189,19 @@ def _clusters(config: RolloutRunConfig, use_gpus: bool, extra_worker_groups: int
     gen_cfg = config.policy.generation
     assert gen_cfg is not None  # rollout_problems requires it
     colocated = gen_cfg.colocated.enabled
-    bundles = [config.cluster.gpus_per_node] * config.cluster.num_nodes
-    ports = {
-        "port_range_low": config.cluster.master_port_range_low,
-        "port_range_high": config.cluster.master_port_range_high,
-    }
-    train_cluster = RayVirtualCluster(
-        bundles,
-        use_gpus=use_gpus,
+    train_cluster = ray_cluster(
+        config.cluster,
+        "grpo_train",
+        use_gpus,
+        config.cluster.gpus_per_node,
+        config.cluster.num_nodes,
         max_colocated_worker_groups=(2 if colocated else 1) + extra_worker_groups,
-        num_gpus_per_node=config.cluster.gpus_per_node,
-        name="grpo_train",
-        **ports,
     )
     if colocated:
         return [train_cluster]
     resources = gen_cfg.colocated.resources
     assert resources.gpus_per_node is not None and resources.num_nodes is not None  # ColocatedConfig.check
-    gen_cluster = RayVirtualCluster(
-        [resources.gpus_per_node] * resources.num_nodes,
-        use_gpus=use_gpus,
-        num_gpus_per_node=resources.gpus_per_node,
-        name="grpo_generation",
-        **ports,
-    )
+    gen_cluster = ray_cluster(config.cluster, "grpo_generation", use_gpus, resources.gpus_per_node, resources.num_nodes)
     return [train_cluster, gen_cluster]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from nemo_rl_clone.algorithms.run.state import (
     RunState,
@@ -21,6 +21,9 @@ from nemo_rl_clone.utils.checkpoint import CheckpointManager
 from nemo_rl_clone.utils.config import save_config
 from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
+
+if TYPE_CHECKING:
+    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 
 DataT = TypeVar("DataT")
 
@@ -69,3 +72,21 @@ def setup_run(
     services = after_ray() if after_ray is not None else None
     state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)
     return RunStart(log_dir, run_logger, dataloader, data, checkpointer, state, weights_path, optimizer_path, services)
+
+
+def ray_cluster(
+    cluster: Any, name: str, use_gpus: bool, gpus_per_node: int, num_nodes: int, max_colocated_worker_groups: int = 1
+) -> RayVirtualCluster:
+    """A `RayVirtualCluster` of ``num_nodes`` bundles of ``gpus_per_node``, on the ports of the run's ``cluster``
+    section."""
+    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+
+    return RayVirtualCluster(
+        [gpus_per_node] * num_nodes,
+        use_gpus=use_gpus,
+        max_colocated_worker_groups=max_colocated_worker_groups,
+        num_gpus_per_node=gpus_per_node,
+        name=name,
+        port_range_low=cluster.master_port_range_low,
+        port_range_high=cluster.master_port_range_high,
+    )

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.run.setup import RunStart, setup_run
+from nemo_rl_clone.algorithms.run.setup import RunStart, ray_cluster, setup_run
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
 from nemo_rl_clone.data.dataloader import IndexedDataset, StatefulPromptLoader
@@ -95,19 +95,12 @@ def _build_policy(
     config: Any, algorithm: SupervisedAlgorithm, tokenizer: Any, start: RunStart[None]
 ) -> tuple[Any, Any]:
     """(policy, its cluster): one worker group on all the run's bundles, from the restored weights if any."""
-    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
     from nemo_rl_clone.models.policy.lm_policy import Policy
 
     use_gpus = torch.cuda.is_available()
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
-    cluster = RayVirtualCluster(
-        [config.cluster.gpus_per_node] * config.cluster.num_nodes,
-        use_gpus=use_gpus,
-        num_gpus_per_node=config.cluster.gpus_per_node,
-        name=f"{algorithm.section}_cluster",
-        port_range_low=config.cluster.master_port_range_low,
-        port_range_high=config.cluster.master_port_range_high,
-    )
+    section = config.cluster
+    cluster = ray_cluster(section, f"{algorithm.section}_cluster", use_gpus, section.gpus_per_node, section.num_nodes)
     # Ray gives CPU actors one thread by default; without a generation engine the workers own all the cores.
     threads = {} if use_gpus else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
     policy = Policy(
