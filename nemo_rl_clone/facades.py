@@ -25,4 +25,6 @@ FACADES: dict[str, str] = {
     "nemo_rl_clone.experience.rollouts": "nemo_rl_clone.rollout.multi_turn",
     # NeMo-RL's path (nemo_rl.algorithms.reward_functions)
     "nemo_rl_clone.algorithms.reward_functions": "nemo_rl_clone.rollout.rewards",
+    # NeMo-RL's path (nemo_rl.utils.native_checkpoint)
+    "nemo_rl_clone.utils.native_checkpoint": "nemo_rl_clone.models.dcp_checkpoint",
 }
