@@ -97,3 +97,12 @@ def test_megatron_export_checks_before_building_anything(tmp_path: Path) -> None
         export_model_from_megatron("m", str(weights), str(tmp_path / "out"), "m", hf_overrides={"a": 1})
     with pytest.raises(UserInputError, match=r"no config.yaml with a policy section in the 3 folders above it"):
         export_model_from_megatron("m", weights, tmp_path / "out", "m")
+
+
+def test_to_torch_dtype_takes_nemo_rl_s_names() -> None:
+    from nemo_rl_clone.models.megatron.community_import import to_torch_dtype
+
+    assert to_torch_dtype("BF16") is torch.bfloat16 and to_torch_dtype("float32") is torch.float32
+    assert to_torch_dtype("fp16") is torch.float16 and to_torch_dtype(torch.bfloat16) is torch.bfloat16
+    with pytest.raises(ValueError, match="Unknown dtype: 'int8'"):
+        to_torch_dtype("int8")

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from nemo_rl_clone.models.policy.megatron.export import export_megatron_checkpoint, single_process_policy
 from nemo_rl_clone.utils.checkpoint import CONFIG_FILE, require_verified_weights
 from nemo_rl_clone.utils.config import load_config, resolve_to_container
@@ -24,6 +26,27 @@ from nemo_rl_clone.utils.errors import UserInputError
 PathLike = str | os.PathLike[str]
 # step_N/policy/weights[/iter_N]: the run's config.yaml is in step_N, two or three folders up.
 CONFIG_SEARCH_DEPTH = 3
+
+
+# NeMo-RL's dtype names, in any case (Megatron configs write pipeline_dtype either way).
+_DTYPE_NAMES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def to_torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``dtype`` as a torch dtype: a torch dtype as is, or one of NeMo-RL's names (``fp32``/``float32``,
+    ``bf16``/``bfloat16``, ``fp16``/``float16``, any case); anything else raises ``ValueError`` naming it."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPE_NAMES:
+        return _DTYPE_NAMES[dtype.lower()]
+    raise ValueError(f"Unknown dtype: {dtype!r} (expected a torch dtype or one of {', '.join(_DTYPE_NAMES)})")
 
 
 def export_model_from_megatron(
