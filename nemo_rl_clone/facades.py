@@ -1,8 +1,10 @@
-"""The facade table: modules that exist only to present another module under a second path — NeMo-RL v0.7.0's path
-(so that its users' imports read the same here) or an earlier path of ours (so that old imports keep working).
+"""The facade tables: `FACADES`, modules that exist only to present another module under a second path — NeMo-RL
+v0.7.0's path (so that its users' imports read the same here) or an earlier path of ours (so that old imports keep
+working); `REFUSED`, modules at NeMo-RL's paths for features not built here, which stop with one line when imported.
 
-A facade may import any layer; nothing inside `nemo_rl_clone` imports one (it imports what the facade presents).
-``tests/unit/test_import_layers.py`` holds both rules and reads this table; no module outside it is exempt.
+A facade may import any layer; a refused module imports only the refusal helper; nothing inside `nemo_rl_clone`
+imports either (it imports what the facade presents). ``tests/unit/test_import_layers.py`` holds these rules and reads
+both tables; no module outside them is exempt.
 """
 
 from __future__ import annotations
@@ -27,4 +29,32 @@ FACADES: dict[str, str] = {
     "nemo_rl_clone.algorithms.reward_functions": "nemo_rl_clone.rollout.rewards",
     # NeMo-RL's path (nemo_rl.utils.native_checkpoint)
     "nemo_rl_clone.utils.native_checkpoint": "nemo_rl_clone.models.dcp_checkpoint",
+}
+
+# NeMo-RL v0.7.0's modules (or packages: the package refuses every module under it) for features this library does
+# not build → the feature. Each only calls `nemo_rl_clone.utils.unsupported_modules.refuse_import(__name__, feature)`,
+# so importing it stops with one line, `<module>: not supported yet: <feature>`; nothing inside the package imports one.
+_NEMO_GYM = "NeMo-Gym environments"
+_MULTIMODAL = "vision and audio inputs (vision-language / audio-language models)"
+_DATA_PLANE = "the transfer-queue data plane (rollouts move between actors through Ray's object store)"
+_XTOKEN = "off-policy (cross-tokenizer) distillation from a teacher's stored outputs"
+_OPD = "on-policy distillation inside GRPO (distillation is its own run: examples/run_distillation_math.py)"
+REFUSED: dict[str, str] = {
+    "nemo_rl_clone.environments.nemo_gym": _NEMO_GYM,
+    "nemo_rl_clone.environments.vlm_environment": _MULTIMODAL,
+    "nemo_rl_clone.environments.tools": "the retrieval (BM25) tool environment; tool calls: env.tool_use",
+    "nemo_rl_clone.data_plane": _DATA_PLANE,
+    "nemo_rl_clone.experience.sync_rollout_actor": _DATA_PLANE,
+    "nemo_rl_clone.models.policy.tq_policy": _DATA_PLANE,
+    "nemo_rl_clone.algorithms.x_token": _XTOKEN,
+    "nemo_rl_clone.algorithms.xtoken_off_policy_distillation": _XTOKEN,
+    "nemo_rl_clone.data.cross_tokenizer_collate": _XTOKEN,
+    "nemo_rl_clone.algorithms.opd": _OPD,
+    "nemo_rl_clone.models.policy.teacher_worker_group": _OPD,
+    "nemo_rl_clone.models.generation.sglang": "the SGLang generation backend; use policy.generation.backend: vllm",
+    "nemo_rl_clone.models.generation.megatron": "the Megatron generation backend; use policy.generation.backend: vllm",
+    "nemo_rl_clone.models.generation.vllm.quantization": "FP8 generation kernels",
+    "nemo_rl_clone.models.generation.vllm.reasoning_parsers": "vLLM reasoning-parser plugins",
+    "nemo_rl_clone.models.automodel": "NeMo Automodel (models load through Hugging Face transformers)",
+    "nemo_rl_clone.modelopt": "ModelOpt quantization (quantization-aware training and quantized generation)",
 }

@@ -3,8 +3,9 @@
 Every module is parsed with `ast`. An import counts wherever it is written — module level, inside a function, under
 ``if TYPE_CHECKING:`` — and so does a string naming a module (``"nemo_rl_clone.x.y"`` or ``"nemo_rl_clone.x.y:attr"``,
 the targets of registries and lazy exports), since each one couples the two folders as much as an import does. The
-only exception is the facade table (`nemo_rl_clone.facades`): a module that exists to present another path may
-import any layer, and nothing inside the package imports it.
+only exceptions are the tables of `nemo_rl_clone.facades`: a module that exists to present another path may
+import any layer, a module that refuses an unbuilt NeMo-RL feature imports only the refusal helper, and nothing
+inside the package imports either.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import nemo_rl_clone
-from nemo_rl_clone.facades import FACADES
+from nemo_rl_clone.facades import FACADES, REFUSED
 
 PACKAGE = "nemo_rl_clone"
 PACKAGE_DIR = Path(nemo_rl_clone.__file__).parent
@@ -39,6 +40,7 @@ LAYERS = (
 ALLOWED: dict[str, frozenset[str]] = {layer: frozenset(LAYERS[:rank]) for rank, layer in enumerate(LAYERS)}
 ALLOWED[PACKAGE] = frozenset()
 FACADE_TABLE = f"{PACKAGE}.facades"  # names modules, imports none: not scanned
+REFUSAL = f"{PACKAGE}.utils.unsupported_modules"  # the one import of a refused module
 
 _MODULE_STRING = re.compile(rf"{PACKAGE}(\.\w+)+(:[\w.]+)?")
 
@@ -98,7 +100,7 @@ def arrows_up() -> list[str]:
     """One line per import from a folder to one it may not import (the facade modules excepted)."""
     found: dict[str, None] = {}  # ordered, one line per arrow
     for imported in package_imports():
-        if imported.module in FACADES or imported.module == FACADE_TABLE:
+        if imported.module in FACADES or imported.module in REFUSED or imported.module == FACADE_TABLE:
             continue
         source, target = layer(imported.module), layer(imported.target)
         if target != source and target not in ALLOWED.get(source, ()):
@@ -127,6 +129,25 @@ def test_facades_are_listed_present_and_unused_inside() -> None:
         if found.target in FACADES or found.target == FACADE_TABLE
     ]
     assert not used, "the package imports its facades (import what they present instead):\n" + "\n".join(used)
+
+
+def test_refused_modules_import_only_the_refusal_and_are_unused_inside() -> None:
+    """A module of an unbuilt NeMo-RL feature imports the refusal helper and nothing else, holds no module under it,
+    and nothing inside the package imports it (the one-line stop is for users' imports)."""
+    modules = package_modules()
+    for refused in REFUSED:
+        assert refused in modules, f"refused module {refused} is in the table but not in the package"
+        named = {found.target for found in package_imports() if found.module == refused}
+        assert named == {REFUSAL}, f"{refused} imports {sorted(named)}; a refused module imports only {REFUSAL}"
+        under = [name for name in modules if name.startswith(refused + ".")]
+        assert not under, f"{refused} refuses every module under it, yet holds {under}"
+    used = [
+        f"{found.path.relative_to(PACKAGE_DIR.parent)}:{found.line}: imports refused {found.target}"
+        for found in package_imports()
+        if found.module not in REFUSED and found.module != FACADE_TABLE
+        if any(found.target == refused or found.target.startswith(refused + ".") for refused in REFUSED)
+    ]
+    assert not used, "the package imports a refused module (it stops on import):\n" + "\n".join(used)
 
 
 def test_scan_reads_every_kind_of_import(tmp_path: Path) -> None:

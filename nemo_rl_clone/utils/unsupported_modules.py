@@ -1,0 +1,47 @@
+"""Modules at NeMo-RL v0.7.0's paths for features this library does not build: importing one stops in one line.
+
+Each such module (listed in `nemo_rl_clone.facades.REFUSED`) calls :func:`refuse_import` and nothing else. The error
+is ``<module>: not supported yet: <feature>``, raised as :class:`UnsupportedFeatureError`, which is both an
+``ImportError`` (a user's optional-import guard still catches it) and a `UserInputError` (an entry point reports it
+as ``error: ...`` with exit code 2). Raised at the top of a user's own script, where no entry point reports it, it is
+printed as that one line instead of a traceback (the script then exits with status 1, as any uncaught error does).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import TracebackType
+from typing import NoReturn
+
+from nemo_rl_clone.utils.errors import UserInputError
+
+
+class UnsupportedFeatureError(UserInputError, ImportError):
+    """A module of NeMo-RL's for a feature this library does not build was imported."""
+
+
+def refuse_import(module: str, feature: str) -> NoReturn:
+    """Stop the import of ``module`` (the caller's ``__name__``) with one line naming ``feature``."""
+    if not getattr(sys.excepthook, "reports_unsupported_features", False):
+        sys.excepthook = _one_line_hook(sys.excepthook)
+    error = UnsupportedFeatureError(f"{module}: not supported yet: {feature}")
+    error.name = module  # ImportError's attribute: the module that could not be imported
+    raise error
+
+
+_ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
+
+
+def _one_line_hook(previous: _ExceptHook) -> _ExceptHook:
+    """``sys.excepthook`` that prints an uncaught `UnsupportedFeatureError` as ``error: ...`` and hands any other
+    error to ``previous`` (Python's traceback, or whatever hook was installed before)."""
+
+    def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
+        if isinstance(error, UnsupportedFeatureError):
+            print(f"error: {error}", file=sys.stderr)
+        else:
+            previous(kind, error, traceback)
+
+    hook.reports_unsupported_features = True  # type: ignore[attr-defined]
+    return hook
