@@ -11,6 +11,8 @@ from __future__ import annotations
 
 # facade module → the module it presents
 FACADES: dict[str, str] = {
+    # NeMo-RL's path (nemo_rl.data.utils): its data setup starts environments, which the data layer may not import
+    "nemo_rl_clone.data.utils": "nemo_rl_clone.algorithms.run.nemo_rl_data",
     # NeMo-RL's path (nemo_rl.algorithms.logits_sampling_utils)
     "nemo_rl_clone.algorithms.logits_sampling_utils": "nemo_rl_clone.contract.sampling",
     # NeMo-RL's path (nemo_rl.algorithms.loss.interfaces)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -49,9 +50,13 @@ def validate_config(data: Mapping[str, Any], schema: type[T]) -> T:
 def as_config(config: Any, schema: type[T], key: str = "") -> T:
     """``config`` as a validated ``schema``: returned as is when it already is one; a plain mapping (NeMo-RL passes
     its master config and its sections as dicts) or an OmegaConf config is resolved and validated. ``key`` names the
-    section for the problems (``checkpointing`` → ``checkpointing.keep_top_kk: unknown key``)."""
+    section for the problems (``checkpointing`` → ``checkpointing.keep_top_kk: unknown key``). A ``schema`` built
+    from plain sections (NeMo-RL's ``MasterConfig(**config)``, whose scripts then edit the sections as dicts) is
+    validated here too."""
     if isinstance(config, schema):
-        return config
+        if not _has_plain_sections(config):
+            return config
+        config = _plain(config)
     from omegaconf import DictConfig, OmegaConf  # lazy: validation itself does not need OmegaConf
 
     if isinstance(config, DictConfig):
@@ -74,11 +79,42 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     # asdict keeps the types of mappings (the open `env` section is a dict subclass), which YAML cannot write.
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, list):
         return [_plain(item) for item in value]
     return value
+
+
+def _has_plain_sections(config: Any) -> bool:
+    """Whether a field of ``config`` that is a section (a dataclass, or an open section such as ``env``) holds a
+    plain mapping instead."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        value, tp = getattr(config, field.name), hints[field.name]
+        section = _dataclass_in(tp) or (tp if isinstance(tp, type) and hasattr(tp, "convert_config") else None)
+        if section is not None and isinstance(value, Mapping) and not isinstance(value, section):
+            return True
+    return False
+
+
+class SectionReads:
+    """NeMo-RL's reads of a config section, ``section["key"]``, ``section.get("key", default)`` and ``"key" in
+    section``, on a typed section: NeMo-RL's scripts read some sections of the master config ``setup`` returns so."""
+
+    def __contains__(self, key: object) -> bool:
+        section: Any = self  # a dataclass: the classes that mix this in are
+        return any(field.name == key for field in dataclasses.fields(section))
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self else default
 
 
 class _Context:
@@ -235,6 +271,8 @@ def _convert_scalar(value: Any, tp: Any, key: str, problems: list[str]) -> Any:
         if ok:
             value = float(value)
     elif tp is str:
+        if isinstance(value, os.PathLike):  # a path key given as a pathlib.Path (NeMo-RL takes either)
+            value = os.fspath(value)
         ok = isinstance(value, str)
     else:
         ok = isinstance(value, tp)

@@ -8,7 +8,7 @@ from typing import Any
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.loss.registry import ClippedPGLossSection, build_loss
-from nemo_rl_clone.algorithms.run.rollout import clipped_pg_loss, setup_rollout_run
+from nemo_rl_clone.algorithms.run.rollout import GivenParts, clipped_pg_loss, setup_rollout_run
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.rollout.run import RolloutRun
@@ -21,15 +21,17 @@ GRPOState = RunState
 GRPOComponents = RolloutRun[GRPOMasterConfig]
 
 
-def setup(config: GRPOMasterConfig | Mapping[str, Any]) -> GRPOComponents:
+def setup(config: GRPOMasterConfig | Mapping[str, Any], given: GivenParts | None = None) -> GRPOComponents:
     """Build a GRPO run from a config (validated here when given as NeMo-RL's plain dict); resumes from
-    ``checkpointing.checkpoint_dir`` if it holds one."""
+    ``checkpointing.checkpoint_dir`` if it holds one. ``given``: the tokenizer and datasets a NeMo-RL-style caller
+    built (`grpo.nemo_rl_api.setup`)."""
     config = as_config(config, GRPOMasterConfig)
     async_grpo = config.grpo.async_grpo
     return setup_rollout_run(
         config,
         clipped_pg_loss(config.loss_fn, config.policy.generation),
         weight_updates_during_generation=async_grpo.enabled and async_grpo.in_flight_weight_updates,
+        given=given,
     )
 
 

@@ -19,6 +19,7 @@ from nemo_rl_clone.rollout.config import (
 )
 from nemo_rl_clone.rollout.monitor_config import MonitorsConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.config_validation import SectionReads
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.logger import LoggerConfig
 
@@ -193,9 +194,10 @@ class GRPOConfig(RewardedLoopConfig):
 
 
 @dataclass
-class DataPlaneConfig:
+class DataPlaneConfig(SectionReads):
     """NeMo-RL's ``data_plane`` (a Ray-external transfer queue for rollouts). Off here: rollouts move as Ray objects.
-    The other keys configure that queue and only mean something when it is enabled."""
+    The other keys configure that queue and only mean something when it is enabled. NeMo-RL's ``run_grpo.py`` reads
+    it as a dict from the master config ``setup`` returns (``master_config.data_plane.get("enabled")``)."""
 
     enabled: bool = False
     impl: str = "transfer_queue"

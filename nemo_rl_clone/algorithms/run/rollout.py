@@ -5,6 +5,8 @@ clusters, policy, engines on the shared start `run.setup.setup_run`), checkpoint
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +38,38 @@ from nemo_rl_clone.utils.progress import phase
 from nemo_rl_clone.utils.samples import print_samples, sample_rows
 
 
+@dataclass
+class GivenParts:
+    """What a caller built before the run's setup (NeMo-RL's ``setup(master_config, tokenizer, dataset,
+    val_dataset)``): the tokenizer and the prompt datasets. The run then logs into ``logger.log_dir`` as given and
+    starts no environments: the caller made them and passes them to the train function."""
+
+    tokenizer: Any
+    train: Any
+    validation: Any
+
+
 def setup_rollout_run(
     config: RolloutRunConfig,
     loss_fn: Any,
     extra_worker_groups: int = 0,
     weight_updates_during_generation: bool = False,
+    given: GivenParts | None = None,
 ) -> RolloutRun[Any]:
     """Build a rollout-based run from its validated ``config``; resumes from ``checkpointing.checkpoint_dir`` if it
     holds one. ``loss_fn`` is the policy's loss (None when the algorithm trains with its own); ``extra_worker_groups``
-    counts further worker groups that will share the training cluster's bundles (a teacher, a critic)."""
-    tokenizer = config.policy.tokenizer.load(config.policy.model_name)
+    counts further worker groups that will share the training cluster's bundles (a teacher, a critic); ``given``:
+    the parts the caller built itself (otherwise built here from the config)."""
+    build_data: Callable[[], tuple[StatefulPromptLoader, Any]]
+    after_ray: Callable[[], Any] | None
+    if given is None:
+        tokenizer = config.policy.tokenizer.load(config.policy.model_name)
+        build_data, after_ray = (lambda: setup_data(config, tokenizer)), (lambda: create_envs(config.env))
+    else:
+        tokenizer, train, validation = given.tokenizer, given.train, given.validation
+        build_data, after_ray = (lambda: (prompt_loader(config, train), validation)), None
     start = setup_run(
-        config,
-        config.loop.seed,
-        tokenizer,
-        lambda: setup_data(config, tokenizer),
-        after_ray=lambda: {name: create_env(name, env_cfg) for name, env_cfg in config.env.items()},
+        config, config.loop.seed, tokenizer, build_data, after_ray=after_ray, log_dir_as_given=given is not None
     )
     policy, generation, clusters, colocated = _setup_workers(
         config, tokenizer, start, extra_worker_groups, weight_updates_during_generation
@@ -63,7 +81,7 @@ def setup_rollout_run(
         generation=generation,
         dataloader=start.dataloader,
         val_dataset=start.data,
-        task_to_env=start.services,
+        task_to_env=start.services or {},
         loss_fn=loss_fn,
         logger=start.logger,
         checkpointer=start.checkpointer,
@@ -81,31 +99,48 @@ def clipped_pg_loss(section: Any, generation: Any) -> Any:
     return build_loss(section.name, "clipped_pg", section.loss_config(), sampling)
 
 
+def create_envs(env: Any) -> dict[str, Any]:
+    """One environment actor per ``env`` section, by its name (a data row's ``task_name`` routes to it)."""
+    return {name: create_env(name, env_cfg) for name, env_cfg in env.items()}
+
+
 def setup_data(config: RolloutRunConfig, tokenizer: Any) -> tuple[StatefulPromptLoader, AllTaskProcessedDataset | None]:
     seed = config.data.split_seed(config.loop.seed)
-    loaded = load_dataset_from_config(config.data, seed=seed, env=config.env)
+    train, val = prompt_datasets(config.data, config.env, tokenizer, seed)
+    return prompt_loader(config, train), val
+
+
+def prompt_datasets(
+    data: DataConfig, env: Any, tokenizer: Any, seed: int
+) -> tuple[AllTaskProcessedDataset, AllTaskProcessedDataset | None]:
+    """The training and validation prompts the ``data`` section describes (``env``: the environment sections, which
+    give generated games their rules), tokenized; ``seed`` seeds validation hold-outs."""
+    loaded = load_dataset_from_config(data, seed=seed, env=env)
     if loaded.train is None:
         raise DataError(f"data.dataset_name: {loaded.name!r} has no training split (it is an evaluation set)")
-    validation_rows = _validation_rows(config.data, loaded.validation, seed)
-    env_name = config.data.task_name
+    validation_rows = _validation_rows(data, loaded.validation, seed)
     spec = TaskDataSpec(
-        task_name=env_name, prompt_file=config.data.prompt_file, system_prompt_file=config.data.system_prompt_file
+        task_name=data.task_name, prompt_file=data.prompt_file, system_prompt_file=data.system_prompt_file
     )
-    max_len = config.data.max_input_seq_length
-    train = AllTaskProcessedDataset(loaded.train, tokenizer, spec, max_len, env_name=config.data.env_name)
+    max_len = data.max_input_seq_length
+    train = AllTaskProcessedDataset(loaded.train, tokenizer, spec, max_len, env_name=data.env_name)
     val = (
-        AllTaskProcessedDataset(validation_rows, tokenizer, spec, max_len, env_name=config.data.env_name)
+        AllTaskProcessedDataset(validation_rows, tokenizer, spec, max_len, env_name=data.env_name)
         if validation_rows
         else None
     )
-    loader = StatefulPromptLoader(
-        train,
+    return train, val
+
+
+def prompt_loader(config: RolloutRunConfig, dataset: Any) -> StatefulPromptLoader:
+    """The resumable loader of a step's prompts from ``dataset``."""
+    return StatefulPromptLoader(
+        dataset,
         config.loop.prompts_per_generation_batch,
         rl_collate_fn,
         shuffle=config.data.shuffle,
         seed=config.loop.seed,
     )
-    return loader, val
 
 
 def _validation_rows(data: DataConfig, own: Any, seed: int) -> Any:

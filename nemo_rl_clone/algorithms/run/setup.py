@@ -50,16 +50,22 @@ def setup_run(
     tokenizer: Any,
     build_data: Callable[[], tuple[StatefulPromptLoader, DataT]],
     after_ray: Callable[[], Any] | None = None,
+    log_dir_as_given: bool = False,
 ) -> RunStart[DataT]:
     """The shared start of a run of ``config`` (its ``logger``, ``checkpointing`` and ``policy`` sections).
     ``build_data`` gives the training loader (and whatever else the algorithm loads with it); ``after_ray`` starts
     what needs Ray (environments) before the checkpoint restores the RNG states. A checkpoint of another model fails
-    before Ray starts."""
+    before Ray starts. The run logs into a new ``exp_N`` under ``logger.log_dir``, or into ``logger.log_dir`` itself
+    with ``log_dir_as_given`` (NeMo-RL's scripts choose the ``exp_N`` before setup)."""
     from nemo_rl_clone.distributed.virtual_cluster import init_ray
     from nemo_rl_clone.models.policy.backends import policy_backend
 
     set_seeds(seed)
-    log_dir = get_next_experiment_dir(config.logger.log_dir)
+    if log_dir_as_given:
+        log_dir = Path(config.logger.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        log_dir = get_next_experiment_dir(config.logger.log_dir)
     resolved = config_to_dict(config)
     save_config(resolved, log_dir / "config.yaml")
     run_logger = Logger(config.logger, log_dir)

@@ -1,0 +1,6 @@
+"""Generation: the engines' interface (`interfaces`), their config (`config`), the backends (`factory`, `vllm`).
+NeMo-RL's ``configure_generation_config`` is importable from here, as from NeMo-RL's package."""
+
+from nemo_rl_clone.models.generation.configure import configure_generation_config
+
+__all__ = ["configure_generation_config"]

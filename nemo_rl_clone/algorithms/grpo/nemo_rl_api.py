@@ -1,0 +1,209 @@
+"""GRPO's entry points with NeMo-RL v0.7.0's signatures, on this library's one setup and one train loop.
+
+NeMo-RL's ``run_grpo.py`` builds the tokenizer, the datasets and the environments itself, then calls
+``setup(master_config, tokenizer, dataset, val_dataset)`` for the rest (a 13-tuple) and hands those parts to
+``grpo_train(...)`` / ``async_grpo_train(...)``. Here ``setup`` validates the master config once and builds this
+library's run from it with the caller's tokenizer and datasets; the train functions put the parts back together as
+that run and train it with `train.GRPOSteps`. The one-argument forms, ``setup(config)`` → the run and
+``grpo_train(run)``, work as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
+from nemo_rl_clone.algorithms.grpo.components import setup as build_grpo_run
+from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
+from nemo_rl_clone.algorithms.grpo.train import grpo_train as train_grpo_run
+from nemo_rl_clone.algorithms.run.preflight import preflight
+from nemo_rl_clone.algorithms.run.rollout import GivenParts
+from nemo_rl_clone.data.collate_fn import rl_collate_fn
+from nemo_rl_clone.rollout.run import RolloutRun
+from nemo_rl_clone.utils.config_validation import as_config
+from nemo_rl_clone.utils.errors import UserInputError
+
+__all__ = ["async_grpo_train", "grpo_train", "setup"]
+
+
+def setup(
+    master_config: Any,
+    tokenizer: Any = None,
+    dataset: Any = None,
+    val_dataset: Any = None,
+    processor: Any = None,
+    policy_factory: Any = None,
+) -> Any:
+    """NeMo-RL's form (a ``tokenizer`` and the prompt ``dataset`` given): the run's parts as NeMo-RL's 13-tuple
+    ``(policy, policy_generation, nemo_gym, cluster, dataloader, val_dataloader, loss_fn, logger, checkpointer,
+    grpo_save_state, master_config, teacher_worker_groups, alias_to_group_alias)``; ``cluster`` is the (training,
+    generation) pair, the same cluster twice when colocated; ``master_config`` the validated config; no NeMo-Gym
+    actor and no teachers. Without them: this library's run (`components.setup`).
+
+    ``master_config`` may be a `MasterConfig` (its sections typed or NeMo-RL's dicts), a dict or an OmegaConf
+    config; it is validated once, here."""
+    if tokenizer is None and dataset is None:
+        return build_grpo_run(master_config)
+    _refuse_unbuilt(dataset, processor, policy_factory)
+    config = as_config(master_config, GRPOMasterConfig)
+    preflight(config)
+    run = build_grpo_run(config, GivenParts(tokenizer, dataset, val_dataset))
+    train_cluster, generation_cluster = run.clusters[0], run.clusters[-1]
+    return (
+        run.policy,
+        run.generation,
+        None,
+        (train_cluster, generation_cluster),
+        run.dataloader,
+        _validation_loader(run),
+        run.loss_fn,
+        run.logger,
+        run.checkpointer,
+        run.state,
+        run.config,
+        {},
+        {},
+    )
+
+
+def grpo_train(
+    policy: Any,
+    policy_generation: Any = None,
+    wrapped_dataloader: Any = None,
+    val_dataloader: Any = None,
+    tokenizer: Any = None,
+    loss_fn: Any = None,
+    task_to_env: Mapping[str, Any] | None = None,
+    val_task_to_env: Mapping[str, Any] | None = None,
+    logger: Any = None,
+    checkpointer: Any = None,
+    grpo_save_state: Any = None,
+    master_config: Any = None,
+) -> None:
+    """Train GRPO until ``grpo.max_num_steps`` (or the data or the save deadline ends it). NeMo-RL's form: the
+    parts `setup` returned, the caller's environments and the master config; this library's: one argument, the run
+    ``setup(config)`` built."""
+    if isinstance(policy, RolloutRun):
+        train_grpo_run(policy)
+        return
+    if master_config is None:
+        raise UserInputError("master_config: required by grpo_train with NeMo-RL's arguments (the last one)")
+    run = _run_from_parts(
+        master_config,
+        tokenizer,
+        (policy, policy_generation, loss_fn),
+        (wrapped_dataloader, val_dataloader),
+        (task_to_env, val_task_to_env),
+        (logger, checkpointer, grpo_save_state),
+    )
+    train_grpo_run(run)
+
+
+def async_grpo_train(
+    policy: Any,
+    policy_generation: Any,
+    dataloader: Any,
+    val_dataloader: Any,
+    tokenizer: Any,
+    loss_fn: Any,
+    task_to_env: Mapping[str, Any],
+    val_task_to_env: Mapping[str, Any] | None,
+    logger: Any,
+    checkpointer: Any,
+    grpo_save_state: Any,
+    master_config: Any,
+    max_trajectory_age_steps: int = 1,
+    teacher_worker_groups: Mapping[str, Any] | None = None,
+    alias_to_group_alias: Mapping[str, str] | None = None,
+) -> None:
+    """NeMo-RL's async GRPO: the engines generate the next steps' rollouts while the policy trains, each trained
+    rollout at most ``max_trajectory_age_steps`` weight updates old. The engines were built for it by `setup`, so
+    ``grpo.async_grpo.enabled`` must be true in the master config."""
+    if teacher_worker_groups:
+        raise UserInputError(
+            "teacher_worker_groups: not supported yet: on-policy distillation inside GRPO (distillation is its own "
+            "run: examples/run_distillation_math.py)"
+        )
+    run = _run_from_parts(
+        master_config,
+        tokenizer,
+        (policy, policy_generation, loss_fn),
+        (dataloader, val_dataloader),
+        (task_to_env, val_task_to_env),
+        (logger, checkpointer, grpo_save_state),
+    )
+    if not run.config.grpo.async_grpo.enabled:
+        raise UserInputError(
+            "grpo.async_grpo.enabled: must be true for async_grpo_train (setup builds the engines for async GRPO "
+            "from it)"
+        )
+    grpo = run.config.grpo
+    async_grpo = dataclasses.replace(grpo.async_grpo, max_trajectory_age_steps=max_trajectory_age_steps)
+    run.config = dataclasses.replace(run.config, grpo=dataclasses.replace(grpo, async_grpo=async_grpo))
+    train_grpo_run(run)
+
+
+def _refuse_unbuilt(dataset: Any, processor: Any, policy_factory: Any) -> None:
+    if dataset is None:
+        raise UserInputError("dataset: required when setup is given a tokenizer (NeMo-RL's form)")
+    if isinstance(dataset, Mapping):
+        raise UserInputError(
+            "dataset: not supported yet: one dataloader per dataset (data.use_multiple_dataloader); pass one dataset"
+        )
+    if processor is not None:
+        raise UserInputError("processor: not supported yet: vision and audio inputs (nemo_rl_clone trains text models)")
+    if policy_factory is not None:
+        raise UserInputError(
+            "policy_factory: not supported yet: a policy class of the caller's (the transfer-queue data plane's "
+            "TQPolicy); leave it None"
+        )
+
+
+def _validation_loader(run: GRPOComponents) -> DataLoader | None:
+    """NeMo-RL's validation loader: the validation prompts in batches of ``grpo.val_batch_size`` (null: all in one),
+    when the run validates at all."""
+    loop = run.config.grpo
+    if run.val_dataset is None or not (loop.val_period > 0 or loop.val_at_start or loop.val_at_end):
+        return None
+    batch_size = loop.val_batch_size or len(run.val_dataset)
+    return DataLoader(run.val_dataset, batch_size=batch_size, shuffle=False, collate_fn=rl_collate_fn)
+
+
+def _run_from_parts(
+    master_config: Any,
+    tokenizer: Any,
+    models: tuple[Any, Any, Any],
+    loaders: tuple[Any, Any],
+    envs: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None],
+    records: tuple[Any, Any, Any],
+) -> GRPOComponents:
+    """The run NeMo-RL's train arguments form: ``master_config`` validated (once: `setup` returns it validated),
+    ``models`` (policy, generation, loss), ``loaders`` (training, validation: its prompts are the run's validation
+    set), ``envs`` (training, validation: one table, the training ones winning a shared name), ``records`` (logger,
+    checkpointer, save state)."""
+    config = as_config(master_config, GRPOMasterConfig)
+    generation_config = config.policy.generation
+    assert generation_config is not None  # GRPOMasterConfig.check requires it
+    (policy, generation, loss_fn), (dataloader, val_loader) = models, loaders
+    task_to_env, val_task_to_env = envs
+    logger, checkpointer, state = records
+    return RolloutRun(
+        config=config,
+        tokenizer=tokenizer,
+        policy=policy,
+        generation=generation,
+        dataloader=dataloader,
+        val_dataset=None if val_loader is None else val_loader.dataset,
+        task_to_env={**(val_task_to_env or {}), **(task_to_env or {})},
+        loss_fn=loss_fn,
+        logger=logger,
+        checkpointer=checkpointer,
+        state=state,
+        colocated=generation_config.colocated.enabled,
+        log_dir=logger.log_dir,
+        clusters=[],  # NeMo-RL's train functions are not given the clusters; they stay the caller's
+    )

@@ -1,0 +1,47 @@
+"""NeMo-RL v0.7.0's data setup functions (``nemo_rl.data.utils``, presented at that path by `data.utils`) on this
+library's dataset loading: the prompts and environments the ``data`` and ``env`` sections describe, built the way a
+run's own setup builds them (`run.rollout.prompt_datasets`, `run.rollout.create_envs`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemo_rl_clone.algorithms.run.rollout import create_envs, prompt_datasets
+from nemo_rl_clone.data.config import DataConfig
+from nemo_rl_clone.environments.config import EnvConfig
+from nemo_rl_clone.utils.config_validation import as_config
+from nemo_rl_clone.utils.errors import UserInputError
+
+__all__ = ["setup_response_data"]
+
+# The seed of a validation hold-out (``data.train.split_validation_size``) when ``data.train.seed`` is not set:
+# NeMo-RL's recipes set it to ``${grpo.seed}``, whose default this is.
+DEFAULT_SPLIT_SEED = 42
+
+
+@dataclass
+class _ResponseDataSections:
+    """The two sections `setup_response_data` reads, validated together so that a problem names its full key."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+
+
+def setup_response_data(
+    tokenizer: Any, data_config: Any, env_configs: Any = None, is_vlm: bool = False
+) -> tuple[Any, Any] | tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    """The training and validation prompt datasets of ``data_config`` (NeMo-RL's ``data`` section, a dict or this
+    library's `DataConfig`), tokenized with ``tokenizer``; with ``env_configs`` (the ``env`` section) also one
+    environment actor per section, as ``(dataset, val_dataset, task_to_env, val_task_to_env)``: each table maps a
+    row's task name to its environment. The validation dataset is None when the data has no validation rows. Needs
+    Ray (`distributed.virtual_cluster.init_ray`) for the environments."""
+    if is_vlm:
+        raise UserInputError("is_vlm: not supported yet: vision and audio inputs (nemo_rl_clone trains text models)")
+    sections = as_config({"data": data_config, "env": env_configs or {}}, _ResponseDataSections)
+    data = sections.data
+    dataset, val_dataset = prompt_datasets(data, sections.env, tokenizer, data.split_seed(DEFAULT_SPLIT_SEED))
+    if env_configs is None:
+        return dataset, val_dataset
+    task_to_env = create_envs(sections.env)
+    return dataset, val_dataset, task_to_env, dict(task_to_env)

@@ -1,0 +1,7 @@
+"""NeMo-RL v0.7.0's path of its data setup functions (``nemo_rl.data.utils``); the code is
+`nemo_rl_clone.algorithms.run.nemo_rl_data` (it starts environments, which the data layer may not import). A facade
+(`nemo_rl_clone.facades`): nothing inside the package imports it."""
+
+from nemo_rl_clone.algorithms.run.nemo_rl_data import setup_response_data
+
+__all__ = ["setup_response_data"]
