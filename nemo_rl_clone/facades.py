@@ -58,5 +58,6 @@ REFUSED: dict[str, str] = {
     "nemo_rl_clone.models.generation.vllm.quantization": "FP8 generation kernels",
     "nemo_rl_clone.models.generation.vllm.reasoning_parsers": "vLLM reasoning-parser plugins",
     "nemo_rl_clone.models.automodel": "NeMo Automodel (models load through Hugging Face transformers)",
+    "nemo_rl_clone.models.megatron.draft": "training a speculative-decoding (EAGLE) draft model",
     "nemo_rl_clone.modelopt": "ModelOpt quantization (quantization-aware training and quantized generation)",
 }
