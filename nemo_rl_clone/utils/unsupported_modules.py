@@ -1,6 +1,7 @@
 """Modules at NeMo-RL v0.7.0's paths for features this library does not build: importing one stops in one line.
 
-Each such module (listed in `nemo_rl_clone.facades.REFUSED`) calls :func:`refuse_import` and nothing else. The error
+Each such module (listed in `nemo_rl_clone.facades.REFUSED`) calls :func:`refuse_import` and nothing else; a module
+that is built but has NeMo-RL names of such a feature refuses those names with :func:`refusing_getattr`. The error
 is ``<module>: not supported yet: <feature>``, raised as :class:`UnsupportedFeatureError`, which is both an
 ``ImportError`` (a user's optional-import guard still catches it) and a `UserInputError` (an entry point reports it
 as ``error: ...`` with exit code 2). Raised at the top of a user's own script, where no entry point reports it, it is
@@ -10,7 +11,7 @@ printed as that one line instead of a traceback (the script then exits with stat
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import NoReturn
 
@@ -45,3 +46,16 @@ def _one_line_hook(previous: _ExceptHook) -> _ExceptHook:
 
     hook.reports_unsupported_features = True  # type: ignore[attr-defined]
     return hook
+
+
+def refusing_getattr(module: str, refused: Mapping[str, str]) -> Callable[[str], NoReturn]:
+    """A module-level ``__getattr__`` for ``module`` (the caller's ``__name__``): each name of ``refused`` (name →
+    feature), a NeMo-RL name of an unbuilt feature in a module that is otherwise built, stops with one line as
+    :func:`refuse_import` does; any other unknown name is the usual ``AttributeError``."""
+
+    def module_getattr(name: str) -> NoReturn:
+        if name in refused:
+            refuse_import(f"{module}.{name}", refused[name])
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return module_getattr

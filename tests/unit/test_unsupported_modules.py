@@ -48,3 +48,15 @@ def test_a_users_script_prints_one_line_and_no_traceback(tmp_path: Path) -> None
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"error: nemo_rl_clone.data_plane: not supported yet: {REFUSED['nemo_rl_clone.data_plane']}\n"
+
+
+def test_a_built_module_refuses_nemo_rl_names_of_an_unbuilt_feature(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    rollouts = importlib.import_module("nemo_rl_clone.experience.rollouts")
+    with pytest.raises(ImportError) as caught:
+        from nemo_rl_clone.experience.rollouts import run_async_nemo_gym_rollout  # noqa: F401
+    expected = "nemo_rl_clone.experience.rollouts.run_async_nemo_gym_rollout: not supported yet: NeMo-Gym environments"
+    assert isinstance(caught.value, UnsupportedFeatureError) and str(caught.value) == expected
+    assert callable(rollouts.run_multi_turn_rollout)
+    with pytest.raises(AttributeError, match="has no attribute 'run_multi_turn_rolout'"):
+        _ = rollouts.run_multi_turn_rolout  # a typo stays an ordinary AttributeError
