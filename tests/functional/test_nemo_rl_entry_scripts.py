@@ -79,8 +79,62 @@ def grpo_run(workdir: Path) -> EntryScript:
     return EntryScript("run_grpo.py", overrides, "train/loss")
 
 
+def helpsteer3_file(path: Path, rows: int = 8) -> Path:
+    """A local file in HelpSteer3's preference format (the dataset of NeMo-RL's DPO and RM recipes): a question,
+    two answers and which is better (negative: response1)."""
+    lines = []
+    for i in range(rows):
+        a, b = i % 10, (3 * i + 1) % 10
+        right, wrong = f"{a} + {b} = {a + b}.", f"{a} + {b} = {a + b + 1}."
+        better_first = i % 2 == 0
+        row = {
+            "context": [{"role": "user", "content": f"What is {a} + {b}?"}],
+            "response1": right if better_first else wrong,
+            "response2": wrong if better_first else right,
+            "overall_preference": -2 if better_first else 2,
+        }
+        lines.append(json.dumps(row))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def preference_overrides(workdir: Path, section: str) -> tuple[str, ...]:
+    """``dpo.yaml`` / ``rm.yaml`` at smoke size: the tiny model in fp32, 2 pairs a step, one step validated on one
+    batch of 2 pairs, no checkpoint, the recipe's HelpSteer3 from a local file (training and validation)."""
+    data = helpsteer3_file(workdir / "helpsteer3_mini.jsonl")
+    return (
+        f"policy.model_name={TINY_LLAMA}",
+        f"policy.tokenizer.name={TINY_LLAMA}",
+        "policy.precision=float32",
+        "policy.train_global_batch_size=2",
+        "policy.train_micro_batch_size=1",
+        "policy.max_total_sequence_length=128",
+        f"{section}.max_num_steps=1",
+        f"{section}.val_period=1",
+        f"{section}.val_batches=1",
+        f"{section}.val_global_batch_size=2",
+        f"{section}.val_at_start=false",
+        f"++data.train.data_path={data}",
+        f"++data.validation.data_path={data}",
+        f"logger.log_dir={workdir / 'logs'}",
+        "logger.wandb_enabled=false",
+        "logger.tensorboard_enabled=false",
+        "checkpointing.enabled=false",
+    )
+
+
+def dpo_run(workdir: Path) -> EntryScript:
+    """``run_dpo.py`` on ``dpo.yaml`` at smoke size (`preference_overrides`)."""
+    return EntryScript("run_dpo.py", preference_overrides(workdir, "dpo"), "train/loss")
+
+
+def rm_run(workdir: Path) -> EntryScript:
+    """``run_rm.py`` on ``rm.yaml`` at smoke size (`preference_overrides`): the tiny model with a scalar head."""
+    return EntryScript("run_rm.py", preference_overrides(workdir, "rm"), "train/loss")
+
+
 # script → its `EntryScript` for a work folder
-ENTRY_SCRIPTS = {"run_grpo": grpo_run}
+ENTRY_SCRIPTS = {"run_grpo": grpo_run, "run_dpo": dpo_run, "run_rm": rm_run}
 
 
 def copy_with_clone_imports(examples: Path, script: str, workdir: Path) -> Path:

@@ -59,8 +59,8 @@ _SETUP = "setup(config) builds the tokenizer, data and environments from the con
 _TRAIN = "the train function takes the run object that setup returns"
 _SAVE_STATE = "every algorithm saves the one shared RunState"
 DELIBERATE: dict[str, str] = {
-    **{f"nemo_rl.algorithms.{name}.setup": _SETUP for name in ("sft", "dpo", "rm", "distillation")},
-    **{f"nemo_rl.algorithms.{name}.{name}_train": _TRAIN for name in ("sft", "dpo", "rm", "distillation")},
+    "nemo_rl.algorithms.distillation.setup": _SETUP,
+    "nemo_rl.algorithms.distillation.distillation_train": _TRAIN,
     **{f"nemo_rl.algorithms.{m}.{c}SaveState": _SAVE_STATE for m, c in (("sft", "SFT"), ("dpo", "DPO"), ("rm", "RM"))},
     "nemo_rl.algorithms.grpo.GRPOSaveState": _SAVE_STATE,
     "nemo_rl.distributed.batched_data_dict.BatchedDataDict": "a dict subclass (NeMo-RL: UserDict), built like a dict",

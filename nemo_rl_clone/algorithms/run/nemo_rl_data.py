@@ -1,6 +1,7 @@
 """NeMo-RL v0.7.0's data setup functions (``nemo_rl.data.utils``, presented at that path by `data.utils`) on this
 library's dataset loading: the prompts and environments the ``data`` and ``env`` sections describe, built the way a
-run's own setup builds them (`run.rollout.prompt_datasets`, `run.rollout.create_envs`)."""
+run's own setup builds them (`run.rollout.prompt_datasets`, `run.rollout.create_envs`); the preference pairs of DPO
+and reward-model training as their setup loads them (`supervised.setup.preference_data`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_clone.algorithms.run.rollout import create_envs, prompt_datasets
-from nemo_rl_clone.data.config import DataConfig
+from nemo_rl_clone.algorithms.supervised.setup import preference_data
+from nemo_rl_clone.data.config import DataConfig, PreferenceDataConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
 
-__all__ = ["setup_response_data"]
+__all__ = ["setup_preference_data", "setup_response_data"]
 
 # The seed of a validation hold-out (``data.train.split_validation_size``) when ``data.train.seed`` is not set:
 # NeMo-RL's recipes set it to ``${grpo.seed}``, whose default this is.
@@ -45,3 +47,11 @@ def setup_response_data(
         return dataset, val_dataset
     task_to_env = create_envs(sections.env)
     return dataset, val_dataset, task_to_env, dict(task_to_env)
+
+
+def setup_preference_data(tokenizer: Any, data_config: Any) -> tuple[Any, Any]:
+    """The training and validation preference datasets (DPO, reward models) of ``data_config`` (NeMo-RL's ``data``
+    section, a dict or this library's `PreferenceDataConfig`), tokenized with ``tokenizer``; the validation dataset
+    is None when the data has no validation rows."""
+    data = as_config(data_config, PreferenceDataConfig, key="data")
+    return preference_data(data, tokenizer, data.split_seed(DEFAULT_SPLIT_SEED))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import partial
 from typing import Any
 
 from nemo_rl_clone.algorithms.interfaces import Algorithm
@@ -11,27 +10,54 @@ from nemo_rl_clone.algorithms.loss.registry import build_loss
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.sft.config import SFTAlgorithm, SFTMasterConfig
 from nemo_rl_clone.algorithms.supervised.loop import supervised_train
-from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_supervised_run
+from nemo_rl_clone.algorithms.supervised.nemo_rl_api import SupervisedEntry, setup_parts, train_parts
+from nemo_rl_clone.algorithms.supervised.setup import SupervisedRun, build_supervised_run, padded_collate
 from nemo_rl_clone.utils.config_validation import as_config
 
 
-def setup(config: SFTMasterConfig | Mapping[str, Any]) -> SupervisedRun:
-    """Tokenizer, datasets, logger, policy; resumes from ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
-    config = as_config(config, SFTMasterConfig)  # NeMo-RL passes its master config as a dict
+def setup(
+    master_config: SFTMasterConfig | Mapping[str, Any],
+    tokenizer: Any = None,
+    train_dataset: Any = None,
+    val_dataset: Any = None,
+) -> Any:
+    """Tokenizer, datasets, logger, policy; resumes from ``checkpointing.checkpoint_dir`` if it holds a
+    checkpoint. NeMo-RL's form (a ``tokenizer`` and the ``train_dataset`` given): the run's parts as NeMo-RL's 9-tuple
+    (`supervised.nemo_rl_api.setup_parts`)."""
+    if tokenizer is not None or train_dataset is not None:
+        return setup_parts(SFT_ENTRY, master_config, tokenizer, train_dataset, val_dataset)
+    config = as_config(master_config, SFTMasterConfig)  # NeMo-RL passes its master config as a dict
     from nemo_rl_clone.data.supervised import sft_collate_fn
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
     train, val = sft_datasets(config, tokenizer)
-    collate = partial(
-        sft_collate_fn,
-        pad_token_id=tokenizer.pad_token_id,
-        make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
-    )
-    return build_supervised_run(config, SFTAlgorithm(build_loss(None, "nll")), tokenizer, train, val, collate)
+    collate = padded_collate(sft_collate_fn, config, tokenizer)
+    return build_supervised_run(config, SFTAlgorithm(_loss(config)), tokenizer, train, val, collate)
 
 
-def sft_train(run: SupervisedRun) -> None:
-    supervised_train(run)
+def sft_train(
+    policy: Any,
+    train_dataloader: Any = None,
+    val_dataloader: Any = None,
+    tokenizer: Any = None,
+    loss_fn: Any = None,
+    master_config: Any = None,
+    logger: Any = None,
+    checkpointer: Any = None,
+    sft_save_state: Any = None,
+) -> None:
+    """Train until ``sft.max_num_steps``, ``max_num_epochs`` or ``checkpointing.checkpoint_must_save_by``. NeMo-RL's
+    form: the parts `setup` returned (its nine arguments); this library's: one argument, the run ``setup(config)``
+    built."""
+    parts = (train_dataloader, val_dataloader, tokenizer, loss_fn, master_config, logger, checkpointer, sft_save_state)
+    train_parts(SFT_ENTRY, policy, *parts)
+
+
+def _loss(config: SFTMasterConfig) -> Any:
+    return build_loss(None, "nll")
+
+
+SFT_ENTRY = SupervisedEntry(SFTMasterConfig, SFTAlgorithm, _loss)
 
 
 class SFT(Algorithm):

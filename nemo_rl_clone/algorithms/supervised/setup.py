@@ -54,8 +54,10 @@ def build_supervised_run(
     train_dataset: IndexedDataset,
     val_dataset: IndexedDataset | None,
     collate_fn: Callable[[list[Any]], BatchedDataDict],
+    log_dir_as_given: bool = False,
 ) -> SupervisedRun:
-    """Logger, loaders, checkpoint state (resumed from ``checkpointing.checkpoint_dir`` if it holds one), policy."""
+    """Logger, loaders, checkpoint state (resumed from ``checkpointing.checkpoint_dir`` if it holds one), policy.
+    ``log_dir_as_given``: log into ``logger.log_dir`` itself (NeMo-RL's scripts choose the ``exp_N`` before setup)."""
     section = algorithm.section
     loop: SupervisedLoopConfig = getattr(config, section)
     gbs = config.policy.train_global_batch_size
@@ -73,6 +75,7 @@ def build_supervised_run(
             StatefulPromptLoader(train_dataset, gbs, collate_fn, shuffle=config.data.shuffle, seed=loop.seed),
             None,
         ),
+        log_dir_as_given=log_dir_as_given,
     )
     policy, cluster = _build_policy(config, algorithm, tokenizer, start)
     return SupervisedRun(
@@ -121,20 +124,33 @@ def build_preference_run(config: Any, algorithm: PreferenceAlgorithm) -> Supervi
 
     tokenizer = config.policy.tokenizer.load(config.policy.model_name)
     train, val = preference_datasets(config, algorithm.section, tokenizer)
-    collate = partial(
-        preference_collate_fn,
+    return build_supervised_run(
+        config, algorithm, tokenizer, train, val, padded_collate(preference_collate_fn, config, tokenizer)
+    )
+
+
+def padded_collate(
+    collate_fn: Callable[..., BatchedDataDict], config: Any, tokenizer: Any
+) -> Callable[..., BatchedDataDict]:
+    """``collate_fn`` (`data.supervised`'s SFT or preference collate) padding with the tokenizer's pad token to a
+    multiple of ``policy.make_sequence_length_divisible_by``."""
+    return partial(
+        collate_fn,
         pad_token_id=tokenizer.pad_token_id,
         make_sequence_length_divisible_by=config.policy.make_sequence_length_divisible_by,
     )
-    return build_supervised_run(config, algorithm, tokenizer, train, val, collate)
 
 
 def preference_datasets(config: Any, section: str, tokenizer: Any) -> tuple[Any, Any]:
     """(train, validation) preference datasets of ``config.data``, seeded by ``<section>.seed`` (DPO and RM)."""
+    return preference_data(config.data, tokenizer, config.data.split_seed(getattr(config, section).seed))
+
+
+def preference_data(data: Any, tokenizer: Any, seed: int) -> tuple[Any, Any]:
+    """(train, validation or None) preference datasets of the validated ``data`` section; ``seed`` seeds hold-outs."""
     from nemo_rl_clone.data.supervised import PreferenceDataset, build_datasets, load_preference_dataset
 
-    loaded = load_preference_dataset(config.data, seed=config.data.split_seed(getattr(config, section).seed))
-    return build_datasets(PreferenceDataset, loaded, tokenizer, config.data)
+    return build_datasets(PreferenceDataset, load_preference_dataset(data, seed=seed), tokenizer, data)
 
 
 def validation_batches(
