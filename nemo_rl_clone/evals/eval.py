@@ -255,7 +255,7 @@ def load_eval_problems(config: EvalMasterConfig, tokenizer: Any) -> Any:
     spec = TaskDataSpec(
         task_name=data.task_name, prompt_file=data.prompt_file, system_prompt_file=data.system_prompt_file
     )
-    return AllTaskProcessedDataset(loaded.validation, tokenizer, spec, data.max_input_seq_length)
+    return AllTaskProcessedDataset(loaded.validation, tokenizer, spec, max_seq_length=data.max_input_seq_length)
 
 
 def generate_and_score(

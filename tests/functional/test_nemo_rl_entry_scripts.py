@@ -79,6 +79,46 @@ def grpo_run(workdir: Path) -> EntryScript:
     return EntryScript("run_grpo.py", overrides, "train/loss")
 
 
+def squad_file(path: Path, rows: int = 8) -> Path:
+    """A local file in SQuAD's format (the dataset of NeMo-RL's SFT recipe): a context, a question, its answers."""
+    lines = []
+    for i in range(rows):
+        a, b = i % 10, (3 * i + 1) % 10
+        row = {
+            "context": f"Anna has {a} apples and gets {b} more.",
+            "question": "How many apples does Anna have?",
+            "answers": {"text": [str(a + b)], "answer_start": [0]},
+        }
+        lines.append(json.dumps(row))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def sft_run(workdir: Path) -> EntryScript:
+    """``run_sft.py`` on ``sft.yaml`` at smoke size: the tiny model in fp32, 2 conversations a step, one step
+    validated on one batch of 2, no checkpoint, the recipe's SQuAD from a local file (training and validation)."""
+    data = squad_file(workdir / "squad_mini.jsonl")
+    overrides = (
+        f"policy.model_name={TINY_LLAMA}",
+        "policy.precision=float32",
+        "policy.train_global_batch_size=2",
+        "policy.train_micro_batch_size=1",
+        "policy.max_total_sequence_length=128",
+        "sft.max_num_steps=1",
+        "sft.val_period=1",
+        "sft.val_batches=1",
+        "sft.val_global_batch_size=2",
+        "sft.val_at_start=false",
+        f"++data.train.data_path={data}",
+        f"++data.validation.data_path={data}",
+        f"logger.log_dir={workdir / 'logs'}",
+        "logger.wandb_enabled=false",
+        "logger.tensorboard_enabled=false",
+        "checkpointing.enabled=false",
+    )
+    return EntryScript("run_sft.py", overrides, "train/loss")
+
+
 def helpsteer3_file(path: Path, rows: int = 8) -> Path:
     """A local file in HelpSteer3's preference format (the dataset of NeMo-RL's DPO and RM recipes): a question,
     two answers and which is better (negative: response1)."""
@@ -134,7 +174,7 @@ def rm_run(workdir: Path) -> EntryScript:
 
 
 # script → its `EntryScript` for a work folder
-ENTRY_SCRIPTS = {"run_grpo": grpo_run, "run_dpo": dpo_run, "run_rm": rm_run}
+ENTRY_SCRIPTS = {"run_grpo": grpo_run, "run_sft": sft_run, "run_dpo": dpo_run, "run_rm": rm_run}
 
 
 def copy_with_clone_imports(examples: Path, script: str, workdir: Path) -> Path:

@@ -144,9 +144,9 @@ def test_processed_dataset_routes_rows_by_task(tokenizer):
         KeyError,
         match=r"row 0: no data processor for task_name 'chess'; known: \['code', 'math', 'reasoning_gym', 'sliding",
     ):
-        AllTaskProcessedDataset([{"problem": "p", "task_name": "chess"}], tokenizer, specs, 64)[0]
+        AllTaskProcessedDataset([{"problem": "p", "task_name": "chess"}], tokenizer, specs, max_seq_length=64)[0]
     with pytest.raises(KeyError, match=r"row 2: no TaskDataSpec for task_name 'reasoning_gym'"):
-        AllTaskProcessedDataset(_rows(), tokenizer, {"math": specs["math"]}, 64)[2]
+        AllTaskProcessedDataset(_rows(), tokenizer, {"math": specs["math"]}, max_seq_length=64)[2]
 
 
 def test_collate_then_flatten_then_append_generation(tokenizer):

@@ -119,7 +119,9 @@ def test_game_rows_become_first_turns_that_stop_after_the_move() -> None:
     tokenizer = load_tokenizer("SmolLM2-135M-Instruct")
     games = load_sliding_puzzle(size=3, shuffle_moves=2, train_size=2, val_size=1, seed=0)
     assert games.train is not None
-    dataset = AllTaskProcessedDataset(games.train, tokenizer, TaskDataSpec(task_name="sliding_puzzle_game"), 512)
+    dataset = AllTaskProcessedDataset(
+        games.train, tokenizer, TaskDataSpec(task_name="sliding_puzzle_game"), max_seq_length=512
+    )
     datum = dataset[0]
     assert datum["task_name"] == "sliding_puzzle_game"
     assert datum["stop_strings"] == ["</move>"]
@@ -127,7 +129,7 @@ def test_game_rows_become_first_turns_that_stop_after_the_move() -> None:
     text = tokenizer.decode(torch.cat([m["token_ids"] for m in datum["message_log"]]).tolist())
     assert text.endswith(games.train[0]["problem"] + "<|im_end|>\n<|im_start|>assistant\n")
     rerouted = AllTaskProcessedDataset(
-        games.train, tokenizer, TaskDataSpec(task_name="x"), 512, env_name="my_game"
+        games.train, tokenizer, TaskDataSpec(task_name="x"), max_seq_length=512, env_name="my_game"
     )  # data.env_name routes every row to another environment; the row's own processor still builds it
     assert rerouted[0]["task_name"] == "my_game" and rerouted[0]["stop_strings"] == ["</move>"]
 

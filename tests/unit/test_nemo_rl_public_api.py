@@ -85,6 +85,7 @@ NOT_YET_MATCHED: frozenset[str] = frozenset(
         "nemo_rl.algorithms.loss.utils.prepare_loss_input",
         "nemo_rl.algorithms.ppo.PPOConfig",
         "nemo_rl.algorithms.utils.calculate_baseline_and_std_per_prompt",
+        "nemo_rl.data.DataConfig",
         "nemo_rl.data.llm_message_utils.get_formatted_message_log",
         "nemo_rl.data.processors.math_data_processor",
         "nemo_rl.distributed.named_sharding.NamedSharding.is_axis_zero",

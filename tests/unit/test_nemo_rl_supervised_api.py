@@ -1,10 +1,12 @@
 """NeMo-RL v0.7.0's SFT / DPO / RM script API, the pure parts (the scripts run in
 tests/functional/test_nemo_rl_entry_scripts.py): ``setup``'s refusal, the run ``*_train`` forms from NeMo-RL's nine
-arguments (`supervised.nemo_rl_api.run_from_parts`) and ``setup_preference_data``."""
+arguments (`supervised.nemo_rl_api.run_from_parts`), ``setup_preference_data`` and the ``data.datasets`` functions
+``run_sft.py`` builds its datasets with."""
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +19,12 @@ from nemo_rl_clone.algorithms.dpo.train import DPO_ENTRY
 from nemo_rl_clone.algorithms.sft.config import SFTAlgorithm
 from nemo_rl_clone.algorithms.sft.train import SFT_ENTRY
 from nemo_rl_clone.algorithms.supervised.nemo_rl_api import run_from_parts
+from nemo_rl_clone.data.datasets import (
+    AllTaskProcessedDataset,
+    load_response_dataset,
+    merge_datasets,
+    update_single_dataset_config,
+)
 from nemo_rl_clone.data.utils import setup_preference_data
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
 from nemo_rl_clone.utils.config import load_config
@@ -83,3 +91,35 @@ def test_setup_preference_data_loads_the_pairs_of_a_data_section(tmp_path):
     assert [len(split) for split in setup_preference_data(tokenizer, given_validation)] == [6, 6]
     with pytest.raises(ConfigError, match=r"data\.max_input_seq_lenght: unknown key"):
         setup_preference_data(tokenizer, {**data, "max_input_seq_lenght": 1})
+
+
+def squad_rows(path: Path, rows: int = 4) -> Path:
+    lines = [
+        {"context": f"Anna has {i} apples.", "question": "How many?", "answers": {"text": [str(i)]}}
+        for i in range(rows)
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def test_run_sft_data_functions_build_the_sft_datums(tmp_path):
+    entry = {"dataset_name": "squad", "data_path": str(squad_rows(tmp_path / "squad.jsonl"))}
+    update_single_dataset_config(entry, {"processor": "sft_processor", "prompt_file": None, "dataset_name": "x"})
+    assert entry["dataset_name"] == "squad" and entry["processor"] == "sft_processor"  # only missing keys filled
+    data = load_response_dataset(entry)
+    assert (data.task_name, data.val_dataset, data.preprocessor) == ("squad", None, None)
+    merged = merge_datasets([data.dataset, data.dataset])
+    assert len(merged) == 8 and merge_datasets([data.dataset]) is data.dataset
+    tokenizer = load_tokenizer(TINY_LLAMA)
+    processor = partial(data.processor, add_bos=False, add_eos=True, add_generation_prompt=False)
+    dataset = AllTaskProcessedDataset(
+        merged, tokenizer, None, {"squad": (data.task_spec, processor)}, max_seq_length=64
+    )
+    datum = dataset[5]
+    assert datum["idx"] == 5 and datum["loss_multiplier"] == 1.0 and datum["task_name"] == "squad"
+    assert [m["role"] for m in datum["message_log"]] == ["system", "user", "assistant"]
+    assert datum["message_log"][-1]["token_loss_mask"].all() and not datum["message_log"][0]["token_loss_mask"].any()
+    with pytest.raises(ConfigError, match=r"^data\.processor: not supported yet: 'math_hf_data_processor'"):
+        load_response_dataset({**entry, "processor": "math_hf_data_processor"})
+    with pytest.raises(ValueError, match="at least one"):
+        merge_datasets([])

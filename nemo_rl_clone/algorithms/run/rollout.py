@@ -123,9 +123,9 @@ def prompt_datasets(
         task_name=data.task_name, prompt_file=data.prompt_file, system_prompt_file=data.system_prompt_file
     )
     max_len = data.max_input_seq_length
-    train = AllTaskProcessedDataset(loaded.train, tokenizer, spec, max_len, env_name=data.env_name)
+    train = AllTaskProcessedDataset(loaded.train, tokenizer, spec, max_seq_length=max_len, env_name=data.env_name)
     val = (
-        AllTaskProcessedDataset(validation_rows, tokenizer, spec, max_len, env_name=data.env_name)
+        AllTaskProcessedDataset(validation_rows, tokenizer, spec, max_seq_length=max_len, env_name=data.env_name)
         if validation_rows
         else None
     )

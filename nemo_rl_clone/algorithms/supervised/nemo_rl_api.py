@@ -10,7 +10,8 @@ one-argument forms, ``setup(config)`` → the run and ``*_train(run)``, and pass
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,7 @@ def setup_parts(
         raise UserInputError(
             "tokenizer, train_dataset: both required in NeMo-RL's form of setup (or pass the config alone)"
         )
-    config: Any = as_config(master_config, entry.schema)
+    config: Any = as_config(_data_as_configured(master_config), entry.schema)
     preflight(config)
     algorithm = entry.algorithm(entry.loss(config))
     collate = _collate(algorithm, config, tokenizer)
@@ -129,6 +130,26 @@ def train_parts(entry: SupervisedEntry, policy: Any, *parts: Any) -> None:
         (logger, checkpointer, state),
     )
     supervised_train(run)
+
+
+def _data_as_configured(master_config: Any) -> Any:
+    """``master_config`` with its ``data`` section as the recipe wrote it: NeMo-RL's ``run_sft.py`` loads its
+    datasets by editing that section in place, turning ``data.train`` / ``data.validation`` into one-entry lists and
+    copying ``data.default``'s keys into each entry. Several entries stay a list (refused in one line)."""
+    plain = isinstance(master_config, Mapping)
+    data = master_config.get("data") if plain else getattr(master_config, "data", None)
+    if not isinstance(data, Mapping):
+        return master_config  # typed: nothing edited it
+    default = data.get("default") or {}
+    restored = dict(data)
+    for key in ("train", "validation"):
+        value = data.get(key)
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if isinstance(value, Mapping):
+            value = {k: v for k, v in value.items() if k not in default or v != default[k]}
+        restored[key] = value
+    return {**master_config, "data": restored} if plain else dataclasses.replace(master_config, data=restored)
 
 
 def _collate(algorithm: SupervisedAlgorithm, config: Any, tokenizer: Any) -> Callable[..., Any]:

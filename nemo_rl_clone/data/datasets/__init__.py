@@ -13,10 +13,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     from nemo_rl_clone.data.config import DataConfig
     from nemo_rl_clone.data.datasets.common import LoadedDataset
+
+# NeMo-RL's names at its path (``nemo_rl.data.datasets``), loaded on first use: name → submodule.
+_NEMO_RL_NAMES = {
+    "AllTaskProcessedDataset": "common",
+    "load_response_dataset": "response",
+    "merge_datasets": "response",
+    "update_single_dataset_config": "response",
+}
+__getattr__ = lazy_getattr(__name__, _NEMO_RL_NAMES)
 
 # NeMo-RL's names where it has them ("OpenMathInstruct-2", "DeepScaler", "DAPOMath17K").
 _LOADERS: dict[str, str] = {

@@ -177,54 +177,73 @@ def validation_source(
 
 
 class AllTaskProcessedDataset(torch.utils.data.Dataset):
-    """Rows processed lazily into :class:`DatumSpec` by the processor of each row's ``task_name``.
+    """Rows processed lazily into :class:`DatumSpec` by the processor of each row's ``task_name`` (NeMo-RL's
+    signature).
 
     Args:
-        rows: rows in the common form (a split of a :class:`LoadedDataset`).
+        dataset: rows (a split of a :class:`LoadedDataset`, or any sequence of dicts).
         tokenizer: tokenizer with a chat template.
-        task_data_specs: prompt specs, one for all tasks or one per ``task_name``.
+        default_task_data_spec: the prompt spec of every row; here also a ``task_name → spec`` mapping, or None.
+        task_data_processors: NeMo-RL's ``task_name → (spec, processor)`` (a task's spec takes the default spec's
+            unset prompts) or one processor for all rows; None: this library's processor of each row's
+            ``task_name`` (:data:`DATA_PROCESSORS`) with ``default_task_data_spec``.
+        task_data_preprocessors: ``task_name → function`` (or one function) applied to a row before processing.
         max_seq_length: prompts longer than this are truncated and get ``loss_multiplier = 0``.
-        processors: ``task_name → processor``; defaults to :data:`DATA_PROCESSORS`.
         env_name: the environment that scores every row (its ``task_name`` after processing); None keeps the
             rows' own.
     """
 
     def __init__(
         self,
-        rows: Rows,
+        dataset: Rows | Any,
         tokenizer: PreTrainedTokenizerBase,
-        task_data_specs: TaskDataSpec | Mapping[str, TaskDataSpec],
-        max_seq_length: int,
-        processors: Mapping[str, TaskDataProcessFn] | None = None,
+        default_task_data_spec: TaskDataSpec | Mapping[str, TaskDataSpec] | None,
+        task_data_processors: Mapping[str, Any] | TaskDataProcessFn | None = None,
+        task_data_preprocessors: Mapping[str, Callable[[Any], Any]] | Callable[[Any], Any] | None = None,
+        max_seq_length: int | None = None,
         env_name: str | None = None,
     ):
-        self.rows = rows
+        self.dataset = dataset
         self.tokenizer = tokenizer
-        self.task_data_specs = task_data_specs
+        self.default_task_data_spec = default_task_data_spec
+        self.task_data_processors = task_data_processors
+        self.task_data_preprocessors = task_data_preprocessors
         self.max_seq_length = max_seq_length
-        self.processors = dict(DATA_PROCESSORS if processors is None else processors)
         self.env_name = env_name
+        if isinstance(task_data_processors, Mapping) and isinstance(default_task_data_spec, TaskDataSpec):
+            for spec, _ in task_data_processors.values():
+                spec.copy_defaults(default_task_data_spec)
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.dataset)
 
     def __getitem__(self, idx: int) -> DatumSpec:
-        row = self.rows[idx]
-        task_name = row.get("task_name") or MATH_TASK
-        processor = self.processors.get(task_name)
-        if processor is None:
-            raise KeyError(
-                f"row {idx}: no data processor for task_name {task_name!r}; known: {sorted(self.processors)}"
-            )
-        if isinstance(self.task_data_specs, TaskDataSpec):
-            spec = self.task_data_specs
-        elif task_name in self.task_data_specs:
-            spec = self.task_data_specs[task_name]
-        else:
-            raise KeyError(
-                f"row {idx}: no TaskDataSpec for task_name {task_name!r}; known: {sorted(self.task_data_specs)}"
-            )
+        row = self.dataset[idx]
+        preprocess = self.task_data_preprocessors
+        if isinstance(preprocess, Mapping):
+            preprocess = preprocess.get(row.get("task_name") or MATH_TASK)
+        if preprocess is not None:
+            row = preprocess(row)
+        spec, processor = self._spec_and_processor(row.get("task_name") or MATH_TASK, idx)
         datum = processor(row, spec, self.tokenizer, self.max_seq_length, idx)
         if self.env_name is not None:
             datum["task_name"] = self.env_name
         return datum
+
+    def _spec_and_processor(self, task_name: str, idx: int) -> tuple[Any, Any]:
+        processors = self.task_data_processors
+        if isinstance(processors, Mapping):
+            if task_name not in processors:
+                raise KeyError(f"row {idx}: no data processor for task_name {task_name!r}; known: {sorted(processors)}")
+            return processors[task_name]
+        if processors is None and task_name not in DATA_PROCESSORS:
+            raise KeyError(
+                f"row {idx}: no data processor for task_name {task_name!r}; known: {sorted(DATA_PROCESSORS)}"
+            )
+        processor = DATA_PROCESSORS[task_name] if processors is None else processors
+        specs = self.default_task_data_spec
+        if specs is None or isinstance(specs, TaskDataSpec):
+            return specs, processor
+        if task_name not in specs:
+            raise KeyError(f"row {idx}: no TaskDataSpec for task_name {task_name!r}; known: {sorted(specs)}")
+        return specs[task_name], processor
