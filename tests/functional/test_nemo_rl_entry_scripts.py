@@ -31,12 +31,13 @@ NEMO_RL_IMPORT = re.compile(r"^(\s*)(from|import)(\s+)nemo_rl(?=[.\s])", re.MULT
 
 @dataclass(frozen=True)
 class EntryScript:
-    """A NeMo-RL script (its path under ``examples/``), the overrides that scale its default recipe down, and the
-    metric its first step must log."""
+    """A NeMo-RL script (its path under ``examples/``), the overrides that scale its default recipe down, the metric
+    its first step must log, and whether that step also logs validation metrics (``validation/*``)."""
 
     path: str
     overrides: tuple[str, ...]
     step_metric: str
+    validates: bool = False
 
 
 def openmathinstruct2_file(path: Path, rows: int = 20) -> Path:
@@ -116,7 +117,7 @@ def sft_run(workdir: Path) -> EntryScript:
         "logger.tensorboard_enabled=false",
         "checkpointing.enabled=false",
     )
-    return EntryScript("run_sft.py", overrides, "train/loss")
+    return EntryScript("run_sft.py", overrides, "train/loss", validates=True)
 
 
 def helpsteer3_file(path: Path, rows: int = 8) -> Path:
@@ -165,12 +166,12 @@ def preference_overrides(workdir: Path, section: str) -> tuple[str, ...]:
 
 def dpo_run(workdir: Path) -> EntryScript:
     """``run_dpo.py`` on ``dpo.yaml`` at smoke size (`preference_overrides`)."""
-    return EntryScript("run_dpo.py", preference_overrides(workdir, "dpo"), "train/loss")
+    return EntryScript("run_dpo.py", preference_overrides(workdir, "dpo"), "train/loss", validates=True)
 
 
 def rm_run(workdir: Path) -> EntryScript:
     """``run_rm.py`` on ``rm.yaml`` at smoke size (`preference_overrides`): the tiny model with a scalar head."""
-    return EntryScript("run_rm.py", preference_overrides(workdir, "rm"), "train/loss")
+    return EntryScript("run_rm.py", preference_overrides(workdir, "rm"), "train/loss", validates=True)
 
 
 # script → its `EntryScript` for a work folder
@@ -221,4 +222,6 @@ def test_entry_script_runs(name, tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     (run_dir,) = run_dirs(tmp_path)
-    assert entry.step_metric in read_metrics(run_dir)[1]
+    first_step = read_metrics(run_dir)[1]
+    assert entry.step_metric in first_step
+    assert not entry.validates or any(name.startswith("validation/") for name in first_step), sorted(first_step)
