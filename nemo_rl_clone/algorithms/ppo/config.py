@@ -229,3 +229,7 @@ class PPOMasterConfig:
         """Whether each step computes the actor's pre-update logprobs (the loss's ratio reads them unless
         ``loss_fn.force_on_policy_ratio``)."""
         return not self.loss_fn.force_on_policy_ratio
+
+
+# NeMo-RL's name: `from nemo_rl_clone.algorithms.ppo import MasterConfig, setup, ppo_train`.
+MasterConfig = PPOMasterConfig

@@ -36,7 +36,7 @@ from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
 from nemo_rl_clone.algorithms.ppo.gae import compute_advantages_and_returns, last_token_rewards
 from nemo_rl_clone.algorithms.ppo.value_loss import explained_variance
 from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
-from nemo_rl_clone.algorithms.run.rollout import RolloutAlgorithm, clipped_pg_loss
+from nemo_rl_clone.algorithms.run.rollout import GivenParts, RolloutAlgorithm, clipped_pg_loss
 from nemo_rl_clone.algorithms.run.second_model import SyncRolloutSteps, setup_with_model
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results
@@ -67,12 +67,13 @@ class PPOComponents:
         self.run.shutdown()
 
 
-def setup(config: PPOMasterConfig | Any) -> PPOComponents:
+def setup(config: PPOMasterConfig | Any, given: GivenParts | None = None) -> PPOComponents:
     """Build a PPO run (validated here when given as NeMo-RL's plain dict); resumes the actor and the critic from
-    ``checkpointing.checkpoint_dir`` if it holds a checkpoint."""
+    ``checkpointing.checkpoint_dir`` if it holds a checkpoint. ``given``: the tokenizer and datasets a NeMo-RL-style
+    caller built (`ppo.nemo_rl_api.setup`)."""
     config = as_config(config, PPOMasterConfig)
     loss_fn = clipped_pg_loss(config.loss_fn, config.policy.generation)
-    run, critic = setup_with_model(config, loss_fn, partial(_build_critic, config))
+    run, critic = setup_with_model(config, loss_fn, partial(_build_critic, config), given)
     return PPOComponents(config, run, critic, build_loss(None, "mse_value", config.value_loss_fn))
 
 

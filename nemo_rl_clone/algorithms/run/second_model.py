@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from nemo_rl_clone.algorithms.run.loop import Schedule
-from nemo_rl_clone.algorithms.run.rollout import log_validation, setup_rollout_run
+from nemo_rl_clone.algorithms.run.rollout import GivenParts, log_validation, setup_rollout_run
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.rollout.run import RolloutRun
 from nemo_rl_clone.rollout.step_rollouts import SyncRollouts
@@ -24,12 +24,15 @@ from nemo_rl_clone.utils.timer import Timer
 
 
 def setup_with_model(
-    config: Any, loss_fn: Any, build: Callable[[RolloutRun[Any], dict[str, str]], Policy]
+    config: Any,
+    loss_fn: Any,
+    build: Callable[[RolloutRun[Any], dict[str, str]], Policy],
+    given: GivenParts | None = None,
 ) -> tuple[RolloutRun[Any], Policy]:
-    """The actor's rollout run (`setup_rollout_run`, its policy trained with ``loss_fn``), then
-    ``build(run, env_vars)``: the second model, on the run's training cluster. If building it fails, the run is shut
-    down before the error propagates."""
-    run = setup_rollout_run(config, loss_fn, extra_worker_groups=1)
+    """The actor's rollout run (`setup_rollout_run`, its policy trained with ``loss_fn``; ``given``: the tokenizer
+    and datasets a NeMo-RL-style caller built), then ``build(run, env_vars)``: the second model, on the run's
+    training cluster. If building it fails, the run is shut down before the error propagates."""
+    run = setup_rollout_run(config, loss_fn, extra_worker_groups=1, given=given)
     try:
         # On CPU the two models' workers take turns on the same cores: each may use all of them while it runs.
         threads = {} if torch.cuda.is_available() else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
