@@ -102,8 +102,9 @@ def ensure_munge(state: State) -> None:
     shutil.chown(MUNGE_KEY, "munge", "munge")
     _run(["runuser", "-u", "munge", "--", "munged"])  # daemonises; writes its pid file once it serves
     pid_file = MUNGE_RUN / "munged.pid"
-    _wait(lambda: pid_file.exists() and _munge_answers(), 15, "munged did not come up", [])
-    pid = int(pid_file.read_text().strip())
+    _wait(lambda: _pid_in(pid_file) is not None and _munge_answers(), 15, "munged did not come up", [])
+    pid = _pid_in(pid_file)
+    assert pid is not None
     state.started.append(Daemon("munged", pid, _start_ticks(pid) or 0))
 
 
@@ -183,9 +184,19 @@ def _tail(path: Path, lines: int = 20) -> str:
         return f"({error.strerror})"
 
 
+def _pid_in(pid_file: Path) -> int | None:
+    try:
+        text = pid_file.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
 def _daemon_from_pid_file(name: str, pid_file: Path, logs: list[Path]) -> Daemon:
-    _wait(pid_file.exists, 20, f"{name} wrote no pid file {pid_file}", logs)
-    pid = int(pid_file.read_text().strip())
+    # The daemon creates the file before it writes its pid: an empty file is "not yet", not an error.
+    _wait(lambda: _pid_in(pid_file) is not None, 20, f"{name} wrote no pid to {pid_file}", logs)
+    pid = _pid_in(pid_file)
+    assert pid is not None
     ticks = _start_ticks(pid)
     if ticks is None:
         raise SlurmError(f"{name} (pid {pid}) exited at start:\n{''.join(_tail(log) for log in logs)}")
