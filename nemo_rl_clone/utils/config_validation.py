@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union
 
+from nemo_rl_clone.utils.errors import report_uncaught_user_errors
 from nemo_rl_clone.utils.unsupported_keys import refusal, refused_value
 
 T = TypeVar("T")
@@ -57,6 +59,7 @@ def as_config(config: Any, schema: type[T], key: str = "") -> T:
         if not _has_plain_sections(config):
             return config
         config = _plain(config)
+    report_uncaught_user_errors()  # NeMo-RL's scripts validate in their `setup()` call, outside any CLI of ours
     from omegaconf import DictConfig, OmegaConf  # lazy: validation itself does not need OmegaConf
 
     if isinstance(config, DictConfig):
@@ -72,6 +75,26 @@ def as_config(config: Any, schema: type[T], key: str = "") -> T:
         raise ConfigError([f"{key}.{problem}" for problem in err.problems]) from None
 
 
+def takes_extra_keys(cls: type[T]) -> type[T]:
+    """A master config that, like NeMo-RL's (a pydantic model with ``extra="allow"``), can be built from a whole YAML
+    config, ``MasterConfig(**config)``, whatever its top-level keys. A key it does not know stays readable as an
+    attribute and is refused, one line naming it, when the config is validated (`as_config`), not at construction
+    with a ``TypeError``."""
+    init = cls.__init__
+    known = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        extra = {key: kwargs.pop(key) for key in list(kwargs) if key not in known}
+        init(self, *args, **kwargs)
+        object.__setattr__(self, "_extra_keys", extra)
+        for key, value in extra.items():
+            object.__setattr__(self, key, value)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
+
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A validated config (dataclass) as plain nested dicts and lists, e.g. for saving ``config.yaml``."""
     return _plain(dataclasses.asdict(config))
@@ -80,7 +103,8 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     # asdict keeps the types of mappings (the open `env` section is a dict subclass), which YAML cannot write.
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+        fields = {field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+        return fields | _plain(getattr(value, "_extra_keys", {}))
     if isinstance(value, Mapping):
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, list):
@@ -91,6 +115,8 @@ def _plain(value: Any) -> Any:
 def _has_plain_sections(config: Any) -> bool:
     """Whether a field of ``config`` that is a section (a dataclass, or an open section such as ``env``) holds a
     plain mapping instead."""
+    if getattr(config, "_extra_keys", None):
+        return True  # validation refuses them, naming each
     hints = typing.get_type_hints(type(config))
     for field in dataclasses.fields(config):
         value, tp = getattr(config, field.name), hints[field.name]

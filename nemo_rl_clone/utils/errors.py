@@ -3,7 +3,8 @@
 Data, model and config code raise a :class:`UserInputError` (or a subclass) whose message names the culprit: a config
 key, a file, a row. The entry points run under :func:`reporting_user_errors`, which prints such an error as
 ``error: ...`` on stderr and exits with code 2, also when it was raised inside a Ray actor; any other exception is a
-bug and keeps its traceback.
+bug and keeps its traceback. Scripts that run none of our entry points (NeMo-RL's, or a user's own, which call
+``setup()`` at their top level) get the same lines from :func:`report_uncaught_user_errors`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import TracebackType
 
 USER_INPUT_ERROR_EXIT_CODE = 2
 
@@ -105,3 +107,29 @@ def _restore_stderr(saved_fd: int) -> None:
     sys.stderr.flush()
     os.dup2(saved_fd, 2)
     os.close(saved_fd)
+
+
+_ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
+
+
+def report_uncaught_user_errors() -> None:
+    """From now on this process prints an uncaught user-input or config error as its ``error: ...`` lines instead of
+    a traceback (the process then exits with status 1, as on any uncaught error). Installed once, by the code paths
+    that NeMo-RL-form scripts call first (their config validation, a refused import); any other error goes to the
+    hook that was there before."""
+    previous = sys.excepthook
+    if getattr(previous, "reports_user_errors", False):
+        return
+
+    def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
+        from nemo_rl_clone.utils.config_validation import ConfigError  # lazy: that module imports this one's callers
+
+        found = error if isinstance(error, ConfigError) else find_user_input_error(error)
+        if found is None:
+            previous(kind, error, traceback)
+            return
+        for problem in found.problems:
+            print(f"error: {problem}", file=sys.stderr)
+
+    hook.reports_user_errors = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

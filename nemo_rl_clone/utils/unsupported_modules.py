@@ -10,12 +10,10 @@ printed as that one line instead of a traceback (the script then exits with stat
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
-from types import TracebackType
 from typing import NoReturn
 
-from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.errors import UserInputError, report_uncaught_user_errors
 
 
 class UnsupportedFeatureError(UserInputError, ImportError):
@@ -24,28 +22,10 @@ class UnsupportedFeatureError(UserInputError, ImportError):
 
 def refuse_import(module: str, feature: str) -> NoReturn:
     """Stop the import of ``module`` (the caller's ``__name__``) with one line naming ``feature``."""
-    if not getattr(sys.excepthook, "reports_unsupported_features", False):
-        sys.excepthook = _one_line_hook(sys.excepthook)
+    report_uncaught_user_errors()
     error = UnsupportedFeatureError(f"{module}: not supported yet: {feature}")
     error.name = module  # ImportError's attribute: the module that could not be imported
     raise error
-
-
-_ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
-
-
-def _one_line_hook(previous: _ExceptHook) -> _ExceptHook:
-    """``sys.excepthook`` that prints an uncaught `UnsupportedFeatureError` as ``error: ...`` and hands any other
-    error to ``previous`` (Python's traceback, or whatever hook was installed before)."""
-
-    def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
-        if isinstance(error, UnsupportedFeatureError):
-            print(f"error: {error}", file=sys.stderr)
-        else:
-            previous(kind, error, traceback)
-
-    hook.reports_unsupported_features = True  # type: ignore[attr-defined]
-    return hook
 
 
 def refusing_getattr(module: str, refused: Mapping[str, str]) -> Callable[[str], NoReturn]:

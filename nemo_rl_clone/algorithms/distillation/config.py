@@ -14,7 +14,7 @@ from nemo_rl_clone.models.policy.backends import backend_key, known_backend_spec
 from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY, PolicyConfig
 from nemo_rl_clone.rollout.config import RolloutLoopConfig, rollout_problems
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import check_at_least, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -35,6 +35,7 @@ class DistillationConfig(RolloutLoopConfig):
         return super().check() + check_at_least(self, 1, "topk_logits_k")
 
 
+@takes_extra_keys
 @dataclass
 class DistillationMasterConfig:
     """Everything a distillation run reads; each section is validated by its own schema."""

@@ -19,7 +19,7 @@ from nemo_rl_clone.rollout.config import (
 )
 from nemo_rl_clone.rollout.monitor_config import MonitorsConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import SectionReads
+from nemo_rl_clone.utils.config_validation import SectionReads, takes_extra_keys
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.logger import LoggerConfig
 
@@ -220,6 +220,7 @@ class DataPlaneConfig(SectionReads):
         return []
 
 
+@takes_extra_keys
 @dataclass
 class GRPOMasterConfig:
     """Everything a GRPO run reads; each section is validated by its own schema."""

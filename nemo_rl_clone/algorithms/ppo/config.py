@@ -31,7 +31,7 @@ from nemo_rl_clone.rollout.config import (
     rollout_problems,
 )
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import check_at_least, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -148,6 +148,7 @@ def _value_section() -> PolicyConfig:
     )
 
 
+@takes_extra_keys
 @dataclass
 class PPOMasterConfig:
     """Everything a PPO run reads (NeMo-RL's sections): ``policy`` is the actor, ``value`` the critic — a policy

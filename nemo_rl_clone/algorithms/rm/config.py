@@ -13,6 +13,7 @@ from nemo_rl_clone.data.config import PreferenceDataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.config_validation import takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -25,6 +26,7 @@ def _rm_checkpointing() -> CheckpointingConfig:
     return CheckpointingConfig(checkpoint_dir="results/rm", metric_name="val:accuracy", higher_is_better=True)
 
 
+@takes_extra_keys
 @dataclass
 class RMMasterConfig:
     """Everything a reward-model run reads; ``policy.reward_model_cfg.enabled`` must be true."""

@@ -13,6 +13,7 @@ from nemo_rl_clone.data.config import SFTDataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
+from nemo_rl_clone.utils.config_validation import takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -39,6 +40,7 @@ def _sft_checkpointing() -> CheckpointingConfig:
     return CheckpointingConfig(checkpoint_dir="results/sft", metric_name="val:val_loss", higher_is_better=False)
 
 
+@takes_extra_keys
 @dataclass
 class SFTMasterConfig:
     """Everything an SFT run reads; ``policy.train_global_batch_size`` counts conversations."""
