@@ -120,8 +120,16 @@ class ReinforcePlusPlusAdvantageEstimator:
         self.minus_baseline = bool(_switch(estimator_config, "minus_baseline", True))
 
     def compute_advantage(
-        self, prompt_ids: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, **kwargs: Any
+        self,
+        prompt_ids: torch.Tensor,
+        rewards: torch.Tensor,
+        mask: torch.Tensor,
+        logprobs_policy: torch.Tensor | None = None,
+        logprobs_reference: torch.Tensor | None = None,
+        **kwargs: Any,
     ) -> torch.Tensor:
+        # NeMo-RL subtracts a KL term from them only under loss_fn.use_kl_in_reward, which is refused here
+        del logprobs_policy, logprobs_reference
         advantages = rewards.double()
         if self.minus_baseline:
             advantages = advantages - baseline_and_std(rewards, prompt_ids, leave_one_out=False)[0].double()

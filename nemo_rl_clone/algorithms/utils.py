@@ -108,7 +108,11 @@ def calculate_kl(
 
 
 def calculate_baseline_and_std_per_prompt(
-    prompts: torch.Tensor, rewards: torch.Tensor, valid_mask: torch.Tensor, leave_one_out_baseline: bool = True
+    prompts: torch.Tensor,
+    rewards: torch.Tensor,
+    valid_mask: torch.Tensor,
+    leave_one_out_baseline: bool = True,
+    std_rewards: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """NeMo-RL's GRPO baseline: samples whose ``prompts`` rows are identical form a group, in any order.
 
@@ -122,12 +126,17 @@ def calculate_baseline_and_std_per_prompt(
         prompts: [B, S] prompt token ids (any device).
         rewards: [B] float rewards; the results are on its device and dtype.
         valid_mask: [B] 0/1.
+        std_rewards: [B] rewards the std is taken of instead of ``rewards`` (the baseline stays on ``rewards``), as
+            NeMo-RL's DAPO filter needs: the std of the raw task score beside the baseline of the shaped reward.
     """
+    spread_shape = rewards.shape if std_rewards is None else std_rewards.shape
     if rewards.dim() != 1 or prompts.shape[0] != rewards.shape[0] or valid_mask.shape != rewards.shape:
         raise ValueError(
             f"prompts [B, S], rewards [B] and valid_mask [B] must agree on B; got {tuple(prompts.shape)}, "
             f"{tuple(rewards.shape)} and {tuple(valid_mask.shape)}"
         )
+    if spread_shape != rewards.shape:
+        raise ValueError(f"std_rewards must be [B] like rewards; got {tuple(spread_shape)}")
     device = rewards.device
     group = torch.unique(prompts, dim=0, return_inverse=True)[1].to(device)
     valid = valid_mask.to(device=device, dtype=rewards.dtype)
@@ -138,8 +147,10 @@ def calculate_baseline_and_std_per_prompt(
     others = in_group.fill_diagonal_(0) if leave_one_out_baseline else in_group
     # weights are exact 0/1, so each sum adds exactly the rewards of the samples it is meant to
     mean = others @ (rewards * valid) / count
-    mean_square = others @ (rewards.square() * valid) / count
-    std = ((mean_square - mean.square()) * (count / (count - 1))).sqrt().nan_to_num(0)
+    spread_of = rewards if std_rewards is None else std_rewards.to(device=device, dtype=rewards.dtype)
+    spread_mean = mean if std_rewards is None else others @ (spread_of * valid) / count
+    mean_square = others @ (spread_of.square() * valid) / count
+    std = ((mean_square - spread_mean.square()) * (count / (count - 1))).sqrt().nan_to_num(0)
     no_signal = valid_in_group <= 1
     return torch.where(no_signal, rewards, mean), torch.where(no_signal, torch.zeros_like(std), std)
 

@@ -19,15 +19,15 @@ from nemo_rl_clone.data.sliding_puzzle import MOVE_STOP_STRINGS
 
 
 def math_data_processor(
-    datum: dict[str, Any],
+    datum_dict: dict[str, Any],
     task_data_spec: TaskDataSpec,
     tokenizer: PreTrainedTokenizerBase,
     max_seq_length: int,
     idx: int,
 ) -> DatumSpec:
     """A math row ``{"problem", "expected_answer"}`` → prompt with ``extra_env_info = {"ground_truth": answer}``."""
-    problem = _required_str(datum, "problem", idx)
-    answer = _required_str(datum, "expected_answer", idx)
+    problem = _required_str(datum_dict, "problem", idx)
+    answer = _required_str(datum_dict, "expected_answer", idx)
     return build_prompt_datum(
         problem,
         task_data_spec,
@@ -35,7 +35,7 @@ def math_data_processor(
         max_seq_length,
         idx,
         extra_env_info={"ground_truth": answer},
-        task_name=datum.get("task_name") or "math",
+        task_name=datum_dict.get("task_name") or "math",
     )
 
 

@@ -10,8 +10,12 @@ math-verify it never parses the expressions: ``0.5`` and ``\\frac{1}{2}`` differ
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+
+from nemo_rl_clone.environments.answer_extraction import extract_boxed
 
 TAIL_CHARS = 300  # only the end of the response is searched for the answer line
+STRICT_TAIL_CHARS = 100  # strict_box_verify: only the end of the response is searched for the box
 _ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 
 # Applied in this order (Minerva's normalisation).
@@ -28,9 +32,9 @@ _DROPPED = (
 _UNWRAPPED = ("text", "textbf", "overline")  # \text{x} -> x
 
 
-def normalize_final_answer(answer: str) -> str:
-    """``answer`` in the normal form both sides are compared in."""
-    answer = answer.split("=")[-1]
+def normalize_final_answer(final_answer: str) -> str:
+    """``final_answer`` in the normal form both sides are compared in."""
+    answer = final_answer.split("=")[-1]
     for old, new in _REPLACEMENTS:
         answer = answer.replace(old, new)
     for dropped in _DROPPED:
@@ -53,9 +57,34 @@ def extract_answer_line(response: str) -> str | None:
     return found[-1] if found else None
 
 
-def compute_score(response: str, ground_truth: str) -> tuple[float, str | None]:
-    """(reward 1.0 or 0.0, the extracted answer or None)."""
-    answer = extract_answer_line(response)
+def compute_score(
+    solution_str: str,
+    ground_truth: str,
+    strict_box_verify: bool = False,
+    pause_tokens_index: Sequence[int] | None = None,
+) -> tuple[float, str | None]:
+    """(reward 1.0 or 0.0, the extracted answer or None).
+
+    ``strict_box_verify``: the answer is instead the last ``\\boxed{}`` in the response's last `STRICT_TAIL_CHARS`
+    characters (with ``pause_tokens_index``, four positions: in the `STRICT_TAIL_CHARS` before the last of them),
+    compared with the gold answer as written, without normalising either.
+    """
+    if strict_box_verify:
+        return _strict_box_score(solution_str, ground_truth, pause_tokens_index)
+    answer = extract_answer_line(solution_str)
     if answer is None:
         return 0.0, None
     return float(normalize_final_answer(answer) == normalize_final_answer(ground_truth)), answer
+
+
+def _strict_box_score(
+    solution_str: str, ground_truth: str, pause_tokens_index: Sequence[int] | None
+) -> tuple[float, str | None]:
+    if pause_tokens_index is None:
+        tail = solution_str[-STRICT_TAIL_CHARS:]
+    elif len(pause_tokens_index) != 4:
+        raise ValueError(f"pause_tokens_index: expected 4 positions, got {len(pause_tokens_index)}")
+    else:
+        tail = solution_str[max(0, pause_tokens_index[-1] - STRICT_TAIL_CHARS) :]
+    answer = extract_boxed(tail)
+    return float(answer == ground_truth), answer

@@ -10,6 +10,7 @@ verifier libraries) so that loading configs never pays for them.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from nemo_rl_clone.utils.registry import Registry
@@ -19,14 +20,14 @@ ENVIRONMENT_REGISTRY: Registry[Any] = Registry("environment", "env")
 _FQNS: dict[str, str] = {}  # each registered name's "pkg.mod.Cls", to refuse registering another class under it
 
 
-def register_env(name: str, actor_class_fqn: str) -> None:
-    """Makes ``create_env(name, cfg)`` start the class at ``actor_class_fqn`` (``"pkg.mod.Cls"``), for code that
+def register_env(env_name: str, actor_class_fqn: str) -> None:
+    """Makes ``create_env(env_name, cfg)`` start the class at ``actor_class_fqn`` (``"pkg.mod.Cls"``), for code that
     builds configs in Python; a YAML config names the class in the section instead (``env.<name>.env_class``)."""
-    if name in _FQNS and _FQNS[name] != actor_class_fqn:
-        raise ValueError(f"environment {name!r} is already registered as {_FQNS[name]}")
+    if env_name in _FQNS and _FQNS[env_name] != actor_class_fqn:
+        raise ValueError(f"environment {env_name!r} is already registered as {_FQNS[env_name]}")
     module, _, attribute = actor_class_fqn.rpartition(".")
-    ENVIRONMENT_REGISTRY.register(name, f"{module}:{attribute}")
-    _FQNS[name] = actor_class_fqn
+    ENVIRONMENT_REGISTRY.register(env_name, f"{module}:{attribute}")
+    _FQNS[env_name] = actor_class_fqn
 
 
 _PACKAGE = "nemo_rl_clone.environments"
@@ -43,20 +44,26 @@ for _name, _fqn in {
     register_env(_name, _fqn)
 
 
-def create_env(name: str, cfg: Any) -> Any:
-    """Starts the environment ``name`` with its config section and returns the Ray actor handle at once.
+def create_env(env_name: str, env_config: Any) -> Any:
+    """Starts the environment ``env_name`` with its config section and returns the Ray actor handle at once.
 
-    ``cfg``: a built-in environment's config (e.g. `MathEnvConfig`), or a `CustomEnvConfig` naming a user's class
-    (plain classes are made Ray actors here; the class receives ``cfg.cfg``). Built-in actors build their verifier
-    pools in the background; the first method call waits for that. The actor runs in the Python environment
-    `ray_actor_environment` registers for its class (the driver's by default).
+    ``env_config``: a built-in environment's config (e.g. `MathEnvConfig`) or NeMo-RL's dict of its keys (validated
+    here, one line per problem), or a `CustomEnvConfig` naming a user's class (plain classes are made Ray actors here;
+    the class receives ``cfg.cfg``). Built-in actors build their verifier pools in the background; the first method
+    call waits for that. The actor runs in the Python environment `ray_actor_environment` registers for its class
+    (the driver's by default).
     """
     import ray
 
     from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_executable
-    from nemo_rl_clone.environments.config import CustomEnvConfig, check_env_config
+    from nemo_rl_clone.environments.config import BUILTIN_ENV_CONFIGS, CustomEnvConfig, check_env_config
+    from nemo_rl_clone.utils.config_validation import as_config
     from nemo_rl_clone.utils.imports import import_by_path
 
+    name, cfg = env_name, env_config
+    if isinstance(cfg, Mapping):  # NeMo-RL's section: typed by its schema, as a config file's would be
+        schema = CustomEnvConfig if "env_class" in cfg else BUILTIN_ENV_CONFIGS.get(name)
+        cfg = cfg if schema is None else as_config(cfg, schema, key=f"env.{name}")
     if isinstance(cfg, CustomEnvConfig):
         fqn, actor_cfg = cfg.env_class, cfg.cfg
     elif name in ENVIRONMENT_REGISTRY:

@@ -58,6 +58,7 @@ class WandbConfig:
     project: str = "nemo-rl-clone"
     name: str = "run"
     mode: str = "offline"  # online | offline | disabled
+    entity: str | None = None  # the wandb team or user the run goes under (None: wandb's default)
 
 
 @dataclass
@@ -92,6 +93,8 @@ class MLflowConfig:
     experiment_name: str = "nemo-rl-clone"
     run_name: str = "run"
     tracking_uri: str | None = None  # None -> file store at <log_dir>/mlruns
+    run_id: str | None = None  # an existing run to log into (resuming it) instead of a new one
+    artifact_location: str | None = None  # where a new experiment stores its artifacts (None: the server's default)
 
 
 @dataclass
@@ -133,13 +136,13 @@ def check_no_samples_to_print(logger: LoggerConfig | None, run: str) -> list[tup
     return []
 
 
-def get_next_experiment_dir(base_dir: str | Path) -> Path:
-    """Creates and returns `base_dir/exp_N`, N = 1 + the largest existing `exp_N` (`exp_1` in an empty dir).
+def get_next_experiment_dir(base_log_dir: str | Path) -> Path:
+    """Creates and returns `base_log_dir/exp_N`, N = 1 + the largest existing `exp_N` (`exp_1` in an empty dir).
 
     Safe against concurrent callers: the directory is created with `exist_ok=False`, and a caller that
     loses the race rescans and tries the next number.
     """
-    base = Path(base_dir)
+    base = Path(base_log_dir)
     base.mkdir(parents=True, exist_ok=True)
     for _ in range(1000):
         taken = [int(m.group(1)) for p in base.iterdir() if (m := re.fullmatch(r"exp_(\d+)", p.name))]
@@ -191,10 +194,16 @@ class Logger:
             if cfg.tensorboard_enabled:
                 self._backends.append(TensorboardBackend(self.log_dir / cfg.tensorboard.log_dir))
             if cfg.wandb_enabled:
-                self._backends.append(WandbBackend(self.log_dir, cfg.wandb.project, cfg.wandb.name, cfg.wandb.mode))
+                wandb_cfg = cfg.wandb
+                self._backends.append(
+                    WandbBackend(self.log_dir, wandb_cfg.project, wandb_cfg.name, wandb_cfg.mode, wandb_cfg.entity)
+                )
             if cfg.mlflow_enabled:
-                uri = cfg.mlflow.tracking_uri or default_mlflow_tracking_uri(self.log_dir)
-                self._backends.append(MlflowBackend(uri, cfg.mlflow.experiment_name, cfg.mlflow.run_name))
+                mlflow = cfg.mlflow
+                uri = mlflow.tracking_uri or default_mlflow_tracking_uri(self.log_dir)
+                self._backends.append(
+                    MlflowBackend(uri, mlflow.experiment_name, mlflow.run_name, mlflow.run_id, mlflow.artifact_location)
+                )
             if cfg.monitor_gpus:
                 self._gpu_monitor = GpuMonitor.create()
         except BaseException:
@@ -252,20 +261,20 @@ class Logger:
         elapsed = time.monotonic() - self._last_gpu_sample_time
         return step != self._last_gpu_step and elapsed >= self.cfg.gpu_monitoring.collection_interval
 
-    def log_hyperparams(self, config: Mapping[str, Any] | Any) -> dict[str, Any]:
+    def log_hyperparams(self, params: Mapping[str, Any] | Any) -> dict[str, Any]:
         """Logs a (nested) config; returns the flattened `{"a.b.c": value}` form given to TensorBoard/MLflow.
 
         Accepts a mapping or a dataclass instance; wandb receives the nested form.
         """
         self._check_open()
-        if dataclasses.is_dataclass(config) and not isinstance(config, type):
-            config = dataclasses.asdict(config)
-        if not isinstance(config, Mapping):
-            raise TypeError(f"log_hyperparams: config must be a mapping or a dataclass, got {type(config).__name__}")
-        config = _to_plain(config)
-        flat = dict(_flatten(config, "", "."))
+        if dataclasses.is_dataclass(params) and not isinstance(params, type):
+            params = dataclasses.asdict(params)
+        if not isinstance(params, Mapping):
+            raise TypeError(f"log_hyperparams: params must be a mapping or a dataclass, got {type(params).__name__}")
+        nested = _to_plain(params)
+        flat = dict(_flatten(nested, "", "."))
         for backend in self._backends:
-            backend.log_hyperparams(flat, config)
+            backend.log_hyperparams(flat, nested)
         return flat
 
     def log_samples_jsonl(

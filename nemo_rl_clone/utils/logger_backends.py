@@ -149,10 +149,10 @@ class WandbBackend:
 
     MODES = ("online", "offline", "disabled")
 
-    def __init__(self, run_dir: Path, project: str, name: str, mode: str) -> None:
+    def __init__(self, run_dir: Path, project: str, name: str, mode: str, entity: str | None = None) -> None:
         import wandb
 
-        self._run = wandb.init(dir=str(run_dir), project=project, name=name, mode=mode)  # type: ignore[arg-type]  # one of MODES, checked by Logger
+        self._run = wandb.init(dir=str(run_dir), project=project, name=name, mode=mode, entity=entity)  # type: ignore[arg-type]  # one of MODES, checked by Logger
 
     def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
         self._run.log(dict(metrics), step=step)
@@ -175,25 +175,42 @@ class WandbBackend:
 
 
 class MlflowBackend:
-    """An MLflow run through `MlflowClient` (no global "active run" state)."""
+    """An MLflow run through `MlflowClient` (no global "active run" state).
 
-    def __init__(self, tracking_uri: str, experiment_name: str, run_name: str) -> None:
-        from mlflow.exceptions import MlflowException
+    ``run_id``: log into that existing run (it must exist) instead of creating one; ``artifact_location``: where the
+    experiment, when this creates it, stores artifacts."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment_name: str,
+        run_name: str,
+        run_id: str | None = None,
+        artifact_location: str | None = None,
+    ) -> None:
         from mlflow.tracking import MlflowClient
 
         self._client = MlflowClient(tracking_uri=tracking_uri)
+        if run_id is not None:
+            self.run_id: str = self._client.get_run(run_id).info.run_id  # raises naming the id when absent
+            self._client.update_run(self.run_id, status="RUNNING")
+            return
+        experiment_id = self._experiment_id(experiment_name, artifact_location)
+        self.run_id = self._client.create_run(experiment_id, run_name=run_name).info.run_id
+
+    def _experiment_id(self, experiment_name: str, artifact_location: str | None) -> str:
+        from mlflow.exceptions import MlflowException
+
         experiment = self._client.get_experiment_by_name(experiment_name)
         if experiment is not None:
-            experiment_id = experiment.experiment_id
-        else:
-            try:
-                experiment_id = self._client.create_experiment(experiment_name)
-            except MlflowException:  # created concurrently by another run
-                concurrent = self._client.get_experiment_by_name(experiment_name)
-                if concurrent is None:
-                    raise
-                experiment_id = concurrent.experiment_id
-        self.run_id: str = self._client.create_run(experiment_id, run_name=run_name).info.run_id
+            return str(experiment.experiment_id)
+        try:
+            return str(self._client.create_experiment(experiment_name, artifact_location=artifact_location))
+        except MlflowException:  # created concurrently by another run
+            concurrent = self._client.get_experiment_by_name(experiment_name)
+            if concurrent is None:
+                raise
+            return str(concurrent.experiment_id)
 
     def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
         from mlflow.entities import Metric

@@ -1,0 +1,98 @@
+"""Behaviour behind parameters matched to NeMo-RL v0.7.0's signatures (issue 53): each NeMo-RL parameter added here
+does what NeMo-RL's does, or is refused in one line."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from nemo_rl_clone.algorithms.advantage_estimator import ReinforcePlusPlusAdvantageEstimator
+from nemo_rl_clone.algorithms.utils import calculate_baseline_and_std_per_prompt
+from nemo_rl_clone.environments.dapo_math_verifier import compute_score
+from nemo_rl_clone.utils.logger import Logger, LoggerConfig, MLflowConfig, WandbConfig
+
+
+def test_std_rewards_give_the_std_and_rewards_the_baseline():
+    prompts = torch.tensor([[1], [1], [1], [2], [2]])
+    rewards = torch.tensor([1.0, 2.0, 3.0, 5.0, 7.0])
+    raw = torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0])
+    valid = torch.ones(5)
+    baseline, std = calculate_baseline_and_std_per_prompt(prompts, rewards, valid, False, std_rewards=raw)
+    plain_baseline, _ = calculate_baseline_and_std_per_prompt(prompts, rewards, valid, False)
+    _, raw_std = calculate_baseline_and_std_per_prompt(prompts, raw, valid, False)
+    assert torch.equal(baseline, plain_baseline)
+    torch.testing.assert_close(std, raw_std)
+    assert std[3:].eq(0).all() and std[0] > 0  # the second group's raw scores do not vary
+    with pytest.raises(ValueError, match="std_rewards"):
+        calculate_baseline_and_std_per_prompt(prompts, rewards, valid, std_rewards=raw[:3])
+
+
+def test_reinforce_plus_plus_takes_nemo_rl_logprob_arguments():
+    estimator = ReinforcePlusPlusAdvantageEstimator({"minus_baseline": True}, None)
+    prompt_ids, rewards, mask = torch.tensor([0, 0, 1, 1]), torch.tensor([1.0, 0.0, 1.0, 1.0]), torch.ones(4, 3)
+    logprobs = torch.zeros(4, 3)
+    with_logprobs = estimator.compute_advantage(prompt_ids, rewards, mask, logprobs, logprobs - 1.0)
+    assert torch.equal(with_logprobs, estimator.compute_advantage(prompt_ids, rewards, mask))
+
+
+def test_dapo_strict_box_verify_compares_the_last_box_as_written():
+    assert compute_score("so \\boxed{42}", "42", strict_box_verify=True) == (1.0, "42")
+    assert compute_score("so \\boxed{42.0}", "42", strict_box_verify=True) == (0.0, "42.0")  # not normalised
+    assert compute_score("Answer: 42", "42", strict_box_verify=True) == (0.0, None)  # only a box counts
+    far = "\\boxed{42}" + " filler" * 30
+    assert compute_score(far, "42", strict_box_verify=True) == (0.0, None)  # outside the last 100 characters
+    assert compute_score(far, "42", strict_box_verify=True, pause_tokens_index=[0, 1, 2, 50]) == (1.0, "42")
+    with pytest.raises(ValueError, match="pause_tokens_index"):
+        compute_score(far, "42", strict_box_verify=True, pause_tokens_index=[50])
+    assert compute_score(solution_str="Answer: 7", ground_truth="7") == (1.0, "7")
+
+
+def test_wandb_entity_reaches_wandb_init(tmp_path, monkeypatch):
+    calls = []
+
+    class Run:
+        def finish(self, exit_code):
+            pass
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        return Run()
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    cfg = LoggerConfig(monitor_gpus=False, wandb_enabled=True, wandb=WandbConfig(entity="my-team"))
+    Logger(cfg, tmp_path, quiet=True).finish()
+    assert calls[0]["entity"] == "my-team"
+
+
+def test_mlflow_run_id_logs_into_that_run_and_artifact_location_is_the_experiments(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    artifacts = (tmp_path / "artifacts").as_uri()
+    first = MLflowConfig(experiment_name="resume", run_name="exp_1", artifact_location=artifacts)
+    logger = Logger(LoggerConfig(monitor_gpus=False, mlflow_enabled=True, mlflow=first), tmp_path, quiet=True)
+    logger.log_metrics({"loss": 0.5}, 1)
+    logger.finish()
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    experiment = client.get_experiment_by_name("resume")
+    assert experiment.artifact_location == artifacts
+    (run,) = client.search_runs([experiment.experiment_id])
+
+    again = MLflowConfig(experiment_name="resume", run_id=run.info.run_id)
+    logger = Logger(LoggerConfig(monitor_gpus=False, mlflow_enabled=True, mlflow=again), tmp_path, quiet=True)
+    logger.log_metrics({"loss": 0.25}, 2)
+    logger.finish()
+    assert len(client.search_runs([experiment.experiment_id])) == 1
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 0.25)]
+
+
+def test_renamed_parameters_take_nemo_rl_keywords(tmp_path):
+    from nemo_rl_clone.environments.dapo_math_verifier import normalize_final_answer
+    from nemo_rl_clone.utils.logger import get_next_experiment_dir
+
+    assert normalize_final_answer(final_answer="\\frac12") == "\\frac{1}{2}"
+    assert get_next_experiment_dir(base_log_dir=str(tmp_path)) == Path(tmp_path) / "exp_1"
