@@ -47,6 +47,7 @@ REFUSED: dict[str, str] = {
     "nemo_rl_clone.environments.tools": "the retrieval (BM25) tool environment; tool calls: env.tool_use",
     "nemo_rl_clone.data_plane": _DATA_PLANE,
     "nemo_rl_clone.experience.sync_rollout_actor": _DATA_PLANE,
+    "nemo_rl_clone.algorithms.grpo_sync": _DATA_PLANE,  # grpo_train_sync: GRPO's trainer over the data plane
     "nemo_rl_clone.models.policy.tq_policy": _DATA_PLANE,
     "nemo_rl_clone.algorithms.x_token": _XTOKEN,
     "nemo_rl_clone.algorithms.xtoken_off_policy_distillation": _XTOKEN,
