@@ -29,6 +29,8 @@ FACADES: dict[str, str] = {
     "nemo_rl_clone.experience.rollouts": "nemo_rl_clone.rollout.multi_turn",
     # NeMo-RL's path (nemo_rl.algorithms.reward_functions)
     "nemo_rl_clone.algorithms.reward_functions": "nemo_rl_clone.rollout.rewards",
+    # NeMo-RL's path (nemo_rl.distributed.ray_actor_environment_registry)
+    "nemo_rl_clone.distributed.ray_actor_environment_registry": "nemo_rl_clone.distributed.ray_actor_environment",
     # NeMo-RL's path (nemo_rl.utils.native_checkpoint)
     "nemo_rl_clone.utils.native_checkpoint": "nemo_rl_clone.models.dcp_checkpoint",
 }

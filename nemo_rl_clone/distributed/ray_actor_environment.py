@@ -79,6 +79,18 @@ def get_actor_environment(actor_class_fqn: str) -> EnvironmentSpec:
     return _ACTOR_ENVIRONMENTS.get(actor_class_fqn, PY_EXECUTABLES.SYSTEM)
 
 
+def get_actor_python_env(actor_class_fqn: str) -> str:
+    """NeMo-RL's lookup (``nemo_rl.distributed.ray_actor_environment_registry``): the Python executable actors of
+    ``actor_class_fqn`` run under, building nothing. A registered path as is; a uv environment's interpreter under
+    ``venvs/`` (built when its first actor starts, `get_actor_python_executable`); for a class registered nowhere, the
+    driver's interpreter, `PY_EXECUTABLES.SYSTEM` (NeMo-RL raises there: its actors each need an entry, here they
+    run in the driver's environment unless registered)."""
+    spec = get_actor_environment(actor_class_fqn)
+    if isinstance(spec, UvEnvironment):
+        return str(venv_python(_REPO_ROOT / "venvs" / spec.name))
+    return spec
+
+
 def get_actor_python_executable(actor_class_fqn: str) -> str:
     """Path of the Python executable for ``actor_class_fqn``, building its uv environment if needed.
 
