@@ -18,10 +18,8 @@ from nemo_rl_clone.algorithms.distillation.config import DistillationMasterConfi
 from nemo_rl_clone.algorithms.distillation.train import DistillationComponents
 from nemo_rl_clone.algorithms.distillation.train import distillation_train as train_distillation_run
 from nemo_rl_clone.algorithms.distillation.train import setup as build_distillation_run
-from nemo_rl_clone.algorithms.run.nemo_rl_parts import run_from_parts, validation_loader
-from nemo_rl_clone.algorithms.run.preflight import preflight
+from nemo_rl_clone.algorithms.run.nemo_rl_parts import run_from_parts, setup_config, train_config, validation_loader
 from nemo_rl_clone.algorithms.run.rollout import GivenParts
-from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
 
 __all__ = ["distillation_train", "setup"]
@@ -37,10 +35,7 @@ def setup(master_config: Any, tokenizer: Any = None, train_dataset: Any = None, 
     config; it is validated once, here."""
     if tokenizer is None and train_dataset is None:
         return build_distillation_run(master_config)
-    if train_dataset is None:
-        raise UserInputError("train_dataset: required when setup is given a tokenizer (NeMo-RL's form)")
-    config = as_config(master_config, DistillationMasterConfig)
-    preflight(config)
+    config = setup_config(master_config, DistillationMasterConfig, ("train_dataset", train_dataset))
     c = build_distillation_run(config, GivenParts(tokenizer, train_dataset, val_dataset))
     run = c.run
     return (
@@ -79,11 +74,9 @@ def distillation_train(
     if isinstance(student_policy, DistillationComponents):
         train_distillation_run(student_policy)
         return
-    if master_config is None:
-        raise UserInputError("master_config: required by distillation_train with NeMo-RL's arguments (the last one)")
+    config = train_config(master_config, DistillationMasterConfig, "distillation_train")
     if teacher_policy is None or loss_fn is None:
         raise UserInputError("teacher_policy, loss_fn: required by distillation_train (the ones setup returned)")
-    config = as_config(master_config, DistillationMasterConfig)
     run = run_from_parts(
         config,
         tokenizer,

@@ -17,11 +17,9 @@ from typing import Any
 from nemo_rl_clone.algorithms.grpo.components import setup as build_grpo_run
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.algorithms.grpo.train import grpo_train as train_grpo_run
-from nemo_rl_clone.algorithms.run.nemo_rl_parts import run_from_parts, validation_loader
-from nemo_rl_clone.algorithms.run.preflight import preflight
+from nemo_rl_clone.algorithms.run.nemo_rl_parts import run_from_parts, setup_config, train_config, validation_loader
 from nemo_rl_clone.algorithms.run.rollout import GivenParts
 from nemo_rl_clone.rollout.run import RolloutRun
-from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
 
 __all__ = ["async_grpo_train", "grpo_train", "setup"]
@@ -45,9 +43,8 @@ def setup(
     config; it is validated once, here."""
     if tokenizer is None and dataset is None:
         return build_grpo_run(master_config)
-    _refuse_unbuilt(dataset, processor, policy_factory)
-    config = as_config(master_config, GRPOMasterConfig)
-    preflight(config)
+    _refuse_unbuilt(dataset, policy_factory)
+    config = setup_config(master_config, GRPOMasterConfig, ("dataset", dataset), processor)
     run = build_grpo_run(config, GivenParts(tokenizer, dataset, val_dataset))
     train_cluster, generation_cluster = run.clusters[0], run.clusters[-1]
     return (
@@ -87,10 +84,8 @@ def grpo_train(
     if isinstance(policy, RolloutRun):
         train_grpo_run(policy)
         return
-    if master_config is None:
-        raise UserInputError("master_config: required by grpo_train with NeMo-RL's arguments (the last one)")
     run = run_from_parts(
-        as_config(master_config, GRPOMasterConfig),
+        train_config(master_config, GRPOMasterConfig, "grpo_train"),
         tokenizer,
         (policy, policy_generation, loss_fn),
         (wrapped_dataloader, val_dataloader),
@@ -126,7 +121,7 @@ def async_grpo_train(
             "run: examples/run_distillation_math.py)"
         )
     run = run_from_parts(
-        as_config(master_config, GRPOMasterConfig),
+        train_config(master_config, GRPOMasterConfig, "async_grpo_train"),
         tokenizer,
         (policy, policy_generation, loss_fn),
         (dataloader, val_dataloader),
@@ -144,15 +139,11 @@ def async_grpo_train(
     train_grpo_run(run)
 
 
-def _refuse_unbuilt(dataset: Any, processor: Any, policy_factory: Any) -> None:
-    if dataset is None:
-        raise UserInputError("dataset: required when setup is given a tokenizer (NeMo-RL's form)")
+def _refuse_unbuilt(dataset: Any, policy_factory: Any) -> None:
     if isinstance(dataset, Mapping):
         raise UserInputError(
             "dataset: not supported yet: one dataloader per dataset (data.use_multiple_dataloader); pass one dataset"
         )
-    if processor is not None:
-        raise UserInputError("processor: not supported yet: vision and audio inputs (nemo_rl_clone trains text models)")
     if policy_factory is not None:
         raise UserInputError(
             "policy_factory: not supported yet: a policy class of the caller's (the transfer-queue data plane's "

@@ -17,10 +17,8 @@ from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
 from nemo_rl_clone.algorithms.ppo.train import PPOComponents
 from nemo_rl_clone.algorithms.ppo.train import ppo_train as train_ppo_run
 from nemo_rl_clone.algorithms.ppo.train import setup as build_ppo_run
-from nemo_rl_clone.algorithms.run.nemo_rl_parts import run_from_parts, validation_loader
-from nemo_rl_clone.algorithms.run.preflight import preflight
+from nemo_rl_clone.algorithms.run.nemo_rl_parts import run_from_parts, setup_config, train_config, validation_loader
 from nemo_rl_clone.algorithms.run.rollout import GivenParts
-from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
 
 __all__ = ["ppo_train", "setup"]
@@ -39,12 +37,7 @@ def setup(
     config; it is validated once, here."""
     if tokenizer is None and dataset is None:
         return build_ppo_run(master_config)
-    if dataset is None:
-        raise UserInputError("dataset: required when setup is given a tokenizer (NeMo-RL's form)")
-    if processor is not None:
-        raise UserInputError("processor: not supported yet: vision and audio inputs (nemo_rl_clone trains text models)")
-    config = as_config(master_config, PPOMasterConfig)
-    preflight(config)
+    config = setup_config(master_config, PPOMasterConfig, ("dataset", dataset), processor)
     c = build_ppo_run(config, GivenParts(tokenizer, dataset, val_dataset))
     run = c.run
     return (
@@ -85,11 +78,9 @@ def ppo_train(
     if isinstance(policy, PPOComponents):
         train_ppo_run(policy)
         return
-    if master_config is None:
-        raise UserInputError("master_config: required by ppo_train with NeMo-RL's arguments (the last one)")
+    config = train_config(master_config, PPOMasterConfig, "ppo_train")
     if value_model is None or value_loss_fn is None:
         raise UserInputError("value_model, value_loss_fn: required by ppo_train (the critic setup returned)")
-    config = as_config(master_config, PPOMasterConfig)
     run = run_from_parts(
         config,
         tokenizer,

@@ -1,17 +1,43 @@
 """Between NeMo-RL's form of a rollout algorithm's entry points and this library's run: NeMo-RL's ``setup`` returns a
 run's parts as a tuple and its train function takes them back one by one. `validation_loader` is the validation
 loader that tuple holds; `run_from_parts` puts the train function's arguments back together as the `RolloutRun`
-the one loop trains. GRPO, PPO and distillation share them (their ``nemo_rl_api`` modules)."""
+the one loop trains; `setup_config` and `train_config` are the master config each of them validates. GRPO, PPO and
+distillation share them (their ``nemo_rl_api`` modules)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.utils.data import DataLoader
 
+from nemo_rl_clone.algorithms.run.preflight import preflight
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
 from nemo_rl_clone.rollout.run import RolloutRun
+from nemo_rl_clone.utils.config_validation import as_config
+from nemo_rl_clone.utils.errors import UserInputError
+
+T = TypeVar("T")
+
+
+def setup_config(master_config: Any, schema: type[T], dataset: tuple[str, Any], processor: Any = None) -> T:
+    """The master config NeMo-RL's form of ``setup`` builds from, validated and preflighted once, after refusing a
+    missing prompt dataset (``dataset``: its parameter name and value) and a multimodal ``processor``."""
+    name, value = dataset
+    if value is None:
+        raise UserInputError(f"{name}: required when setup is given a tokenizer (NeMo-RL's form)")
+    if processor is not None:
+        raise UserInputError("processor: not supported yet: vision and audio inputs (nemo_rl_clone trains text models)")
+    config = as_config(master_config, schema)
+    preflight(config)
+    return config
+
+
+def train_config(master_config: Any, schema: type[T], train_function: str) -> T:
+    """The master config a train function in NeMo-RL's form is given (its last argument), validated."""
+    if master_config is None:
+        raise UserInputError(f"master_config: required by {train_function} with NeMo-RL's arguments (the last one)")
+    return as_config(master_config, schema)
 
 
 def validation_loader(run: RolloutRun[Any]) -> DataLoader | None:
