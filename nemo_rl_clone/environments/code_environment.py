@@ -22,6 +22,7 @@ from typing import Any, get_args
 import ray
 
 from nemo_rl_clone.environments.config import CodeEnvConfig, check_env_config
+from nemo_rl_clone.environments.interfaces import EnvironmentReturn
 from nemo_rl_clone.environments.sandbox import (
     SandboxLimits,
     SandboxStatus,
@@ -107,6 +108,15 @@ class CodeEnvironment(VerifierPoolEnvironment):
         check_sandbox_available(limits)
         self._sandbox_counts: Counter[str] = Counter()
         super().__init__(CodeScorer, (limits,), cfg.num_workers, cfg.timeout_s + POOL_MARGIN_S)
+
+    def step(
+        self,
+        message_log_batch: list[list[dict[str, Any]]],
+        metadata_batch: list[dict[str, Any]],
+        return_extracted_answer: bool = False,
+    ) -> EnvironmentReturn:
+        # NeMo-RL's name for the per-sample metadata here
+        return super().step(message_log_batch, metadata_batch, return_extracted_answer)
 
     def make_job(self, response: str, metadata: Mapping[str, Any], sample_index: int) -> tuple[Any, ...]:
         fields = [metadata.get(key) for key in ("prompt", "test", "entry_point")]

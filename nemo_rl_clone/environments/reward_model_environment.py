@@ -144,12 +144,13 @@ class RewardModelEnvironment(EnvironmentInterface):
             )
         return {"num_gpus": gpus} if gpus else {}
 
-    def __init__(self, cfg: RewardModelEnvConfig):
+    def __init__(self, config: RewardModelEnvConfig):
         from nemo_rl_clone.data.llm_message_utils import assistant_turn_closing
         from nemo_rl_clone.models.hf_export import load_dcp_model_state_dict
         from nemo_rl_clone.models.huggingface import load_tokenizer
         from nemo_rl_clone.models.policy.workers.reward_model import LastTokenScorer, load_reward_model
 
+        cfg = config
         check_env_config("reward_model", cfg)
         self.cfg = cfg
         source = resolve_reward_model(cfg)
@@ -197,14 +198,14 @@ class RewardModelEnvironment(EnvironmentInterface):
         self._score_seconds += time.perf_counter() - start
         return torch.cat(scores) if scores else torch.zeros(0)
 
-    def step(self, message_log_batch: list[list[dict[str, Any]]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
-        check_step_batch(message_log_batch, metadata)
-        texts = [self.conversation_text(log, i) for i, log in enumerate(message_log_batch)]
+    def step(self, message_logs: list[list[dict[str, Any]]], env_infos: list[dict[str, Any]]) -> EnvironmentReturn:
+        check_step_batch(message_logs, env_infos)
+        texts = [self.conversation_text(log, i) for i, log in enumerate(message_logs)]
         rewards = self.score_texts(texts)
         n = len(texts)
         return EnvironmentReturn(
             observations=[{"role": "environment", "content": f"Environment: reward {r:.4f}"} for r in rewards.tolist()],
-            metadata=list(metadata),
+            metadata=list(env_infos),
             next_stop_strings=[None] * n,
             rewards=rewards,
             terminateds=torch.ones(n, dtype=torch.bool),

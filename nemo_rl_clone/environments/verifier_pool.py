@@ -220,10 +220,17 @@ class VerifierPoolEnvironment(EnvironmentInterface):
     def make_job(self, response: str, metadata: Mapping[str, Any], sample_index: int) -> tuple[Any, ...]:
         """Arguments of the verifier's ``score`` for one sample; raises naming ``sample_index`` on bad metadata."""
 
-    def step(self, message_log_batch: list[list[dict[str, Any]]], metadata: list[dict[str, Any]]) -> EnvironmentReturn:
+    def step(
+        self,
+        message_log_batch: list[list[dict[str, Any]]],
+        metadata: list[dict[str, Any]],
+        return_extracted_answer: bool = False,
+    ) -> EnvironmentReturn:
+        """Scores each conversation's last assistant turn. ``answers`` always holds the extracted answers, whatever
+        ``return_extracted_answer`` (NeMo-RL's switch for them) says: the rollout logs them."""
         check_step_batch(message_log_batch, metadata)
         jobs = [
-            self.make_job(last_assistant_text(log, index), metadata[index], index)
+            self.make_job(self.response_text(log, index), metadata[index], index)
             for index, log in enumerate(message_log_batch)
         ]
         results = self._pool.score(jobs)
@@ -241,6 +248,10 @@ class VerifierPoolEnvironment(EnvironmentInterface):
             terminateds=torch.ones(len(results), dtype=torch.bool),
             answers=[result.answer for result in results],
         )
+
+    def response_text(self, message_log: list[dict[str, Any]], sample_index: int) -> str:
+        """The text of one conversation that is scored: its last assistant message."""
+        return last_assistant_text(message_log, sample_index)
 
     def reward_tensor(self, results: Sequence[VerifierResult]) -> torch.Tensor:
         """The step's rewards: float32 ``[B]``; an environment with several rewards returns ``[B, K]``."""

@@ -96,3 +96,20 @@ def test_renamed_parameters_take_nemo_rl_keywords(tmp_path):
 
     assert normalize_final_answer(final_answer="\\frac12") == "\\frac{1}{2}"
     assert get_next_experiment_dir(base_log_dir=str(tmp_path)) == Path(tmp_path) / "exp_1"
+
+
+def test_nemo_rl_env_keys_not_built_are_accepted_off_and_refused_on():
+    from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
+    from nemo_rl_clone.utils.config import load_validated_config
+    from nemo_rl_clone.utils.config_validation import ConfigError
+
+    smoke = Path(__file__).resolve().parents[2] / "configs" / "grpo_smoke.yaml"
+    assert load_validated_config(smoke, ["++env.math.stop_strings=null"], GRPOMasterConfig)
+    assert load_validated_config(smoke, ["++env.code.terminate_on_evaluation=true"], GRPOMasterConfig)
+    for override, feature in (
+        ("++env.math.stop_strings=[x]", "stop strings set by the math environment"),
+        ("++env.code.terminate_on_evaluation=false", "multi-turn code execution"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            load_validated_config(smoke, [override], GRPOMasterConfig)
+        assert [line.split(": not supported yet: ")[1].startswith(feature) for line in err.value.problems] == [True]
