@@ -144,6 +144,18 @@ class CodeEnvConfig:
         return problems + [(renamed.get(key, key), message) for key, message in self.sandbox_limits().check()]
 
 
+@dataclass
+class CodeJaccardEnvConfig:
+    """``env.code_jaccard`` (NeMo-RL's keys): ``num_workers`` scorer actors. ``stop_strings`` is accepted and, as in
+    NeMo-RL, read by nothing: the episode ends after its one turn."""
+
+    num_workers: int = 2
+    stop_strings: list[str] | None = None
+
+    def check(self) -> list[tuple[str, str]]:
+        return check_at_least(self, 1, "num_workers")
+
+
 TOOLS = ("calculator", "python")
 
 
@@ -347,6 +359,7 @@ BUILTIN_ENV_CONFIGS: dict[str, type] = {
     "sliding_puzzle_game": SlidingPuzzleEnvConfig,
     "tool_use": ToolUseEnvConfig,
     "code": CodeEnvConfig,
+    "code_jaccard": CodeJaccardEnvConfig,
     "reward_model": RewardModelEnvConfig,
     "agent": AgentEnvConfig,
 }

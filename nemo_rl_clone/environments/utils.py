@@ -38,6 +38,7 @@ for _name, _fqn in {
     "sliding_puzzle_game": f"{_PACKAGE}.games.sliding_puzzle.SlidingPuzzleEnvironment",
     "tool_use": f"{_PACKAGE}.tool_use_environment.ToolUseEnvironment",
     "code": f"{_PACKAGE}.code_environment.CodeEnvironment",
+    "code_jaccard": f"{_PACKAGE}.code_jaccard_environment.CodeJaccardEnvironment",
     "reward_model": f"{_PACKAGE}.reward_model_environment.RewardModelEnvironment",
     "agent": f"{_PACKAGE}.agent_environment.AgentEnvironment",
 }.items():
