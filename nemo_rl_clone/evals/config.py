@@ -10,21 +10,20 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from nemo_rl_clone.data.config import DATASET_ENVIRONMENTS, ReasoningGymDataConfig
-from nemo_rl_clone.data.datasets import DATASET_NAMES, unknown_dataset_message
+from nemo_rl_clone.data.datasets import unknown_dataset_message
+from nemo_rl_clone.data.datasets.eval_datasets import (
+    EVAL_DATASET_NAMES,
+    FILE_FORMATS,
+    LOCAL_DATASET,
+    NOT_SHIPPED,
+    is_data_file,
+)
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.config import TokenizerConfig
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.logger import LoggerConfig, check_no_samples_to_print
-
-LOCAL_DATASET = "local"
-# Datasets made for training only: evaluating on them would mean their (hub) training split.
-_TRAINING_ONLY = ("OpenMathInstruct-2", "DeepScaler", "DAPOMath17K")
-EVAL_DATASET_NAMES = tuple(name for name in DATASET_NAMES if name not in _TRAINING_ONLY)
-# NeMo-RL's evaluation sets that are not built here (multiple-choice scoring, or hub copies of other sets).
-_NOT_SHIPPED = ("aime2025", "gpqa", "gpqa_diamond", "math", "mmlu", "mmlu_pro", "mmlu_ZH-CN")
-_FILE_FORMATS = ("csv", "json", "jsonl", "parquet")
 
 
 @dataclass
@@ -107,12 +106,12 @@ class EvalDataConfig:
     file_format: str | None = None
 
     def __post_init__(self) -> None:
-        if self.dataset_name not in EVAL_DATASET_NAMES and self.data_path is None and _is_file(self.dataset_name):
+        if self.dataset_name not in EVAL_DATASET_NAMES and self.data_path is None and is_data_file(self.dataset_name):
             self.dataset_name, self.data_path = LOCAL_DATASET, self.dataset_name
 
     def check(self) -> list[tuple[str, str]]:
         problems = check_at_least(self, 1, "max_input_seq_length")
-        if self.dataset_name in _NOT_SHIPPED:
+        if self.dataset_name in NOT_SHIPPED:
             problems.append(
                 (
                     "dataset_name",
@@ -132,8 +131,8 @@ class EvalDataConfig:
             problems.append(("dataset_name", unknown_dataset_message(self.dataset_name, EVAL_DATASET_NAMES)))
         if self.split not in (None, "train"):
             problems.append(("split", f"not supported yet: split {self.split!r}; a local file has one split, 'train'"))
-        if self.file_format not in (None, *_FILE_FORMATS):
-            problems.append(("file_format", f"must be one of {list(_FILE_FORMATS)} or null, got {self.file_format!r}"))
+        if self.file_format not in (None, *FILE_FORMATS):
+            problems.append(("file_format", f"must be one of {list(FILE_FORMATS)} or null, got {self.file_format!r}"))
         elif self.file_format is not None and self.dataset_name != LOCAL_DATASET:
             problems.append(("file_format", f"only used by dataset_name 'local', not {self.dataset_name!r}"))
         if (self.dataset_name == "reasoning_gym") != (self.reasoning_gym is not None):
@@ -194,8 +193,3 @@ class EvalMasterConfig:
             problems.append(("env.agent", "not supported yet in evaluation; agent runs use examples/run_grpo.py"))
         problems += check_no_samples_to_print(self.logger, "evaluation")
         return problems
-
-
-def _is_file(name: str) -> bool:
-    """A path or URL of a data file (NeMo-RL's local evaluation form), not a dataset name."""
-    return name.rsplit(".", 1)[-1].lower() in _FILE_FORMATS and ("/" in name or "." in name)

