@@ -141,12 +141,13 @@ class CheckpointManager:
     Save protocol: ``tmp = init_tmp_checkpoint(step, info, config)``; write files under ``tmp``;
     ``final = finalize_checkpoint(tmp)``. Construction cleans debris left by a crashed predecessor.
 
-    ``cfg`` is a `CheckpointingConfig` or NeMo-RL's plain ``checkpointing`` dict (validated into one; unknown keys
-    are a `ConfigError`). NeMo-RL's attributes (``metric_name``, ``keep_top_k``, ...) read through to ``cfg``.
+    ``config`` is a `CheckpointingConfig` or NeMo-RL's plain ``checkpointing`` dict (validated into one, kept as
+    ``cfg``; unknown keys are a `ConfigError`). NeMo-RL's attributes (``metric_name``, ``keep_top_k``, ...) read
+    through to ``cfg``.
     """
 
-    def __init__(self, cfg: CheckpointingConfig | Mapping[str, Any], *, lock: bool = False):
-        self.cfg = as_config(cfg, CheckpointingConfig, key="checkpointing")
+    def __init__(self, config: CheckpointingConfig | Mapping[str, Any], *, lock: bool = False):
+        self.cfg = as_config(config, CheckpointingConfig, key="checkpointing")
         self.checkpoint_dir = Path(self.cfg.checkpoint_dir)
         self._warned_missing_metric = False
         # Checkpoints whose files this process hashed (written) or verified: pruning never removes the last of them.
@@ -205,12 +206,13 @@ class CheckpointManager:
             (tmp_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(run_config), resolve=True))
         return tmp_dir.absolute()
 
-    def finalize_checkpoint(self, tmp_dir: Path | str) -> Path:
-        """fsync ``tmp_dir``, atomically rename it to ``step_N`` (replacing a previous ``step_N``), then prune.
+    def finalize_checkpoint(self, checkpoint_path: Path | str) -> Path:
+        """fsync the ``tmp_step_N`` folder ``checkpoint_path``, atomically rename it to ``step_N`` (replacing a
+        previous ``step_N``), then prune.
 
         Returns the final ``step_N`` path.
         """
-        tmp_dir = Path(tmp_dir)
+        tmp_dir = Path(checkpoint_path)
         match = _TMP_STEP_RE.match(tmp_dir.name)
         if match is None or tmp_dir.parent.resolve() != self.checkpoint_dir.resolve():
             raise ValueError(

@@ -56,6 +56,15 @@ UNSUPPORTED_KEYS: dict[str, Unsupported] = {
     "policy.megatron_cfg.distributed_data_parallel_config.average_in_collective": Unsupported(
         "averaging inside the gradient all-reduce (gradients are summed, then scaled)", (False,)
     ),
+    # NeMo-RL's checkpointing keys of its NeMo Automodel and Megatron-Bridge integrations.
+    "checkpointing.model_cache_dir": Unsupported("NeMo Automodel's consolidated-checkpoint model cache", ("", None)),
+    "checkpointing.model_repo_id": Unsupported("NeMo Automodel's consolidated-checkpoint model cache", ("", None)),
+    "checkpointing.is_peft": Unsupported("NeMo Automodel's PEFT checkpoints", (False,)),
+    "checkpointing.peft_config": Unsupported("NeMo Automodel's PEFT checkpoints", (None,)),
+    "checkpointing.is_async": Unsupported("asynchronous checkpoint saving", (False,)),
+    "checkpointing.pretrained_checkpoint": Unsupported(
+        "initial weights from a Megatron checkpoint (the policy starts from policy.model_name)", (None,)
+    ),
     "sif_dir": Unsupported(f"container images for {_NEMO_GYM}", (None,)),
     "env.math.verifier_type": Unsupported("multiple-choice verifiers in the math environment", (None, "math")),
     "env.math.stop_strings": Unsupported("stop strings set by the math environment", (None,)),

@@ -113,3 +113,21 @@ def test_nemo_rl_env_keys_not_built_are_accepted_off_and_refused_on():
         with pytest.raises(ConfigError) as err:
             load_validated_config(smoke, [override], GRPOMasterConfig)
         assert [line.split(": not supported yet: ")[1].startswith(feature) for line in err.value.problems] == [True]
+
+
+def test_checkpoint_manager_takes_nemo_rl_keywords_and_the_integration_keys_are_refused_on(tmp_path):
+    from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
+    from nemo_rl_clone.utils.checkpoint import CheckpointManager
+    from nemo_rl_clone.utils.config import load_validated_config
+    from nemo_rl_clone.utils.config_validation import ConfigError
+
+    section = {"enabled": True, "checkpoint_dir": str(tmp_path), "metric_name": None, "save_period": 1}
+    manager = CheckpointManager(config=section)
+    tmp = manager.init_tmp_checkpoint(1, {"loss": 0.5})
+    assert manager.finalize_checkpoint(checkpoint_path=str(tmp)) == tmp_path / "step_1"
+
+    smoke = Path(__file__).resolve().parents[2] / "configs" / "grpo_smoke.yaml"
+    off = ["++checkpointing.model_cache_dir=''", "++checkpointing.is_peft=false", "++checkpointing.is_async=false"]
+    assert load_validated_config(smoke, off, GRPOMasterConfig)
+    with pytest.raises(ConfigError, match=r"checkpointing\.is_async: not supported yet: asynchronous checkpoint"):
+        load_validated_config(smoke, ["++checkpointing.is_async=true"], GRPOMasterConfig)
