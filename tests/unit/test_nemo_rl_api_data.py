@@ -44,7 +44,7 @@ from nemo_rl_clone.data.multimodal_utils import (
     resolve_to_image,
 )
 from nemo_rl_clone.environments.interfaces import EnvironmentInterface, EnvironmentReturn
-from nemo_rl_clone.evals.eval import eval_cons_k, eval_pass_k, run_env_eval, setup
+from nemo_rl_clone.evals.eval import eval_cons_k, eval_pass_k
 from nemo_rl_clone.models.huggingface import load_tokenizer
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -87,13 +87,6 @@ def test_eval_cons_k_averages_majority_votes_over_all_k_subsets():
     assert eval_cons_k(torch.tensor([0.0, 0.0, 1.0]), 3, 3, [None, None, "9"]) == 1.0
     with pytest.raises(ValueError, match="1 <= k <= num_tests_per_prompt"):
         eval_cons_k(rewards, 4, 5, answers)
-
-
-def test_eval_setup_and_run_env_eval_point_to_run_evaluation():
-    with pytest.raises(NotImplementedError, match="run_evaluation"):
-        setup({}, None, None)
-    with pytest.raises(NotImplementedError, match="run_evaluation"):
-        run_env_eval(None, None, None, {})
 
 
 # ---------------------------------------------------------------------------------------------------------------
