@@ -10,6 +10,7 @@ and ``file_format``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,7 @@ def load_eval_dataset(data_config: Mapping[str, Any], seed: int = 42) -> EvalDat
     from nemo_rl_clone.data.processors import DATA_PROCESSORS
 
     name = data_config.get("dataset_name")
+    name = os.fspath(name) if isinstance(name, os.PathLike) else name  # a file's path may be a pathlib.Path
     if not isinstance(name, str) or not name:
         raise UserInputError("data.dataset_name: required (an evaluation set's name, or a data file's path)")
     task = _ENVIRONMENTS.get(name, "math")
