@@ -20,6 +20,7 @@ from nemo_rl_clone.contract.logprobs import token_logprobs_from_logits
 from nemo_rl_clone.contract.loss import LossFunction, TokenLogprobs
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.utils.errors import UserInputError
 
 
 def policy_logprobs(
@@ -56,6 +57,7 @@ def prepare_loss_input(
     vocab_parallel_group: dist.ProcessGroup | None = None,
     context_parallel_group: dist.ProcessGroup | None = None,
     sampling_params: TrainingSamplingParams | None = None,
+    d2t: torch.Tensor | None = None,
     chunk_size: int | None = None,
 ) -> tuple[dict[str, Any], BatchedDataDict[Any]]:
     """``(loss_input, data)``: call ``loss_fn(loss_input.pop("next_token_logits"), data, global_valid_seqs,
@@ -68,12 +70,16 @@ def prepare_loss_input(
         vocab_parallel_rank, vocab_parallel_group: the vocabulary shard of ``logits`` (Megatron's TP group).
         context_parallel_group: passed on; the losses refuse more than one rank (they do not split sequences).
         sampling_params: the sampler's processing; default the loss's own ``sampling_params``.
+        d2t: NeMo-RL's draft-to-target vocabulary map of an EAGLE draft model's loss; draft models are not built
+            here, so anything but None is refused.
         chunk_size: positions per logprob chunk (bounds the fp32 copy of the logits).
 
     Returns:
         ``{"next_token_logits": TokenLogprobs}`` (``values`` ``[B, S - 1]`` fp32) for a loss that accepts token
         logprobs, else ``{"next_token_logits": logits}`` plus the parallel arguments the loss reads them with.
     """
+    if d2t is not None:
+        raise UserInputError("prepare_loss_input: d2t: not supported yet: training a speculative-decoding draft model")
     if not getattr(loss_fn, "accepts_token_logprobs", False):
         parallel = {"vocab_parallel_rank": vocab_parallel_rank, "vocab_parallel_group": vocab_parallel_group}
         return {"next_token_logits": logits, **parallel, "logprob_chunk_size": chunk_size}, data

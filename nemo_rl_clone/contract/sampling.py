@@ -44,9 +44,9 @@ class TrainingSamplingParams:
     boundary stay (module docstring).
     """
 
-    temperature: float = 1.0
-    top_k: int | None = None
+    top_k: int | None = None  # NeMo-RL's field order: top_k, top_p, temperature
     top_p: float = 1.0
+    temperature: float = 1.0
     tie_rule: TieRule = "keep_all"
 
     def __post_init__(self) -> None:
@@ -59,7 +59,7 @@ class TrainingSamplingParams:
         if generation is None or generation.temperature == 0:
             return cls()
         top_k = None if generation.top_k in (None, -1, 0) else int(generation.top_k)
-        return cls(float(generation.temperature), top_k, float(generation.top_p))
+        return cls(top_k=top_k, top_p=float(generation.top_p), temperature=float(generation.temperature))
 
     @property
     def filters(self) -> bool:
@@ -72,7 +72,7 @@ class TrainingSamplingParams:
 
     def unfiltered(self) -> TrainingSamplingParams:
         """The temperature alone: the reference policy's and the KL term's distribution."""
-        return TrainingSamplingParams(self.temperature)
+        return TrainingSamplingParams(temperature=self.temperature)
 
 
 def scale(logits: torch.Tensor, params: TrainingSamplingParams | None) -> torch.Tensor:

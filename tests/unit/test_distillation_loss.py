@@ -158,7 +158,7 @@ def test_student_logits_are_divided_by_its_sampling_temperature() -> None:
     play no part: the KL compares whole distributions), and differs from the one at temperature 1."""
     logits, data = _batch()
     valid_seqs, valid_toks = valid_counts(data)
-    sampling = TrainingSamplingParams(0.5, 3, 0.9)
+    sampling = TrainingSamplingParams(temperature=0.5, top_k=3, top_p=0.9)
     loss, _ = DistillationLossFn({"kl_type": "forward"}, sampling)(logits, data, valid_seqs, valid_toks)
     mask = data["token_mask"][:, 1:].double() * data["sample_mask"].double()[:, None]
     per_token = _reference_per_token(logits / 0.5, data, "forward", 0.5, False)

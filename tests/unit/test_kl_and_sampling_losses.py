@@ -73,7 +73,7 @@ def test_sampling_aware_loss_takes_ratios_filtered_and_the_kl_unfiltered():
     """With the sampler's top-k/top-p, the ratio uses the filtered logprobs and the KL term the temperature-only ones
     (NeMo-RL v0.7.0): a reference equal to the policy's temperature-only logprobs gives a zero KL, which it would not
     if the KL read the filtered ones; and the logits path equals the selective head's `TokenLogprobs` path."""
-    params = TrainingSamplingParams(0.7, 3, 0.8)
+    params = TrainingSamplingParams(temperature=0.7, top_k=3, top_p=0.8)
     logits, data = random_batch(seed=8, vocab=12)
     unfiltered = token_logprobs_from_logits(logits.detach(), data["input_ids"], sampling=params.unfiltered())
     filtered = token_logprobs_from_logits(logits.detach(), data["input_ids"], sampling=params)
@@ -98,7 +98,7 @@ def test_prepare_loss_input_gives_the_loss_what_the_logits_give():
     logits whole (distillation's, given the logits back)."""
     from nemo_rl_clone.algorithms.loss import DistillationLossFn, prepare_loss_input
 
-    params = TrainingSamplingParams(0.7, 3, 0.8)
+    params = TrainingSamplingParams(temperature=0.7, top_k=3, top_p=0.8)
     logits, data = random_batch(seed=9, vocab=12)
     data["reference_policy_logprobs"] = spec_layout(
         token_logprobs_from_logits(logits.detach(), data["input_ids"], sampling=params.unfiltered()) - 0.1
@@ -131,7 +131,7 @@ def _penalty_gradient_per_token(
             "kl_input_clamp_value": clamps[0],
             "kl_output_clamp_value": clamps[1],
         },
-        TrainingSamplingParams(temperature),
+        TrainingSamplingParams(temperature=temperature),
     )
     lp = torch.log_softmax(z / temperature, dim=-1)
     rows = []

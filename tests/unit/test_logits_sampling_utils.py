@@ -23,12 +23,12 @@ from nemo_rl_clone.contract.sampling import (
 from nemo_rl_clone.models.policy.workers.token_logprob_head import project_token_logprobs
 
 SETTINGS = [
-    TrainingSamplingParams(0.7, None, 1.0),
-    TrainingSamplingParams(1.0, 3, 1.0),
-    TrainingSamplingParams(1.0, None, 0.6),
-    TrainingSamplingParams(0.7, 4, 0.9),
-    TrainingSamplingParams(2.0, 2, 0.5),
-    TrainingSamplingParams(0.5, None, 0.3),
+    TrainingSamplingParams(temperature=0.7, top_k=None, top_p=1.0),
+    TrainingSamplingParams(temperature=1.0, top_k=3, top_p=1.0),
+    TrainingSamplingParams(temperature=1.0, top_k=None, top_p=0.6),
+    TrainingSamplingParams(temperature=0.7, top_k=4, top_p=0.9),
+    TrainingSamplingParams(temperature=2.0, top_k=2, top_p=0.5),
+    TrainingSamplingParams(temperature=0.5, top_k=None, top_p=0.3),
 ]
 
 
@@ -119,7 +119,7 @@ def test_identity_and_greedy_change_nothing() -> None:
 def test_selective_head_gives_the_kl_terms_unfiltered_logprobs_from_the_same_projection() -> None:
     """``also_unfiltered``: column 0 under top-k/top-p, column 1 under the temperature alone (the KL term's), and
     the gradient of any mix of the two is the same mix of their enumerated gradients (1e-6, fp32)."""
-    params = TrainingSamplingParams(0.7, 3, 0.8)
+    params = TrainingSamplingParams(temperature=0.7, top_k=3, top_p=0.8)
     generator = torch.Generator().manual_seed(12)
     rows = torch.randn(6, 6, generator=generator) * 2
     targets = torch.arange(6)
@@ -160,7 +160,10 @@ def test_tie_rules_by_hand() -> None:
     {0, 1} (the mass above id 2 is ~0.5, not below p). Logprobs by hand to 1e-6: the target is always kept, so id 3 under "lowest_index" and
     k = 2 scores against {0, 1, 3}."""
     scores = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0], [0.0, 0.0, 0.0, 0.0, -9.0]])
-    top2, nucleus = TrainingSamplingParams(1.0, 2, 1.0), TrainingSamplingParams(1.0, None, 0.45)
+    top2, nucleus = (
+        TrainingSamplingParams(temperature=1.0, top_k=2, top_p=1.0),
+        TrainingSamplingParams(temperature=1.0, top_k=None, top_p=0.45),
+    )
     assert kept(scores[:1], top2)[0].tolist() == [True, True, True, True, False]
     assert kept(scores[:1], replace(top2, tie_rule="lowest_index"))[0].tolist() == [True, True, False, False, False]
     assert kept(scores[1:], nucleus)[0].tolist() == [True, True, True, True, False]
@@ -177,18 +180,18 @@ def test_tie_rules_by_hand() -> None:
         lp = token_logprobs_from_logits(logits, torch.tensor([[0, target]]), sampling=replace(top2, tie_rule=rule))
         assert lp[0, 0].item() == pytest.approx(want, abs=1e-6), (rule, target)
     with pytest.raises(ValueError, match="tie_rule"):
-        TrainingSamplingParams(1.0, 2, 1.0, "by_index")  # type: ignore[arg-type]
+        TrainingSamplingParams(temperature=1.0, top_k=2, top_p=1.0, tie_rule="by_index")  # type: ignore[arg-type]
 
 
 TIE_SETTINGS = [
-    TrainingSamplingParams(1.0, 20, 1.0, "lowest_index"),
-    TrainingSamplingParams(1.0, None, 0.9, "lowest_index"),
-    TrainingSamplingParams(0.7, 20, 0.9, "lowest_index"),
-    TrainingSamplingParams(1.0, 50, 0.95, "lowest_index"),
-    TrainingSamplingParams(1.0, 20, 1.0, "keep_all"),
-    TrainingSamplingParams(1.0, None, 0.9, "keep_all"),
+    TrainingSamplingParams(temperature=1.0, top_k=20, top_p=1.0, tie_rule="lowest_index"),
+    TrainingSamplingParams(temperature=1.0, top_k=None, top_p=0.9, tie_rule="lowest_index"),
+    TrainingSamplingParams(temperature=0.7, top_k=20, top_p=0.9, tie_rule="lowest_index"),
+    TrainingSamplingParams(temperature=1.0, top_k=50, top_p=0.95, tie_rule="lowest_index"),
+    TrainingSamplingParams(temperature=1.0, top_k=20, top_p=1.0, tie_rule="keep_all"),
+    TrainingSamplingParams(temperature=1.0, top_k=None, top_p=0.9, tie_rule="keep_all"),
     # top-p's mass over every token tied at the k-th value, as vLLM's CPU sampler (b879e64 counted only k of them)
-    TrainingSamplingParams(1.0, 20, 0.9, "keep_all"),
+    TrainingSamplingParams(temperature=1.0, top_k=20, top_p=0.9, tie_rule="keep_all"),
 ]
 
 
@@ -247,7 +250,7 @@ def test_lowest_index_is_vllms_triton_kernel() -> None:
     kernel = load_kernel()
     logits = tied_logits(8, 300, seed=0)
     for k, p in ((20, 0.9), (None, 0.9)):
-        params = TrainingSamplingParams(1.0, k, p, "lowest_index")
+        params = TrainingSamplingParams(temperature=1.0, top_k=k, top_p=p, tie_rule="lowest_index")
         p_rows = torch.full((8,), p)
         if k is None:
             theirs = logits.clone()
@@ -270,9 +273,9 @@ def test_gpu_lowest_index_is_vllms_triton_kernel_on_cuda() -> None:
     for rows in (8, 128):
         logits = (torch.randn(rows, 32768, device="cuda", generator=generator) * 3).to(torch.bfloat16).float()
         for params in (
-            TrainingSamplingParams(1.0, 50, 1.0, "lowest_index"),
-            TrainingSamplingParams(1.0, None, 0.9, "lowest_index"),
-            TrainingSamplingParams(0.7, 50, 0.9, "lowest_index"),
+            TrainingSamplingParams(temperature=1.0, top_k=50, top_p=1.0, tie_rule="lowest_index"),
+            TrainingSamplingParams(temperature=1.0, top_k=None, top_p=0.9, tie_rule="lowest_index"),
+            TrainingSamplingParams(temperature=0.7, top_k=50, top_p=0.9, tie_rule="lowest_index"),
         ):
             scaled = logits / params.temperature
             k = None if params.top_k is None else torch.full((rows,), params.top_k, device="cuda", dtype=torch.int32)

@@ -16,14 +16,14 @@ from nemo_rl_clone.distributed.model_utils import valid_counts
 from tests.unit.test_loss_functions import ALL_BRANCHES, pg_loss, random_batch, reference_logprobs, uniform_batch
 
 SAMPLING = {
-    "top_k_top_p": TrainingSamplingParams(0.7, 3, 0.8),
-    "top_p": TrainingSamplingParams(1.3, None, 0.7),
+    "top_k_top_p": TrainingSamplingParams(temperature=0.7, top_k=3, top_p=0.8),
+    "top_p": TrainingSamplingParams(temperature=1.3, top_k=None, top_p=0.7),
     # on logits rounded to integers: ties at the boundary span both shards, and only the lowest ids stay
-    "ties_top_k": TrainingSamplingParams(1.0, 3, 1.0, "lowest_index"),
-    "ties_top_k_top_p": TrainingSamplingParams(0.7, 4, 0.8, "lowest_index"),
-    "ties_top_p": TrainingSamplingParams(1.0, None, 0.6, "lowest_index"),
+    "ties_top_k": TrainingSamplingParams(temperature=1.0, top_k=3, top_p=1.0, tie_rule="lowest_index"),
+    "ties_top_k_top_p": TrainingSamplingParams(temperature=0.7, top_k=4, top_p=0.8, tie_rule="lowest_index"),
+    "ties_top_p": TrainingSamplingParams(temperature=1.0, top_k=None, top_p=0.6, tie_rule="lowest_index"),
     # a shard holding more ties at the k-th value than its own top-k offer: top-p's mass counts all of them
-    "ties_keep_all_top_k_top_p": TrainingSamplingParams(1.0, 3, 0.55),
+    "ties_keep_all_top_k_top_p": TrainingSamplingParams(temperature=1.0, top_k=3, top_p=0.55),
 }
 
 

@@ -131,3 +131,25 @@ def test_checkpoint_manager_takes_nemo_rl_keywords_and_the_integration_keys_are_
     assert load_validated_config(smoke, off, GRPOMasterConfig)
     with pytest.raises(ConfigError, match=r"checkpointing\.is_async: not supported yet: asynchronous checkpoint"):
         load_validated_config(smoke, ["++checkpointing.is_async=true"], GRPOMasterConfig)
+
+
+def test_training_sampling_params_is_built_in_nemo_rl_field_order():
+    from nemo_rl_clone.algorithms.logits_sampling_utils import TrainingSamplingParams
+
+    params = TrainingSamplingParams(50, 0.9, 0.7)
+    assert (params.top_k, params.top_p, params.temperature) == (50, 0.9, 0.7)
+
+
+def test_fused_linear_ce_and_draft_vocab_maps_are_refused_in_one_line():
+    from nemo_rl_clone.algorithms.loss.loss_functions import DPOLossFn, NLLLossFn
+    from nemo_rl_clone.algorithms.loss.utils import prepare_loss_input
+    from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+    from nemo_rl_clone.utils.errors import UserInputError
+
+    assert NLLLossFn(use_linear_ce_fusion=False) and DPOLossFn({}, use_linear_ce_fusion=False)
+    for build in (lambda: NLLLossFn(True), lambda: DPOLossFn({}, True)):
+        with pytest.raises(UserInputError, match=r"use_linear_ce_fusion=True\): not supported yet"):
+            build()
+    data = BatchedDataDict(input_ids=torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(UserInputError, match="d2t: not supported yet"):
+        prepare_loss_input(torch.zeros(1, 3, 5), data, NLLLossFn(), d2t=torch.arange(5))

@@ -79,7 +79,7 @@ def test_packed_losses_and_gradients_equal_the_padded_path(loss_name: str, selec
     pg = {"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1}
     loss_fn = {
         "clipped_pg": ClippedPGLossFn(pg),
-        "clipped_pg_top_k_top_p": ClippedPGLossFn(pg, TrainingSamplingParams(0.7, 5, 0.9)),
+        "clipped_pg_top_k_top_p": ClippedPGLossFn(pg, TrainingSamplingParams(temperature=0.7, top_k=5, top_p=0.9)),
         "nll": NLLLossFn(),
     }[loss_name]
     sampling = getattr(loss_fn, "sampling_params", None)

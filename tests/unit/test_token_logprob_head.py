@@ -89,7 +89,8 @@ def _losses() -> dict[str, object]:
         "clipped_pg": ClippedPGLossFn({"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1}),
         # the sampler's processing: filtered logprobs for the ratio, the KL term's unfiltered ones beside them
         "clipped_pg_top_k_top_p": ClippedPGLossFn(
-            {"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1}, TrainingSamplingParams(0.7, 5, 0.9)
+            {"force_on_policy_ratio": True, "reference_policy_kl_penalty": 0.1},
+            TrainingSamplingParams(temperature=0.7, top_k=5, top_p=0.9),
         ),
         "nll": NLLLossFn(),
         "dpo": DPOLossFn({"reference_policy_kl_penalty": 0.1}),

@@ -107,7 +107,7 @@ def test_logprobs_are_those_of_the_processed_distribution_sampled_from(
     """At temperature 0.7, top-k 5, top-p 0.8 the engine reports each sampled token's logprob under the distribution
     it sampled from (softmax(z / T) on the kept tokens, renormalised), and every sampled token is in that kept set;
     the raw distribution's logprobs differ by far more than the tolerance."""
-    params = TrainingSamplingParams(0.7, 5, 0.8)
+    params = TrainingSamplingParams(temperature=0.7, top_k=5, top_p=0.8)
     config = tiny_config(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
     cluster = RayVirtualCluster([1], use_gpus=False, name="vllm-gen-processed")
     engine = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-gen-processed")

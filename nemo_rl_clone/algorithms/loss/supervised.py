@@ -15,12 +15,21 @@ from nemo_rl_clone.algorithms.loss.configs import DPOLossConfig, as_loss_config
 from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.contract.loss import LossType, TokenLogprobs
 from nemo_rl_clone.contract.loss_input import policy_logprobs
+from nemo_rl_clone.utils.errors import UserInputError
 
 
 def _sequence_nll(lp: torch.Tensor, mask: torch.Tensor, average: bool) -> torch.Tensor:
     """[B] −Σ_t lp·mask per row, ÷ the row's mask count (at least 1) when ``average``."""
     per_row = -torch.where(mask > 0, lp, 0.0).mul(mask).sum(dim=-1)
     return per_row / mask.sum(dim=-1).clamp(min=1) if average else per_row
+
+
+def refuse_linear_ce_fusion(use_linear_ce_fusion: bool, loss_name: str) -> None:
+    """NeMo-RL's switch to take hidden states and fuse the LM head into the loss; the losses here take logits."""
+    if use_linear_ce_fusion:
+        raise UserInputError(
+            f"{loss_name}(use_linear_ce_fusion=True): not supported yet: the fused linear cross-entropy loss"
+        )
 
 
 class NLLLossFn:
@@ -36,6 +45,9 @@ class NLLLossFn:
 
     loss_type = LossType.TOKEN_LEVEL
     accepts_token_logprobs = True
+
+    def __init__(self, use_linear_ce_fusion: bool = False) -> None:
+        refuse_linear_ce_fusion(use_linear_ce_fusion, "NLLLossFn")
 
     def __call__(
         self,
@@ -170,7 +182,10 @@ class DPOLossFn:
 
     accepts_token_logprobs = True
 
-    def __init__(self, cfg: Mapping[str, Any] | DPOLossConfig | None = None) -> None:
+    def __init__(
+        self, cfg: Mapping[str, Any] | DPOLossConfig | None = None, use_linear_ce_fusion: bool = False
+    ) -> None:
+        refuse_linear_ce_fusion(use_linear_ce_fusion, "DPOLossFn")
         self.cfg = as_loss_config(DPOLossConfig, cfg, "DPOLossFn")
 
     def __call__(
