@@ -100,7 +100,8 @@ def _score_batches(
     import torch
 
     n, k = config.eval.num_tests_per_prompt, config.eval.k_value
-    score, samples = 0.0, []
+    score = 0.0
+    samples: list[dict[str, Any]] = []
     for prompts in dataloader:
         task_to_env = dict.fromkeys(prompts["task_name"], env)  # one environment scores every row, as in NeMo-RL
         batch = roll_out_batch(config, prompts, tokenizer, generation, task_to_env)
