@@ -32,6 +32,8 @@ def get_formatted_message_log(
     add_bos_token: bool = True,
     add_eos_token: bool = True,
     add_generation_prompt: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    debug: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> LLMMessageLogType:
     """Chat-template ``message_log`` once and split the result into per-message text and tokens.
@@ -47,6 +49,8 @@ def get_formatted_message_log(
         add_generation_prompt: give each user message the template's assistant header that follows it (NeMo-RL's
             meaning): a prompt ending in a user message gets the header to generate after; in a conversation, the
             header before each assistant reply belongs to the user message, so SFT trains only on the reply.
+        tools: tool (function) schemas the chat template renders, as ``apply_chat_template(tools=...)`` takes them.
+        debug: print each templated message (role and text).
         chat_template_kwargs: extra keyword arguments for ``apply_chat_template`` (e.g. ``enable_thinking``).
 
     Returns:
@@ -60,12 +64,16 @@ def get_formatted_message_log(
             template whose rendering of a prefix of the conversation is not a prefix of the full rendering.
     """
     messages = _checked_messages(_with_task_prompt(message_log, task_data_spec), tokenizer)
-    full_text, ends = _render_with_message_ends(messages, tokenizer, add_generation_prompt, chat_template_kwargs)
+    template_kwargs = {**(chat_template_kwargs or {}), **({} if tools is None else {"tools": list(tools)})}
+    full_text, ends = _render_with_message_ends(messages, tokenizer, add_generation_prompt, template_kwargs)
     formatted = _split_by_message(messages, full_text, ends, tokenizer)
     if add_bos_token:
         _add_special_token(formatted[0], tokenizer.bos_token, tokenizer.bos_token_id, at_start=True)
     if add_eos_token:
         _add_special_token(formatted[-1], tokenizer.eos_token, tokenizer.eos_token_id, at_start=False)
+    if debug:
+        for index, message in enumerate(formatted):
+            print(f"[{index}] {message['role']}: {message['content']!r}")
     return formatted
 
 

@@ -153,3 +153,18 @@ def test_fused_linear_ce_and_draft_vocab_maps_are_refused_in_one_line():
     data = BatchedDataDict(input_ids=torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(UserInputError, match="d2t: not supported yet"):
         prepare_loss_input(torch.zeros(1, 3, 5), data, NLLLossFn(), d2t=torch.arange(5))
+
+
+def test_formatted_message_log_renders_tools_and_prints_when_debugging(capsys):
+    from nemo_rl_clone.data.llm_message_utils import get_formatted_message_log
+    from nemo_rl_clone.models.huggingface import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny-random-llama")
+    tokenizer.chat_template = (
+        "{% if tools %}tools: {{ tools | map(attribute='name') | join(',') }}\n{% endif %}"
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    log = get_formatted_message_log(messages, tokenizer, None, False, False, False, [{"name": "search"}], True)
+    assert [m["content"] for m in log] == ["tools: search\nuser: hi\n", "assistant: yo\n"]
+    assert capsys.readouterr().out == "[0] user: 'tools: search\\nuser: hi\\n'\n[1] assistant: 'assistant: yo\\n'\n"
