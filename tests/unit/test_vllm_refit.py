@@ -268,6 +268,20 @@ def test_refit_serves_the_new_weights(
     assert engine_vs_reference_gap(generation, tokenizer, old_model) > 1e-2  # the check can tell weights apart
 
 
+def test_nemo_rl_refit_policy_generation_serves_the_new_weights(
+    generation: VllmGeneration, trainer: HFPolicyStandIn, tokenizer: Any, model_path: str
+) -> None:
+    """NeMo-RL's form (``nemo_rl.algorithms.grpo.refit_policy_generation``): the broadcast in buckets of its
+    ``_refit_buffer_size_gb``, timed under its label."""
+    from nemo_rl_clone.algorithms.grpo import refit_policy_generation as nemo_rl_refit
+
+    ray.get(trainer.actor.set_seed.remote(13))
+    timer = Timer()
+    nemo_rl_refit(trainer, generation, False, _refit_buffer_size_gb=BUCKET_BYTES / 1024**3, timer=timer)
+    assert list(timer.get_timing_metrics("sum")) == ["prepare_for_generation/transfer_and_update_weights"]
+    assert engine_vs_reference_gap(generation, tokenizer, perturbed_model(model_path, 13)) <= LOGPROB_ATOL
+
+
 def test_tied_head_follows_the_embedding_when_not_sent(
     generation: VllmGeneration, tokenizer: Any, model_path: str
 ) -> None:
