@@ -235,10 +235,20 @@ def load_eval_problems(config: EvalMasterConfig, tokenizer: Any) -> Any:
     """The evaluation problems as prompts (an `AllTaskProcessedDataset` over the dataset's evaluation rows)."""
     from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
     from nemo_rl_clone.data.datasets.eval_datasets import load_eval_dataset
-    from nemo_rl_clone.utils.config_validation import config_to_dict
 
     data = config.data
-    loaded = load_eval_dataset({**config_to_dict(data), "reasoning_gym": data.reasoning_gym}, seed=config.eval.seed)
+    section = {
+        "dataset_name": data.dataset_name,
+        "data_path": data.data_path,
+        "problem_key": data.problem_key,
+        "solution_key": data.solution_key,
+        "file_format": data.file_format,
+        "split": data.split,
+        "prompt_file": data.prompt_file,
+        "system_prompt_file": data.system_prompt_file,
+        "reasoning_gym": data.reasoning_gym,
+    }
+    loaded = load_eval_dataset(section, seed=config.eval.seed)
     return AllTaskProcessedDataset(
         loaded.rekeyed_ds, tokenizer, loaded.task_spec, max_seq_length=data.max_input_seq_length
     )
