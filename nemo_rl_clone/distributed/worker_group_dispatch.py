@@ -137,6 +137,10 @@ class MultiWorkerFuture:
         group_name, method_name: for error messages.
     """
 
+    futures: list[Any]
+    return_from_workers: list[int]
+    called_workers: list[int]
+
     def __init__(
         self,
         futures: list[Any],

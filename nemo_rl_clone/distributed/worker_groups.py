@@ -64,6 +64,11 @@ def import_class(fqn: str) -> type:
         raise
 
 
+# The cleanup time `Policy` and `VllmGeneration` give their workers at shutdown (freeing GPU memory, stopping the
+# engines); RayWorkerGroup.shutdown's own default is NeMo-RL's 30 s.
+MODEL_WORKER_CLEANUP_TIMEOUT_S = 60.0
+
+
 class RayWorkerBuilder:
     """Creates actors of the class at ``ray_actor_class_fqn`` with constructor ``*args, **kwargs``.
 
@@ -361,7 +366,7 @@ class RayWorkerGroup:
     ) -> list[Any]:
         return future_bundle.get_results(self, return_generators_as_proxies)
 
-    def shutdown(self, cleanup_method: str | None = None, timeout: float | None = 60.0, force: bool = False) -> bool:
+    def shutdown(self, cleanup_method: str | None = None, timeout: float | None = 30.0, force: bool = False) -> bool:
         """Call ``cleanup_method()`` on every worker (unless ``force``; waiting at most ``timeout`` s, None: no limit),
         then kill them; idempotent.
 

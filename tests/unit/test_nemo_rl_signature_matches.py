@@ -168,3 +168,13 @@ def test_formatted_message_log_renders_tools_and_prints_when_debugging(capsys):
     log = get_formatted_message_log(messages, tokenizer, None, False, False, False, [{"name": "search"}], True)
     assert [m["content"] for m in log] == ["tools: search\nuser: hi\n", "assistant: yo\n"]
     assert capsys.readouterr().out == "[0] user: 'tools: search\\nuser: hi\\n'\n[1] assistant: 'assistant: yo\\n'\n"
+
+
+def test_init_collective_takes_nemo_rl_arguments_and_refuses_several_train_ranks():
+    from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
+    from nemo_rl_clone.models.policy.lm_policy import Policy
+    from nemo_rl_clone.utils.errors import UserInputError
+
+    for owner in (Policy, VllmGeneration):
+        with pytest.raises(UserInputError, match="train_world_size=8: not supported yet"):
+            owner.init_collective(object(), ip="10.0.0.1", port=29500, world_size=9, train_world_size=8)

@@ -27,6 +27,7 @@ import torch
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, PackedTensors
+from nemo_rl_clone.utils.errors import UserInputError
 
 GENERATION_INPUT_KEYS = ("input_ids", "input_lengths")
 
@@ -73,11 +74,9 @@ class GenerationInterface(ABC):
         (colocated refit); raises `RefitError`, old weights kept, when it does not fit."""
 
     @abstractmethod
-    def init_collective(
-        self, master_address: str, master_port: int, world_size: int, timeout_s: float = 300.0
-    ) -> list[ray.ObjectRef]:
-        """Join the weight-transfer group whose rank 0 is train rank 0 (non-colocated refit); returns the engines'
-        futures, to be awaited together with the trainer's."""
+    def init_collective(self, ip: str, port: int, world_size: int, timeout_s: float = 300.0) -> list[ray.ObjectRef]:
+        """Join the weight-transfer group at ``ip:port`` whose rank 0 is train rank 0 (non-colocated refit); returns
+        the engines' futures, to be awaited together with the trainer's."""
 
     @abstractmethod
     def update_weights_from_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[ray.ObjectRef]:
@@ -90,6 +89,16 @@ class GenerationInterface(ABC):
     @abstractmethod
     def shutdown(self) -> bool:
         """Stop the engines and remove the files they leave; idempotent."""
+
+
+def check_one_train_rank(train_world_size: int) -> None:
+    """NeMo-RL's ``train_world_size``: the train ranks in the weight-transfer group. Here train rank 0 alone sends
+    the weights (``world_size`` = 1 + the engines), so any other count is refused."""
+    if train_world_size != 1:
+        raise UserInputError(
+            f"init_collective: train_world_size={train_world_size}: not supported yet: every train rank in the "
+            "weight-transfer group (train rank 0 alone broadcasts here; pass 1)"
+        )
 
 
 def check_generation_input(data: Any, max_model_len: int, method: str = "generate") -> None:

@@ -27,7 +27,13 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S
-from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
+from nemo_rl_clone.distributed.worker_groups import (
+    MODEL_WORKER_CLEANUP_TIMEOUT_S,
+    MultiWorkerFuture,
+    RayWorkerBuilder,
+    RayWorkerGroup,
+)
+from nemo_rl_clone.models.generation.interfaces import check_one_train_rank
 from nemo_rl_clone.models.huggingface import resolve_model_path
 from nemo_rl_clone.models.policy.backend_checks import capability_problems
 from nemo_rl_clone.models.policy.backends import backend_key, backend_spec, known_backend_spec, parallel_layout
@@ -312,12 +318,14 @@ class Policy(ColocatablePolicyInterface):
         return refs[0]
 
     def init_collective(
-        self, master_address: str, master_port: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S
+        self, ip: str, port: int, world_size: int, *, train_world_size: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S
     ) -> list[ray.ObjectRef]:
-        """Futures of every worker joining the weight-transfer group (rank 0 is its member 0)."""
+        """Futures of every worker joining the weight-transfer group at ``ip:port`` (rank 0 is its member 0, the
+        only train rank in it: `check_one_train_rank`)."""
+        check_one_train_rank(train_world_size)
         self._require_language_model("init_collective")
         return self.worker_group.run_all_workers_single_data(
-            "init_collective", master_address, master_port, world_size, timeout_s=timeout_s
+            "init_collective", ip, port, world_size, timeout_s=timeout_s
         )
 
     def broadcast_weights_for_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[ray.ObjectRef]:
@@ -347,7 +355,7 @@ class Policy(ColocatablePolicyInterface):
         )
 
     def shutdown(self) -> bool:
-        return self.worker_group.shutdown(cleanup_method="shutdown")
+        return self.worker_group.shutdown(cleanup_method="shutdown", timeout=MODEL_WORKER_CLEANUP_TIMEOUT_S)
 
     # ------------------------------------------------------------------ helpers
     def _require_language_model(self, method: str) -> None:

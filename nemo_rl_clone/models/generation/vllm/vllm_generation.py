@@ -41,11 +41,17 @@ from nemo_rl_clone.distributed.ray_actor_environment import (
 from nemo_rl_clone.distributed.reaper import register_temp_path
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, PackedTensors, pack_tensors
-from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
+from nemo_rl_clone.distributed.worker_groups import (
+    MODEL_WORKER_CLEANUP_TIMEOUT_S,
+    MultiWorkerFuture,
+    RayWorkerBuilder,
+    RayWorkerGroup,
+)
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.generation.interfaces import (
     GenerationInterface,
     check_generation_input,
+    check_one_train_rank,
     check_per_sample_options,
 )
 from nemo_rl_clone.models.generation.vllm import engine_io
@@ -223,16 +229,18 @@ class VllmGeneration(GenerationInterface):
         self._run_all("update_weights_from_state_dict", ref)
 
     def init_collective(
-        self, master_address: str, master_port: int, world_size: int, timeout_s: float = 300.0
+        self, ip: str, port: int, world_size: int, *, train_world_size: int = 1, timeout_s: float = 300.0
     ) -> list[ray.ObjectRef]:
-        """Engine ``r`` joins as member ``r + 1`` of the ``world_size = 1 + dp_size`` transfer group."""
+        """Engine ``r`` joins as member ``r + 1`` of the ``world_size = 1 + dp_size`` transfer group at ``ip:port``
+        (`check_one_train_rank`)."""
+        check_one_train_rank(train_world_size)
         if world_size != self.dp_size + 1:
             raise ValueError(
                 f"init_collective: world_size {world_size} must be 1 (train rank 0) + {self.dp_size} engines"
             )
         return [
             self.worker_group.run_single_worker_single_data(
-                "init_collective", rank, master_address, master_port, rank + 1, world_size, timeout_s
+                "init_collective", rank, ip, port, rank + 1, world_size, timeout_s
             )
             for rank in range(self.dp_size)
         ]
@@ -267,7 +275,11 @@ class VllmGeneration(GenerationInterface):
         if getattr(self, "router", None) is not None:
             ray.kill(self.router)  # its connections close with it: the engines end the requests they carried
             self.router = None
-        clean = self.worker_group.shutdown(cleanup_method="shutdown") if hasattr(self, "worker_group") else True
+        clean = (
+            self.worker_group.shutdown(cleanup_method="shutdown", timeout=MODEL_WORKER_CLEANUP_TIMEOUT_S)
+            if hasattr(self, "worker_group")
+            else True
+        )
         self._remove_tmp_root()
         return clean
 
