@@ -188,7 +188,7 @@ def test_last_number_extraction_scores_only_the_last_number(ray_local: None) -> 
 def test_create_env_rejects_bad_names_and_configs(ray_local: None) -> None:
     with pytest.raises(
         ValueError,
-        match="unknown environment 'maths'; registered: agent, code, math, math_multi_reward, reasoning_gym, reward_model, sliding",
+        match="unknown environment 'maths'; registered: agent, code, code_jaccard, math, math_multi_reward, reasoning_gym, reward_model, sliding",
     ):
         create_env("maths", TEST_CFG)
     with pytest.raises(
