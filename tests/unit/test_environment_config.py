@@ -110,7 +110,7 @@ def test_bad_environment_sections_are_named(user_package: str) -> None:
         }
     )
     assert found == [
-        "env.mth: unknown environment (did you mean env.math?); built-in: math, math_multi_reward, reasoning_gym, sliding_puzzle_game, tool_use, code, reward_model, agent; "
+        "env.mth: unknown environment (did you mean env.math?); built-in: math, math_multi_reward, reasoning_gym, sliding_puzzle_game, tool_use, code, code_jaccard, reward_model, agent; "
         "for your own, name its class: env.mth.env_class: package.module.Class",
         "env.a.cfg.volume: unknown key",
         "env.a.cfg.exclamations: must be >= 1, got 0",
