@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import overload
 
 from nemo_rl_clone.utils.checkpoint_schedule import parse_deadline
@@ -198,3 +198,8 @@ class TimeoutChecker:
             self.last_saved = True
             return True
         return False
+
+
+def timed(timer: Timer | None, label: str) -> AbstractContextManager[None]:
+    """``timer.time(label)``, or nothing when there is no timer (NeMo-RL's optional ``timer`` arguments)."""
+    return nullcontext() if timer is None else timer.time(label)

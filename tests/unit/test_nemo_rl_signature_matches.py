@@ -178,3 +178,27 @@ def test_init_collective_takes_nemo_rl_arguments_and_refuses_several_train_ranks
     for owner in (Policy, VllmGeneration):
         with pytest.raises(UserInputError, match="train_world_size=8: not supported yet"):
             owner.init_collective(object(), ip="10.0.0.1", port=29500, world_size=9, train_world_size=8)
+
+
+def test_policy_times_its_phases_under_nemo_rl_labels_with_a_timer():
+    from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+    from nemo_rl_clone.models.policy.lm_policy import Policy
+    from nemo_rl_clone.utils.errors import UserInputError
+    from nemo_rl_clone.utils.timer import Timer
+
+    policy = object.__new__(Policy)  # no workers: the sharding and the workers' call are stubbed
+    policy.is_reward_model, policy.dp_size = False, 1
+    policy._shard = lambda data, phase, **kwargs: ([data], None)
+    policy._run_sharded = lambda method, shards, kwargs: [BatchedDataDict(logprobs=torch.zeros(1, 2))]
+    data = BatchedDataDict(input_ids=torch.zeros(1, 2, dtype=torch.long), input_lengths=torch.tensor([2]))
+    timer = Timer()
+    policy.get_logprobs(data, timer)
+    policy.get_reference_policy_logprobs(data, timer=timer)
+    assert set(timer.get_timing_metrics()) == {
+        "get_logprobs/shard_data",
+        "get_logprobs/submit_logprob_futures",
+        "get_reference_policy_logprobs/shard_data",
+        "get_reference_policy_logprobs/submit_reference_policy_logprob_futures",
+    }
+    with pytest.raises(UserInputError, match="check_dim_skip_keys: not supported yet"):
+        policy.train(data, None, check_dim_skip_keys=["teacher_logits"])

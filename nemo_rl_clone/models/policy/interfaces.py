@@ -13,6 +13,7 @@ import torch
 
 from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.utils.timer import Timer
 
 
 class PolicyInterface(ABC):
@@ -20,8 +21,11 @@ class PolicyInterface(ABC):
     through the same `train`; the logprob and refit methods then raise)."""
 
     @abstractmethod
-    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """``{"logprobs": [B, S]}`` of ``data["input_ids"]`` under the current weights."""
+    def get_logprobs(
+        self, data: BatchedDataDict, timer: Timer | None = None, micro_batch_size: int | None = None
+    ) -> BatchedDataDict:
+        """``{"logprobs": [B, S]}`` of ``data["input_ids"]`` under the current weights; ``timer`` (NeMo-RL's) times
+        the sharding and the workers' call (`Policy`)."""
 
     @abstractmethod
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
@@ -30,11 +34,13 @@ class PolicyInterface(ABC):
 
     @abstractmethod
     def get_reference_policy_logprobs(
-        self, data: BatchedDataDict, micro_batch_size: int | None = None
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, timer: Timer | None = None
     ) -> BatchedDataDict:
         """``{"reference_logprobs": [B, S]}`` under the frozen initial weights."""
 
-    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
+    def get_topk_logits(
+        self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None, timer: Timer | None = None
+    ) -> BatchedDataDict:
         """``{"topk_logits": [B, S, k], "topk_indices": [B, S, k]}``: the ``k`` largest next-token logits at every
         position and their vocab ids (a distillation teacher's output); policies without it raise."""
         raise NotImplementedError(f"{type(self).__name__} does not provide get_topk_logits")
@@ -45,8 +51,10 @@ class PolicyInterface(ABC):
         data: BatchedDataDict,
         loss_fn: LossFunction,
         eval_mode: bool = False,
+        *,
         gbs: int | None = None,
         mbs: int | None = None,
+        timer: Timer | None = None,
     ) -> dict[str, Any]:
         """One optimizer step per global batch of ``gbs`` samples in ``data`` (none with ``eval_mode``).
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 import ray
@@ -37,6 +37,7 @@ from nemo_rl_clone.models.generation.interfaces import check_one_train_rank
 from nemo_rl_clone.models.huggingface import resolve_model_path
 from nemo_rl_clone.models.policy.backend_checks import capability_problems
 from nemo_rl_clone.models.policy.backends import backend_key, backend_spec, known_backend_spec, parallel_layout
+from nemo_rl_clone.models.policy.batch_sharding import merge_shards, shard_batch
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
 from nemo_rl_clone.models.policy.megatron.config import local_spec_notes
@@ -46,6 +47,8 @@ from nemo_rl_clone.models.policy.workers.reward_model import check_input_lengths
 from nemo_rl_clone.models.policy.workers.topk_logits import check_k
 from nemo_rl_clone.models.policy.workers.trained_rows import trained_rows_for
 from nemo_rl_clone.utils.config_validation import ConfigError, as_config
+from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.timer import Timer, timed
 
 logger = logging.getLogger(__name__)
 
@@ -196,19 +199,26 @@ class Policy(ColocatablePolicyInterface):
         self.worker_group.wait_until_constructed()
 
     # ------------------------------------------------------------------ logprobs
-    def get_logprobs(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """``{"logprobs": [B, S] fp32}``; needs ``input_ids`` and ``input_lengths``. Any ``B >= dp`` works."""
+    def get_logprobs(
+        self, data: BatchedDataDict, timer: Timer | None = None, micro_batch_size: int | None = None
+    ) -> BatchedDataDict:
+        """``{"logprobs": [B, S] fp32}``; needs ``input_ids`` and ``input_lengths``. Any ``B >= dp`` works.
+        ``timer``: times ``get_logprobs/shard_data`` and ``get_logprobs/submit_logprob_futures`` (NeMo-RL's labels;
+        the second here until the results are back)."""
         self._require_language_model("get_logprobs")
-        return self._logprob_call("get_logprobs", data, micro_batch_size)
+        return self._logprob_call("get_logprobs", data, micro_batch_size, timer, "logprob")
 
     def get_reference_policy_logprobs(
-        self, data: BatchedDataDict, micro_batch_size: int | None = None
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, timer: Timer | None = None
     ) -> BatchedDataDict:
         """``{"reference_logprobs": [B, S] fp32}`` under the initial weights (see `get_logprobs`)."""
         self._require_language_model("get_reference_policy_logprobs")
-        return self._logprob_call("get_reference_policy_logprobs", data, micro_batch_size)
+        method = "get_reference_policy_logprobs"
+        return self._logprob_call(method, data, micro_batch_size, timer, "reference_policy_logprob")
 
-    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
+    def get_topk_logits(
+        self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None, timer: Timer | None = None
+    ) -> BatchedDataDict:
         """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}``: the ``k`` largest next-token logits
         at every position (largest first) and their vocab ids, 0 at positions ``>= input_lengths`` (layout:
         `nemo_rl_clone.models.policy.workers.topk_logits`). Needs ``input_ids`` and ``input_lengths``; sharded like
@@ -220,7 +230,7 @@ class Policy(ColocatablePolicyInterface):
                 "teacher needs the DTensor backend: megatron_cfg.enabled=false, dtensor_cfg.enabled=true)"
             )
         check_k(k)
-        return self._logprob_call("get_topk_logits", data, micro_batch_size, k=k)
+        return self._logprob_call("get_topk_logits", data, micro_batch_size, timer, "topk_logits", k=k)
 
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
         """A reward model's ``{"scores": [B] fp32}`` (inference): the head at each row's ``input_lengths - 1``; with
@@ -238,13 +248,22 @@ class Policy(ColocatablePolicyInterface):
         return self._logprob_call("score", data, micro_batch_size)
 
     def _logprob_call(
-        self, method: str, data: BatchedDataDict, micro_batch_size: int | None, **kwargs: Any
+        self,
+        method: str,
+        data: BatchedDataDict,
+        micro_batch_size: int | None,
+        timer: Timer | None = None,
+        futures_name: str = "",
+        **kwargs: Any,
     ) -> BatchedDataDict:
         self._check_batch(data, ("input_ids", "input_lengths"), method)
         if self.is_reward_model:
             check_input_lengths(data, method)
-        shards, order = self._shard(data, "logprob", allow_uneven_shards=True)
-        return merge_shards(self._run_sharded(method, shards, {"micro_batch_size": micro_batch_size, **kwargs}), order)
+        with timed(timer, f"{method}/shard_data"):
+            shards, order = self._shard(data, "logprob", allow_uneven_shards=True)
+        with timed(timer, f"{method}/submit_{futures_name}_futures"):
+            results = self._run_sharded(method, shards, {"micro_batch_size": micro_batch_size, **kwargs})
+        return merge_shards(results, order)
 
     # ------------------------------------------------------------------ training
     def train(
@@ -254,6 +273,8 @@ class Policy(ColocatablePolicyInterface):
         eval_mode: bool = False,
         gbs: int | None = None,
         mbs: int | None = None,
+        timer: Timer | None = None,
+        check_dim_skip_keys: Iterable[str] | None = None,
     ) -> dict[str, Any]:
         """Train on ``data`` (``B`` a multiple of ``gbs``, default ``train_global_batch_size``); see `PolicyInterface`.
         A reward model also needs ``input_lengths`` (its scores are read at ``input_lengths - 1``).
@@ -264,7 +285,16 @@ class Policy(ColocatablePolicyInterface):
         load-balancing loss, which every row shapes); the result then also holds
         ``num_trained_samples`` and ``num_global_batches_with_metrics`` (the loss's metrics other than ``loss`` are
         means over the rows that ran, and a global batch whose rows are all masked reports none).
+
+        ``timer`` times ``policy_training/sharding_data`` and ``policy_training/submit_training_futures`` (NeMo-RL's
+        labels; the second until the results are back). ``check_dim_skip_keys`` (NeMo-RL's tensors not aligned
+        with ``input_ids``, of cross-tokenizer distillation) is refused.
         """
+        if check_dim_skip_keys:
+            raise UserInputError(
+                "Policy.train: check_dim_skip_keys: not supported yet: tensors not aligned with input_ids "
+                "(cross-tokenizer distillation)"
+            )
         gbs = gbs or self.cfg.train_global_batch_size
         mbs = mbs or self.cfg.train_micro_batch_size
         if self.is_reward_model:
@@ -282,8 +312,11 @@ class Policy(ColocatablePolicyInterface):
         if self.is_reward_model and self.cfg.reward_model_cfg.reward_model_type == "bradley_terry":
             _check_pairs_stay_together(self.cfg, gbs // self.dp_size, mbs)
         aux = self._has_router_aux_loss()
-        plan = TrainPlan.make(self.cfg, self.dp_size, data, loss_fn, gbs, mbs, eval_mode, router_aux_loss=aux)
-        return plan.result(self._run_sharded("train", plan.shards, plan.kwargs))
+        with timed(timer, "policy_training/sharding_data"):
+            plan = TrainPlan.make(self.cfg, self.dp_size, data, loss_fn, gbs, mbs, eval_mode, router_aux_loss=aux)
+        with timed(timer, "policy_training/submit_training_futures"):
+            results = self._run_sharded("train", plan.shards, plan.kwargs)
+        return plan.result(results)
 
     # ------------------------------------------------------------------ lifecycle
     def prepare_for_training(self) -> None:
@@ -403,39 +436,6 @@ class Policy(ColocatablePolicyInterface):
         self, data: BatchedDataDict, phase: Literal["train", "logprob"], **kwargs: Any
     ) -> tuple[list[BatchedDataDict], list[int] | None]:
         return shard_batch(self.cfg, self.dp_size, data, phase, **kwargs)
-
-
-def shard_batch(
-    cfg: PolicyConfig, dp_size: int, data: BatchedDataDict, phase: Literal["train", "logprob"], **kwargs: Any
-) -> tuple[list[BatchedDataDict], list[int] | None]:
-    """``dp_size`` shards of ``data`` and, with dynamic batching or sequence packing (token-bounded microbatches of
-    at most the section's ``<phase>_mb_tokens``), the order that undoes their length sorting. Also what a worker
-    run in-process (the step replay) is handed."""
-    dynamic, packing = cfg.dynamic_batching, cfg.sequence_packing
-    if not dynamic.enabled and not packing.enabled:
-        return cast(list[BatchedDataDict], data.shard_by_batch_size(dp_size, **kwargs)), None
-    args: dict[str, Any] = {"input_key": "input_ids", "input_lengths_key": "input_lengths"}
-    if dynamic.enabled:
-        budget = dynamic.train_mb_tokens if phase == "train" else dynamic.logprob_mb_tokens or dynamic.train_mb_tokens
-        args |= {"max_tokens_per_microbatch": budget, "sequence_length_round": dynamic.sequence_length_round}
-        sharded = data.shard_by_batch_size(dp_size, dynamic_batching_args=args, **kwargs)
-    else:
-        budget = packing.train_mb_tokens if phase == "train" else packing.logprob_mb_tokens or packing.train_mb_tokens
-        args |= {
-            "max_tokens_per_microbatch": budget,
-            "algorithm": packing.algorithm,
-            "sequence_length_round": packing.sequence_length_round,
-        }
-        sharded = data.shard_by_batch_size(dp_size, sequence_packing_args=args, **kwargs)
-    return cast(tuple[list[BatchedDataDict], list[int]], sharded)
-
-
-def merge_shards(results: list[BatchedDataDict], order: list[int] | None) -> BatchedDataDict:
-    """The per-rank results of a logprob-type call as one batch in ``data``'s row order (`shard_batch`'s order)."""
-    merged = BatchedDataDict.from_batches(results)
-    if order is not None:
-        merged.reorder_data(order)
-    return merged
 
 
 def _check_pairs_stay_together(config: PolicyConfig, rank_batch_size: int, mbs: int) -> None:
