@@ -38,7 +38,7 @@ def run_multi_turn_rollout(
     tokenizer: PreTrainedTokenizerBase,
     task_to_env: Mapping[str, Any],
     max_seq_len: int,
-    max_rollout_turns: int = 1,
+    max_rollout_turns: int = 999999,  # NeMo-RL's default: until every episode ends (the runs here pass theirs)
     greedy: bool = False,
 ) -> tuple[BatchedDataDict, dict[str, float]]:
     """Roll out every sample of ``input_batch`` (from ``rl_collate_fn``) until it terminates.
