@@ -112,24 +112,27 @@ def _restore_stderr(saved_fd: int) -> None:
 _ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
 
 
-def report_uncaught_user_errors() -> None:
-    """From now on this process prints an uncaught user-input or config error as its ``error: ...`` lines instead of
-    a traceback (the process then exits with status 1, as on any uncaught error). Installed once, by the code paths
-    that NeMo-RL-form scripts call first (their config validation, a refused import); any other error goes to the
-    hook that was there before."""
+def report_uncaught_user_errors(*also: type[Exception]) -> None:
+    """From now on this process prints an uncaught user-input error, or one of the error classes ``also`` (each
+    with a ``problems`` list: the config validator's), as its ``error: ...`` lines instead of a traceback (the
+    process then exits with status 1, as on any uncaught error). Installed once, by the code paths that NeMo-RL-form
+    scripts call first (their config validation, a refused import); any other error goes to the hook that was there
+    before."""
+    _ALSO_REPORTED.update(also)
     previous = sys.excepthook
     if getattr(previous, "reports_user_errors", False):
         return
 
     def hook(kind: type[BaseException], error: BaseException, traceback: TracebackType | None) -> None:
-        from nemo_rl_clone.utils.config_validation import ConfigError  # lazy: that module imports this one's callers
-
-        found = error if isinstance(error, ConfigError) else find_user_input_error(error)
+        found = error if isinstance(error, tuple(_ALSO_REPORTED)) else find_user_input_error(error)
         if found is None:
             previous(kind, error, traceback)
             return
-        for problem in found.problems:
+        for problem in found.problems:  # type: ignore[attr-defined]
             print(f"error: {problem}", file=sys.stderr)
 
     hook.reports_user_errors = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+_ALSO_REPORTED: set[type[Exception]] = set()
