@@ -59,9 +59,8 @@ def as_config(config: Any, schema: type[T], key: str = "") -> T:
         if not _has_plain_sections(config):
             return config
         config = _plain(config)
-    report_uncaught_user_errors(
-        ConfigError
-    )  # NeMo-RL's scripts validate in their `setup()` call, outside any CLI of ours
+    # NeMo-RL's scripts validate in their `setup()` call, outside any CLI of ours
+    report_uncaught_user_errors(ConfigError)
     from omegaconf import DictConfig, OmegaConf  # lazy: validation itself does not need OmegaConf
 
     if isinstance(config, DictConfig):
