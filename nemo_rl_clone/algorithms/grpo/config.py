@@ -24,7 +24,16 @@ from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 # Built-in environments with one reward per sample (a user's env_class may return several: GDPO checks at run time).
-SINGLE_REWARD_ENVS = ("math", "reasoning_gym", "sliding_puzzle_game", "tool_use", "code", "reward_model", "agent")
+SINGLE_REWARD_ENVS = (
+    "math",
+    "reasoning_gym",
+    "sliding_puzzle_game",
+    "tool_use",
+    "code",
+    "code_jaccard",
+    "reward_model",
+    "agent",
+)
 _BUILT_IN_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gdpo", "opd")
 
 
