@@ -202,3 +202,27 @@ def test_policy_times_its_phases_under_nemo_rl_labels_with_a_timer():
     }
     with pytest.raises(UserInputError, match="check_dim_skip_keys: not supported yet"):
         policy.train(data, None, check_dim_skip_keys=["teacher_logits"])
+
+
+def test_policy_refuses_nemo_rl_options_not_built_and_resolves_checkpointing_cfg(tmp_path):
+    from nemo_rl_clone.models.policy.lm_policy import Policy
+    from nemo_rl_clone.models.policy.nemo_rl_options import consolidated_folder
+    from nemo_rl_clone.utils.errors import UserInputError
+
+    with pytest.raises(UserInputError) as err:  # before the cluster or the config is touched
+        Policy(None, {}, None, processor=object(), worker_extension_cls_fqn="pkg.Ext")  # type: ignore[arg-type]
+    assert err.value.problems == [
+        "Policy: processor: not supported yet: vision and audio inputs (a multimodal processor)",
+        "Policy: worker_extension_cls_fqn: not supported yet: worker extension classes",
+    ]
+    weights = str(tmp_path / "step_1" / "policy" / "weights")
+    section = {"checkpoint_dir": str(tmp_path), "save_consolidated": True, "model_save_format": "torch_save"}
+    assert consolidated_folder(weights, section, None, "safetensors") == (
+        str(tmp_path / "step_1" / "policy" / "hf"),
+        "torch_save",
+    )
+    assert consolidated_folder(weights, {**section, "save_consolidated": False}, None, "safetensors") == (
+        None,
+        "safetensors",
+    )
+    assert consolidated_folder(weights, None, "/x/hf", "safetensors") == ("/x/hf", "safetensors")

@@ -78,6 +78,7 @@ class PolicyInterface(ABC):
         weights_path: str,
         optimizer_path: str | None = None,
         tokenizer_path: str | None = None,
+        checkpointing_cfg: Any = None,
         save_hf_path: str | None = None,
         save_hf_format: str = "safetensors",
     ) -> None: ...

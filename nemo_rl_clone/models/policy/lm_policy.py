@@ -41,11 +41,13 @@ from nemo_rl_clone.models.policy.batch_sharding import merge_shards, shard_batch
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
 from nemo_rl_clone.models.policy.megatron.config import local_spec_notes
+from nemo_rl_clone.models.policy.nemo_rl_options import consolidated_folder, refuse_unbuilt_options
 from nemo_rl_clone.models.policy.workers import train_profile
 from nemo_rl_clone.models.policy.workers.optim import check_import_paths
 from nemo_rl_clone.models.policy.workers.reward_model import check_input_lengths, reward_model_error
 from nemo_rl_clone.models.policy.workers.topk_logits import check_k
 from nemo_rl_clone.models.policy.workers.trained_rows import trained_rows_for
+from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import ConfigError, as_config
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.timer import Timer, timed
@@ -124,6 +126,8 @@ class Policy(ColocatablePolicyInterface):
         weights_path / optimizer_path: resume from a `save_checkpoint` output of the same backend (any DP size that
             divides the batch; the Megatron backend also reloads at other TP/PP sizes).
         env_vars: extra environment for the workers (e.g. ``OMP_NUM_THREADS`` when they time-share the cores).
+        workers_per_node, processor, worker_extension_cls_fqn: NeMo-RL's; refused unless None (one worker per
+            bundle; no multimodal processor; no worker extension class).
 
     Raises:
         ValueError: an invalid config (a mapping's bad keys and values, an optimizer or scheduler class path that
@@ -137,16 +141,20 @@ class Policy(ColocatablePolicyInterface):
         cluster: RayVirtualCluster,
         config: PolicyConfig | Mapping[str, Any],
         tokenizer: PreTrainedTokenizerBase,
-        name_prefix: str = "policy",
+        name_prefix: str = "lm_policy",
+        workers_per_node: int | list[int] | None = None,
         init_optimizer: bool = True,
-        init_reference_model: bool = True,
         weights_path: str | None = None,
         optimizer_path: str | None = None,
+        init_reference_model: bool = True,
+        processor: Any = None,
+        worker_extension_cls_fqn: str | None = None,
         env_vars: dict[str, str] | None = None,
         wait: bool = True,
     ) -> None:
         """``wait=False`` returns while the workers are still starting (model load, sharding), so a caller can start
         the engines meanwhile; `wait_until_ready` must then come before any other call."""
+        refuse_unbuilt_options(workers_per_node, processor, worker_extension_cls_fqn)
         # A PolicyConfig was validated where the config was loaded; a NeMo-RL mapping is validated here.
         self.cfg = as_config(config, PolicyConfig, key="policy")
         if init_optimizer:
@@ -373,11 +381,16 @@ class Policy(ColocatablePolicyInterface):
         weights_path: str,
         optimizer_path: str | None = None,
         tokenizer_path: str | None = None,
+        checkpointing_cfg: CheckpointingConfig | Mapping[str, Any] | None = None,
         save_hf_path: str | None = None,
         save_hf_format: str = "safetensors",
     ) -> None:
         """Sharded DCP weights (and optimizer + scheduler), tokenizer files, optional consolidated HF folder
-        (``save_hf_format``: ``checkpointing.model_save_format``)."""
+        (``save_hf_format``: ``checkpointing.model_save_format``). ``checkpointing_cfg`` (NeMo-RL's: the
+        ``checkpointing`` section) with ``save_consolidated`` writes that folder as ``hf`` beside ``weights_path``."""
+        save_hf_path, save_hf_format = consolidated_folder(
+            weights_path, checkpointing_cfg, save_hf_path, save_hf_format
+        )
         self._run_all(
             "save_checkpoint",
             weights_path,
