@@ -226,3 +226,11 @@ def test_policy_refuses_nemo_rl_options_not_built_and_resolves_checkpointing_cfg
         "safetensors",
     )
     assert consolidated_folder(weights, None, "/x/hf", "safetensors") == ("/x/hf", "safetensors")
+
+
+def test_kv_scales_are_refused_by_name():
+    from nemo_rl_clone.models.policy.lm_policy import Policy
+    from nemo_rl_clone.utils.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="kv_scales: not supported yet"):
+        Policy.broadcast_weights_for_collective(object(), {"layer.0.k_scale": 1.0})  # type: ignore[arg-type]

@@ -369,8 +369,13 @@ class Policy(ColocatablePolicyInterface):
             "init_collective", ip, port, world_size, timeout_s=timeout_s
         )
 
-    def broadcast_weights_for_collective(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[ray.ObjectRef]:
-        """Futures of the broadcast from rank 0 (await together with the engines' receive futures)."""
+    def broadcast_weights_for_collective(
+        self, kv_scales: Mapping[str, float] | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    ) -> list[ray.ObjectRef]:
+        """Futures of the broadcast from rank 0 (await together with the engines' receive futures). ``kv_scales``
+        (NeMo-RL's trainer-calibrated FP8 KV-cache scales, sent with the weights) is refused."""
+        if kv_scales is not None:
+            raise UserInputError("broadcast_weights_for_collective: kv_scales: not supported yet: KV-cache scales")
         self._require_language_model("broadcast_weights_for_collective")
         return self.worker_group.run_all_workers_single_data(
             "broadcast_weights_for_collective", bucket_bytes=bucket_bytes
