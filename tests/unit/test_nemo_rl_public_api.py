@@ -56,6 +56,13 @@ NOT_NEMO_RL_NAMES: dict[str, str] = {
 # Present names whose parameters differ from NeMo-RL's on purpose: NeMo-RL's qualified name → why (docs/porting.md).
 # A difference that only extends NeMo-RL's (more optional parameters, a default for a required one) needs no entry.
 _SAVE_STATE = "every algorithm saves the one shared RunState"
+_ADVANTAGES_ON_GPU = (
+    "calculate_advantages_on_gpu is accepted at either value, not a field: the driver computes the advantages, the "
+    "same numbers either way"
+)
+_GENERATION_CLASSES = ("interfaces.GenerationInterface", "vllm.vllm_generation.VllmGeneration")
+_TAGS = "names the one argument it reads (tags) instead of *args, **kwargs"
+_NO_ARGUMENTS = "takes no arguments instead of *args, **kwargs"
 DELIBERATE: dict[str, str] = {
     **{f"nemo_rl.algorithms.{m}.{c}SaveState": _SAVE_STATE for m, c in (("sft", "SFT"), ("dpo", "DPO"), ("rm", "RM"))},
     "nemo_rl.algorithms.grpo.GRPOSaveState": _SAVE_STATE,
@@ -66,60 +73,35 @@ DELIBERATE: dict[str, str] = {
     "placement group per node keeps each node's workers on one machine",
     "nemo_rl.distributed.worker_groups.RayWorkerGroup": "env_vars defaults to None (no variables), not a shared "
     "mutable {}",
+    **{f"nemo_rl.algorithms.{m}.{c}Config": _ADVANTAGES_ON_GPU for m, c in (("grpo", "GRPO"), ("ppo", "PPO"))},
+    "nemo_rl.algorithms.grpo.validate": "validate(run) rolls out the run's validation prompts and returns the "
+    "metrics; NeMo-RL's form from separate parts is not built",
+    "nemo_rl.algorithms.loss.interfaces.LossFunction": "a loss declares accepts_token_logprobs and takes the logits "
+    "or token logprobs as its first argument, not NeMo-RL's input_type keyword inputs",
+    "nemo_rl.data.DataConfig": "one data section per algorithm: add_bos, add_eos and add_generation_prompt are SFT's "
+    "(SFTDataConfig); several dataloaders (num_prompts_per_dataloader, custom_dataloader) not built: refused by name",
+    "nemo_rl.environments.code_environment.CodeEnvConfig": "scores a program against its tests in one turn, which "
+    "ends the episode: terminate_on_evaluation true is accepted, false (multi-turn execution) refused by name",
+    "nemo_rl.environments.math_environment.MathEnvConfig": "stop_strings and verifier_type (multiple-choice "
+    "verifiers) not built: refused by name unless null (verifier_type: also math)",
+    "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration": "takes the model to serve as its third "
+    "argument (NeMo-RL reads config['model_name']); workers_per_node and defer_model_load not built",
+    **{f"nemo_rl.models.generation.{c}.prepare_for_generation": _TAGS for c in _GENERATION_CLASSES},
+    **{f"nemo_rl.models.generation.{c}.finish_generation": _NO_ARGUMENTS for c in _GENERATION_CLASSES},
+    **{
+        f"nemo_rl.models.policy.{c}.{m}": _NO_ARGUMENTS
+        for c in ("interfaces.PolicyInterface", "lm_policy.Policy")
+        for m in ("prepare_for_training", "finish_training")
+    },
+    "nemo_rl.models.policy.lm_policy.Policy.prepare_for_lp_inference": _NO_ARGUMENTS,
+    "nemo_rl.models.policy.interfaces.PolicyInterface.save_checkpoint": "names its parameters (Policy.save_checkpoint's) "
+    "instead of *args, **kwargs",
+    "nemo_rl.utils.checkpoint.CheckpointingConfig": "NeMo Automodel and Megatron-Bridge keys (model_cache_dir, "
+    "model_repo_id, is_peft, peft_config, is_async, pretrained_checkpoint) not built: refused by name when on",
 }
 
 # Present names whose parameters differ and should not (issue 53): fix one, then remove it here.
-NOT_YET_MATCHED: frozenset[str] = frozenset(
-    {
-        "nemo_rl.algorithms.grpo.GRPOConfig",
-        "nemo_rl.algorithms.grpo.validate",
-        "nemo_rl.algorithms.logits_sampling_utils.TrainingSamplingParams",
-        "nemo_rl.algorithms.loss.interfaces.LossFunction",
-        "nemo_rl.algorithms.loss.loss_functions.DPOLossFn",
-        "nemo_rl.algorithms.loss.loss_functions.NLLLossFn",
-        "nemo_rl.algorithms.loss.utils.prepare_loss_input",
-        "nemo_rl.algorithms.ppo.PPOConfig",
-        "nemo_rl.data.DataConfig",
-        "nemo_rl.data.llm_message_utils.get_formatted_message_log",
-        "nemo_rl.distributed.worker_groups.MultiWorkerFuture",
-        "nemo_rl.distributed.worker_groups.RayWorkerGroup.shutdown",
-        "nemo_rl.environments.code_environment.CodeEnvConfig",
-        "nemo_rl.environments.code_environment.CodeEnvironment.step",
-        "nemo_rl.environments.math_environment.MathEnvConfig",
-        "nemo_rl.environments.math_environment.MathEnvironment.step",
-        "nemo_rl.environments.reward_model_environment.RewardModelEnvironment",
-        "nemo_rl.environments.reward_model_environment.RewardModelEnvironment.step",
-        "nemo_rl.experience.rollouts.run_multi_turn_rollout",
-        "nemo_rl.models.generation.interfaces.GenerationInterface.finish_generation",
-        "nemo_rl.models.generation.interfaces.GenerationInterface.init_collective",
-        "nemo_rl.models.generation.interfaces.GenerationInterface.prepare_for_generation",
-        "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration",
-        "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration.finish_generation",
-        "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration.init_collective",
-        "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration.prepare_for_generation",
-        "nemo_rl.models.policy.interfaces.PolicyInterface.finish_training",
-        "nemo_rl.models.policy.interfaces.PolicyInterface.get_logprobs",
-        "nemo_rl.models.policy.interfaces.PolicyInterface.get_reference_policy_logprobs",
-        "nemo_rl.models.policy.interfaces.PolicyInterface.get_topk_logits",
-        "nemo_rl.models.policy.interfaces.PolicyInterface.prepare_for_training",
-        "nemo_rl.models.policy.interfaces.PolicyInterface.save_checkpoint",
-        "nemo_rl.models.policy.interfaces.PolicyInterface.train",
-        "nemo_rl.models.policy.lm_policy.Policy",
-        "nemo_rl.models.policy.lm_policy.Policy.broadcast_weights_for_collective",
-        "nemo_rl.models.policy.lm_policy.Policy.finish_training",
-        "nemo_rl.models.policy.lm_policy.Policy.get_logprobs",
-        "nemo_rl.models.policy.lm_policy.Policy.get_reference_policy_logprobs",
-        "nemo_rl.models.policy.lm_policy.Policy.get_topk_logits",
-        "nemo_rl.models.policy.lm_policy.Policy.init_collective",
-        "nemo_rl.models.policy.lm_policy.Policy.prepare_for_lp_inference",
-        "nemo_rl.models.policy.lm_policy.Policy.prepare_for_training",
-        "nemo_rl.models.policy.lm_policy.Policy.save_checkpoint",
-        "nemo_rl.models.policy.lm_policy.Policy.train",
-        "nemo_rl.utils.checkpoint.CheckpointManager",
-        "nemo_rl.utils.checkpoint.CheckpointManager.finalize_checkpoint",
-        "nemo_rl.utils.checkpoint.CheckpointingConfig",
-    }
-)
+NOT_YET_MATCHED: frozenset[str] = frozenset()
 
 
 class Row(NamedTuple):
