@@ -22,7 +22,7 @@ from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.config import TokenizerConfig
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import check_at_least, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig, check_no_samples_to_print
 
 
@@ -153,6 +153,7 @@ class EvalDataConfig:
         return DATASET_ENVIRONMENTS.get(self.dataset_name, "math")
 
 
+@takes_extra_keys  # NeMo-RL's run_eval.py builds it as MasterConfig(**config); setup names a key it does not know
 @dataclass
 class EvalMasterConfig:
     """Everything an evaluation reads; each section is validated by its own schema."""

@@ -219,6 +219,13 @@ def test_setup_refuses_a_bad_key_in_one_line_before_any_engine(tmp_path, no_engi
     assert "cluster_down" not in no_engines
 
 
+def test_an_unknown_top_level_key_is_kept_then_refused_in_one_line(tmp_path, no_engines):
+    config = MasterConfig(**nemo_rl_eval_config(problems_file(tmp_path / "p.jsonl")), evall={"seed": 1})
+    assert config.evall == {"seed": 1}  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"^evall: unknown key \(did you mean eval\?\)$"):
+        setup(config, object(), prompts(2))
+
+
 def test_run_env_eval_prints_nemo_rl_s_pass_at_k_and_shuts_down(tmp_path, no_engines, monkeypatch, capsys):
     """2 problems x 2 samples in batches of one problem: pass@1 = 1/2 + 1 summed, 0.75 the mean."""
     config = nemo_rl_eval_config(problems_file(tmp_path / "p.jsonl"), num_tests_per_prompt=2, save_path=None)
