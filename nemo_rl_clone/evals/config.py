@@ -170,13 +170,16 @@ class EvalMasterConfig:
     def check(self) -> list[tuple[str, str]]:
         problems = []
         n = self.eval.num_tests_per_prompt
-        if self.generation.temperature == 0 and n > 1:
+        greedy = (
+            "temperature=0" if self.generation.temperature == 0 else "top_k=1" if self.generation.top_k == 1 else ""
+        )
+        if greedy and n > 1:
             # Greedy decoding gives the same answer n times: pass@k would equal pass@1 at n times the cost.
             problems.append(
                 (
                     "eval.num_tests_per_prompt",
-                    f"{n} samples per problem with generation.temperature=0 (greedy) are {n} copies of one answer; "
-                    "set generation.temperature > 0, or num_tests_per_prompt=1",
+                    f"{n} samples per problem with generation.{greedy} (greedy) are {n} copies of one answer; "
+                    "set generation.temperature > 0 and top_k != 1, or num_tests_per_prompt=1",
                 )
             )
         max_model_len = self.generation.vllm_cfg.max_model_len

@@ -219,6 +219,13 @@ def test_setup_refuses_a_bad_key_in_one_line_before_any_engine(tmp_path, no_engi
     assert "cluster_down" not in no_engines
 
 
+def test_several_greedy_samples_are_refused_as_nemo_rl_asserts(tmp_path, no_engines):
+    config = nemo_rl_eval_config(problems_file(tmp_path / "p.jsonl"), num_tests_per_prompt=2)
+    config["generation"]["top_k"] = 1
+    with pytest.raises(ConfigError, match=r"eval.num_tests_per_prompt: 2 samples .* generation.top_k=1 \(greedy\)"):
+        setup(MasterConfig(**config), object(), prompts(2))
+
+
 def test_an_unknown_top_level_key_is_kept_then_refused_in_one_line(tmp_path, no_engines):
     config = MasterConfig(**nemo_rl_eval_config(problems_file(tmp_path / "p.jsonl")), evall={"seed": 1})
     assert config.evall == {"seed": 1}  # type: ignore[attr-defined]
