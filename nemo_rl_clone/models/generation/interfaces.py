@@ -74,7 +74,7 @@ class GenerationInterface(ABC):
         (colocated refit); raises `RefitError`, old weights kept, when it does not fit."""
 
     @abstractmethod
-    def init_collective(self, ip: str, port: int, world_size: int, timeout_s: float = 300.0) -> list[ray.ObjectRef]:
+    def init_collective(self, ip: str, port: int, world_size: int, *, timeout_s: float = 300.0) -> list[ray.ObjectRef]:
         """Join the weight-transfer group at ``ip:port`` whose rank 0 is train rank 0 (non-colocated refit); returns
         the engines' futures, to be awaited together with the trainer's."""
 
