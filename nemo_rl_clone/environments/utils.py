@@ -11,9 +11,18 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from nemo_rl_clone.utils.registry import Registry
+
+
+class EnvRegistryEntry(TypedDict, total=False):
+    """NeMo-RL's shape of one environment registry entry: the actor class's ``"pkg.mod.Cls"`` and, optionally, the
+    processor its data uses by default."""
+
+    actor_class_fqn: str
+    default_processor: NotRequired[str]
+
 
 # Environment name (the ``env.<name>`` config section and a sample's ``task_name``) -> actor class.
 ENVIRONMENT_REGISTRY: Registry[Any] = Registry("environment", "env")
@@ -88,3 +97,14 @@ def create_env(env_name: str, env_config: Any) -> Any:
     if python != sys.executable:
         options["runtime_env"] = {"py_executable": python}
     return actor_cls.options(**options).remote(actor_cfg)
+
+
+def chunk_list_to_workers(to_chunk: list[Any], num_workers: int) -> list[list[Any]]:
+    """``to_chunk`` split, in order, into consecutive chunks of ``ceil(len / num_workers)`` items (NeMo-RL's split of
+    a batch over verifier workers): ``[1, 2, 3, 4, 5]`` over 3 is ``[[1, 2], [3, 4], [5]]``. With no more items than
+    workers each item is its own chunk and the remaining workers get empty lists; with more, fewer than
+    ``num_workers`` chunks can come back (``[1, 2, 3, 4]`` over 3 is ``[[1, 2], [3, 4]]``)."""
+    if len(to_chunk) <= num_workers:
+        return [[item] for item in to_chunk] + [[] for _ in range(num_workers - len(to_chunk))]
+    chunk_size = -(-len(to_chunk) // num_workers)
+    return [list(to_chunk[start : start + chunk_size]) for start in range(0, len(to_chunk), chunk_size)]
