@@ -23,6 +23,11 @@ It returns ``[B, S]`` token-level advantages. The built-in estimators:
 - ``gdpo``: several rewards per sample (the batch's ``reward1``, ``reward2``, …): each is turned into a ``grpo``
   advantage on its own, the advantages are summed, and the sum is normalised over the batch to mean 0 and
   (unbiased) std 1.
+
+NeMo-RL's PPO estimators are here under its names too, returning ``(advantages, returns)`` as there:
+`RawRewardAdvantageEstimator` (returns None) and `GeneralizedAdvantageEstimator`, GAE of
+`nemo_rl_clone.algorithms.ppo.gae` (the one PPO trains with). ``OPDAdvantageEstimator`` (on-policy distillation
+inside GRPO) is refused by name.
 """
 
 from __future__ import annotations
@@ -32,10 +37,14 @@ from typing import Any, Protocol
 
 import torch
 
+from nemo_rl_clone.algorithms.ppo.config import GAEConfig
+from nemo_rl_clone.algorithms.ppo.gae import compute_advantages_and_returns
 from nemo_rl_clone.environments.interfaces import reward_component_keys
+from nemo_rl_clone.utils.config_validation import ConfigError, as_config
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.imports import import_by_path
 from nemo_rl_clone.utils.registry import Registry, is_import_path
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 EPSILON = 1e-6  # added to a std before dividing (NeMo-RL's)
 
@@ -171,6 +180,66 @@ class GDPOAdvantageEstimator:
         return (centred / spread if spread > 0 else centred)[:, None].expand(mask.shape)
 
 
+class RawRewardAdvantageEstimator:
+    """NeMo-RL's ``raw_reward``: the reward itself as every token's advantage (no baseline, no critic), with
+    ``normalize_advantages`` whitened over the tokens ``mask`` keeps: (a − mean) / sqrt(max(var, 1e-8)), the
+    population variance."""
+
+    def __init__(self, estimator_config: Mapping[str, Any], loss_config: Any) -> None:
+        self.normalize_advantages = bool(_switch(estimator_config, "normalize_advantages", True))
+
+    def compute_advantage(
+        self, prompt_ids: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor, **kwargs: Any
+    ) -> tuple[torch.Tensor, None]:
+        advantages = rewards[:, None].expand(mask.shape)
+        if self.normalize_advantages:
+            weights = mask.to(advantages.dtype)
+            count = weights.sum().clamp(min=1)
+            mean = (advantages * weights).sum() / count
+            var = ((advantages - mean).square() * weights).sum() / count
+            advantages = (advantages - mean) * var.clamp(min=1e-8).rsqrt()
+        return advantages, None
+
+
+def _loss_setting(loss_config: Any, key: str) -> Any:
+    if isinstance(loss_config, Mapping):
+        return loss_config.get(key)
+    return getattr(loss_config, key, None)
+
+
+class GeneralizedAdvantageEstimator:
+    """NeMo-RL's GAE estimator: ``estimator_config`` is PPO's ``ppo.adv_estimator`` section (a dict or `GAEConfig`:
+    ``gae_lambda``, ``gae_gamma``, ``normalize_advantages``, ``gae_lambda_value``, ``gae_lambda_policy``,
+    ``length_adaptive_alpha``), computed by `compute_advantages_and_returns`."""
+
+    def __init__(self, estimator_config: Mapping[str, Any] | GAEConfig, loss_config: Any) -> None:
+        config = as_config(estimator_config, GAEConfig, "adv_estimator")
+        problems = [f"adv_estimator.{key}: {message}" for key, message in config.check()]
+        if problems:  # a dict was checked by as_config; a GAEConfig built in code is checked here
+            raise ConfigError(problems)
+        if _loss_setting(loss_config, "use_kl_in_reward"):
+            raise UserInputError(
+                "loss_fn.use_kl_in_reward: not supported yet: the KL penalty is a loss term here "
+                "(reference_policy_kl_penalty); set it to false"
+            )
+        self.config = config
+
+    def compute_advantage(
+        self,
+        prompt_ids: torch.Tensor,
+        rewards: torch.Tensor,
+        mask: torch.Tensor,
+        values: torch.Tensor,
+        reference_logprobs: torch.Tensor | None = None,
+        logprobs: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, returns), both ``[B, S]``: ``rewards`` ``[B]`` on each row's last ``mask`` token, ``values``
+        ``[B, S]`` the critic's. Both are 0 outside ``mask`` (NeMo-RL's returns hold values there; nothing reads
+        them)."""
+        return compute_advantages_and_returns(self.config, rewards, values, mask)
+
+
 ESTIMATORS: Registry[type] = Registry("advantage estimator", "grpo.adv_estimator.name")
 ESTIMATORS.register("grpo", GRPOAdvantageEstimator)
 ESTIMATORS.register("rloo", RLOOAdvantageEstimator)
@@ -185,3 +254,13 @@ def estimator_class(name: str) -> type:
         return ESTIMATORS.resolve(name)
     found: type = import_by_path(name)
     return found
+
+
+__getattr__ = refusing_getattr(
+    __name__,
+    {
+        "OPDAdvantageEstimator": (
+            "on-policy distillation inside GRPO (distillation is its own run: examples/run_distillation_math.py)"
+        )
+    },
+)

@@ -3,10 +3,13 @@
 
 from nemo_rl_clone.contract.sampling import (
     NO_TIE_CUTOFF,
+    TOP_K_TOP_P_CHUNK_SIZE,
     TieRule,
     TrainingSamplingParams,
+    apply_top_k_top_p,
     keep_boundary,
     kept_tokens,
+    need_top_k_or_top_p_filtering,
     processed_logits,
     scale,
     threshold_from_candidates,
@@ -16,10 +19,13 @@ from nemo_rl_clone.contract.sampling import (
 
 __all__ = [
     "NO_TIE_CUTOFF",
+    "TOP_K_TOP_P_CHUNK_SIZE",
     "TieRule",
     "TrainingSamplingParams",
+    "apply_top_k_top_p",
     "keep_boundary",
     "kept_tokens",
+    "need_top_k_or_top_p_filtering",
     "processed_logits",
     "scale",
     "threshold_from_candidates",

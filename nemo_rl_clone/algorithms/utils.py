@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import warnings
 from collections.abc import Callable, Mapping
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
+
+from nemo_rl_clone.environments.interfaces import reward_component_keys
 
 # Step metrics live with the rollout machinery; NeMo-RL's module offers them here too.
 from nemo_rl_clone.rollout.metrics import combine_batches as combine_batches
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
     from nemo_rl_clone.models.policy.config import TokenizerConfig
 
 log = logging.getLogger(__name__)
+# NeMo-RL's name: a batch's reward components (reward1, reward2, ...) in number order, which GDPO reads
+get_gdpo_reward_component_keys = reward_component_keys
 F = TypeVar("F", bound=Callable[..., Any])
 KL_TYPES = ("k1", "k2", "k3")
 
@@ -59,6 +64,24 @@ def masked_mean(
         denominator = torch.as_tensor(global_normalization_factor, dtype=total.dtype, device=total.device)
     safe_denominator = torch.where(denominator != 0, denominator, torch.ones_like(denominator))
     return torch.where(denominator != 0, total / safe_denominator, torch.zeros_like(total))
+
+
+def masked_var(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mean: torch.Tensor | float | None = None,
+    unbiased: bool = True,
+) -> torch.Tensor:
+    """Variance of ``values`` over the positions where ``mask`` is non-zero (all of them reduced to a 0-dim tensor),
+    around ``mean`` (default: their `masked_mean`); ``unbiased`` multiplies by n/(n − 1), n = Σ mask, as NeMo-RL
+    does (so one position gives NaN, as there)."""
+    if mean is None:
+        mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean).square(), mask)
+    if unbiased:
+        count = mask.sum().to(variance.dtype)
+        variance = variance * (count / (count - 1))
+    return variance
 
 
 def calculate_kl(
@@ -180,6 +203,25 @@ def mask_out_neg_inf_logprobs(logprobs: torch.Tensor, mask: torch.Tensor, logpro
             logprobs_name,
         )
     return torch.where(mask.bool() & ~infinite, logprobs, torch.zeros_like(logprobs))
+
+
+def maybe_pad_last_batch(batch: Any, dp_size: int, mbs: int) -> Any:
+    """``batch`` (a `BatchedDataDict`) grown in place to a multiple of ``mbs * dp_size`` rows, NeMo-RL's padding of a
+    short last validation batch: the added rows repeat the last row's ``input_ids``, ``input_lengths`` and, where
+    present, ``token_mask`` and ``reference_policy_logprobs``, and get ``sample_mask`` 0, so they count nowhere.
+    Other keys are left as they are. Returns ``batch``."""
+    size = batch.size
+    missing = math.ceil(size / (mbs * dp_size)) * mbs * dp_size - size
+    if missing <= 0:
+        return batch
+    log.info("padding the last validation batch with %d masked samples", missing)
+    for key in ("input_ids", "input_lengths", "token_mask", "reference_policy_logprobs"):
+        if key in batch:
+            last = batch[key][-1:]
+            batch[key] = torch.cat([batch[key], last.expand(missing, *last.shape[1:])])
+    sample_mask = batch["sample_mask"]
+    batch["sample_mask"] = torch.cat([sample_mask, sample_mask.new_zeros((missing, *sample_mask.shape[1:]))])
+    return batch
 
 
 def set_seed(seed: int) -> None:

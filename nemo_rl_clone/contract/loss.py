@@ -23,6 +23,18 @@ class LossType(enum.Enum):
     SEQUENCE_LEVEL = "sequence_level"
 
 
+class LossInputType(enum.Enum):
+    """NeMo-RL's kinds of loss input. Here a loss's ``accepts_token_logprobs`` says what it gets (`TokenLogprobs`
+    for LOGPROB, the logits for LOGIT and DISTILLATION); the CROSS_TOKENIZER and DRAFT kinds are of features not
+    built here (cross-tokenizer distillation, EAGLE draft models)."""
+
+    LOGIT = "logit"
+    LOGPROB = "logprob"
+    DISTILLATION = "distillation"
+    DISTILLATION_CROSS_TOKENIZER = "distillation_cross_tokenizer"
+    DRAFT = "draft"
+
+
 @dataclass(frozen=True)
 class TokenLogprobs:
     """What a policy hands a loss instead of ``next_token_logits`` when the loss declares

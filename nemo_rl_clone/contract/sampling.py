@@ -239,3 +239,37 @@ def processed_logits(
         threshold, cutoff = vocab_parallel_keep_boundary(flat, params, group, vocab_start)
     keep = kept_tokens(flat, threshold, cutoff, targets.reshape(-1), vocab_start).reshape(scaled.shape)
     return scaled.masked_fill(~keep, -torch.inf)
+
+
+TOP_K_TOP_P_CHUNK_SIZE = 256  # rows filtered at a time by `apply_top_k_top_p` (NeMo-RL's default)
+
+
+def need_top_k_or_top_p_filtering(sampling_params: TrainingSamplingParams | None) -> bool:
+    """NeMo-RL's test of whether a sampler's settings drop tokens: ``top_k`` set and > 0, or ``top_p`` set and not
+    1.0 (None: no settings, False). Reads only ``.top_k`` and ``.top_p``, so NeMo-RL's own params object works."""
+    if sampling_params is None:
+        return False
+    top_k, top_p = sampling_params.top_k, sampling_params.top_p
+    return (top_k is not None and top_k > 0) or (top_p is not None and top_p != 1.0)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: int | None, top_p: float, chunk_size: int | None = TOP_K_TOP_P_CHUNK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """NeMo-RL's filter: ``(filtered, keep)`` for ``logits`` ``[..., V]`` (not divided by a temperature), the dropped
+    tokens set to −inf and ``keep`` the bool mask of the kept ones; ``(logits, None)`` when neither filter applies
+    (``top_k`` None or ≤ 0, ``top_p`` 1). The rule is this module's (`keep_boundary`, "keep_all" ties); dropped
+    tokens get no gradient. ``chunk_size`` rows are filtered at a time (None: all at once)."""
+    top_k = top_k if top_k is not None and top_k > 0 else None
+    params = TrainingSamplingParams(top_k=top_k, top_p=1.0 if top_p is None else top_p)
+    if not need_top_k_or_top_p_filtering(params):
+        return logits, None
+    rows = logits.detach().float().reshape(-1, logits.shape[-1])
+    step = chunk_size or max(rows.shape[0], 1)
+    kept = []
+    for chunk in rows.split(step):
+        threshold, cutoff = keep_boundary(chunk, params)
+        # the top token is always kept, so passing it as the target adds nothing to the filters' set
+        kept.append(kept_tokens(chunk, threshold, cutoff, chunk.argmax(dim=-1)))
+    keep = torch.cat(kept).reshape(logits.shape) if kept else torch.ones_like(logits, dtype=torch.bool)
+    return logits.masked_fill(~keep, -torch.inf), keep

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor as Tensor  # NeMo-RL's module offers it too
 
 from nemo_rl_clone.algorithms.loss.common import Metrics, masked_diff, masks, require_keys, shifted
 from nemo_rl_clone.algorithms.loss.configs import (
@@ -49,6 +50,8 @@ from nemo_rl_clone.algorithms.utils import calculate_kl, masked_mean
 from nemo_rl_clone.contract.loss import LossType, TokenLogprobs
 from nemo_rl_clone.contract.loss_input import policy_logprobs
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 __all__ = [
     "ClippedPGLossConfig",
@@ -337,3 +340,33 @@ class ClippedPGLossFn:
             return masked_mean(per_token, mask, global_normalization_factor=global_valid_toks)
         per_sequence = masked_mean(per_token, token_mask, dim=-1)
         return masked_mean(per_sequence, sample_mask, global_normalization_factor=global_valid_seqs)
+
+
+_DRAFT = "training a speculative-decoding (EAGLE) draft model"
+_XTOKEN = "off-policy (cross-tokenizer) distillation from a teacher's stored outputs"
+_refused = refusing_getattr(
+    __name__,
+    {
+        **dict.fromkeys(
+            ("DraftCrossEntropyLossConfig", "DraftCrossEntropyLossDataDict", "DraftCrossEntropyLossFn"), _DRAFT
+        ),
+        **dict.fromkeys(
+            (
+                "CrossTokenizerDistillationLossConfig",
+                "CrossTokenizerDistillationLossDataDict",
+                "CrossTokenizerDistillationLossFn",
+            ),
+            _XTOKEN,
+        ),
+    },
+)
+# PPO's critic loss lives with PPO, which imports this package: loaded on first use
+_ppo_value_loss = lazy_getattr(
+    "nemo_rl_clone.algorithms.ppo", {"MseValueLossFn": "value_loss", "MseValueLossConfig": "config"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("MseValueLossFn", "MseValueLossConfig"):
+        return _ppo_value_loss(name)
+    return _refused(name)

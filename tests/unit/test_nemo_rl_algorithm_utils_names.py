@@ -1,0 +1,149 @@
+"""NeMo-RL v0.7.0's algorithm helpers at its paths (issue 53): ``algorithms.utils``, ``advantage_estimator``,
+``logits_sampling_utils`` and ``loss``; hand-computed values on tiny inputs, NeMo-RL's behaviour."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nemo_rl_clone.algorithms import advantage_estimator as estimators
+from nemo_rl_clone.algorithms.logits_sampling_utils import apply_top_k_top_p, need_top_k_or_top_p_filtering
+from nemo_rl_clone.algorithms.loss import loss_functions
+from nemo_rl_clone.algorithms.loss.interfaces import LossInputType
+from nemo_rl_clone.algorithms.ppo.config import GAEConfig
+from nemo_rl_clone.algorithms.utils import get_gdpo_reward_component_keys, masked_var, maybe_pad_last_batch
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.utils.config_validation import ConfigError
+from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.unsupported_modules import UnsupportedFeatureError
+
+
+def test_gdpo_reward_component_keys_in_number_order() -> None:
+    batch = {"reward10": 0, "reward2": 0, "reward1": 0, "rewards": 0, "reward": 0, "xreward3": 0, "reward2a": 0}
+    assert get_gdpo_reward_component_keys(batch) == ["reward1", "reward2", "reward10"]  # not "reward10" < "reward2"
+
+
+def test_masked_var_unbiased_biased_and_given_mean() -> None:
+    values = torch.tensor([1.0, 2.0, 3.0, 100.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    assert masked_var(values, mask).item() == pytest.approx(1.0)  # Σ(x − 2)² / (3 − 1)
+    assert masked_var(values, mask, unbiased=False).item() == pytest.approx(2 / 3)
+    assert masked_var(values, mask, mean=0.0).item() == pytest.approx(14 / 3 * 3 / 2)
+
+
+def test_maybe_pad_last_batch_pads_masked_copies_of_the_last_row() -> None:
+    batch = BatchedDataDict(
+        input_ids=torch.tensor([[1, 2], [3, 4], [5, 6]]),
+        input_lengths=torch.tensor([2, 2, 1]),
+        token_mask=torch.tensor([[0, 1], [0, 1], [1, 0]]),
+        sample_mask=torch.tensor([1.0, 1.0, 1.0]),
+    )
+    padded = maybe_pad_last_batch(batch, dp_size=2, mbs=2)
+    assert padded is batch and padded.size == 4
+    assert padded["input_ids"].tolist() == [[1, 2], [3, 4], [5, 6], [5, 6]]
+    assert padded["input_lengths"].tolist() == [2, 2, 1, 1]
+    assert padded["token_mask"][-1].tolist() == [1, 0]
+    assert padded["sample_mask"].tolist() == [1.0, 1.0, 1.0, 0.0]  # the copy trains nothing
+    assert maybe_pad_last_batch(padded, dp_size=2, mbs=1).size == 4  # already a multiple
+
+
+@pytest.mark.parametrize(
+    ("top_k", "top_p", "expected"),
+    [(None, 1.0, False), (-1, 1.0, False), (0, 1.0, False), (2, 1.0, True), (None, 0.9, True), (None, None, False)],
+)
+def test_need_top_k_or_top_p_filtering(top_k: int | None, top_p: float | None, expected: bool) -> None:
+    assert need_top_k_or_top_p_filtering(SimpleNamespace(top_k=top_k, top_p=top_p)) is expected
+    assert need_top_k_or_top_p_filtering(None) is False
+
+
+def test_apply_top_k_top_p_keeps_nemo_rls_sets() -> None:
+    logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().reshape(1, 1, 4)
+    filtered, keep = apply_top_k_top_p(logits, top_k=2, top_p=1.0)
+    assert keep is not None and keep.tolist() == [[[False, False, True, True]]]
+    assert torch.isinf(filtered[..., :2]).all() and torch.equal(filtered[..., 2:], logits[..., 2:])
+    assert apply_top_k_top_p(logits, top_k=None, top_p=0.5)[1].tolist() == [[[False, False, True, True]]]
+    # top-p over the renormalised top-3 (0.22, 0.33, 0.44): the mass above token 2 is 0.44 ≥ 0.42, so it goes;
+    # over the unrenormalised probabilities it would be 0.4 and stay
+    assert apply_top_k_top_p(logits, top_k=3, top_p=0.42, chunk_size=1)[1].tolist() == [[[False, False, False, True]]]
+    same, none = apply_top_k_top_p(logits, top_k=-1, top_p=1.0)
+    assert same is logits and none is None
+
+
+def test_apply_top_k_top_p_gives_dropped_tokens_no_gradient() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]], requires_grad=True)
+    filtered, keep = apply_top_k_top_p(logits, top_k=2, top_p=1.0, chunk_size=1)
+    filtered.log_softmax(dim=-1)[:, 0].sum().backward()
+    assert logits.grad is not None and keep is not None
+    assert (logits.grad[~keep] == 0).all() and (logits.grad[keep] != 0).all()
+
+
+def test_loss_names() -> None:
+    assert [member.value for member in LossInputType] == [
+        "logit",
+        "logprob",
+        "distillation",
+        "distillation_cross_tokenizer",
+        "draft",
+    ]
+    assert loss_functions.Tensor is torch.Tensor
+    config = loss_functions.MseValueLossConfig(scale=2.0, cliprange=None)
+    loss_fn = loss_functions.MseValueLossFn(config)
+    values = torch.tensor([[1.0, 3.0]])
+    data = {
+        "returns": torch.tensor([[2.0, 0.0]]),
+        "values": torch.tensor([[1.0, 3.0]]),
+        "token_mask": torch.tensor([[1.0, 0.0]]),
+        "sample_mask": torch.tensor([1.0]),
+    }
+    loss, _ = loss_fn(values, data, torch.tensor(1.0), torch.tensor(1.0))
+    assert loss.item() == pytest.approx(0.5 * 2.0 * 1.0)  # ½ · scale · (1 − 2)², the masked token ignored
+    for name, feature in (
+        ("DraftCrossEntropyLossFn", "draft"),
+        ("CrossTokenizerDistillationLossFn", "cross-tokenizer"),
+    ):
+        with pytest.raises(UnsupportedFeatureError, match=feature):
+            getattr(loss_functions, name)
+
+
+def test_raw_reward_advantages() -> None:
+    rewards = torch.tensor([1.0, 3.0])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    plain, returns = estimators.RawRewardAdvantageEstimator({"normalize_advantages": False}, None).compute_advantage(
+        torch.tensor([0, 1]), rewards, mask
+    )
+    assert returns is None and plain.tolist() == [[1.0, 1.0], [3.0, 3.0]]
+    whitened, _ = estimators.RawRewardAdvantageEstimator({"normalize_advantages": True}, None).compute_advantage(
+        torch.tensor([0, 1]), rewards, mask
+    )
+    # kept tokens 1, 1, 3: mean 5/3, population variance 8/9
+    low, high = -1 / math.sqrt(2), math.sqrt(2)
+    assert whitened.tolist() == [[pytest.approx(low), pytest.approx(low)], [pytest.approx(high), pytest.approx(high)]]
+
+
+def test_generalized_advantage_estimator() -> None:
+    config = {"gae_lambda": 1.0, "gae_gamma": 1.0, "normalize_advantages": False}
+    config |= {"gae_lambda_value": None, "gae_lambda_policy": None, "length_adaptive_alpha": 0.0}
+    values = torch.tensor([[0.5, 0.25, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    estimator = estimators.GeneralizedAdvantageEstimator(config, {"use_kl_in_reward": False})
+    advantages, returns = estimator.compute_advantage(torch.tensor([0]), torch.tensor([1.0]), mask, values)
+    # reward on the last response token: δ1 = 1 − 0.25, δ0 = 0.25 − 0.5; A0 = δ0 + δ1
+    assert advantages.tolist() == [[0.5, 0.75, 0.0]] and returns.tolist() == [[1.0, 1.0, 0.0]]
+    one_step = estimators.GeneralizedAdvantageEstimator(config | {"gae_lambda": 0.0}, None)
+    assert one_step.compute_advantage(torch.tensor([0]), torch.tensor([1.0]), mask, values)[0].tolist() == [
+        [-0.25, 0.75, 0.0]
+    ]
+    with pytest.raises(ConfigError, match=r"adv_estimator\.gae_lambda"):
+        estimators.GeneralizedAdvantageEstimator(config | {"gae_lambda": 2.0}, None)
+    with pytest.raises(ConfigError, match=r"adv_estimator\.gae_gamma"):
+        estimators.GeneralizedAdvantageEstimator(GAEConfig(gae_gamma=-1.0), None)
+    with pytest.raises(UserInputError, match="use_kl_in_reward"):
+        estimators.GeneralizedAdvantageEstimator(config, SimpleNamespace(use_kl_in_reward=True))
+
+
+def test_opd_estimator_is_refused_by_name() -> None:
+    with pytest.raises(UnsupportedFeatureError, match="on-policy distillation"):
+        from nemo_rl_clone.algorithms.advantage_estimator import OPDAdvantageEstimator  # noqa: F401
