@@ -4,15 +4,21 @@ overlong penalty). Shapes: ``[B]`` rewards, one per sample."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from nemo_rl_clone.environments.interfaces import reward_component_keys
+from nemo_rl_clone.utils.config_sections import section_value
+from nemo_rl_clone.utils.errors import UserInputError
 
 if TYPE_CHECKING:
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-    from nemo_rl_clone.rollout.config import RewardedLoopConfig
+    from nemo_rl_clone.rollout.config import RewardedLoopConfig, RewardShapingConfig
+
+# NeMo-RL's name of a tensor type variable in this module.
+Tensor = TypeVar("Tensor", bound=torch.Tensor)
+_DAPO_KEYS = ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length")
 
 
 def scale_rewards(
@@ -53,7 +59,7 @@ def process_rewards(batch: BatchedDataDict, cfg: RewardedLoopConfig) -> tuple[to
     if cfg.reward_shaping.enabled:
         shaping = cfg.reward_shaping
         assert shaping.max_response_length is not None  # RewardShapingConfig.check requires it when enabled
-        lengths = torch.tensor([response_length(log) for log in batch["message_log"]])
+        lengths = response_lengths(batch)
         rewards = rewards + overlong_penalty(
             lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_buffer_penalty
         )
@@ -71,3 +77,41 @@ def accuracy_reward(batch: BatchedDataDict) -> torch.Tensor:
 def response_length(message_log: list[dict[str, Any]]) -> int:
     """Tokens a sample generated: its assistant messages' token ids, over all turns."""
     return sum(len(m["token_ids"]) for m in message_log if m["role"] == "assistant")
+
+
+def response_lengths(batch: BatchedDataDict) -> torch.Tensor:
+    """[B] tokens each sample generated: ``batch["response_token_lengths"]`` where the batch carries it (NeMo-RL's
+    key), else counted from the message logs (`response_length`)."""
+    given = batch.get("response_token_lengths")
+    if given is not None:
+        return torch.as_tensor(given)
+    return torch.tensor([response_length(log) for log in batch["message_log"]])
+
+
+def apply_reward_shaping(batch: BatchedDataDict, cfg: RewardShapingConfig | dict[str, Any]) -> BatchedDataDict:
+    """NeMo-RL's reward-shaping entry point: DAPO's overlong penalty (`overlong_penalty`) added to
+    ``batch["total_reward"]``, in place; returns ``batch``. ``cfg``: the ``reward_shaping`` section, a dict or the
+    typed section. Disabled: the batch as it was. Enabled: the rewards before shaping are kept as
+    ``batch["unshaped_total_reward"]`` (dynamic sampling judges those), and ``overlong_buffer_length``,
+    ``overlong_buffer_penalty`` (>= 0) and ``max_response_length`` are required."""
+    if not section_value(cfg, "enabled", False):
+        return batch
+    if section_value(cfg, "stop_properly_penalty_coef") is not None:
+        raise UserInputError(
+            "reward_shaping.stop_properly_penalty_coef: not supported yet: a penalty for responses that did not "
+            "stop; use the overlong buffer penalty, and set it to null"
+        )
+    missing = [key for key in _DAPO_KEYS if section_value(cfg, key) is None]
+    if missing:
+        raise UserInputError(*(f"reward_shaping.{key}: required when reward shaping is enabled" for key in missing))
+    buffer_length, penalty, max_length = (section_value(cfg, key) for key in _DAPO_KEYS)
+    if penalty < 0:
+        raise UserInputError(f"reward_shaping.overlong_buffer_penalty: must be >= 0, got {penalty}")
+    rewards = batch["total_reward"]
+    lengths = response_lengths(batch)
+    if len(lengths) != len(rewards):
+        raise UserInputError(f"batch: {len(lengths)} responses for {len(rewards)} rewards")
+    batch["unshaped_total_reward"] = rewards.clone()
+    shaped = rewards + overlong_penalty(lengths, int(max_length), int(buffer_length), float(penalty))
+    batch["total_reward"] = shaped.to(rewards.dtype)
+    return batch

@@ -76,13 +76,18 @@ def step_advantages(
     return advantages
 
 
-def mask_logprob_mismatch(train_data: BatchedDataDict, threshold: float) -> int:
-    """Zero ``sample_mask`` of the samples whose token_mult_prob_error (mean over their trainable tokens of
-    exp|lp_gen − lp_prev|) exceeds ``threshold``: the trainer and the generator disagree on them too much to trust
-    the importance ratios. Returns how many samples it masked (samples masked already are not counted)."""
+def sequence_mult_prob_error(train_data: BatchedDataDict) -> torch.Tensor:
+    """[B] each sample's token_mult_prob_error: the mean over its trainable tokens of exp|lp_gen − lp_prev| (1 is
+    exact agreement of the trainer and the generator; 0 for a sample without trainable tokens)."""
     token_mask = train_data["token_mask"][:, 1:]
     gap = (train_data["generation_logprobs"][:, 1:] - train_data["prev_logprobs"][:, 1:]).abs()
-    error = masked_mean(torch.where(token_mask > 0, gap, 0.0).exp(), token_mask, dim=-1)
-    drop = (error > threshold) & (train_data["sample_mask"] > 0)
+    return masked_mean(torch.where(token_mask > 0, gap, 0.0).exp(), token_mask, dim=-1)
+
+
+def mask_logprob_mismatch(train_data: BatchedDataDict, threshold: float) -> int:
+    """Zero ``sample_mask`` of the samples whose `sequence_mult_prob_error` exceeds ``threshold``: the trainer and
+    the generator disagree on them too much to trust the importance ratios. Returns how many samples it masked
+    (samples masked already are not counted)."""
+    drop = (sequence_mult_prob_error(train_data) > threshold) & (train_data["sample_mask"] > 0)
     train_data["sample_mask"] = torch.where(drop, 0.0, train_data["sample_mask"])
     return int(drop.sum())

@@ -1,30 +1,37 @@
 """The other names NeMo-RL v0.7.0's ``nemo_rl.algorithms.grpo`` offers its scripts (its NeMo-Gym example imports
-them all): the types its functions are annotated with, `refit_policy_generation` with NeMo-RL's parameters, and
-`_should_use_nemo_gym`. The types are this library's own classes; the functions are thin adapters on
-`nemo_rl_clone.rollout.refit` and the config."""
+them all): the types its functions are annotated with, its config sections, `refit_policy_generation` with NeMo-RL's
+parameters, and `_should_use_nemo_gym`. The types and sections are this library's own classes (a section given as
+NeMo-RL's dict is validated into them once, in ``setup``); the functions are thin adapters on
+`nemo_rl_clone.rollout.refit` and the config. Its batch helpers are `nemo_rl_batches`'."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
+from nemo_rl_clone.algorithms.grpo.config import AdvEstimatorConfig, AsyncGRPOConfig
 from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES
 from nemo_rl_clone.environments.interfaces import EnvironmentInterface
 from nemo_rl_clone.models.generation.interfaces import GenerationInterface
 from nemo_rl_clone.models.policy.interfaces import ColocatablePolicyInterface
 from nemo_rl_clone.rollout import refit
+from nemo_rl_clone.rollout.config import RewardScalingConfig
+from nemo_rl_clone.utils.config_sections import section_value
 from nemo_rl_clone.utils.errors import UserInputError
-from nemo_rl_clone.utils.logger import Logger
+from nemo_rl_clone.utils.logger import Logger, LoggerConfig
 from nemo_rl_clone.utils.timer import Timer
 
 __all__ = [
+    "AdvEstimatorConfig",
+    "AsyncGRPOConfig",
     "ColocatablePolicyInterface",
     "EnvironmentInterface",
+    "GRPOLoggerConfig",
     "GenerationInterface",
     "Logger",
+    "RewardScalingConfig",
     "StatefulDataLoader",
     "TokenizerType",
     "_should_use_nemo_gym",
@@ -32,6 +39,9 @@ __all__ = [
 ]
 
 TokenizerType = TypeVar("TokenizerType", bound=PreTrainedTokenizerBase)
+
+# NeMo-RL's GRPO logger section adds num_val_samples_to_print to its LoggerConfig; this library's has it.
+GRPOLoggerConfig = LoggerConfig
 
 # NeMo-RL's is torchdata's loader; GRPO's `setup` here returns this library's resumable prompt loader, which saves
 # and restores its position the same way (`state_dict` / `load_state_dict`).
@@ -72,19 +82,10 @@ def _should_use_nemo_gym(master_config: Any) -> bool:
     does, the generation section must run vLLM's async engine with its HTTP server exposed. ``master_config``: a
     `MasterConfig` (typed or with NeMo-RL's dict sections) or a dict. NeMo Gym itself is not built here: a config
     that asks for it is refused by name when it is validated (``env.should_use_nemo_gym: not supported yet``)."""
-    if not bool(_read(_read(master_config, "env"), "should_use_nemo_gym")):
+    if not bool(section_value(section_value(master_config, "env"), "should_use_nemo_gym")):
         return False
-    vllm_cfg = _read(_read(_read(master_config, "policy"), "generation"), "vllm_cfg")
+    vllm_cfg = section_value(section_value(section_value(master_config, "policy"), "generation"), "vllm_cfg")
     for key in ("async_engine", "expose_http_server"):
-        if not _read(vllm_cfg, key):
+        if not section_value(vllm_cfg, key):
             raise UserInputError(f"policy.generation.vllm_cfg.{key}: must be true to use NeMo-Gym")
     return True
-
-
-def _read(section: Any, key: str) -> Any:
-    """``section[key]`` of a dict section or a typed one; None where it is absent."""
-    if section is None:
-        return None
-    if isinstance(section, Mapping):
-        return section.get(key)
-    return getattr(section, key, None)
