@@ -65,7 +65,7 @@ _TAGS = "names the one argument it reads (tags) instead of *args, **kwargs"
 _NO_ARGUMENTS = "takes no arguments instead of *args, **kwargs"
 DELIBERATE: dict[str, str] = {
     **{f"nemo_rl.algorithms.{m}.{c}SaveState": _SAVE_STATE for m, c in (("sft", "SFT"), ("dpo", "DPO"), ("rm", "RM"))},
-    "nemo_rl.algorithms.grpo.GRPOSaveState": _SAVE_STATE,
+    **{f"nemo_rl.algorithms.{m}.{c}SaveState": _SAVE_STATE for m, c in (("grpo", "GRPO"), ("ppo", "PPO"))},
     "nemo_rl.distributed.batched_data_dict.BatchedDataDict": "a dict subclass (NeMo-RL: UserDict), built like a dict",
     "nemo_rl.distributed.batched_data_dict.BatchedDataDict.reorder_data": "spelled reordered_indices (NeMo-RL: "
     "reorded_indices); positional calls work either way",
@@ -74,8 +74,11 @@ DELIBERATE: dict[str, str] = {
     "nemo_rl.distributed.worker_groups.RayWorkerGroup": "env_vars defaults to None (no variables), not a shared "
     "mutable {}",
     **{f"nemo_rl.algorithms.{m}.{c}Config": _ADVANTAGES_ON_GPU for m, c in (("grpo", "GRPO"), ("ppo", "PPO"))},
-    "nemo_rl.algorithms.grpo.validate": "validate(run) rolls out the run's validation prompts and returns the "
-    "metrics; NeMo-RL's form from separate parts is not built",
+    **{
+        f"nemo_rl.algorithms.{m}.validate": "validate(run) rolls out the run's validation prompts and returns the "
+        "metrics; NeMo-RL's form from separate parts is not built"
+        for m in ("grpo", "ppo")
+    },
     "nemo_rl.algorithms.loss.interfaces.LossFunction": "a loss declares accepts_token_logprobs and takes the logits "
     "or token logprobs as its first argument, not NeMo-RL's input_type keyword inputs",
     "nemo_rl.data.DataConfig": "one data section per algorithm: add_bos, add_eos and add_generation_prompt are SFT's "
