@@ -99,3 +99,71 @@ def test_answer_parsing() -> None:
     assert ap.normalize_extracted_answer(" Ｃ ") == "C"
     assert ap.normalize_response("**Answer: $\\boxed{A}$**") == "Answer: A"
     assert ap.normalize_response("\\text{B}") == "B}"  # only "}$" closings go
+
+
+def test_verify_right_padding() -> None:
+    from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+    from nemo_rl_clone.models.generation.interfaces import verify_right_padding
+
+    ids = torch.tensor([[5, 6, 0], [7, 0, 0]])
+    good = BatchedDataDict({"input_ids": ids, "input_lengths": torch.tensor([2, 1])})
+    assert verify_right_padding(good) == (True, None)
+    left_padded = BatchedDataDict({"input_ids": torch.tensor([[0, 5, 6]]), "input_lengths": torch.tensor([2])})
+    ok, problem = verify_right_padding(left_padded, raise_error=False)
+    assert not ok and "positions [2]" in problem
+    with pytest.raises(ValueError, match="positions"):
+        verify_right_padding(left_padded)
+    # an output batch is read through unpadded_sequence_lengths, with the tokenizer's pad value
+    out = BatchedDataDict({"output_ids": torch.tensor([[5, 9, 9]]), "unpadded_sequence_lengths": torch.tensor([1])})
+    assert verify_right_padding(out, pad_value=9) == (True, None)
+    assert verify_right_padding(out, pad_value=0, raise_error=False)[0] is False
+    too_long = BatchedDataDict({"input_ids": ids, "input_lengths": torch.tensor([4, 1])})
+    assert "exceeds" in verify_right_padding(too_long, raise_error=False)[1]
+    assert verify_right_padding(BatchedDataDict({"x": ids}), raise_error=False)[0] is False
+
+
+def test_generation_config_names() -> None:
+    from typing import get_type_hints
+
+    from transformers import PreTrainedTokenizerBase
+
+    from nemo_rl_clone.models import generation
+    from nemo_rl_clone.models.generation import constants, interfaces
+    from nemo_rl_clone.models.generation.vllm.config import VllmConfig, VllmSpecificArgs
+
+    assert (constants.VLLM_BACKEND, constants.SGLANG_BACKEND, constants.MEGATRON_BACKEND) == (
+        "vllm",
+        "sglang",
+        "megatron",
+    )
+    assert generation.TokenizerType is PreTrainedTokenizerBase
+    assert {
+        "backend",
+        "max_new_tokens",
+        "stop_token_ids",
+        "colocated",
+    } <= interfaces.GenerationConfig.__required_keys__ | interfaces.GenerationConfig.__optional_keys__
+    assert "model_name" in interfaces.GenerationConfig.__optional_keys__  # GRPO writes it
+    assert interfaces.GenerationConfig.__required_keys__ >= {"backend", "top_k", "stop_strings"}
+    assert get_type_hints(interfaces.ColocationConfig)["resources"] is interfaces.OptionalResourcesConfig
+    assert {"input_ids", "input_lengths"} <= interfaces.GenerationDatumSpec.__required_keys__
+    assert "truncated" in interfaces.GenerationOutputSpec.__optional_keys__
+    assert {"max_model_len", "load_format", "skip_tokenizer_init"} <= VllmSpecificArgs.__optional_keys__
+    section: VllmConfig = {"backend": "vllm", "vllm_cfg": VllmSpecificArgs(max_model_len=64)}
+    assert section["vllm_cfg"] == {"max_model_len": 64}
+
+
+def test_policy_config_names() -> None:
+    from nemo_rl_clone.models import policy
+
+    assert policy.DTensorConfig.__required_keys__ >= {"enabled", "tensor_parallel_size", "cpu_offload"}
+    assert "lora_cfg" in policy.DTensorConfig.__optional_keys__
+    assert policy.SequencePackingConfig.__required_keys__ == {"enabled", "train_mb_tokens", "algorithm"}
+    assert policy.DynamicBatchingConfig.__required_keys__ == {"enabled", "train_mb_tokens", "sequence_length_round"}
+    assert policy.RewardModelConfig.__required_keys__ == {"enabled", "reward_model_type"}
+    assert policy.SchedulerMilestones == dict[str, list[int]]
+    assert "draft" in policy.PolicyConfig.__optional_keys__ and "dtensor_cfg" in policy.PolicyConfig.__required_keys__
+    assert policy.DraftConfigDisabled(enabled=False) == {"enabled": False}
+    for refused in ("DraftConfig", "AutomodelKwargs"):
+        with pytest.raises(UnsupportedFeatureError, match=f"policy.{refused}: not supported yet"):
+            getattr(policy, refused)

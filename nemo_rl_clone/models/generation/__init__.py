@@ -4,3 +4,12 @@ NeMo-RL's ``configure_generation_config`` is importable from here, as from NeMo-
 from nemo_rl_clone.models.generation.configure import configure_generation_config
 
 __all__ = ["configure_generation_config"]
+
+
+def __getattr__(name: str) -> object:
+    # NeMo-RL's ``TokenizerType`` alias, resolved on first use so importing the package does not load transformers.
+    if name == "TokenizerType":
+        from transformers import PreTrainedTokenizerBase
+
+        return PreTrainedTokenizerBase
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,30 @@ import torch
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.weight_transfer import DEFAULT_BUCKET_BYTES, PackedTensors
+from nemo_rl_clone.models.generation.config_types import (  # NeMo-RL's names at its path
+    ColocationConfig,
+    GenerationConfig,
+    GenerationDatumSpec,
+    GenerationOutputSpec,
+    OptionalResourcesConfig,
+    ResourcesConfig,
+)
 from nemo_rl_clone.utils.errors import UserInputError
+
+__all__ = [
+    "GENERATION_INPUT_KEYS",
+    "ColocationConfig",
+    "GenerationConfig",
+    "GenerationDatumSpec",
+    "GenerationInterface",
+    "GenerationOutputSpec",
+    "OptionalResourcesConfig",
+    "RefitError",
+    "ResourcesConfig",
+    "check_generation_input",
+    "check_one_train_rank",
+    "verify_right_padding",
+]
 
 GENERATION_INPUT_KEYS = ("input_ids", "input_lengths")
 
@@ -89,6 +112,51 @@ class GenerationInterface(ABC):
     @abstractmethod
     def shutdown(self) -> bool:
         """Stop the engines and remove the files they leave; idempotent."""
+
+
+def verify_right_padding(
+    data: BatchedDataDict[Any], pad_value: int = 0, raise_error: bool = True
+) -> tuple[bool, str | None]:
+    """NeMo-RL's check that a generation batch is right-padded: every position at or past a row's length holds
+    ``pad_value``. Reads ``input_ids`` with ``input_lengths`` (an input batch) or else ``output_ids`` with
+    ``unpadded_sequence_lengths`` (an output batch). Returns ``(True, None)``, or ``(False, the first problem)``
+    when ``raise_error`` is False; otherwise the problem is raised as ValueError."""
+    if not isinstance(data, BatchedDataDict):
+        raise TypeError(f"verify_right_padding: data must be a BatchedDataDict, got {type(data).__name__}")
+    if pad_value is None:
+        raise ValueError("verify_right_padding: pad_value is None (the tokenizer has no pad_token_id)")
+    problem = _right_padding_problem(data, pad_value)
+    if problem is not None and raise_error:
+        raise ValueError(problem)
+    return problem is None, problem
+
+
+def _right_padding_problem(data: BatchedDataDict[Any], pad_value: int) -> str | None:
+    for tokens_key, lengths_key in (("input_ids", "input_lengths"), ("output_ids", "unpadded_sequence_lengths")):
+        if tokens_key in data and lengths_key in data:
+            tokens, lengths = data[tokens_key], data[lengths_key]
+            break
+    else:
+        return (
+            "expected the keys (input_ids, input_lengths) or (output_ids, unpadded_sequence_lengths); "
+            f"got {sorted(data)}"
+        )
+    if tokens.ndim != 2:
+        return f"{tokens_key} must be 2-D [batch, sequence], got shape {tuple(tokens.shape)}"
+    if lengths.shape[0] != tokens.shape[0]:
+        return f"{tokens_key} has {tokens.shape[0]} rows but {lengths_key} has {lengths.shape[0]}"
+    width = tokens.shape[1]
+    past_end = torch.arange(width, device=tokens.device)[None, :] >= lengths.to(tokens.device)[:, None]
+    not_padding = past_end & (tokens != pad_value)
+    for row, length in enumerate(lengths.tolist()):
+        if length > width:
+            return f"{lengths_key}[{row}] = {length} exceeds the sequence width {width}"
+        if not_padding[row].any():
+            positions = torch.nonzero(not_padding[row]).flatten().tolist()
+            return (
+                f"row {row}: values other than the pad value {pad_value} after length {length}: positions {positions}"
+            )
+    return None
 
 
 def check_one_train_rank(train_world_size: int) -> None:
