@@ -147,3 +147,92 @@ def test_generalized_advantage_estimator() -> None:
 def test_opd_estimator_is_refused_by_name() -> None:
     with pytest.raises(UnsupportedFeatureError, match="on-policy distillation"):
         from nemo_rl_clone.algorithms.advantage_estimator import OPDAdvantageEstimator  # noqa: F401
+
+
+# --- SFT / DPO / RM validation in NeMo-RL's form, on a stand-in policy -------------------------------------------
+
+_PREFERENCE_SHARES = ("loss", "sft_loss", "preference_loss", "accuracy", "rewards_chosen_mean", "rewards_rejected_mean")
+
+
+class _Policy:
+    """Records the calls; each batch's loss is looked up by its first token id (which names the batch)."""
+
+    sharding_annotations = SimpleNamespace(get_axis_size=lambda axis: 1)
+
+    def __init__(self, losses: dict[int, float]) -> None:
+        self.losses, self.train_calls, self.reference_mbs = losses, [], []
+
+    def prepare_for_training(self) -> None:
+        pass
+
+    def get_reference_policy_logprobs(self, batch: BatchedDataDict, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        self.reference_mbs.append(micro_batch_size)
+        return {"reference_logprobs": torch.full(batch["input_ids"].shape, -1.0)}
+
+    def train(self, batch: BatchedDataDict, loss_fn: object, eval_mode: bool, gbs: int, mbs: int) -> dict:
+        assert eval_mode
+        self.train_calls.append((batch.size, gbs, mbs))
+        loss = self.losses[int(batch["input_ids"][0, 0])]
+        metrics = {name: [loss] for name in _PREFERENCE_SHARES}
+        metrics["num_valid_samples"] = [float(batch["sample_mask"].sum())]
+        return {"all_mb_metrics": metrics, "grad_norm": 0.0}
+
+
+def _batch(first_token: int, token_mask: list[list[int]]) -> BatchedDataDict:
+    rows = len(token_mask)
+    ids = torch.full((rows, 3), first_token)
+    return BatchedDataDict(
+        input_ids=ids,
+        input_lengths=torch.full((rows,), 3),
+        token_mask=torch.tensor(token_mask),
+        sample_mask=torch.ones(rows),
+    )
+
+
+def test_sft_validate_weights_batches_by_valid_tokens_and_pads_the_last() -> None:
+    from nemo_rl_clone.algorithms.sft import validate
+
+    policy = _Policy({1: 1.0, 2: 4.0})
+    loader = [_batch(1, [[0, 1, 1], [0, 1, 0]]), _batch(2, [[0, 1, 1]])]  # 3 and 2 valid target tokens
+    metrics, timings = validate(policy, loader, None, object(), 0, {}, val_batches=0, val_batch_size=2, val_mbs=2)
+    assert metrics == {"val_loss": pytest.approx((1.0 * 3 + 4.0 * 2) / 5)}  # by samples it would be 2.0
+    assert timings["total_validation_time"] >= 0
+    assert policy.train_calls == [(2, 2, 2), (2, 2, 2)]  # the short batch padded to a micro-batch
+    first_only, _ = validate(_Policy({1: 1.0}), loader, None, object(), 0, {}, 1, 2, 2)
+    assert first_only == {"val_loss": pytest.approx(1.0)}
+    assert validate(policy, None, None, object(), 0, {}, 0, 2, 2) == ({}, {})
+
+
+def test_dpo_reference_logprobs_and_validation_per_named_set() -> None:
+    from nemo_rl_clone.algorithms.dpo import DPOValMetrics, add_ref_logprobs_to_data, validate, validate_one_dataset
+
+    config = {"dpo": {"val_micro_batch_size": 1}, "policy": {"train_micro_batch_size": 2}}
+    policy = _Policy({1: 0.5, 2: 1.5})
+    trained = list(add_ref_logprobs_to_data([_batch(1, [[0, 1, 1]] * 4)], policy, config))
+    assert policy.reference_mbs == [4] and trained[0]["reference_policy_logprobs"].shape == (4, 3)
+    short = list(add_ref_logprobs_to_data([_batch(2, [[0, 1, 1]] * 3)], policy, config, is_val=True))
+    assert policy.reference_mbs[-1] == 2 and short[0]["sample_mask"].tolist() == [1, 1, 1, 0]
+
+    logged: list[tuple[dict, int, str]] = []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step, prefix: logged.append((metrics, step, prefix)))
+    loaders = {"a": [_batch(1, [[0, 1, 1]] * 2)], "b": [_batch(2, [[0, 1, 0]] * 2)]}
+    metrics, timings = validate(policy, loaders, None, object(), 7, config, 0, 1, 1, logger)
+    assert metrics["validation-a_loss"] == 0.5 and metrics["validation-b_accuracy"] == 1.5
+    assert metrics["validation-a_global_valid_toks"] == 4 and metrics["validation-b_global_valid_seqs"] == 2
+    assert timings["total_validation_time"] == pytest.approx(
+        timings["validation-a_total_validation_time"] + timings["validation-b_total_validation_time"]
+    )
+    assert ("validation-a", 7) in {(prefix, step) for _, step, prefix in logged}
+    one = validate_one_dataset(policy, loaders["a"], object(), 7, config, 0, 1, 1, "a")
+    assert one is not None and isinstance(one[0], DPOValMetrics) and one[0].num_valid_samples == 2
+    assert validate_one_dataset(policy, None, object(), 7, config, 0, 1, 1, "a") is None
+
+
+def test_rm_validate_one_dataset() -> None:
+    from nemo_rl_clone.algorithms.rm import RMValMetrics, validate_one_dataset
+
+    result = validate_one_dataset(_Policy({3: 2.0}), [_batch(3, [[0, 1, 1]] * 2)], object(), 0, {}, 0, 1, 1, "x")
+    assert result is not None
+    assert result[0] == RMValMetrics(
+        loss=2.0, accuracy=2.0, rewards_chosen_mean=2.0, rewards_rejected_mean=2.0, num_valid_samples=2.0
+    )

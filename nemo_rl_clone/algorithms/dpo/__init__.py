@@ -21,8 +21,18 @@ from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.dpo.config import DPOAlgorithm, DPOConfig, DPOMasterConfig
     from nemo_rl_clone.algorithms.dpo.train import ALGORITHM, DPO, DPOSaveState, MasterConfig, dpo_train, setup
+    from nemo_rl_clone.algorithms.dpo.validation import (
+        DPOValMetrics,
+        add_ref_logprobs_to_data,
+        validate,
+        validate_one_dataset,
+    )
 
 _WHERE = {
+    "DPOValMetrics": "validation",
+    "add_ref_logprobs_to_data": "validation",
+    "validate": "validation",
+    "validate_one_dataset": "validation",
     "DPOConfig": "config",
     "DPOMasterConfig": "config",
     "DPOAlgorithm": "config",
@@ -40,9 +50,13 @@ __all__ = [
     "DPOConfig",
     "DPOMasterConfig",
     "DPOSaveState",
+    "DPOValMetrics",
     "MasterConfig",
+    "add_ref_logprobs_to_data",
     "dpo_train",
     "setup",
+    "validate",
+    "validate_one_dataset",
 ]
 
 

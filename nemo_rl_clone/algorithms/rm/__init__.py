@@ -19,8 +19,12 @@ from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.rm.config import RMAlgorithm, RMConfig, RMMasterConfig
     from nemo_rl_clone.algorithms.rm.train import ALGORITHM, RM, MasterConfig, RMSaveState, rm_train, setup
+    from nemo_rl_clone.algorithms.rm.validation import RMValMetrics, validate, validate_one_dataset
 
 _WHERE = {
+    "RMValMetrics": "validation",
+    "validate": "validation",
+    "validate_one_dataset": "validation",
     "RMConfig": "config",
     "RMMasterConfig": "config",
     "RMAlgorithm": "config",
@@ -39,8 +43,11 @@ __all__ = [
     "RMConfig",
     "RMMasterConfig",
     "RMSaveState",
+    "RMValMetrics",
     "rm_train",
     "setup",
+    "validate",
+    "validate_one_dataset",
 ]
 
 

@@ -24,8 +24,10 @@ if TYPE_CHECKING:
         sft_datasets,
         sft_train,
     )
+    from nemo_rl_clone.algorithms.sft.validation import validate
 
 _WHERE = {
+    "validate": "validation",
     "SFTConfig": "config",
     "SFTMasterConfig": "config",
     "SFTAlgorithm": "config",
@@ -48,6 +50,7 @@ __all__ = [
     "setup",
     "sft_datasets",
     "sft_train",
+    "validate",
 ]
 
 
