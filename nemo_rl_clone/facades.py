@@ -31,6 +31,8 @@ FACADES: dict[str, str] = {
     "nemo_rl_clone.algorithms.reward_functions": "nemo_rl_clone.rollout.rewards",
     # NeMo-RL's path (nemo_rl.distributed.ray_actor_environment_registry)
     "nemo_rl_clone.distributed.ray_actor_environment_registry": "nemo_rl_clone.distributed.ray_actor_environment",
+    # NeMo-RL's path (nemo_rl.data.datasets.processed_dataset)
+    "nemo_rl_clone.data.datasets.processed_dataset": "nemo_rl_clone.data.datasets.common",
     # NeMo-RL's path (nemo_rl.utils.native_checkpoint)
     "nemo_rl_clone.utils.native_checkpoint": "nemo_rl_clone.models.dcp_checkpoint",
 }
@@ -54,6 +56,13 @@ REFUSED: dict[str, str] = {
     "nemo_rl_clone.algorithms.x_token": _XTOKEN,
     "nemo_rl_clone.algorithms.xtoken_off_policy_distillation": _XTOKEN,
     "nemo_rl_clone.data.cross_tokenizer_collate": _XTOKEN,
+    **{
+        f"nemo_rl_clone.data.datasets.response_datasets.{name}": _MULTIMODAL
+        for name in ("clevr", "geometry3k", "refcoco", "mmpr_tiny", "avqa", "audiomcq", "daily_omni")
+    },
+    # conversations with image, audio and video files beside their text
+    "nemo_rl_clone.data.datasets.response_datasets.general_conversations_dataset": _MULTIMODAL,
+    "nemo_rl_clone.data.datasets.response_datasets.nemogym_dataset": _NEMO_GYM,
     "nemo_rl_clone.algorithms.opd": _OPD,
     "nemo_rl_clone.models.policy.teacher_worker_group": _OPD,
     "nemo_rl_clone.models.generation.sglang": "the SGLang generation backend; use policy.generation.backend: vllm",

@@ -119,7 +119,7 @@ def test_run_sft_data_functions_build_the_sft_datums(tmp_path):
     assert datum["idx"] == 5 and datum["loss_multiplier"] == 1.0 and datum["task_name"] == "squad"
     assert [m["role"] for m in datum["message_log"]] == ["system", "user", "assistant"]
     assert datum["message_log"][-1]["token_loss_mask"].all() and not datum["message_log"][0]["token_loss_mask"].any()
-    with pytest.raises(ConfigError, match=r"^data\.processor: not supported yet: 'math_hf_data_processor'"):
-        load_response_dataset({**entry, "processor": "math_hf_data_processor"})
+    with pytest.raises(UserInputError, match=r"^data\.processor: not supported yet: 'no_such_processor'"):
+        load_response_dataset({**entry, "processor": "no_such_processor"})
     with pytest.raises(ValueError, match="at least one"):
         merge_datasets([])

@@ -23,9 +23,12 @@ if TYPE_CHECKING:
 _NEMO_RL_NAMES = {
     "AllTaskProcessedDataset": "common",
     "load_eval_dataset": "eval_datasets",
-    "load_response_dataset": "response",
-    "merge_datasets": "response",
-    "update_single_dataset_config": "response",
+    "load_preference_dataset": "preference_datasets",
+    "load_response_dataset": "response_datasets",
+    "assert_no_double_bos": "utils",
+    "extract_necessary_env_names": "utils",
+    "merge_datasets": "utils",
+    "update_single_dataset_config": "utils",
 }
 __getattr__ = lazy_getattr(__name__, _NEMO_RL_NAMES)
 

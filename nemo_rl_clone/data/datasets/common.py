@@ -15,9 +15,9 @@ from typing import Any, TypeAlias
 
 import datasets
 import torch.utils.data
-from transformers import PreTrainedTokenizerBase
 
 from nemo_rl_clone.data.datasets import DataError
+from nemo_rl_clone.data.datasets.utils import TokenizerType, assert_no_double_bos
 from nemo_rl_clone.data.interfaces import DatumSpec, TaskDataProcessFn, TaskDataSpec
 from nemo_rl_clone.data.processors import DATA_PROCESSORS
 
@@ -196,7 +196,7 @@ class AllTaskProcessedDataset(torch.utils.data.Dataset):
     def __init__(
         self,
         dataset: Rows | Any,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: TokenizerType,
         default_task_data_spec: TaskDataSpec | Mapping[str, TaskDataSpec] | None,
         task_data_processors: Mapping[str, Any] | TaskDataProcessFn | None = None,
         task_data_preprocessors: Mapping[str, Callable[[Any], Any]] | Callable[[Any], Any] | None = None,
@@ -210,12 +210,24 @@ class AllTaskProcessedDataset(torch.utils.data.Dataset):
         self.task_data_preprocessors = task_data_preprocessors
         self.max_seq_length = max_seq_length
         self.env_name = env_name
+        self._bos_checked = False
         if isinstance(task_data_processors, Mapping) and isinstance(default_task_data_spec, TaskDataSpec):
             for spec, _ in task_data_processors.values():
                 spec.copy_defaults(default_task_data_spec)
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    def encode_single(self, text: str | list[str]) -> tuple[list[int] | torch.Tensor, int]:
+        """``text``'s token ids (no special tokens) and their count; a list of turns of one conversation gives the
+        turns' ids joined into one tensor."""
+        if isinstance(text, str):
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            return ids, len(ids)
+        if isinstance(text, list):
+            parts = [torch.tensor(self.tokenizer.encode(turn, add_special_tokens=False)) for turn in text]
+            return torch.cat(parts), sum(len(part) for part in parts)
+        raise ValueError(f"text must be a string or a list of strings, got {type(text)}")
 
     def __getitem__(self, idx: int) -> DatumSpec:
         row = self.dataset[idx]
@@ -226,6 +238,10 @@ class AllTaskProcessedDataset(torch.utils.data.Dataset):
             row = preprocess(row)
         spec, processor = self._spec_and_processor(row.get("task_name") or MATH_TASK, idx)
         datum = processor(row, spec, self.tokenizer, self.max_seq_length, idx)
+        if not self._bos_checked and datum.get("message_log"):
+            # Checked once: a template that adds BOS plus a tokenizer that adds it again shows on any row.
+            assert_no_double_bos(datum["message_log"][0]["token_ids"], self.tokenizer)
+            self._bos_checked = True
         if self.env_name is not None:
             datum["task_name"] = self.env_name
         return datum

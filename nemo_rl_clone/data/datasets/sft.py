@@ -201,7 +201,7 @@ def _load_rows(
     if path is not None and _has_mixed_type_columns(raw, fmt.required_columns):
         # `datasets` stores a column mixing text and lists as JSON text and decodes text that looks like JSON
         # ("4" comes back as the int 4), so such a file's rows are read as written and converted here instead.
-        raw_rows = _read_json_rows(path, source)
+        raw_rows = read_json_rows(path, source)
         converted = [convert(row, index, source) for index, row in enumerate(raw_rows)]
         rows = datasets.Dataset.from_list([apply_prompt_spec(row, spec) for row in converted if row is not None])
     else:
@@ -216,7 +216,7 @@ def _has_mixed_type_columns(raw: datasets.Dataset, columns: Sequence[str]) -> bo
     return json_feature is not None and any(isinstance(raw.features.get(c), json_feature) for c in columns)
 
 
-def _read_json_rows(path: str, source: str) -> list[dict[str, Any]]:
+def read_json_rows(path: str, source: str) -> list[dict[str, Any]]:
     """Rows of a JSON array file or a JSON Lines file (blank lines skipped), exactly as written."""
     text = Path(path).read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
