@@ -40,10 +40,12 @@ class ConfigError(ValueError):
         super().__init__("\n".join(problems))
 
 
-def validate_config(data: Mapping[str, Any], schema: type[T]) -> T:
-    """Build ``schema`` from ``data`` (plain containers), raising :class:`ConfigError` with every problem found."""
+def validate_config(data: Mapping[str, Any], schema: type[T], key: str = "") -> T:
+    """Build ``schema`` from ``data`` (plain containers), raising :class:`ConfigError` with every problem found.
+    ``key``: where ``data`` sits in a whole config (``checkpointing``), for the problems' keys and for NeMo-RL's keys
+    of unbuilt features, which are named by their full path."""
     problems: list[str] = []
-    result = _convert(data, schema, "", problems, _Context(schema))
+    result = _convert(data, schema, key, problems, _Context(schema))
     if problems:
         raise ConfigError(problems)
     return result
@@ -68,12 +70,7 @@ def as_config(config: Any, schema: type[T], key: str = "") -> T:
     if not isinstance(config, Mapping):
         where = f"{key} must be" if key else "expected"
         raise TypeError(f"{where} a {schema.__name__} or a mapping of its keys, got {type(config).__name__}")
-    try:
-        return validate_config(_plain(dict(config)), schema)
-    except ConfigError as err:
-        if not key:
-            raise
-        raise ConfigError([f"{key}.{problem}" for problem in err.problems]) from None
+    return validate_config(_plain(dict(config)), schema, key)
 
 
 def takes_extra_keys(cls: type[T]) -> type[T]:

@@ -137,7 +137,7 @@ def test_multimodal_datasets_are_nemo_rl_s():
 
 # ------------------------------------------------------------------------------------------------------ environment
 def test_create_env_validates_nemo_rl_s_dict_before_starting_anything():
-    with pytest.raises(ConfigError, match=r"env.math.num_workerz: unknown key \(did you mean num_workers\?\)"):
+    with pytest.raises(ConfigError, match=r"env.math.num_workerz: unknown key \(did you mean env.math.num_workers\?\)"):
         create_env(env_name="math", env_config={"num_workerz": 1})
 
 
