@@ -67,3 +67,18 @@ def test_a_script_of_nemo_rl_form_gets_one_line_not_a_traceback(tmp_path: Path) 
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == "error: polcy: unknown key (did you mean policy?)\n"
+
+
+def test_a_section_given_alone_knows_nemo_rl_s_keys_by_their_full_path(tmp_path: Path) -> None:
+    """NeMo-RL's ``CheckpointManager(config)`` takes the ``checkpointing`` dict of its recipes, whose Automodel keys
+    are off: accepted here, and refused by name when on (as in a whole config), not called unknown."""
+    from nemo_rl_clone.utils.checkpoint import CheckpointManager
+
+    section = {"enabled": True, "checkpoint_dir": str(tmp_path), "model_cache_dir": None, "is_peft": False}
+    assert CheckpointManager(section).cfg.checkpoint_dir == str(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        CheckpointManager({**section, "is_peft": True, "keep_top_kk": 1})
+    assert refused.value.problems == [
+        "checkpointing.is_peft: not supported yet: NeMo Automodel's PEFT checkpoints (NeMo-RL's key, set to True)",
+        "checkpointing.keep_top_kk: unknown key (did you mean checkpointing.keep_top_k?)",
+    ]
