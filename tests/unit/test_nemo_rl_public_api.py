@@ -66,6 +66,7 @@ _NO_ARGUMENTS = "takes no arguments instead of *args, **kwargs"
 DELIBERATE: dict[str, str] = {
     **{f"nemo_rl.algorithms.{m}.{c}SaveState": _SAVE_STATE for m, c in (("sft", "SFT"), ("dpo", "DPO"), ("rm", "RM"))},
     **{f"nemo_rl.algorithms.{m}.{c}SaveState": _SAVE_STATE for m, c in (("grpo", "GRPO"), ("ppo", "PPO"))},
+    "nemo_rl.algorithms.distillation.DistillationSaveState": _SAVE_STATE,
     "nemo_rl.distributed.batched_data_dict.BatchedDataDict": "a dict subclass (NeMo-RL: UserDict), built like a dict",
     "nemo_rl.distributed.batched_data_dict.BatchedDataDict.reorder_data": "spelled reordered_indices (NeMo-RL: "
     "reorded_indices); positional calls work either way",
