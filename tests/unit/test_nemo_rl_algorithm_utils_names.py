@@ -236,3 +236,14 @@ def test_rm_validate_one_dataset() -> None:
     assert result[0] == RMValMetrics(
         loss=2.0, accuracy=2.0, rewards_chosen_mean=2.0, rewards_rejected_mean=2.0, num_valid_samples=2.0
     )
+
+
+def test_distillation_names() -> None:
+    from transformers import PreTrainedTokenizerBase
+
+    from nemo_rl_clone.algorithms.distillation import DistillationSaveState, TokenizerType
+    from nemo_rl_clone.algorithms.run.state import RunState
+
+    assert DistillationSaveState is RunState  # what a distillation checkpoint's training_info.json holds
+    assert DistillationSaveState().training_info()["step"] == 0
+    assert TokenizerType.__bound__ is PreTrainedTokenizerBase

@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING
 from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:
-    from nemo_rl_clone.algorithms.distillation.nemo_rl_api import distillation_train, setup
+    from nemo_rl_clone.algorithms.distillation.nemo_rl_api import (
+        DistillationSaveState,
+        TokenizerType,
+        distillation_train,
+        setup,
+    )
     from nemo_rl_clone.algorithms.distillation.train import (
         DistillationComponents,
         DistillationConfig,
@@ -22,7 +27,9 @@ __all__ = [
     "DistillationComponents",
     "DistillationConfig",
     "DistillationMasterConfig",
+    "DistillationSaveState",
     "MasterConfig",
+    "TokenizerType",
     "check_vocab_equality",
     "distillation_train",
     "setup",
@@ -31,5 +38,5 @@ __all__ = [
 
 # torch and the training code load when a name is first used (`utils.lazy_exports`). `setup` and
 # `distillation_train` take this library's one-argument forms and NeMo-RL's (`nemo_rl_api`).
-_NEMO_RL_FORMS = ("distillation_train", "setup")
+_NEMO_RL_FORMS = ("DistillationSaveState", "TokenizerType", "distillation_train", "setup")
 __getattr__ = lazy_getattr(__name__, {name: "nemo_rl_api" if name in _NEMO_RL_FORMS else "train" for name in __all__})

@@ -18,11 +18,16 @@ from nemo_rl_clone.algorithms.distillation.config import DistillationMasterConfi
 from nemo_rl_clone.algorithms.distillation.train import DistillationComponents
 from nemo_rl_clone.algorithms.distillation.train import distillation_train as train_distillation_run
 from nemo_rl_clone.algorithms.distillation.train import setup as build_distillation_run
+from nemo_rl_clone.algorithms.grpo.nemo_rl_helpers import TokenizerType
 from nemo_rl_clone.algorithms.run.nemo_rl_parts import run_from_parts, setup_config, train_config, validation_loader
 from nemo_rl_clone.algorithms.run.rollout import GivenParts
+from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.utils.errors import UserInputError
 
-__all__ = ["distillation_train", "setup"]
+__all__ = ["DistillationSaveState", "TokenizerType", "distillation_train", "setup"]
+
+# NeMo-RL's name of the state its checkpoints store: every algorithm here saves the one shared RunState
+DistillationSaveState = RunState
 
 
 def setup(master_config: Any, tokenizer: Any = None, train_dataset: Any = None, val_dataset: Any = None) -> Any:
