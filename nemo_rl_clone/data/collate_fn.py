@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
-from nemo_rl_clone.data.interfaces import DatumSpec
+from nemo_rl_clone.data.interfaces import DatumSpec, PreferenceDatumSpec
+from nemo_rl_clone.data.llm_message_utils import add_loss_mask_to_message_log, batched_message_log_to_flat_message
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+TokenizerType = PreTrainedTokenizerBase  # NeMo-RL's name
 
 _RL_KEYS = ("message_log", "length", "extra_env_info", "loss_multiplier", "idx", "task_name")
 _EVAL_KEYS = ("message_log", "extra_env_info", "idx", "task_name")
@@ -46,6 +50,37 @@ def eval_collate_fn(data_batch: Sequence[DatumSpec]) -> BatchedDataDict:
         task_name=[datum["task_name"] for datum in data_batch],
         stop_strings=[datum.get("stop_strings") for datum in data_batch],
     )
+
+
+def preference_collate_fn(
+    data_batch: Sequence[PreferenceDatumSpec],
+    tokenizer: TokenizerType,
+    make_sequence_length_divisible_by: int,
+    add_loss_mask: bool,
+) -> BatchedDataDict:
+    """Collate preference pairs into 2B rows, chosen and rejected interleaved (row 2i: pair i's chosen).
+
+    Returns ``input_ids`` [2B, S] (right-padded with the tokenizer's pad token, S a multiple of
+    ``make_sequence_length_divisible_by``), ``input_lengths`` [2B] and ``sample_mask`` [2B] (each pair's
+    ``loss_multiplier`` twice); with ``add_loss_mask``, also ``token_mask`` [2B, S]: 1 on the last message of each
+    row (the answer), written into the message logs as ``token_loss_mask``.
+    """
+    if not data_batch:
+        raise ValueError("preference_collate_fn: got an empty batch")
+    message_logs = [log for datum in data_batch for log in (datum["message_log_chosen"], datum["message_log_rejected"])]
+    if add_loss_mask:
+        add_loss_mask_to_message_log(message_logs, only_unmask_final=True)
+    flat, input_lengths = batched_message_log_to_flat_message(
+        message_logs, {"token_ids": tokenizer.pad_token_id, "token_loss_mask": 0}, make_sequence_length_divisible_by
+    )
+    batch = BatchedDataDict(
+        input_ids=flat["token_ids"],
+        input_lengths=input_lengths,
+        sample_mask=torch.tensor([float(d["loss_multiplier"]) for d in data_batch for _ in (0, 1)]),
+    )
+    if add_loss_mask:
+        batch["token_mask"] = flat["token_loss_mask"]
+    return batch
 
 
 def _check_keys(data_batch: Sequence[DatumSpec], keys: Sequence[str], caller: str) -> None:

@@ -8,6 +8,12 @@ from typing import Any, Protocol
 import torch
 
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
+
+# NeMo-RL's loader over several datasets at once (data.use_multiple_dataloader, refused by the data config too).
+__getattr__ = refusing_getattr(
+    __name__, {"MultipleDataloaderWrapper": "several dataloaders in one run (data.use_multiple_dataloader)"}
+)
 
 
 class IndexedDataset(Protocol):

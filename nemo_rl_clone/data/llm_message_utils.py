@@ -16,6 +16,19 @@ from transformers import PreTrainedTokenizerBase
 
 from nemo_rl_clone.data.interfaces import LLMMessageLogType, TaskDataSpec
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
+
+Tensor = torch.Tensor  # NeMo-RL's names
+TokenizerType = PreTrainedTokenizerBase
+# NeMo-RL's wire format of message logs between actors, used only by its transfer-queue data plane.
+_DATA_PLANE = "the transfer-queue data plane (rollouts move between actors through Ray's object store)"
+__getattr__ = refusing_getattr(
+    __name__,
+    dict.fromkeys(
+        ("MESSAGE_LOG_BULK_FIELDS", "decompose_message_log", "attach_message_log_view", "reconstruct_message_log"),
+        _DATA_PLANE,
+    ),
+)
 
 VALID_ROLES = ("system", "user", "assistant", "environment", "tool")
 # Chat templates know no "environment" role: observations are rendered as user turns.

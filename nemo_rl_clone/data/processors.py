@@ -16,6 +16,34 @@ from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.interfaces import DatumSpec, LLMMessageLogType, TaskDataProcessFn, TaskDataSpec
 from nemo_rl_clone.data.llm_message_utils import get_formatted_message_log
 from nemo_rl_clone.data.sliding_puzzle import MOVE_STOP_STRINGS
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
+
+TokenizerType = PreTrainedTokenizerBase  # NeMo-RL's name
+
+# NeMo-RL's processors over its own row formats (`nemo_rl_processors` imports this module, so they load on use).
+_NEMO_RL_NAMES = (
+    "PROCESSOR_REGISTRY",
+    "helpsteer3_data_processor",
+    "math_hf_data_processor",
+    "multichoice_qa_processor",
+    "preference_preprocessor",
+    "register_processor",
+    "sft_processor",
+)
+_lazy_getattr = lazy_getattr("nemo_rl_clone.data", dict.fromkeys(_NEMO_RL_NAMES, "nemo_rl_processors"))
+_refusing_getattr = refusing_getattr(
+    __name__,
+    {
+        "vlm_hf_data_processor": "vision and audio inputs (vision-language / audio-language models)",
+        "nemo_gym_data_processor": "NeMo-Gym environments",
+        "kd_data_processor": "off-policy (cross-tokenizer) distillation from a teacher's stored outputs",
+    },
+)
+
+
+def __getattr__(name: str) -> Any:
+    return _lazy_getattr(name) if name in _NEMO_RL_NAMES else _refusing_getattr(name)
 
 
 def math_data_processor(

@@ -12,7 +12,7 @@ Loaders live in :mod:`nemo_rl_clone.data.datasets.sft` / ``.preference`` and are
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import datasets
 import torch
@@ -24,7 +24,7 @@ from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.datasets.common import LoadedDataset, Rows
 from nemo_rl_clone.data.datasets.preference import PREFERENCE_DATASET_NAMES, load_preference_dataset
 from nemo_rl_clone.data.datasets.sft import SFT_DATASET_NAMES, load_sft_dataset
-from nemo_rl_clone.data.interfaces import LLMMessageLogType
+from nemo_rl_clone.data.interfaces import LLMMessageLogType, TaskDataSpec
 from nemo_rl_clone.data.llm_message_utils import batched_message_log_to_flat_message, get_formatted_message_log
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
@@ -51,16 +51,18 @@ def build_sft_datum(
     add_bos: bool = False,
     add_eos: bool = False,
     add_generation_prompt: bool = False,
+    task_data_spec: TaskDataSpec | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``{"message_log", "length", "loss_multiplier", "idx"}``; ``token_loss_mask`` is 1 on assistant messages.
 
     ``add_bos`` / ``add_eos`` (NeMo-RL's ``data.add_bos`` / ``data.add_eos``): start the conversation with the
     tokenizer's BOS token / end it with its EOS token when the chat template did not already (a tokenizer without
     that token is left as is). ``add_generation_prompt`` (``data.add_generation_prompt``): the assistant header
-    before each reply is part of the user message, so it is not trained on (else it is the reply's first tokens)."""
-    message_log, length, truncated = _templated(
-        messages, tokenizer, max_seq_length, None, add_bos, add_eos, add_generation_prompt
-    )
+    before each reply is part of the user message, so it is not trained on (else it is the reply's first tokens).
+    ``task_data_spec`` / ``tools``: as `get_formatted_message_log` takes them (NeMo-RL's ``sft_processor``)."""
+    template = _Template(add_bos, add_eos, add_generation_prompt, task_data_spec, tools)
+    message_log, length, truncated = _templated(messages, tokenizer, max_seq_length, None, template)
     return {"message_log": message_log, "length": length, "loss_multiplier": 0.0 if truncated else 1.0, "idx": idx}
 
 
@@ -71,13 +73,19 @@ def build_preference_datum(
     tokenizer: PreTrainedTokenizerBase,
     max_seq_length: int,
     idx: int,
+    add_bos: bool = False,
+    add_eos: bool = False,
+    task_data_spec: TaskDataSpec | None = None,
 ) -> dict[str, Any]:
     """``{"message_log_chosen", "message_log_rejected", "length_chosen", "length_rejected", "loss_multiplier",
     "idx"}``; ``token_loss_mask`` is 1 on the answer messages only (assistant turns inside the context are not
-    trained on)."""
-    log_chosen, len_chosen, cut_chosen = _templated([*context, *chosen], tokenizer, max_seq_length, len(context))
+    trained on). ``add_bos`` / ``add_eos`` / ``task_data_spec``: as in `build_sft_datum`."""
+    template = _Template(add_bos, add_eos, False, task_data_spec)
+    log_chosen, len_chosen, cut_chosen = _templated(
+        [*context, *chosen], tokenizer, max_seq_length, len(context), template
+    )
     log_rejected, len_rejected, cut_rejected = _templated(
-        [*context, *rejected], tokenizer, max_seq_length, len(context)
+        [*context, *rejected], tokenizer, max_seq_length, len(context), template
     )
     return {
         "message_log_chosen": log_chosen,
@@ -89,14 +97,22 @@ def build_preference_datum(
     }
 
 
+class _Template(NamedTuple):
+    """How a conversation is templated (`get_formatted_message_log`'s options)."""
+
+    add_bos: bool = False
+    add_eos: bool = False
+    add_generation_prompt: bool = False
+    task_data_spec: TaskDataSpec | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+
+
 def _templated(
     messages: Sequence[Mapping[str, str]],
     tokenizer: PreTrainedTokenizerBase,
     max_seq_length: int,
     first_trained: int | None,
-    add_bos: bool = False,
-    add_eos: bool = False,
-    add_generation_prompt: bool = False,
+    template: _Template,
 ) -> tuple[LLMMessageLogType, int, bool]:
     """Template (with BOS / EOS added where missing, see `build_sft_datum`), truncate to ``max_seq_length`` and add
     ``token_loss_mask``: messages from index ``first_trained`` on, or (None) every assistant message. Returns
@@ -104,7 +120,13 @@ def _templated(
     if max_seq_length < 1:
         raise ValueError(f"max_seq_length must be >= 1, got {max_seq_length}")
     message_log = get_formatted_message_log(
-        messages, tokenizer, add_bos_token=add_bos, add_eos_token=add_eos, add_generation_prompt=add_generation_prompt
+        messages,
+        tokenizer,
+        template.task_data_spec,
+        add_bos_token=template.add_bos,
+        add_eos_token=template.add_eos,
+        add_generation_prompt=template.add_generation_prompt,
+        tools=template.tools,
     )
     truncated = sum(len(m["token_ids"]) for m in message_log) > max_seq_length
     if truncated:

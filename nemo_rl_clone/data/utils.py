@@ -2,6 +2,11 @@
 `nemo_rl_clone.algorithms.run.nemo_rl_data` (it starts environments, which the data layer may not import). A facade
 (`nemo_rl_clone.facades`): nothing inside the package imports it."""
 
-from nemo_rl_clone.algorithms.run.nemo_rl_data import setup_preference_data, setup_response_data
+from nemo_rl_clone.algorithms.run.nemo_rl_data import (
+    get_train_dataset_name,
+    load_dataloader_state,
+    setup_preference_data,
+    setup_response_data,
+)
 
-__all__ = ["setup_preference_data", "setup_response_data"]
+__all__ = ["get_train_dataset_name", "load_dataloader_state", "setup_preference_data", "setup_response_data"]

@@ -34,8 +34,9 @@ def check_lengths_fit(lengths: Sequence[int], capacity: int) -> None:
             )
 
 
-def _first_fit(order: Sequence[int], lengths: Sequence[int], capacity: int) -> Bins:
-    """Place items in ``order`` into the first bin with room, opening a new bin when none has."""
+def first_fit(order: Sequence[int], lengths: Sequence[int], capacity: int) -> Bins:
+    """Place items in ``order`` into the first bin with room, opening a new bin when none has (lengths are not
+    checked: see `check_lengths_fit`)."""
     bins: Bins = []
     free = np.empty(len(order), dtype=np.int64)  # free capacity per bin; at most one bin per item
     for index in order:
@@ -60,7 +61,7 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> Bins:
     """
     check_lengths_fit(lengths, capacity)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    return _first_fit(order, lengths, capacity)
+    return first_fit(order, lengths, capacity)
 
 
 class _SortedItems:
@@ -141,7 +142,7 @@ def modified_first_fit_decreasing(lengths: Sequence[int], capacity: int) -> Bins
             free[b] -= length
 
     leftover = sorted(rest.indices(), key=lambda i: (-lengths[i], i))
-    return bins + _first_fit(leftover, lengths, capacity)
+    return bins + first_fit(leftover, lengths, capacity)
 
 
 PACKING_ALGORITHMS: dict[str, Callable[[Sequence[int], int], Bins]] = {

@@ -5,17 +5,24 @@ and reward-model training as their setup loads them (`supervised.setup.preferenc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import torch
+import yaml
+
 from nemo_rl_clone.algorithms.run.rollout import create_envs, prompt_datasets
+from nemo_rl_clone.algorithms.run.state import DATALOADER_FILE
 from nemo_rl_clone.algorithms.supervised.setup import preference_data
 from nemo_rl_clone.data.config import DataConfig, PreferenceDataConfig
 from nemo_rl_clone.environments.config import EnvConfig
-from nemo_rl_clone.utils.config_validation import as_config
+from nemo_rl_clone.utils.checkpoint import CONFIG_FILE
+from nemo_rl_clone.utils.config_validation import as_config, config_to_dict
 from nemo_rl_clone.utils.errors import UserInputError
 
-__all__ = ["setup_preference_data", "setup_response_data"]
+__all__ = ["get_train_dataset_name", "load_dataloader_state", "setup_preference_data", "setup_response_data"]
 
 # The seed of a validation hold-out (``data.train.split_validation_size``) when ``data.train.seed`` is not set:
 # NeMo-RL's recipes set it to ``${grpo.seed}``, whose default this is.
@@ -55,3 +62,38 @@ def setup_preference_data(tokenizer: Any, data_config: Any) -> tuple[Any, Any]:
     is None when the data has no validation rows."""
     data = as_config(data_config, PreferenceDataConfig, key="data")
     return preference_data(data, tokenizer, data.split_seed(DEFAULT_SPLIT_SEED))
+
+
+def get_train_dataset_name(data_config: Any) -> str | None:
+    """The training ``dataset_name`` of a ``data`` section (a dict or this library's `DataConfig`): that of
+    ``train`` (a dict, or the first of a list), else this library's flat ``dataset_name``; None when there is none."""
+    if not data_config:
+        return None
+    data = data_config if isinstance(data_config, Mapping) else config_to_dict(data_config)
+    train = data.get("train")
+    if isinstance(train, list):
+        train = train[0] if train else None
+    if isinstance(train, Mapping) and train.get("dataset_name") is not None:
+        return train["dataset_name"]
+    return data.get("dataset_name")
+
+
+def load_dataloader_state(dataloader: Any, checkpoint_path: str | Path, data_config: Any, suffix: str = "") -> None:
+    """Restore ``dataloader``'s position from ``<checkpoint_path>/train_dataloader<suffix>.pt`` — unless the
+    checkpoint's ``config.yaml`` names another training dataset than ``data_config``: then the new dataset starts
+    from its first row (a printed line says so) instead of skipping rows of a position it never had."""
+    folder = Path(checkpoint_path)
+    saved = torch.load(folder / DATALOADER_FILE.replace(".pt", f"{suffix}.pt"), weights_only=False)
+    if (folder / CONFIG_FILE).exists():
+        saved_name = get_train_dataset_name((yaml.safe_load((folder / CONFIG_FILE).read_text()) or {}).get("data"))
+        current_name = get_train_dataset_name(data_config)
+        if saved_name is not None and current_name is not None and saved_name != current_name:
+            print(
+                f"Dataset swap detected: was {saved_name!r}, now {current_name!r}. Skipping dataloader state "
+                "restore; new dataset starts from index 0.",
+                flush=True,
+            )
+            return
+    # this library's runs save the loader position beside the RNG states; NeMo-RL's save the position alone
+    is_run_state = isinstance(saved, Mapping) and set(saved) == {"dataloader", "rng"}
+    dataloader.load_state_dict(saved["dataloader"] if is_run_state else saved)
