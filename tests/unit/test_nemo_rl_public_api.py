@@ -67,6 +67,8 @@ DELIBERATE: dict[str, str] = {
     **{f"nemo_rl.algorithms.{m}.{c}SaveState": _SAVE_STATE for m, c in (("sft", "SFT"), ("dpo", "DPO"), ("rm", "RM"))},
     **{f"nemo_rl.algorithms.{m}.{c}SaveState": _SAVE_STATE for m, c in (("grpo", "GRPO"), ("ppo", "PPO"))},
     "nemo_rl.algorithms.distillation.DistillationSaveState": _SAVE_STATE,
+    "nemo_rl.algorithms.logits_sampling_utils.apply_top_k_top_p": "the same default: chunk_size=256 is "
+    "TOP_K_TOP_P_CHUNK_SIZE's value (a named default reads as its value here)",
     "nemo_rl.distributed.batched_data_dict.BatchedDataDict": "a dict subclass (NeMo-RL: UserDict), built like a dict",
     "nemo_rl.distributed.batched_data_dict.BatchedDataDict.reorder_data": "spelled reordered_indices (NeMo-RL: "
     "reorded_indices); positional calls work either way",
