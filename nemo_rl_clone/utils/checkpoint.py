@@ -41,8 +41,17 @@ from nemo_rl_clone.utils.checkpoint_ranking import check_rankable_metric, rank_b
 from nemo_rl_clone.utils.checkpoint_schedule import parse_deadline
 from nemo_rl_clone.utils.config_validation import as_config
 from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 logger = logging.getLogger(__name__)
+
+PathLike = str | os.PathLike[Any]  # NeMo-RL's alias: a path as str or pathlib.Path
+
+# NeMo-RL's ``checkpointing.pretrained_checkpoint`` section (initial weights from a Megatron checkpoint) is not built.
+__getattr__ = refusing_getattr(
+    __name__,
+    {"PretrainedCheckpointConfig": "initial weights from a Megatron checkpoint (the policy starts from model_name)"},
+)
 
 TRAINING_INFO_FILE = "training_info.json"
 CONFIG_FILE = "config.yaml"

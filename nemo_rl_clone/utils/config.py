@@ -5,9 +5,9 @@
 Override forms: ``a.b=v`` (the key must exist), ``+a.b=v`` (add a new key), ``++a.b=v`` (add or override),
 ``~a.b`` (delete). Values are parsed as YAML scalars or lists (``[1, 2]``, ``null``, ``true``, ``1e-6``).
 
-NeMo-RL's names work too: `load_config_with_inheritance`, `parse_hydra_overrides` (raising `OverridesError`),
-`register_omegaconf_resolvers` (``add``, ``sub``, ``mul``, ``div``, ``max``; registered on import) and
-`resolve_path`.
+NeMo-RL's names work too: `load_config_with_inheritance`, `merge_with_override`, `parse_hydra_overrides` (raising
+`OverridesError`), `register_omegaconf_resolvers` (``add``, ``sub``, ``mul``, ``div``, ``max``; registered on
+import) and `resolve_path`.
 
 A deleted key is absent, and an absent key takes its schema default. So that ``~`` never silently means "back to
 the default", deleting a key whose schema default is not null is refused, with what to write instead (e.g.
@@ -80,6 +80,18 @@ def load_config_with_inheritance(config_path: str | Path, base_dir: str | Path |
     """`load_config`, with the top file's ``defaults:`` resolved against ``base_dir`` (default: the file's folder);
     the defaults' own defaults stay relative to their files."""
     return _load(Path(config_path).resolve(), (), None if base_dir is None else Path(base_dir).resolve())
+
+
+def merge_with_override(
+    base_config: DictConfig | dict[str, Any], override_config: DictConfig | dict[str, Any]
+) -> DictConfig:
+    """``override_config`` merged over ``base_config`` as ``defaults:`` inheritance merges a file over its parents:
+    a section marked ``_override_: true`` replaces the base's section instead of merging into it (the marker is
+    dropped). NeMo-RL honours the marker on top-level sections only; here at any depth. Either side may be a plain
+    dict; a `DictConfig` given may lose its marked sections (as NeMo-RL's does)."""
+    base = base_config if isinstance(base_config, DictConfig) else OmegaConf.create(base_config)
+    override = override_config if isinstance(override_config, DictConfig) else OmegaConf.create(override_config)
+    return _merge(base, override, Path("override_config"))
 
 
 def parse_hydra_overrides(cfg: DictConfig, overrides: list[str]) -> DictConfig:

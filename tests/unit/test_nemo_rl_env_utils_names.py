@@ -167,3 +167,37 @@ def test_policy_config_names() -> None:
     for refused in ("DraftConfig", "AutomodelKwargs"):
         with pytest.raises(UnsupportedFeatureError, match=f"policy.{refused}: not supported yet"):
             getattr(policy, refused)
+
+
+def test_merge_with_override() -> None:
+    from omegaconf import DictConfig, OmegaConf
+
+    from nemo_rl_clone.utils.config import merge_with_override
+
+    base = {"data": {"train": {"name": "a", "split": "train"}}, "seed": 1}
+    merged = merge_with_override(base, {"data": {"train": {"name": "b"}}, "seed": 2})
+    assert isinstance(merged, DictConfig)
+    assert OmegaConf.to_container(merged) == {"data": {"train": {"name": "b", "split": "train"}}, "seed": 2}
+    replaced = merge_with_override(OmegaConf.create(base), OmegaConf.create({"data": {"_override_": True, "x": 1}}))
+    assert OmegaConf.to_container(replaced) == {"data": {"x": 1}, "seed": 1}  # replaced, marker dropped
+
+
+def test_package_info_and_checkpoint_names() -> None:
+    import os
+    from importlib.metadata import version
+    from typing import Any, get_args
+
+    from nemo_rl_clone import package_info
+    from nemo_rl_clone.utils import checkpoint
+
+    assert package_info.VERSION == (
+        package_info.MAJOR,
+        package_info.MINOR,
+        package_info.PATCH,
+        package_info.PRE_RELEASE,
+    )
+    assert ".".join(map(str, package_info.VERSION[:3])) + package_info.PRE_RELEASE == version("nemo_rl_clone")
+    assert isinstance(package_info.MAJOR, int)
+    assert set(get_args(checkpoint.PathLike)) == {str, os.PathLike[Any]}
+    with pytest.raises(UnsupportedFeatureError, match="PretrainedCheckpointConfig: not supported yet: initial weights"):
+        checkpoint.PretrainedCheckpointConfig  # noqa: B018
