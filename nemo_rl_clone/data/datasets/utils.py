@@ -13,7 +13,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, TypeAlias
 
-import datasets
+import datasets as hf_datasets
 import torch
 import torch.utils.data
 from transformers import PreTrainedTokenizerBase
@@ -77,19 +77,19 @@ def load_dataset_from_path(
             raise DataError(f"data.subset: {data_subset!r} is only for hub datasets, not the file {path!r}")
         if not path.startswith(("http://", "https://")) and not Path(path).is_file():
             raise DataError(f"data.data_path: file {path!r} does not exist")
-        loaded = datasets.load_dataset(builder, data_files=path)
+        loaded = hf_datasets.load_dataset(builder, data_files=path)
     elif Path(path).is_dir() and _saved_to_disk(Path(path)):
-        loaded = datasets.load_from_disk(path)
+        loaded = hf_datasets.load_from_disk(path)
     else:
         try:
-            loaded = datasets.load_dataset(path, data_subset)
+            loaded = hf_datasets.load_dataset(path, data_subset)
         except (ConnectionError, OSError, ValueError) as err:
             raise DataError(f"data.data_path: could not load {path!r}: {type(err).__name__}: {err}") from err
     if data_split:
-        if isinstance(loaded, datasets.DatasetDict) and data_split not in loaded:
+        if isinstance(loaded, hf_datasets.DatasetDict) and data_split not in loaded:
             raise DataError(f"data.split: {path!r} has no split {data_split!r}; it has {sorted(loaded)}")
-        return loaded[data_split] if isinstance(loaded, datasets.DatasetDict) else loaded
-    if isinstance(loaded, datasets.DatasetDict) and "train" in loaded:
+        return loaded[data_split] if isinstance(loaded, hf_datasets.DatasetDict) else loaded
+    if isinstance(loaded, hf_datasets.DatasetDict) and "train" in loaded:
         return loaded["train"]
     return loaded
 
@@ -132,15 +132,15 @@ def update_single_dataset_config(data_config: MutableMapping[str, Any], default_
         data_config.setdefault(key, value)
 
 
-def merge_datasets(datasets_to_merge: list[Any]) -> Any:
+def merge_datasets(datasets: list[Any]) -> Any:
     """One dataset of the rows of all: the one itself, Hugging Face datasets concatenated, others chained."""
-    if not datasets_to_merge:
+    if not datasets:
         raise ValueError("merge_datasets: expected at least one dataset")
-    if len(datasets_to_merge) == 1:
-        return datasets_to_merge[0]
-    if all(isinstance(part, datasets.Dataset) for part in datasets_to_merge):
-        return datasets.concatenate_datasets(datasets_to_merge)
-    return torch.utils.data.ConcatDataset(datasets_to_merge)
+    if len(datasets) == 1:
+        return datasets[0]
+    if all(isinstance(part, hf_datasets.Dataset) for part in datasets):
+        return hf_datasets.concatenate_datasets(datasets)
+    return torch.utils.data.ConcatDataset(datasets)
 
 
 def extract_necessary_env_names(data_config: Mapping[str, Any]) -> list[str]:
