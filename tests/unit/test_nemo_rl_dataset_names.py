@@ -324,3 +324,22 @@ def test_squad_class_reads_the_rows_our_squad_loader_reads(tmp_path):
     )
     ours = load_sft_dataset(SFTDataConfig(dataset_name="squad", data_path=str(path), val_data_path=str(path)), seed=0)
     assert [row["messages"] for row in SquadDataset(data_path=path).dataset] == list(ours.train["messages"])
+
+
+# ------------------------------------------------------------------------------------------------- eval datasets
+def test_eval_dataset_classes(tmp_path):
+    from nemo_rl_clone.data.datasets.eval_datasets import AIMEDataset, LocalMathDataset, MathDataset
+
+    path = jsonl(tmp_path / "eval.jsonl", [{"q": "1+1?", "a": "2"}, {"q": "2+3?", "a": "5"}])
+    local = LocalMathDataset(path, problem_key="q", solution_key="a", file_format="jsonl")
+    assert local.rekeyed_ds["problem"] == ["1+1?", "2+3?"] and local.rekeyed_ds["expected_answer"] == ["2", "5"]
+    assert local.task_spec.task_name == "math" and local.preprocessor is None
+    with pytest.raises(UserInputError, match=r"^data\.dataset_name: not supported yet: NeMo-RL's 'aime2025'"):
+        AIMEDataset()  # NeMo-RL's default year is not shipped here
+    with pytest.raises(UserInputError, match=r"not supported yet: NeMo-RL's 'math' evaluation set"):
+        MathDataset()
+    with pytest.raises(DataError, match=r"^variant: 'math_train' is not a MATH set"):
+        MathDataset("math_train")
+    for module in ("gpqa", "mmlu", "mmlu_pro", "mmau"):
+        with pytest.raises(UnsupportedFeatureError, match=f"eval_datasets.{module}: not supported yet"):
+            importlib.import_module(f"nemo_rl_clone.data.datasets.eval_datasets.{module}")

@@ -6,6 +6,10 @@ read the same rows.
 ``dataset_name`` is a built-in evaluation set (aime2024, math500, gsm8k, reasoning_gym, human_eval), ``local`` with
 ``data_path``, or — NeMo-RL's form — the path or URL of the file itself, read with ``problem_key``, ``solution_key``
 and ``file_format``.
+
+NeMo-RL's per-set classes live in the submodules (``aime``, ``math``, ``local_math_dataset``): each builds the same
+object from NeMo-RL's arguments. Its multiple-choice sets (``gpqa``, ``mmlu``, ``mmlu_pro``) and the audio set
+(``mmau``) are refused by name.
 """
 
 from __future__ import annotations
@@ -17,11 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_rl_clone.data.datasets import DATASET_NAMES, DataError, unknown_dataset_message
 from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.lazy_exports import lazy_getattr
 
 if TYPE_CHECKING:  # torch loads with the data interfaces: not when a config is validated
     from nemo_rl_clone.data.interfaces import TaskDataSpec
 
 __all__ = ["EVAL_DATASET_NAMES", "MULTIMODAL_DATASETS", "EvalDataset", "_is_multimodal_dataset", "load_eval_dataset"]
+
+# NeMo-RL's classes, loaded on first use: name → submodule.
+__getattr__ = lazy_getattr(
+    __name__,
+    {"AIMEDataset": "aime", "AIMEVariant": "aime", "LocalMathDataset": "local_math_dataset", "MathDataset": "math"},
+)
 
 # Dataset names that need a multimodal processor (NeMo-RL's audio set); refused here: text-only models.
 MULTIMODAL_DATASETS = {"mmau", "TwinkStart/MMAU"}
