@@ -6,7 +6,6 @@ They only type dicts: a run validates its ``data`` section as this library's `Da
 here, in one line.
 """
 
-
 from typing import Literal, NotRequired, TypedDict
 
 

@@ -210,7 +210,11 @@ def test_helpsteer3_data_processor_puts_the_conversation_in_the_first_message(to
     expected = _ids(tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])
     first, second = datum["message_log"]
     assert first["token_ids"].tolist() == expected and len(second["token_ids"]) == 0
-    assert (datum["length"], datum["extra_env_info"], datum["task_name"]) == (len(expected), {"ground_truth": "yo"}, "hs3")
+    assert (datum["length"], datum["extra_env_info"], datum["task_name"]) == (
+        len(expected),
+        {"ground_truth": "yo"},
+        "hs3",
+    )
 
 
 def test_register_processor_and_refused_processors(monkeypatch):
@@ -326,3 +330,27 @@ def test_names_of_unbuilt_features_are_refused_in_one_line(module, name, feature
     with pytest.raises(UnsupportedFeatureError, match=feature) as caught:
         getattr(importlib.import_module(module), name)
     assert "\n" not in str(caught.value)
+
+
+# ---------------------------------------------------------------- collectives (two gloo ranks)
+def _collectives_rank(rank: int, store_path: str) -> None:
+    import torch.distributed as dist
+
+    from nemo_rl_clone.distributed.collectives import gather_jagged_object_lists, rebalance_nd_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    try:
+        # rank 0 holds 3 rows, rank 1 one row: every rank gets the 4 rows in rank order
+        rows = torch.arange(6, dtype=torch.float32).reshape(3, 2) if rank == 0 else torch.full((1, 2), -1.0)
+        expected = [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [-1.0, -1.0]]
+        assert rebalance_nd_tensor(rows).tolist() == expected
+        objects = ["a", "b"] if rank == 0 else [{"c": 1}]
+        assert gather_jagged_object_lists(objects) == ["a", "b", {"c": 1}]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_collectives_concatenate_ragged_ranks_in_rank_order(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_collectives_rank, args=(str(tmp_path / "store"),), nprocs=2, join=True)
