@@ -247,3 +247,48 @@ def test_distillation_names() -> None:
     assert DistillationSaveState is RunState  # what a distillation checkpoint's training_info.json holds
     assert DistillationSaveState().training_info()["step"] == 0
     assert TokenizerType.__bound__ is PreTrainedTokenizerBase
+
+
+# --- loss wrappers: packed logits give the loss of the padded rows ----------------------------------------------
+
+
+def _packed_case() -> tuple[torch.Tensor, BatchedDataDict, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 5)
+    data = BatchedDataDict(
+        input_ids=torch.tensor([[1, 2, 3, 0], [4, 3, 2, 1]]),
+        input_lengths=torch.tensor([3, 4]),
+        token_mask=torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1]]),
+        sample_mask=torch.tensor([1.0, 1.0]),
+    )
+    junk = torch.full((1, 5), 50.0)
+    # padded layout: sample 0 at 0..2, one padding column, sample 1 at 4..7, one padding column
+    packed = torch.cat([logits[0, :3], junk, logits[1], junk]).unsqueeze(0).requires_grad_()
+    return logits, data, packed, torch.tensor([0, 4, 9])
+
+
+def test_sequence_packing_wrappers_match_the_padded_loss() -> None:
+    from nemo_rl_clone.algorithms.loss import NLLLossFn
+    from nemo_rl_clone.algorithms.loss.utils import prepare_loss_input, prepare_packed_loss_input
+    from nemo_rl_clone.algorithms.loss.wrapper import (
+        SequencePackingFusionLossWrapper,
+        SequencePackingLossWrapper,
+        wrap_loss_fn_with_input_preparation,
+    )
+
+    logits, data, packed, padded_bounds = _packed_case()
+    loss_fn, bounds = NLLLossFn(), torch.tensor([0, 3, 7])
+    valid_toks = (data["token_mask"][:, 1:] * data["sample_mask"][:, None]).sum()
+    counts = (torch.tensor(2.0), valid_toks)
+    expected, expected_metrics = wrap_loss_fn_with_input_preparation(logits, data, *counts, loss_fn, prepare_loss_input)
+    per_sample = SequencePackingLossWrapper(loss_fn, prepare_loss_input, bounds, padded_bounds)
+    fused = SequencePackingFusionLossWrapper(loss_fn, prepare_packed_loss_input, bounds, padded_bounds)
+    for wrapper in (per_sample, fused):
+        loss, metrics = wrapper(packed, data, *counts)
+        assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+        assert metrics["num_unmasked_tokens"] == expected_metrics["num_unmasked_tokens"] == valid_toks == 4
+    loss.backward()
+    assert packed.grad is not None
+    assert (packed.grad[0, [3, 8]] == 0).all() and packed.grad[0, 1].abs().sum() > 0  # padding columns: no gradient
+    with pytest.raises(UnsupportedFeatureError, match="draft"):
+        from nemo_rl_clone.algorithms.loss.wrapper import DraftLossWrapper  # noqa: F401
