@@ -199,7 +199,7 @@ def get_packer(
     if choice not in _PACKERS:
         names = ", ".join(PackingAlgorithm.__members__)
         raise ValueError(f"Unknown packing algorithm: {algorithm}. Available algorithms: {names}")
-    return _PACKERS[choice](  # type: ignore[index]  # checked just above
+    return _PACKERS[choice](
         bin_capacity,
         collect_metrics=collect_metrics,
         min_bin_count=min_bin_count,
