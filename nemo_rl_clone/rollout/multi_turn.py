@@ -3,6 +3,9 @@
 Single-turn generation is the one-turn case of `run_multi_turn_rollout`. Generated token ids are appended to the
 conversation exactly as the engine produced them (never decoded and re-encoded), together with the engine's
 logprobs, so training sees the very tokens that were sampled.
+
+NeMo-RL's two steps of a turn are here too, for code that writes its own loop: `generate_responses` (one generation
+call, answers appended to the message logs) and `calculate_rewards` (every sample's environment step).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from nemo_rl_clone.data.llm_message_utils import (
     observation_message,
 )
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-from nemo_rl_clone.environments.interfaces import reward_component_keys
+from nemo_rl_clone.environments.interfaces import EnvironmentReturn, reward_component_keys
 from nemo_rl_clone.models.generation.interfaces import GenerationInterface
 
 # A sample's environment return: (observation, metadata, next stop strings, reward, done, extracted answer).
@@ -213,6 +216,63 @@ class _Rollout:
         }
         metrics.update(_environment_metrics(batch, task_to_env))
         return batch, metrics
+
+
+def generate_responses(
+    policy_generation: GenerationInterface,
+    generation_input_data: BatchedDataDict,
+    batch: BatchedDataDict,
+    tokenizer: PreTrainedTokenizerBase,
+    input_lengths: torch.Tensor,
+    include_logprobs: bool = True,
+    greedy: bool = False,
+) -> tuple[BatchedDataDict, list[torch.Tensor], dict[str, Any]]:
+    """NeMo-RL's one generation step: generate for ``generation_input_data`` (``input_ids``, ``input_lengths``; its
+    ``stop_strings`` are set from ``batch``'s, or None per sample) and append each answer to ``batch["message_log"]``
+    in place as an assistant message (content decoded without special tokens, the engine's token ids and, with
+    ``include_logprobs``, its ``generation_logprobs``).
+
+    Returns ``(batch, generated token ids per sample, metrics)``: ``mean_generation_length``,
+    ``total_generated_tokens`` and, when the engine reports it, ``_response_truncated`` ([B] bool).
+    """
+    size = len(input_lengths)
+    generation_input_data["stop_strings"] = batch["stop_strings"] if "stop_strings" in batch else [None] * size
+    outputs = policy_generation.generate(generation_input_data, greedy=greedy)
+    generated_ids = []
+    for i in range(size):
+        start, end = int(input_lengths[i]), int(outputs["unpadded_sequence_lengths"][i])
+        generated_ids.append(outputs["output_ids"][i, start:end])
+        message = message_from_token_ids("assistant", generated_ids[-1], tokenizer, skip_special_tokens=True)
+        if include_logprobs and "logprobs" in outputs:
+            message[GENERATION_LOGPROBS] = outputs["logprobs"][i, start:end]
+        batch["message_log"][i].append(message)
+    lengths = outputs["generation_lengths"]
+    metrics: dict[str, Any] = {
+        "mean_generation_length": lengths.float().mean().item(),
+        "total_generated_tokens": lengths.sum().item(),
+    }
+    if "truncated" in outputs:
+        metrics["_response_truncated"] = outputs["truncated"]
+    return batch, generated_ids, metrics
+
+
+def calculate_rewards(batch: BatchedDataDict, task_to_env: Mapping[str, Any]) -> EnvironmentReturn:
+    """NeMo-RL's environment step of a whole batch: each sample's conversation and ``extra_env_info`` go to the
+    environment of its ``task_name`` (all environments at once); the returns come back in the batch's order, with
+    ``rewards`` [B] (or [B, K] from K-reward environments) and ``terminateds`` [B] bool."""
+    missing = sorted(set(batch["task_name"]) - set(task_to_env))
+    if missing:
+        raise ValueError(f"no environment for task_name {missing}; environments given: {sorted(task_to_env)}")
+    returns = _step_environments(batch, list(range(len(batch["message_log"]))), task_to_env)
+    ordered = [returns[i] for i in range(len(returns))]
+    return EnvironmentReturn(
+        observations=[r[0] for r in ordered],
+        metadata=[r[1] for r in ordered],
+        next_stop_strings=[r[2] for r in ordered],
+        rewards=torch.stack([r[3] for r in ordered]),
+        terminateds=torch.tensor([r[4] for r in ordered], dtype=torch.bool),
+        answers=[r[5] for r in ordered],
+    )
 
 
 def _environment_metrics(batch: BatchedDataDict, task_to_env: Mapping[str, Any]) -> dict[str, float]:

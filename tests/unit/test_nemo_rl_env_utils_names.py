@@ -201,3 +201,85 @@ def test_package_info_and_checkpoint_names() -> None:
     assert set(get_args(checkpoint.PathLike)) == {str, os.PathLike[Any]}
     with pytest.raises(UnsupportedFeatureError, match="PretrainedCheckpointConfig: not supported yet: initial weights"):
         checkpoint.PretrainedCheckpointConfig  # noqa: B018
+
+
+class _Tokenizer:
+    """Decodes id i as chr(ord('a') + i); id 0 is the special (pad/eos) token."""
+
+    pad_token_id = eos_token_id = 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join("<s>" if i == 0 else chr(ord("a") + i) for i in ids if not (skip_special_tokens and i == 0))
+
+
+class _Generation:
+    def __init__(self) -> None:
+        self.seen: object = None
+
+    def generate(self, data: object, greedy: bool = False) -> object:
+        from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+
+        self.seen = data
+        # row 0: prompt [1, 2] + answer [3, 0(eos)]; row 1: prompt [4] + answer [5], then padding
+        return BatchedDataDict(
+            output_ids=torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]]),
+            logprobs=torch.tensor([[0.0, 0.0, -0.5, -0.1], [0.0, -0.7, 0.0, 0.0]]),
+            generation_lengths=torch.tensor([2, 1]),
+            unpadded_sequence_lengths=torch.tensor([4, 2]),
+            truncated=torch.tensor([False, True]),
+        )
+
+
+def test_generate_responses_appends_each_answer_to_its_message_log() -> None:
+    from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+    from nemo_rl_clone.experience.rollouts import TokenizerType, generate_responses
+
+    assert TokenizerType.__name__ == "PreTrainedTokenizerBase"
+    batch = BatchedDataDict(message_log=[[{"role": "user", "content": "x"}], [{"role": "user", "content": "y"}]])
+    engine = _Generation()
+    data = BatchedDataDict(input_ids=torch.tensor([[1, 2], [4, 0]]), input_lengths=torch.tensor([2, 1]))
+    out, generated, metrics = generate_responses(engine, data, batch, _Tokenizer(), torch.tensor([2, 1]))
+    assert out is batch and engine.seen["stop_strings"] == [None, None]
+    assert [ids.tolist() for ids in generated] == [[3, 0], [5]]
+    answer = batch["message_log"][0][-1]
+    assert (answer["role"], answer["content"], answer["token_ids"].tolist()) == ("assistant", "d", [3, 0])
+    assert answer["generation_logprobs"].tolist() == [-0.5, pytest.approx(-0.1)]
+    assert batch["message_log"][1][-1]["content"] == "f"
+    assert metrics["mean_generation_length"] == 1.5 and metrics["total_generated_tokens"] == 3
+    assert metrics["_response_truncated"].tolist() == [False, True]
+    batch["stop_strings"] = [["\n"], None]
+    _, _, _ = generate_responses(engine, data, batch, _Tokenizer(), torch.tensor([2, 1]), include_logprobs=False)
+    assert engine.seen["stop_strings"] == [["\n"], None] and "generation_logprobs" not in batch["message_log"][0][-1]
+
+
+def test_calculate_rewards_returns_in_batch_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+    from nemo_rl_clone.environments.interfaces import EnvironmentReturn
+    from nemo_rl_clone.experience.rollouts import calculate_rewards
+    from nemo_rl_clone.rollout import multi_turn
+
+    class Env:
+        def __init__(self, reward: float) -> None:
+            self.reward = reward
+            self.step = self  # env.step.remote(...)
+
+        def remote(self, logs: list, infos: list) -> EnvironmentReturn:
+            n = len(logs)
+            return EnvironmentReturn(
+                observations=[{"role": "environment", "content": str(info)} for info in infos],
+                metadata=infos,
+                next_stop_strings=[None] * n,
+                rewards=torch.full((n,), self.reward),
+                terminateds=torch.ones(n, dtype=torch.bool),
+            )
+
+    monkeypatch.setattr(multi_turn.ray, "get", lambda ref: ref)  # the fake environments answer at once
+    batch = BatchedDataDict(
+        message_log=[[], [], []], extra_env_info=[{"i": 0}, {"i": 1}, {"i": 2}], task_name=["a", "b", "a"]
+    )
+    result = calculate_rewards(batch, {"a": Env(1.0), "b": Env(0.5)})
+    assert result.rewards.tolist() == [1.0, 0.5, 1.0]  # back in the batch's order, not grouped by task
+    assert result.metadata == [{"i": 0}, {"i": 1}, {"i": 2}] and result.answers == [None, None, None]
+    assert result.terminateds.dtype == torch.bool
+    with pytest.raises(ValueError, match=r"no environment for task_name \['b'\]"):
+        calculate_rewards(batch, {"a": Env(1.0)})
