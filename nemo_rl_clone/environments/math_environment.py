@@ -11,8 +11,8 @@ finds the last ``\\boxed{}`` or expression itself (NeMo-RL's behaviour); any oth
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypedDict
 
 import ray
 
@@ -20,6 +20,10 @@ from nemo_rl_clone.environments import dapo_math_verifier
 from nemo_rl_clone.environments.answer_extraction import extract_answer
 from nemo_rl_clone.environments.config import MathEnvConfig, check_env_config
 from nemo_rl_clone.environments.verifier_pool import VerifierPoolEnvironment, VerifierResult
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
+
+MATH_VERIFY_IMPLS = ("hf_math_verify", "dapo_math_verify")
+_STANDALONE_CALL_TIMEOUT_S = 10  # math-verify's per-call limit in a standalone `HFVerifyWorker`
 
 
 class MathVerifyWorker:
@@ -78,6 +82,63 @@ class MathVerifyWorker:
         )
 
 
+class MathEnvironmentMetadata(TypedDict):
+    """NeMo-RL's per-sample metadata of the math environment: the gold answer (and the answer extracted from the
+    response, for cons@k)."""
+
+    ground_truth: str
+    extracted_answer: str | None
+
+
+@ray.remote
+class HFVerifyWorker:
+    """NeMo-RL's verifier actor, on `MathVerifyWorker` (the scoring of the math environment, whole response handed
+    to math-verify): ``HFVerifyWorker.remote().verify.remote(responses, gold_answers)``."""
+
+    def __init__(self) -> None:
+        self._verifiers: dict[str, MathVerifyWorker] = {}
+
+    def verify(
+        self,
+        pred_responses: list[str],
+        ground_truths: list[str],
+        return_extracted_answer: bool = False,
+        **kwargs: Any,
+    ) -> list[float] | tuple[list[float], list[str | None]]:
+        """Each response's reward (1.0 or 0.0; 0.0 where verification fails or times out) and, with
+        ``return_extracted_answer``, the answers found. ``math_verify_impl`` (keyword): ``hf_math_verify`` (default)
+        or ``dapo_math_verify``."""
+        impl = kwargs.pop("math_verify_impl", "hf_math_verify")
+        if kwargs or impl not in MATH_VERIFY_IMPLS:
+            raise ValueError(
+                f"HFVerifyWorker.verify: takes math_verify_impl (one of {MATH_VERIFY_IMPLS}) only; got "
+                f"math_verify_impl={impl!r} and {sorted(kwargs)}"
+            )
+        if impl not in self._verifiers:
+            self._verifiers[impl] = MathVerifyWorker("math_verify", _STANDALONE_CALL_TIMEOUT_S, impl)
+        return verify_each(self._verifiers[impl].score, pred_responses, ground_truths, return_extracted_answer)
+
+
+def verify_each(
+    score: Callable[[str, str], VerifierResult],
+    pred_responses: list[str],
+    ground_truths: list[str],
+    return_extracted_answer: bool,
+) -> list[float] | tuple[list[float], list[str | None]]:
+    """NeMo-RL's verifier-worker return over ``score``: the rewards, or (rewards, answers); a response whose
+    scoring raises scores 0.0 with no answer."""
+    rewards: list[float] = []
+    answers: list[str | None] = []
+    for response, ground_truth in zip(pred_responses, ground_truths, strict=True):
+        try:
+            result = score(response, ground_truth)
+        except Exception:  # an unparsable gold answer: this sample scores 0, as in the environment's pool
+            result = VerifierResult(0.0, None, "error")
+        rewards.append(result.reward)
+        answers.append(result.answer)
+    return (rewards, answers) if return_extracted_answer else rewards
+
+
 @ray.remote(max_restarts=-1, max_task_retries=-1)  # a crashed environment restarts; in-flight steps are retried
 class MathEnvironment(VerifierPoolEnvironment):
     """Math environment actor over a pool of ``cfg.num_workers`` `MathVerifyWorker` actors.
@@ -123,3 +184,19 @@ def _boxed(answer: str) -> str:
     if len(stripped) >= 2 and stripped.startswith("$") and stripped.endswith("$"):
         stripped = stripped.strip("$")
     return f"\\boxed{{{stripped}}}"
+
+
+_MULTICHOICE = "multiple-choice verifiers in the math environment (env.math.verifier_type)"
+_refused = refusing_getattr(
+    __name__,
+    {"MultilingualMultichoiceVerifyWorker": _MULTICHOICE, "EnglishMultichoiceVerifyWorker": _MULTICHOICE},
+)
+
+
+def __getattr__(name: str) -> Any:
+    # NeMo-RL's path of the multi-reward environment; its module imports this one, so it is read on first use.
+    if name == "MathMultiRewardEnvironment":
+        from nemo_rl_clone.environments.math_multi_reward_environment import MathMultiRewardEnvironment
+
+        return MathMultiRewardEnvironment
+    return _refused(name)

@@ -283,3 +283,22 @@ def test_calculate_rewards_returns_in_batch_order(monkeypatch: pytest.MonkeyPatc
     assert result.terminateds.dtype == torch.bool
     with pytest.raises(ValueError, match=r"no environment for task_name \['b'\]"):
         calculate_rewards(batch, {"a": Env(1.0)})
+
+
+def test_hf_verify_worker_scores_as_the_math_environment() -> None:
+    from nemo_rl_clone.environments import math_environment as math_env
+
+    worker = math_env.HFVerifyWorker.__ray_actor_class__()  # the actor's class, run in this process
+    assert worker.verify(["so \\boxed{4}", "it is 5", "\\boxed{1}"], ["4", "4", "\\frac{"]) == [1.0, 0.0, 0.0]
+    rewards, answers = worker.verify(["x \\boxed{\\frac{1}{2}}"], ["0.5"], return_extracted_answer=True)
+    assert rewards == [1.0] and answers == ["\\frac{1}{2}"]
+    dapo = worker.verify(["Answer: 0.5"], ["\\frac{1}{2}"], math_verify_impl="dapo_math_verify")
+    assert dapo == [0.0]  # DAPO compares normalised strings, not values
+    with pytest.raises(ValueError, match="math_verify_impl"):
+        worker.verify(["a"], ["b"], math_verify_impl="sympy")
+    assert math_env.MathEnvironmentMetadata.__required_keys__ == {"ground_truth", "extracted_answer"}
+    from nemo_rl_clone.environments.math_multi_reward_environment import MathMultiRewardEnvironment
+
+    assert math_env.MathMultiRewardEnvironment is MathMultiRewardEnvironment
+    with pytest.raises(UnsupportedFeatureError, match="EnglishMultichoiceVerifyWorker: not supported yet: multiple"):
+        math_env.EnglishMultichoiceVerifyWorker  # noqa: B018
