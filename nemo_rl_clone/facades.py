@@ -56,6 +56,7 @@ REFUSED: dict[str, str] = {
     "nemo_rl_clone.algorithms.x_token": _XTOKEN,
     "nemo_rl_clone.algorithms.xtoken_off_policy_distillation": _XTOKEN,
     "nemo_rl_clone.data.cross_tokenizer_collate": _XTOKEN,
+    "nemo_rl_clone.data.datasets.response_datasets.arrow_text_dataset": _XTOKEN,
     **{
         f"nemo_rl_clone.data.datasets.response_datasets.{name}": _MULTIMODAL
         for name in ("clevr", "geometry3k", "refcoco", "mmpr_tiny", "avqa", "audiomcq", "daily_omni")

@@ -343,3 +343,18 @@ def test_eval_dataset_classes(tmp_path):
     for module in ("gpqa", "mmlu", "mmlu_pro", "mmau"):
         with pytest.raises(UnsupportedFeatureError, match=f"eval_datasets.{module}: not supported yet"):
             importlib.import_module(f"nemo_rl_clone.data.datasets.eval_datasets.{module}")
+
+
+def test_aime_validation_set_repeats_the_whole_set(tmp_path):
+    path = jsonl(
+        tmp_path / "aime.jsonl", [{"problem": "P1", "answer": "1", "id": 7}, {"problem": "P2", "answer": "2", "id": 8}]
+    )
+    data = load_response_dataset(
+        {"dataset_name": "AIME2024", "repeat": 3, "data_path": str(path), "processor": "sft_processor"}
+    )
+    assert [row["messages"][0]["content"] for row in data.dataset] == ["P1", "P2"] * 3  # set after set
+    assert data.dataset[1] == {"messages": user_assistant("P2", "2"), "task_name": "AIME2024"}
+    with pytest.raises(DataError, match=r"^variant: not supported yet: AIME '2025'"):
+        load_response_dataset({"dataset_name": "AIME2024", "variant": "2025"})
+    with pytest.raises(UnsupportedFeatureError, match="'arrow_text': not supported yet: off-policy"):
+        load_response_dataset({"dataset_name": "arrow_text"})

@@ -11,6 +11,7 @@ from typing import Any
 
 from nemo_rl_clone.data.datasets import DataError
 from nemo_rl_clone.data.datasets.raw_dataset import RawDataset
+from nemo_rl_clone.data.datasets.response_datasets.aime import AIMEDataset
 from nemo_rl_clone.data.datasets.response_datasets.dapo_math import DAPOMath17KDataset, DAPOMathAIME2024Dataset
 from nemo_rl_clone.data.datasets.response_datasets.deepscaler import DeepScalerDataset
 from nemo_rl_clone.data.datasets.response_datasets.gsm8k import GSM8KDataset
@@ -27,6 +28,7 @@ from nemo_rl_clone.utils.unsupported_modules import refuse_import
 
 __all__ = [
     "DATASET_REGISTRY",
+    "AIMEDataset",
     "DAPOMath17KDataset",
     "DAPOMathAIME2024Dataset",
     "DeepScalerDataset",
@@ -43,6 +45,7 @@ __all__ = [
 ]
 
 DATASET_REGISTRY: dict[str, type[RawDataset]] = {
+    "AIME2024": AIMEDataset,
     "DAPOMath17K": DAPOMath17KDataset,
     "DAPOMathAIME2024": DAPOMathAIME2024Dataset,
     "DeepScaler": DeepScalerDataset,
@@ -64,6 +67,8 @@ REFUSED_DATASETS: dict[str, str] = {
         ("clevr-cogent", "geometry3k", "refcoco", "mmpr-tiny", "avqa", "audiomcq", "daily-omni"), _MULTIMODAL
     ),
     "NemoGymDataset": "NeMo-Gym environments",
+    # raw text for a teacher's stored top-k outputs (kd_data_processor)
+    "arrow_text": "off-policy (cross-tokenizer) distillation from a teacher's stored outputs",
 }
 
 
