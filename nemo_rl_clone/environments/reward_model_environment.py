@@ -20,11 +20,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import torch
 import yaml
 
+from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.environments.config import RewardModelEnvConfig, check_env_config
 from nemo_rl_clone.environments.interfaces import (
     EnvironmentInterface,
@@ -126,6 +127,31 @@ def _require_score_head(model_path: str) -> None:
         )
 
 
+# NeMo-RL's shape of the ``env.reward_model`` section as a dict; it is validated as `RewardModelEnvConfig`, which
+# names each key it refuses: ``logprob_batch_size`` and ``generation`` are not keys here (the scorer batches by
+# ``batch_size`` and generates nothing). The call form keeps `NotRequired` readable under postponed annotations.
+RewardModelEnvironmentConfig = TypedDict(  # noqa: UP013 (see above)
+    "RewardModelEnvironmentConfig",
+    {
+        "enabled": bool,
+        "model_name": str,
+        "precision": str,
+        "batch_size": int,
+        "checkpoint_path": str | None,
+        "logprob_batch_size": NotRequired[int],
+        "resources": dict[str, Any],
+        "dtensor_cfg": dict[str, Any] | None,
+        "dynamic_batching": NotRequired[dict[str, Any]],
+        "sequence_packing": NotRequired[dict[str, Any]],
+        "max_grad_norm": NotRequired[float | None],
+        "generation": NotRequired[dict[str, Any] | None],
+        "tokenizer": NotRequired[dict[str, Any]],
+        "max_model_len": NotRequired[int],
+        "reward_model_cfg": NotRequired[dict[str, Any]],
+    },
+)
+
+
 class RewardModelEnvironment(EnvironmentInterface):
     """``env.reward_model``; every episode ends after one turn with the reward model's score as its reward."""
 
@@ -178,23 +204,40 @@ class RewardModelEnvironment(EnvironmentInterface):
         eos = self.tokenizer.eos_token
         return text + self._closing[bool(eos) and text.endswith(eos)]
 
+    def preprocess_data(self, message_logs: list[list[dict[str, Any]]]) -> BatchedDataDict:
+        """NeMo-RL's reward-model input of ``message_logs``: ``input_ids`` [B, S] right-padded with the pad token and
+        ``input_lengths`` [B], the tokens `step` scores (each conversation's `conversation_text`, encoded without
+        special tokens, its last ``max_model_len`` tokens kept)."""
+        texts = [self.conversation_text(log, i) for i, log in enumerate(message_logs)]
+        return self._right_padded(self._encode(texts)[0])
+
+    def _encode(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
+        """Each text's token rows as scored, and how many were cut to ``max_model_len``."""
+        encoded = [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
+        limit = self.cfg.max_model_len
+        rows = [ids[-limit:] or [self.tokenizer.pad_token_id] for ids in encoded]
+        return rows, sum(len(ids) > limit for ids in encoded)
+
+    def _right_padded(self, rows: Sequence[list[int]]) -> BatchedDataDict:
+        lengths = torch.tensor([len(ids) for ids in rows], dtype=torch.long)
+        width = max((len(ids) for ids in rows), default=0)
+        input_ids = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        for i, ids in enumerate(rows):
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+        return BatchedDataDict(input_ids=input_ids, input_lengths=lengths)
+
     @torch.no_grad()
     def score_texts(self, texts: Sequence[str]) -> torch.Tensor:
         """float32[B] scores of whole texts (each encoded without special tokens, its last ``max_model_len`` kept)."""
         start = time.perf_counter()
-        encoded = [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
-        limit = self.cfg.max_model_len
-        self._counts["truncated"] += sum(len(ids) > limit for ids in encoded)
-        self._counts["scored"] += len(encoded)
-        rows = [ids[-limit:] or [self.tokenizer.pad_token_id] for ids in encoded]
+        rows, truncated = self._encode(texts)
+        self._counts["truncated"] += truncated
+        self._counts["scored"] += len(rows)
         scores = []
         for first in range(0, len(rows), self.cfg.batch_size):
-            batch = rows[first : first + self.cfg.batch_size]
-            lengths = torch.tensor([len(ids) for ids in batch])
-            input_ids = torch.full((len(batch), int(lengths.max())), self.tokenizer.pad_token_id, dtype=torch.long)
-            for i, ids in enumerate(batch):
-                input_ids[i, : len(ids)] = torch.tensor(ids)
-            scores.append(self.scorer(input_ids.to(self.device), lengths.to(self.device))[:, 0].float().cpu())
+            batch = self._right_padded(rows[first : first + self.cfg.batch_size])
+            input_ids, lengths = batch["input_ids"].to(self.device), batch["input_lengths"].to(self.device)
+            scores.append(self.scorer(input_ids, lengths)[:, 0].float().cpu())
         self._score_seconds += time.perf_counter() - start
         return torch.cat(scores) if scores else torch.zeros(0)
 

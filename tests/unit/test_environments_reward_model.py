@@ -98,6 +98,14 @@ def test_long_conversations_keep_their_last_tokens(reward_model_dir: Path, token
     score = float(env.step([log], [{}]).rewards[0])
     assert score == pytest.approx(hf_score(reward_model_dir, tokenizer, tokenizer.decode(ids[-8:])), abs=1e-4)
     assert env.global_post_process_and_metrics({"rewards": torch.tensor([score])})[1]["truncated"] == 1
+    # NeMo-RL's preprocess_data: the same rows, right-padded, as input_ids and input_lengths
+    short = conversation(tokenizer, "Hi", "Yo", True)
+    data = env.preprocess_data([log, short])
+    short_ids = tokenizer.encode(env.conversation_text(short), add_special_tokens=False)[-8:]
+    assert data["input_lengths"].tolist() == [8, len(short_ids)]
+    assert data["input_ids"][0].tolist() == ids[-8:]
+    assert data["input_ids"][1].tolist() == short_ids + [tokenizer.pad_token_id] * (8 - len(short_ids))
+    assert env.global_post_process_and_metrics({"rewards": torch.tensor([score])})[1]["num_scored"] == 0
 
 
 def write_checkpoint(root: Path, state_dict: dict[str, torch.Tensor], reward_model: bool = True) -> Path:

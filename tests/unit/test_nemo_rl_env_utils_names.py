@@ -302,3 +302,10 @@ def test_hf_verify_worker_scores_as_the_math_environment() -> None:
     assert math_env.MathMultiRewardEnvironment is MathMultiRewardEnvironment
     with pytest.raises(UnsupportedFeatureError, match="EnglishMultichoiceVerifyWorker: not supported yet: multiple"):
         math_env.EnglishMultichoiceVerifyWorker  # noqa: B018
+
+
+def test_reward_model_environment_config_shape() -> None:
+    from nemo_rl_clone.environments.reward_model_environment import RewardModelEnvironmentConfig
+
+    assert {"model_name", "batch_size", "resources", "dtensor_cfg"} <= RewardModelEnvironmentConfig.__required_keys__
+    assert {"logprob_batch_size", "generation", "sequence_packing"} <= RewardModelEnvironmentConfig.__optional_keys__
