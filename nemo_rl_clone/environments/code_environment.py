@@ -30,6 +30,7 @@ from nemo_rl_clone.environments.sandbox import (
     run_in_sandbox,
 )
 from nemo_rl_clone.environments.verifier_pool import VerifierPoolEnvironment, VerifierResult, VerifierStatus
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 MAX_ANSWER_CHARS = 4000  # of the extracted code kept in ``answers`` (logs)
 # The pool's own deadline per response: a backstop for a wedged scorer, well after the sandbox's wall-clock limit.
@@ -146,3 +147,13 @@ class CodeEnvironment(VerifierPoolEnvironment):
                 metrics[f"sandbox_{status}_rate"] = self._sandbox_counts[status] / scored
         self._sandbox_counts.clear()
         return batch, metrics
+
+
+# NeMo-RL's code environment runs the response's code blocks in a context kept across turns and answers with their
+# output; here a response is scored against its tests in one turn.
+__getattr__ = refusing_getattr(
+    __name__,
+    dict.fromkeys(
+        ("CodeEnvMetadata", "CodeExecutionWorker"), "multi-turn code execution (code run across turns, output returned)"
+    ),
+)

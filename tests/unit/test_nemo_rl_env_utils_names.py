@@ -309,3 +309,11 @@ def test_reward_model_environment_config_shape() -> None:
 
     assert {"model_name", "batch_size", "resources", "dtensor_cfg"} <= RewardModelEnvironmentConfig.__required_keys__
     assert {"logprob_batch_size", "generation", "sequence_packing"} <= RewardModelEnvironmentConfig.__optional_keys__
+
+
+def test_multi_turn_code_execution_names_are_refused() -> None:
+    from nemo_rl_clone.environments import code_environment
+
+    for name in ("CodeExecutionWorker", "CodeEnvMetadata"):
+        with pytest.raises(UnsupportedFeatureError, match=f"{name}: not supported yet: multi-turn code execution"):
+            getattr(code_environment, name)
