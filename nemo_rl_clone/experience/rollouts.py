@@ -10,5 +10,8 @@ from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 __all__ = ["TokenizerType", "calculate_rewards", "generate_responses", "run_multi_turn_rollout"]
 
 __getattr__ = refusing_getattr(
-    __name__, dict.fromkeys(("run_async_nemo_gym_rollout", "AsyncNemoGymRolloutResult"), "NeMo-Gym environments")
+    __name__,
+    dict.fromkeys(
+        ("run_async_nemo_gym_rollout", "AsyncNemoGymRolloutResult", "EffortLevelsConfig"), "NeMo-Gym environments"
+    ),
 )

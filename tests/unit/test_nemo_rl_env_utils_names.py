@@ -235,6 +235,10 @@ def test_generate_responses_appends_each_answer_to_its_message_log() -> None:
     from nemo_rl_clone.experience.rollouts import TokenizerType, generate_responses
 
     assert TokenizerType.__name__ == "PreTrainedTokenizerBase"
+    from nemo_rl_clone.experience import rollouts
+
+    with pytest.raises(UnsupportedFeatureError, match="EffortLevelsConfig: not supported yet: NeMo-Gym"):
+        rollouts.EffortLevelsConfig  # noqa: B018
     batch = BatchedDataDict(message_log=[[{"role": "user", "content": "x"}], [{"role": "user", "content": "y"}]])
     engine = _Generation()
     data = BatchedDataDict(input_ids=torch.tensor([[1, 2], [4, 0]]), input_lengths=torch.tensor([2, 1]))
