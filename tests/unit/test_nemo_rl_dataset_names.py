@@ -22,7 +22,6 @@ from nemo_rl_clone.data.datasets.preference_datasets import (
 from nemo_rl_clone.data.datasets.preference_datasets import HelpSteer3Dataset as HelpSteer3Preference
 from nemo_rl_clone.data.datasets.processed_dataset import AllTaskProcessedDataset
 from nemo_rl_clone.data.datasets.raw_dataset import RawDataset, task_name_from_path
-from nemo_rl_clone.data.datasets.response import sft_processor
 from nemo_rl_clone.data.datasets.response_datasets import (
     DATASET_REGISTRY,
     DAPOMathAIME2024Dataset,
@@ -46,6 +45,7 @@ from nemo_rl_clone.data.datasets.utils import (
     resolve_external_dataset_class,
     update_single_dataset_config,
 )
+from nemo_rl_clone.data.processors import sft_processor
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.unsupported_modules import UnsupportedFeatureError
@@ -164,7 +164,7 @@ def test_load_response_dataset_binds_spec_and_processor(tmp_path):
     )
     datum = processed[0]
     assert tokenizer.decode(datum["message_log"][0]["token_ids"]).count("Q: 2+2?") == 1  # the prompt file applied
-    assert datum["message_log"][-1]["token_loss_mask"].all() and datum["task_name"] == "d-sft"
+    assert datum["message_log"][-1]["token_loss_mask"].all() and datum["extra_env_info"] is None
     assert processed.encode_single("hi there") == (tokenizer.encode("hi there", add_special_tokens=False), 2)
     ids, count = processed.encode_single(["hi", "there"])
     assert ids.tolist() == tokenizer.encode("hi", add_special_tokens=False) + tokenizer.encode(

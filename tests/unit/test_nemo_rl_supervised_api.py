@@ -116,7 +116,7 @@ def test_run_sft_data_functions_build_the_sft_datums(tmp_path):
         merged, tokenizer, None, {"squad": (data.task_spec, processor)}, max_seq_length=64
     )
     datum = dataset[5]
-    assert datum["idx"] == 5 and datum["loss_multiplier"] == 1.0 and datum["task_name"] == "squad"
+    assert datum["idx"] == 5 and datum["loss_multiplier"] == 1.0 and datum["extra_env_info"] is None
     assert [m["role"] for m in datum["message_log"]] == ["system", "user", "assistant"]
     assert datum["message_log"][-1]["token_loss_mask"].all() and not datum["message_log"][0]["token_loss_mask"].any()
     with pytest.raises(UserInputError, match=r"^data\.processor: not supported yet: 'no_such_processor'"):

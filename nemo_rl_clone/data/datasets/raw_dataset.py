@@ -44,7 +44,8 @@ class RawDataset:
             self.dataset, self.val_dataset = parts["train"], parts["test"]
 
     def set_processor(self) -> None:
-        """Bind the processor ``data_config["processor"]`` names (``default`` when unset)."""
+        """Bind the processor ``data_config["processor"]`` names in ``data.processors.PROCESSOR_REGISTRY``
+        (``default`` when unset)."""
         name = self.data_config.get("processor", "default")
         registry = _processor_registry()
         if name not in registry:
@@ -94,8 +95,6 @@ def ending_with_assistant(messages: list[dict[str, Any]], source: str) -> list[d
 
 
 def _processor_registry() -> dict[str, Callable[..., Any]]:
-    # NeMo-RL's PROCESSOR_REGISTRY lives in data.processors once built there; sft_processor is this package's own.
-    from nemo_rl_clone.data import processors
-    from nemo_rl_clone.data.datasets.response import sft_processor
+    from nemo_rl_clone.data.nemo_rl_processors import PROCESSOR_REGISTRY  # loads the datum builders: on use only
 
-    return {**getattr(processors, "PROCESSOR_REGISTRY", {}), "sft_processor": sft_processor}
+    return PROCESSOR_REGISTRY
