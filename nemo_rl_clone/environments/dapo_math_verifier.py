@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 TAIL_CHARS = 300  # only the end of the response is searched for the answer line
 STRICT_TAIL_CHARS = 100  # strict_box_verify: only the end of the response is searched for the box
@@ -131,10 +132,9 @@ def compute_score(
     ground_truth: str,
     strict_box_verify: bool = False,
     pause_tokens_index: Sequence[int] | None = None,
-) -> tuple[float, str | None]:
-    """(reward 1.0 or 0.0, the extracted answer as written, or None) of the response's last `TAIL_CHARS` characters,
-    scored by `verify`."""
-    tail = solution_str[-TAIL_CHARS:]
-    correct, prediction = verify(tail, ground_truth, strict_box_verify, pause_tokens_index)
-    answer = prediction if strict_box_verify else extract_answer_line(tail)
-    return (1.0 if correct else 0.0), answer
+) -> dict[str, Any]:
+    """NeMo-RL's score of the response's last `TAIL_CHARS` characters by `verify`: ``{"score": 1.0 or 0.0, "acc":
+    correct, "pred": the prediction}`` (normalised, ``"[INVALID]"`` without an answer line; with
+    ``strict_box_verify``, the box's content as written, or None)."""
+    correct, prediction = verify(solution_str[-TAIL_CHARS:], ground_truth, strict_box_verify, pause_tokens_index)
+    return {"score": 1.0 if correct else 0.0, "acc": correct, "pred": prediction}

@@ -51,7 +51,8 @@ class MathVerifyWorker:
         Raises ValueError if the gold answer does not parse (the pool scores that sample 0 and logs it).
         """
         if self._dapo:
-            return VerifierResult(*dapo_math_verifier.compute_score(response, ground_truth))
+            scored = dapo_math_verifier.compute_score(response, ground_truth)
+            return VerifierResult(scored["score"], dapo_math_verifier.extract_answer_line(response))
         answer: str | None = None
         try:
             gold = self._parse_latex(_boxed(ground_truth))

@@ -26,12 +26,16 @@ def test_normal_forms(answer: str, normal: str) -> None:
 
 
 def test_scores() -> None:
-    assert compute_score("Reasoning...\nAnswer: 42", "42") == (1.0, "42")
-    assert compute_score("Answer: \\frac12", "\\frac{1}{2}") == (1.0, "\\frac12")
-    assert compute_score("answer : 3\nAnswer: 4", "4") == (1.0, "4")  # case-insensitive; the last line counts
-    assert compute_score("Answer: 0.5", "\\frac{1}{2}") == (0.0, "0.5")  # strings, not values
-    assert compute_score("The result is \\boxed{42}", "42") == (0.0, None)  # no answer line
-    assert compute_score("Answer: 42" + " and more" * 40, "42") == (0.0, None)  # outside the last 300 characters
+    def score(response: str, gold: str) -> tuple[float, bool, str | None]:
+        scored = compute_score(response, gold)
+        return scored["score"], scored["acc"], scored["pred"]  # NeMo-RL's dict
+
+    assert score("Reasoning...\nAnswer: 42", "42") == (1.0, True, "42")
+    assert score("Answer: \\frac12", "\\frac{1}{2}") == (1.0, True, "\\frac{1}{2}")  # the normalised prediction
+    assert score("answer : 3\nAnswer: 4", "4") == (1.0, True, "4")  # case-insensitive; the last line counts
+    assert score("Answer: 0.5", "\\frac{1}{2}") == (0.0, False, "0.5")  # strings, not values
+    assert score("The result is \\boxed{42}", "42") == (0.0, False, "[INVALID]")  # no answer line
+    assert score("Answer: 42" + " and more" * 40, "42") == (0.0, False, "[INVALID]")  # outside the last 300 characters
 
 
 def test_the_math_environment_scores_with_it() -> None:

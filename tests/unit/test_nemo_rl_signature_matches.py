@@ -40,15 +40,15 @@ def test_reinforce_plus_plus_takes_nemo_rl_logprob_arguments():
 
 
 def test_dapo_strict_box_verify_compares_the_last_box_as_written():
-    assert compute_score("so \\boxed{42}", "42", strict_box_verify=True) == (1.0, "42")
-    assert compute_score("so \\boxed{42.0}", "42", strict_box_verify=True) == (0.0, "42.0")  # not normalised
-    assert compute_score("Answer: 42", "42", strict_box_verify=True) == (0.0, None)  # only a box counts
+    assert compute_score("so \\boxed{42}", "42", strict_box_verify=True) == {"score": 1.0, "acc": True, "pred": "42"}
+    assert compute_score("so \\boxed{42.0}", "42", strict_box_verify=True)["pred"] == "42.0"  # not normalised
+    assert compute_score("Answer: 42", "42", strict_box_verify=True)["pred"] is None  # only a box counts
     far = "\\boxed{42}" + " filler" * 30
-    assert compute_score(far, "42", strict_box_verify=True) == (0.0, None)  # outside the last 100 characters
-    assert compute_score(far, "42", strict_box_verify=True, pause_tokens_index=[0, 1, 2, 50]) == (1.0, "42")
+    assert compute_score(far, "42", strict_box_verify=True)["score"] == 0.0  # outside the last 100 characters
+    assert compute_score(far, "42", strict_box_verify=True, pause_tokens_index=[0, 1, 2, 50])["score"] == 1.0
     with pytest.raises(ValueError, match="pause_tokens_index"):
         compute_score(far, "42", strict_box_verify=True, pause_tokens_index=[50])
-    assert compute_score(solution_str="Answer: 7", ground_truth="7") == (1.0, "7")
+    assert compute_score(solution_str="Answer: 7", ground_truth="7") == {"score": 1.0, "acc": True, "pred": "7"}
 
 
 def test_wandb_entity_reaches_wandb_init(tmp_path, monkeypatch):
