@@ -321,3 +321,13 @@ def test_multi_turn_code_execution_names_are_refused() -> None:
     for name in ("CodeExecutionWorker", "CodeEnvMetadata"):
         with pytest.raises(UnsupportedFeatureError, match=f"{name}: not supported yet: multi-turn code execution"):
             getattr(code_environment, name)
+
+
+def test_generation_interface_optional_hooks() -> None:
+    from nemo_rl_clone.models.generation.vllm.vllm_generation import VllmGeneration
+
+    generation = object.__new__(VllmGeneration)  # the hooks read no state: no engines needed
+    assert generation.requires_kv_scale_sync is False
+    assert generation.get_logger_metrics() == {} and generation.clear_logger_metrics() is None
+    with pytest.raises(UnsupportedFeatureError, match="update_weights_via_ipc_zmq: not supported yet: CUDA-IPC"):
+        generation.update_weights_via_ipc_zmq()

@@ -36,6 +36,7 @@ from nemo_rl_clone.models.generation.config_types import (  # NeMo-RL's names at
     ResourcesConfig,
 )
 from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.unsupported_modules import UnsupportedFeatureError
 
 __all__ = [
     "GENERATION_INPUT_KEYS",
@@ -108,6 +109,26 @@ class GenerationInterface(ABC):
     @abstractmethod
     def invalidate_kv_cache(self) -> None:
         """Drop cached KV/prefix blocks (they were computed with the old weights)."""
+
+    @property
+    def requires_kv_scale_sync(self) -> bool:
+        """NeMo-RL's: whether a refit must also send FP8 KV-cache scales; never here (no FP8 KV cache)."""
+        return False
+
+    def update_weights_via_ipc_zmq(self) -> list[ray.ObjectRef]:
+        """NeMo-RL's CUDA-IPC refit over ZMQ is not built: colocated refit is `update_weights_from_state_dict`."""
+        raise UnsupportedFeatureError(
+            f"{type(self).__name__}.update_weights_via_ipc_zmq: not supported yet: CUDA-IPC weight transfer over ZMQ "
+            "(colocated refit goes through update_weights_from_state_dict)"
+        )
+
+    def get_logger_metrics(self) -> dict[str, Any]:
+        """NeMo-RL's vLLM logger gauges: {}, none are collected here (``vllm_cfg.enable_vllm_metrics_logger`` logs
+        nothing); generation throughput comes from `take_performance_metrics`."""
+        return {}
+
+    def clear_logger_metrics(self) -> None:  # noqa: B027 (NeMo-RL's optional hook, not abstract)
+        """NeMo-RL's reset of the gauges `get_logger_metrics` reports; none are collected here, so nothing to reset."""
 
     @abstractmethod
     def shutdown(self) -> bool:
