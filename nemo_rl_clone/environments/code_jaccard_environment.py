@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 import ray
 
 from nemo_rl_clone.environments.config import CodeJaccardEnvConfig, check_env_config
-from nemo_rl_clone.environments.math_environment import ground_truth_of
+from nemo_rl_clone.environments.math_verify_worker import ground_truth_of
 from nemo_rl_clone.environments.verifier_pool import VerifierPoolEnvironment, VerifierResult
 from nemo_rl_clone.utils.config_validation import as_config
 

@@ -4,8 +4,8 @@
 The answer is the text after the last ``Answer:`` in the response's last 300 characters (the DAPO prompt asks for
 a final ``Answer: ...`` line); it and the gold answer are normalised by the rules of the Minerva paper (Lewkowycz et
 al. 2022, appendix D: the part after the last ``=``, units and ``\\text{}`` wrappers dropped, ``\\frac12`` written
-``\\frac{1}{2}``, thousands separators removed) and compared as strings. Reward 1.0 on a match, else 0.0. Unlike
-math-verify it never parses the expressions: ``0.5`` and ``\\frac{1}{2}`` differ.
+``\\frac{1}{2}``, thousands separators removed) and compared as strings. Reward 1.0 on a match, else -1.0 (DAPO's
+±1, as NeMo-RL scores it). Unlike math-verify it never parses the expressions: ``0.5`` and ``\\frac{1}{2}`` differ.
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ def compute_score(
     strict_box_verify: bool = False,
     pause_tokens_index: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """NeMo-RL's score of the response's last `TAIL_CHARS` characters by `verify`: ``{"score": 1.0 or 0.0, "acc":
-    correct, "pred": the prediction}`` (normalised, ``"[INVALID]"`` without an answer line; with
-    ``strict_box_verify``, the box's content as written, or None)."""
+    """NeMo-RL's score of the response's last `TAIL_CHARS` characters by `verify`: ``{"score": 1.0 or -1.0, "acc":
+    correct, "pred": the prediction}`` (DAPO's ±1 reward; the prediction normalised, ``"[INVALID]"`` without an
+    answer line; with ``strict_box_verify``, the box's content as written, or None)."""
     correct, prediction = verify(solution_str[-TAIL_CHARS:], ground_truth, strict_box_verify, pause_tokens_index)
-    return {"score": 1.0 if correct else 0.0, "acc": correct, "pred": prediction}
+    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": prediction}

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from nemo_rl_clone.environments.config import MathMultiRewardEnvConfig, check_env_config
-from nemo_rl_clone.environments.math_environment import MathVerifyWorker, ground_truth_of
+from nemo_rl_clone.environments.math_verify_worker import MathVerifyWorker, ground_truth_of
 from nemo_rl_clone.environments.verifier_pool import VerifierPoolEnvironment, VerifierResult, batch_reward_metrics
 
 if TYPE_CHECKING:

@@ -33,15 +33,15 @@ def test_scores() -> None:
     assert score("Reasoning...\nAnswer: 42", "42") == (1.0, True, "42")
     assert score("Answer: \\frac12", "\\frac{1}{2}") == (1.0, True, "\\frac{1}{2}")  # the normalised prediction
     assert score("answer : 3\nAnswer: 4", "4") == (1.0, True, "4")  # case-insensitive; the last line counts
-    assert score("Answer: 0.5", "\\frac{1}{2}") == (0.0, False, "0.5")  # strings, not values
-    assert score("The result is \\boxed{42}", "42") == (0.0, False, "[INVALID]")  # no answer line
-    assert score("Answer: 42" + " and more" * 40, "42") == (0.0, False, "[INVALID]")  # outside the last 300 characters
+    assert score("Answer: 0.5", "\\frac{1}{2}") == (-1.0, False, "0.5")  # strings, not values
+    assert score("The result is \\boxed{42}", "42") == (-1.0, False, "[INVALID]")  # no answer line
+    assert score("Answer: 42" + " and more" * 40, "42") == (-1.0, False, "[INVALID]")  # outside the last 300 characters
 
 
 def test_the_math_environment_scores_with_it() -> None:
     dapo = MathVerifyWorker("math_verify", call_timeout_s=5, math_verify_impl="dapo_math_verify")
     symbolic = MathVerifyWorker("math_verify", call_timeout_s=5)
     response = "So the answer is \\boxed{0.5}.\nAnswer: 0.5"
-    assert dapo.score(response, "\\frac{1}{2}").reward == 0.0
+    assert dapo.score(response, "\\frac{1}{2}").reward == -1.0  # DAPO's wrong-answer reward
     assert symbolic.score(response, "\\frac{1}{2}").reward == 1.0  # math-verify compares values
     assert dapo.score("Answer: 1/2", "1/2").reward == 1.0

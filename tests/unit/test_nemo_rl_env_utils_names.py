@@ -297,7 +297,7 @@ def test_hf_verify_worker_scores_as_the_math_environment() -> None:
     rewards, answers = worker.verify(["x \\boxed{\\frac{1}{2}}"], ["0.5"], return_extracted_answer=True)
     assert rewards == [1.0] and answers == ["\\frac{1}{2}"]
     dapo = worker.verify(["Answer: 0.5"], ["\\frac{1}{2}"], math_verify_impl="dapo_math_verify")
-    assert dapo == [0.0]  # DAPO compares normalised strings, not values
+    assert dapo == [-1.0]  # DAPO compares normalised strings, not values; a miss scores -1
     with pytest.raises(ValueError, match="math_verify_impl"):
         worker.verify(["a"], ["b"], math_verify_impl="sympy")
     assert math_env.MathEnvironmentMetadata.__required_keys__ == {"ground_truth", "extracted_answer"}

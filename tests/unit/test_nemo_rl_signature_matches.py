@@ -44,7 +44,7 @@ def test_dapo_strict_box_verify_compares_the_last_box_as_written():
     assert compute_score("so \\boxed{42.0}", "42", strict_box_verify=True)["pred"] == "42.0"  # not normalised
     assert compute_score("Answer: 42", "42", strict_box_verify=True)["pred"] is None  # only a box counts
     far = "\\boxed{42}" + " filler" * 30
-    assert compute_score(far, "42", strict_box_verify=True)["score"] == 0.0  # outside the last 100 characters
+    assert compute_score(far, "42", strict_box_verify=True)["score"] == -1.0  # outside the last 100 characters
     assert compute_score(far, "42", strict_box_verify=True, pause_tokens_index=[0, 1, 2, 50])["score"] == 1.0
     with pytest.raises(ValueError, match="pause_tokens_index"):
         compute_score(far, "42", strict_box_verify=True, pause_tokens_index=[50])
