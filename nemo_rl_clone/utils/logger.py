@@ -10,14 +10,16 @@ Files written under the run's log dir:
 - `tensorboard/`, `wandb/`, `mlruns/` when those backends are enabled.
 
 NeMo-RL's calls work unchanged: ``Logger(config["logger"])`` (a plain dict), ``log_metrics(metrics, step, prefix,
-step_metric)``, ``log_batched_dict_as_jsonl``, ``log_string_list_as_jsonl``, ``log_plot``, ``log_histogram``, and the
-module functions `flatten_dict` and `print_message_log_samples`.
+step_metric)``, ``log_batched_dict_as_jsonl``, ``log_string_list_as_jsonl``, ``log_plot``, ``log_histogram``,
+`flatten_dict`; its per-backend loggers, `print_message_log_samples` and `configure_rich_logging` load from
+`nemo_rl_clone.utils.logger_faces` on first use.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import logging
 import math
@@ -46,7 +48,8 @@ from nemo_rl_clone.utils.logger_backends import (
     WandbBackend,
     default_mlflow_tracking_uri,
 )
-from nemo_rl_clone.utils.samples import one_row_slices, print_samples, sample_rows
+from nemo_rl_clone.utils.samples import one_row_slices
+from nemo_rl_clone.utils.unsupported_modules import refuse_import
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,9 @@ class GpuMonitoringConfig:
         return check_at_least(self, 0, "collection_interval", "flush_interval")
 
 
+GPUMonitoringConfig = GpuMonitoringConfig  # NeMo-RL's spelling
+
+
 @dataclass
 class MLflowConfig:
     experiment_name: str = "nemo-rl-clone"
@@ -113,15 +119,8 @@ class LoggerConfig:
     gpu_monitoring: GpuMonitoringConfig = field(default_factory=GpuMonitoringConfig)
 
     def check(self) -> list[tuple[str, str]]:
-        if self.swanlab_enabled:
-            return [
-                (
-                    "swanlab_enabled",
-                    "not supported yet: SwanLab logging (swanlab is not installed); use wandb_enabled, "
-                    "tensorboard_enabled or mlflow_enabled",
-                )
-            ]
-        return []
+        swanlab = "not supported yet: SwanLab logging (swanlab is not installed); use wandb_enabled, "
+        return [("swanlab_enabled", swanlab + "tensorboard_enabled or mlflow_enabled")] if self.swanlab_enabled else []
 
 
 def check_no_samples_to_print(logger: LoggerConfig | None, run: str) -> list[tuple[str, str]]:
@@ -448,24 +447,6 @@ def _flatten(tree: Mapping[str, Any], prefix: str, sep: str, expand_lists: bool 
     return items
 
 
-def print_message_log_samples(
-    message_logs: Sequence[Sequence[Mapping[str, Any]]], rewards: Sequence[float], num_samples: int = 5, step: int = 0
-) -> None:
-    """Prints up to ``num_samples`` conversations with their rewards: when there are more, the best and the worst
-    half each (and the median one for an odd count), so both ends of the reward range show."""
-    if len(message_logs) != len(rewards):
-        raise ValueError(f"print_message_log_samples: {len(message_logs)} message logs but {len(rewards)} rewards")
-    if num_samples <= 0 or not message_logs:
-        return
-    order = sorted(range(len(rewards)), key=lambda i: rewards[i], reverse=True)
-    if len(order) > num_samples:
-        half = num_samples // 2
-        order = order[:half] + order[len(order) - half :] + ([order[len(order) // 2]] if num_samples % 2 else [])
-    picked = {"message_log": [message_logs[i] for i in order], "idx": order}
-    rows = sample_rows(picked, torch.tensor([float(rewards[i]) for i in order]))
-    print_samples(rows, f"Step {step} sample")
-
-
 def _to_plain(value: Any) -> Any:
     """Nested mappings/sequences (e.g. OmegaConf nodes) as plain dicts/lists, which every backend accepts."""
     if isinstance(value, Mapping):
@@ -500,3 +481,20 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"{type(value).__name__} is not supported (use str, numbers, lists, dicts, tensors or arrays)")
+
+
+# NeMo-RL's names beyond `Logger`: loaded on first use (their module imports this one)
+_FACES = frozenset(
+    {"LoggerInterface", "TensorboardLogger", "WandbLogger", "MLflowLogger", "GpuMetricSnapshot"}
+    | {"configure_rich_logging", "print_message_log_samples"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SwanlabLogger":
+        refuse_import(
+            f"{__name__}.{name}", "SwanLab logging (swanlab is not installed); use wandb, TensorBoard or MLflow"
+        )
+    if name in _FACES:
+        return getattr(importlib.import_module("nemo_rl_clone.utils.logger_faces"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

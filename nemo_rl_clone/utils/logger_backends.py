@@ -115,11 +115,11 @@ class JsonlBackend:
 class TensorboardBackend:
     """Scalars via `torch.utils.tensorboard.SummaryWriter`; hyperparameters in the HParams tab."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.log_dir = log_dir
-        self._writer = SummaryWriter(log_dir=str(log_dir))
+        self._writer = SummaryWriter(log_dir=None if log_dir is None else str(log_dir))  # None: runs/<time>_<host>
+        self.log_dir = Path(self._writer.log_dir)
 
     def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
         for key, value in metrics.items():
@@ -152,26 +152,26 @@ class WandbBackend:
     def __init__(self, run_dir: Path, project: str, name: str, mode: str, entity: str | None = None) -> None:
         import wandb
 
-        self._run = wandb.init(dir=str(run_dir), project=project, name=name, mode=mode, entity=entity)  # type: ignore[arg-type]  # one of MODES, checked by Logger
+        self.run = wandb.init(dir=str(run_dir), project=project, name=name, mode=mode, entity=entity)  # type: ignore[arg-type]  # one of MODES, checked by Logger
 
     def log_metrics(self, metrics: Mapping[str, Scalar], step: int) -> None:
-        self._run.log(dict(metrics), step=step)
+        self.run.log(dict(metrics), step=step)
 
     def log_hyperparams(self, flat_params: Mapping[str, Any], params: Mapping[str, Any]) -> None:
-        self._run.config.update(dict(params), allow_val_change=True)  # wandb shows nesting natively
+        self.run.config.update(dict(params), allow_val_change=True)  # wandb shows nesting natively
 
     def log_plot(self, figure: Any, step: int, name: str) -> None:
         import wandb
 
-        self._run.log({name: wandb.Image(figure)}, step=step)
+        self.run.log({name: wandb.Image(figure)}, step=step)
 
     def log_histogram(self, values: Any, step: int, name: str) -> None:
         import wandb
 
-        self._run.log({name: wandb.Histogram(values)}, step=step)
+        self.run.log({name: wandb.Histogram(values)}, step=step)
 
     def finish(self, failed: bool) -> None:
-        self._run.finish(exit_code=1 if failed else 0)
+        self.run.finish(exit_code=1 if failed else 0)
 
 
 class MlflowBackend:
