@@ -29,6 +29,7 @@ from nemo_rl_clone.models.policy.config import (
     OptimizerConfig,
     SequencePackingConfig,
 )
+from nemo_rl_clone.models.policy.interfaces import LogprobOutputSpec, ReferenceLogprobOutputSpec
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.utils.config_validation import config_to_dict
 from tests.unit.policy_backend_plugin import PLUGIN_PATH
@@ -82,11 +83,14 @@ def two_workers(
     policy = Policy(cluster, policy_config(model_path), tokenizer)
     try:
         record: dict[str, Any] = {"checkpoint": checkpoint}
-        record["initial_logprobs"] = policy.get_logprobs(batch)["logprobs"]
+        record["output_keys"] = {"logprobs": set(logprobs := policy.get_logprobs(batch))}
+        record["initial_logprobs"] = logprobs["logprobs"]
         # 5 rows over 2 ranks with microbatches of 2: rank 0 runs 2 forwards, rank 1 one real and one dummy.
         record["odd_logprobs"] = policy.get_logprobs(batch.slice(0, 5), micro_batch_size=2)["logprobs"]
         record["step1"] = policy.train(batch, NLLLossFn())
-        record["reference_logprobs"] = policy.get_reference_policy_logprobs(batch)["reference_logprobs"]
+        reference = policy.get_reference_policy_logprobs(batch)
+        record["output_keys"]["reference_logprobs"] = set(reference)
+        record["reference_logprobs"] = reference["reference_logprobs"]
         record["eval2"] = policy.train(batch, NLLLossFn(), eval_mode=True)
         record["step2"] = policy.train(batch, NLLLossFn())
         policy.save_checkpoint(
@@ -266,6 +270,13 @@ def test_logprobs_equal_a_plain_hf_forward(two_workers: dict, reference: dict, b
     logprobs = two_workers["initial_logprobs"]
     assert logprobs.shape == batch["input_ids"].shape and logprobs.dtype == torch.float32
     torch.testing.assert_close(logprobs, reference["initial_logprobs"], atol=1e-5, rtol=0)
+
+
+def test_returns_have_exactly_nemo_rl_output_spec_keys(two_workers: dict) -> None:
+    assert two_workers["output_keys"] == {
+        "logprobs": LogprobOutputSpec.__required_keys__,
+        "reference_logprobs": ReferenceLogprobOutputSpec.__required_keys__,
+    }
 
 
 def test_logprob_layout_zero_at_position_zero_and_padding(two_workers: dict, batch: BatchedDataDict) -> None:

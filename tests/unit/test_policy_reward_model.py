@@ -29,6 +29,7 @@ from nemo_rl_clone.models.policy.config import (
     PolicyConfig,
     RewardModelConfig,
 )
+from nemo_rl_clone.models.policy.interfaces import ScoreOutputSpec
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.models.policy.workers.reward_model import SCORE_HEAD_INIT_SEED
 from nemo_rl_clone.utils.config_validation import ConfigError, config_to_dict, validate_config
@@ -126,7 +127,8 @@ def two_workers(
     policy = Policy(cluster, rm_config(model_path), tokenizer, name_prefix="rm-policy")
     try:
         record: dict[str, Any] = {"checkpoint": checkpoint}
-        record["initial_held_out"] = policy.score(held_out_batch)["scores"]
+        record["score_keys"] = set(scores := policy.score(held_out_batch))
+        record["initial_held_out"] = scores["scores"]
         # 5 rows over 2 ranks in microbatches of 2: uneven shards and microbatch counts.
         record["odd_scores"] = policy.score(held_out_batch.slice(0, 5), micro_batch_size=2)["scores"]
         record["steps"] = [policy.train(train_batch, PreferenceLossFn()) for _ in range(TRAIN_STEPS)]
@@ -240,6 +242,10 @@ def test_scores_equal_a_plain_hf_forward_at_the_last_valid_token(
 
 
 # ---------------------------------------------------------------------------- training
+def test_score_returns_exactly_nemo_rl_score_output_spec(two_workers: dict) -> None:
+    assert two_workers["score_keys"] == ScoreOutputSpec.__required_keys__
+
+
 def test_bradley_terry_training_learns_the_preference(two_workers: dict) -> None:
     """Loss falls and held-out pairs (other questions, same rule) become correctly ranked."""
     losses = [step["loss"].item() for step in two_workers["steps"]]

@@ -14,6 +14,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
 from nemo_rl_clone.models.policy.config import DynamicBatchingConfig
+from nemo_rl_clone.models.policy.interfaces import TopkLogitsOutputSpec
 from nemo_rl_clone.models.policy.lm_policy import Policy
 from nemo_rl_clone.models.policy.workers.topk_logits import topk_of_logits
 from tests.unit.policy_reference import make_batch, policy_config
@@ -75,6 +76,7 @@ def results(ray_local: None, model_path: str, batch: BatchedDataDict) -> Iterato
 @pytest.mark.parametrize("case", ["plain", "dynamic"])
 def test_topk_equals_a_plain_hf_forward(results: dict, hf_topk: tuple, batch: BatchedDataDict, case: str) -> None:
     out = results[case]
+    assert set(out) == TopkLogitsOutputSpec.__required_keys__  # NeMo-RL's output spec, no other key
     values, indices = hf_topk
     assert out["topk_logits"].shape == (*batch["input_ids"].shape, K) and out["topk_logits"].dtype == torch.float32
     assert out["topk_indices"].dtype == torch.int64

@@ -7,13 +7,38 @@ with position ``i`` holding ``log p(token_i | tokens_<i)``, 0 at position 0 and 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
 from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.utils.timer import Timer
+
+
+class LogprobOutputSpec(TypedDict):
+    """`PolicyInterface.get_logprobs`' result: ``[B, S]`` fp32 (layout: the module's docstring)."""
+
+    logprobs: torch.Tensor
+
+
+class ReferenceLogprobOutputSpec(TypedDict):
+    """`PolicyInterface.get_reference_policy_logprobs`' result: ``[B, S]`` fp32 under the initial weights."""
+
+    reference_logprobs: torch.Tensor
+
+
+class ScoreOutputSpec(TypedDict):
+    """`PolicyInterface.score`'s result: ``[B]`` fp32 (a PPO critic's: ``[B, S]``)."""
+
+    scores: torch.Tensor
+
+
+class TopkLogitsOutputSpec(TypedDict):
+    """`PolicyInterface.get_topk_logits`' result: ``[B, S, k]`` fp32 logits, largest first, and their int64 ids."""
+
+    topk_logits: torch.Tensor
+    topk_indices: torch.Tensor
 
 
 class PolicyInterface(ABC):
