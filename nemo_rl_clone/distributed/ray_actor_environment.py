@@ -59,6 +59,14 @@ class PY_EXECUTABLES:
     MCORE = UvEnvironment("mcore", ("mcore",))
 
 
+# NeMo-RL's switch: NEMO_RL_PY_EXECUTABLES_SYSTEM=1 keeps every actor in the driver's interpreter (an image that
+# already holds vLLM and Megatron); otherwise the vLLM and Megatron environments above. The vLLM workers take
+# VLLM_EXECUTABLE when the driver lacks vLLM; Megatron workers run in the driver's interpreter unless registered.
+USE_SYSTEM_EXECUTABLE = os.environ.get("NEMO_RL_PY_EXECUTABLES_SYSTEM", "0") == "1"
+VLLM_EXECUTABLE: EnvironmentSpec = PY_EXECUTABLES.SYSTEM if USE_SYSTEM_EXECUTABLE else PY_EXECUTABLES.VLLM
+MCORE_EXECUTABLE: EnvironmentSpec = PY_EXECUTABLES.SYSTEM if USE_SYSTEM_EXECUTABLE else PY_EXECUTABLES.MCORE
+
+
 _ACTOR_ENVIRONMENTS: dict[str, EnvironmentSpec] = {}
 _REBUILT_THIS_PROCESS: set[Path] = set()
 

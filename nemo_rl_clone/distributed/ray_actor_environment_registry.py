@@ -2,6 +2,16 @@
 the code is `nemo_rl_clone.distributed.ray_actor_environment`. A facade (`nemo_rl_clone.facades`): nothing inside the
 package imports it."""
 
-from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_env
+from nemo_rl_clone.distributed.ray_actor_environment import (
+    MCORE_EXECUTABLE,
+    USE_SYSTEM_EXECUTABLE,
+    VLLM_EXECUTABLE,
+    get_actor_python_env,
+)
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
-__all__ = ["get_actor_python_env"]
+__all__ = ["MCORE_EXECUTABLE", "USE_SYSTEM_EXECUTABLE", "VLLM_EXECUTABLE", "get_actor_python_env"]
+
+__getattr__ = refusing_getattr(
+    __name__, {"SGLANG_EXECUTABLE": "the SGLang generation backend; use policy.generation.backend: vllm"}
+)

@@ -135,3 +135,45 @@ def test_configure_rich_logging_installs_one_rich_handler_once(monkeypatch):
     nemo_logger.configure_rich_logging(level="DEBUG")  # a second call changes nothing
     assert [type(h) for h in root.handlers] == [RichHandler]
     assert root.level == logging.WARNING
+
+
+# ---------------------------------------------------------------- nemo_rl.distributed.ray_actor_environment_registry
+def _registry_values(environ: dict[str, str]) -> list[str]:
+    """The registry's constants in a fresh interpreter (they are read from the environment at import)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from nemo_rl_clone.distributed import ray_actor_environment_registry as r\n"
+        "print(r.USE_SYSTEM_EXECUTABLE, repr(r.VLLM_EXECUTABLE), repr(r.MCORE_EXECUTABLE), sep='|')"
+    )
+    env = {**os.environ, **environ}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return done.stdout.strip().split("|")
+
+
+def test_executables_are_the_uv_environments_unless_nemo_rl_system_switch_is_set():
+    import sys
+
+    from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES
+
+    assert _registry_values({"NEMO_RL_PY_EXECUTABLES_SYSTEM": "0"}) == [
+        "False",
+        repr(PY_EXECUTABLES.VLLM),
+        repr(PY_EXECUTABLES.MCORE),
+    ]
+    # "1" only, as NeMo-RL reads it: the driver's interpreter for every actor
+    assert _registry_values({"NEMO_RL_PY_EXECUTABLES_SYSTEM": "1"}) == [
+        "True",
+        repr(sys.executable),
+        repr(sys.executable),
+    ]
+    assert _registry_values({"NEMO_RL_PY_EXECUTABLES_SYSTEM": "true"})[0] == "False"
+
+
+def test_sglang_executable_is_refused_by_name():
+    from nemo_rl_clone.distributed import ray_actor_environment_registry as registry
+
+    with pytest.raises(UnsupportedFeatureError, match=r"registry\.SGLANG_EXECUTABLE: not supported yet: the SGLang"):
+        registry.SGLANG_EXECUTABLE  # noqa: B018

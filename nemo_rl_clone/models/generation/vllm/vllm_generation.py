@@ -34,6 +34,7 @@ from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.ray_actor_environment import (
     PY_EXECUTABLES,
+    VLLM_EXECUTABLE,
     get_actor_environment,
     get_actor_python_executable,
     register_actor_environment,
@@ -70,7 +71,7 @@ def ensure_worker_environment() -> None:
     An explicit `register_actor_environment` for the worker class is left alone.
     """
     if get_actor_environment(VLLM_WORKER) == PY_EXECUTABLES.SYSTEM and importlib.util.find_spec("vllm") is None:
-        register_actor_environment(VLLM_WORKER, PY_EXECUTABLES.VLLM)
+        register_actor_environment(VLLM_WORKER, VLLM_EXECUTABLE)
 
 
 class VllmGeneration(GenerationInterface):
