@@ -23,6 +23,7 @@ from nemo_rl_clone.distributed.ports import pick_free_port
 from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES
 from nemo_rl_clone.distributed.ray_startup import init_ray
 from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 logger = logging.getLogger(__name__)
 
@@ -404,3 +405,18 @@ __all__ = [
     "ResourceInsufficientError",
     "init_ray",
 ]
+
+# NeMo-RL's NVLink-domain placement (segment_size, node topology read from ray.sub's resources): not built here
+_TOPOLOGY_NAMES = (
+    "NVLINK_DOMAIN_PREFIX",
+    "NVLINK_DOMAIN_UNKNOWN",
+    "TOPO_RANK_KEY",
+    "TOPO_RANK_UNKNOWN",
+    "get_reordered_bundle",
+    "get_ray_cluster_topology",
+    "select_segment_nodes",
+    "prepare_segment_topology",
+)
+__getattr__ = refusing_getattr(
+    __name__, dict.fromkeys(_TOPOLOGY_NAMES, "NVLink-domain topology placement (cluster.segment_size below num_nodes)")
+)

@@ -177,3 +177,13 @@ def test_sglang_executable_is_refused_by_name():
 
     with pytest.raises(UnsupportedFeatureError, match=r"registry\.SGLANG_EXECUTABLE: not supported yet: the SGLang"):
         registry.SGLANG_EXECUTABLE  # noqa: B018
+
+
+# ---------------------------------------------------------------- nemo_rl.distributed.virtual_cluster
+@pytest.mark.parametrize("name", ["TOPO_RANK_KEY", "NVLINK_DOMAIN_PREFIX", "get_reordered_bundle"])
+def test_nvlink_topology_names_are_refused_by_name(name):
+    from nemo_rl_clone.distributed import virtual_cluster
+
+    with pytest.raises(UnsupportedFeatureError, match=rf"virtual_cluster\.{name}: not supported yet: NVLink-domain"):
+        getattr(virtual_cluster, name)
+    assert virtual_cluster.RayVirtualCluster  # the built names stay readable
