@@ -38,40 +38,4 @@ def add_ref_logprobs_to_data(dataloader: Any, policy: Any, master_config: Any, i
     yield from validation.prepared_batches(algorithm, dataloader, policy, 2 * pairs, pad=is_val)
 
 
-def validate_one_dataset(
-    policy: Any,
-    val_dataloader: Any,
-    loss_fn: Any,
-    step: int,
-    master_config: Any,
-    val_batches: int,
-    val_batch_size: int,
-    val_mbs: int,
-    dataset_name: str,
-) -> tuple[DPOValMetrics, dict[str, float]] | None:
-    """``(DPOValMetrics, {"total_validation_time": s})`` of one validation set (None without a dataloader): its
-    first ``val_batches`` batches (all when ≤ 0) in eval mode, ``val_mbs`` pairs per micro-batch."""
-    algorithm = DPOAlgorithm(loss_fn)
-    return validation.validate_one_dataset(algorithm, DPOValMetrics, policy, val_dataloader, val_batches, val_mbs)
-
-
-def validate(
-    policy: Any,
-    val_dataloader: Any,
-    tokenizer: Any,
-    loss_fn: Any,
-    step: int,
-    master_config: Any,
-    val_batches: int,
-    val_batch_size: int,
-    val_mbs: int,
-    logger: Any,
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Every named validation set of ``val_dataloader`` (a dict, or one dataloader named ``validation``), each
-    logged under ``validation-<name>``: ``({"validation-<name>_<metric>": value}, timings)``."""
-
-    def one_dataset(loader: Any, name: str) -> tuple[DPOValMetrics, dict[str, float]] | None:
-        parts = (step, master_config, val_batches, val_batch_size, val_mbs, name)
-        return validate_one_dataset(policy, loader, loss_fn, *parts)
-
-    return validation.validate_datasets(one_dataset, DPOValMetrics, val_dataloader, step, logger)
+validate_one_dataset, validate = validation.preference_validation(DPOAlgorithm, DPOValMetrics)

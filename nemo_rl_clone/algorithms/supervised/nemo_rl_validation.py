@@ -99,45 +99,65 @@ def sft_validate(
     return val_metrics, timer.get_timing_metrics(reduction_op="sum")
 
 
-def validate_one_dataset(
-    algorithm: SupervisedAlgorithm,
-    metrics_class: type,
-    policy: Any,
-    val_dataloader: Any,
-    val_batches: int,
-    val_mbs: int,
-) -> tuple[Any, dict[str, float]] | None:
-    """DPO's and RM's ``validate_one_dataset``: ``(metrics_class(...), {"total_validation_time": s})``, every field
-    0 when no batch had a valid sample; None without a dataloader."""
-    if val_dataloader is None:
-        return None
-    timer = Timer()
-    with timer.time(TOTAL_TIME):
-        metrics = evaluate(algorithm, policy, val_dataloader, val_batches, val_mbs, weight="num_valid_samples")
-    values = {field.name: float(metrics.get(field.name, 0.0)) for field in dataclasses.fields(metrics_class)}
-    return metrics_class(**values), timer.get_timing_metrics(reduction_op="sum")
+def preference_validation(algorithm_class: Any, metrics_class: type) -> tuple[Any, Any]:
+    """DPO's and RM's ``validate_one_dataset`` and ``validate`` with NeMo-RL's parameters, for their
+    ``algorithm_class`` (built on the caller's loss) and ``metrics_class`` (a dataclass of metric fields)."""
 
+    def validate_one_dataset(
+        policy: Any,
+        val_dataloader: Any,
+        loss_fn: Any,
+        step: int,
+        master_config: Any,
+        val_batches: int,
+        val_batch_size: int,
+        val_mbs: int,
+        dataset_name: str,
+    ) -> tuple[Any, dict[str, float]] | None:
+        """``(metrics, {"total_validation_time": s})`` of one validation set (None without a dataloader): its first
+        ``val_batches`` batches (all when ≤ 0) in eval mode, ``val_mbs`` pairs per micro-batch, the metrics
+        sample-weighted means over the batches (every field 0 when no batch had a valid sample)."""
+        if val_dataloader is None:
+            return None
+        timer = Timer()
+        with timer.time(TOTAL_TIME):
+            algorithm = algorithm_class(loss_fn)
+            metrics = evaluate(algorithm, policy, val_dataloader, val_batches, val_mbs, weight="num_valid_samples")
+        values = {field.name: float(metrics.get(field.name, 0.0)) for field in dataclasses.fields(metrics_class)}
+        return metrics_class(**values), timer.get_timing_metrics(reduction_op="sum")
 
-def validate_datasets(
-    one_dataset: Any, metrics_class: type, val_dataloader: Any, step: int, logger: Any
-) -> tuple[dict[str, float], dict[str, float]]:
-    """DPO's and RM's ``validate``: ``one_dataset(loader, name)`` for each named dataloader (a single dataloader is
-    named ``validation``), each logged under ``validation-<name>``; returns NeMo-RL's flat
-    ``{"validation-<name>_<metric>": value}`` and timings with their ``total_validation_time``."""
-    loaders = val_dataloader if isinstance(val_dataloader, Mapping) else {"validation": val_dataloader}
-    val_metrics: dict[str, float] = {}
-    timings: dict[str, float] = {}
-    for name, loader in loaders.items():
-        result = one_dataset(loader, name)
-        if result is None:
-            continue
-        metrics, timing = result
-        prefix = f"validation-{name}"
-        logger.log_metrics(dataclasses.asdict(metrics), step, prefix=prefix)
-        logger.log_metrics(timing, step, prefix=f"timing/{prefix}")
-        val_metrics.update({f"{prefix}_{key}": value for key, value in dataclasses.asdict(metrics).items()})
-        timings[f"{prefix}_{TOTAL_TIME}"] = timing[TOTAL_TIME]
-    if timings:
-        timings[TOTAL_TIME] = sum(timings.values())
-        logger.log_metrics({TOTAL_TIME: timings[TOTAL_TIME]}, step, prefix="timing/validation")
-    return val_metrics, timings
+    def validate(
+        policy: Any,
+        val_dataloader: Any,
+        tokenizer: Any,
+        loss_fn: Any,
+        step: int,
+        master_config: Any,
+        val_batches: int,
+        val_batch_size: int,
+        val_mbs: int,
+        logger: Any,
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Every named validation set of ``val_dataloader`` (a dict, or one dataloader named ``validation``), each
+        logged under ``validation-<name>``: NeMo-RL's flat ``{"validation-<name>_<metric>": value}`` and timings
+        with their ``total_validation_time``."""
+        loaders = val_dataloader if isinstance(val_dataloader, Mapping) else {"validation": val_dataloader}
+        val_metrics: dict[str, float] = {}
+        timings: dict[str, float] = {}
+        for name, loader in loaders.items():
+            parts = (step, master_config, val_batches, val_batch_size, val_mbs, name)
+            result = validate_one_dataset(policy, loader, loss_fn, *parts)
+            if result is None:
+                continue
+            metrics, timing = result
+            prefix = f"validation-{name}"
+            logger.log_metrics(dataclasses.asdict(metrics), step, prefix=prefix)
+            logger.log_metrics(timing, step, prefix=f"timing/{prefix}")
+            val_metrics.update({f"{prefix}_{key}": value for key, value in dataclasses.asdict(metrics).items()})
+            timings[f"{prefix}_{TOTAL_TIME}"] = timing[TOTAL_TIME]
+        if timings:
+            timings[TOTAL_TIME] = sum(timings.values())
+            logger.log_metrics({TOTAL_TIME: timings[TOTAL_TIME]}, step, prefix="timing/validation")
+        return val_metrics, timings
+
+    return validate_one_dataset, validate
