@@ -99,7 +99,7 @@ def test_wandb_logger_keeps_the_step_metric_unprefixed_and_logs_against_it(tmp_p
 
 
 def test_wandb_logger_refuses_an_unknown_mode_in_one_line():
-    with pytest.raises(ValueError, match="logger.wandb.mode must be one of"):
+    with pytest.raises(ValueError, match=r"logger\.wandb\.mode must be one of"):
         nemo_logger.WandbLogger({"mode": "sometimes"})
 
 
@@ -187,3 +187,25 @@ def test_nvlink_topology_names_are_refused_by_name(name):
     with pytest.raises(UnsupportedFeatureError, match=rf"virtual_cluster\.{name}: not supported yet: NVLink-domain"):
         getattr(virtual_cluster, name)
     assert virtual_cluster.RayVirtualCluster  # the built names stay readable
+
+
+# ---------------------------------------------------------------- nemo_rl.models.megatron.community_import, nemo_rl
+def test_import_model_from_hf_name_is_refused_by_name():
+    from nemo_rl_clone.models.megatron import community_import
+
+    with pytest.raises(UnsupportedFeatureError, match=r"import_model_from_hf_name: not supported yet: importing a Hug"):
+        community_import.import_model_from_hf_name  # noqa: B018
+    assert callable(community_import.export_model_from_megatron)
+
+
+def test_patch_transformers_module_dir_prepends_hf_home_modules(tmp_path, monkeypatch):
+    import nemo_rl_clone
+
+    monkeypatch.delenv("HF_HOME", raising=False)
+    env = {"PYTHONPATH": "/a"}
+    assert nemo_rl_clone.patch_transformers_module_dir(env) is env and env == {"PYTHONPATH": "/a"}
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    assert nemo_rl_clone.patch_transformers_module_dir({}) == {}  # no modules folder yet: unchanged
+    (tmp_path / "modules").mkdir()
+    assert nemo_rl_clone.patch_transformers_module_dir(env) == {"PYTHONPATH": f"{tmp_path}/modules:/a"}
+    assert nemo_rl_clone.patch_transformers_module_dir({}) == {"PYTHONPATH": f"{tmp_path}/modules"}

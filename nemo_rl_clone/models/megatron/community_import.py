@@ -22,6 +22,7 @@ from nemo_rl_clone.models.policy.megatron.export import export_megatron_checkpoi
 from nemo_rl_clone.utils.checkpoint import CONFIG_FILE, require_verified_weights
 from nemo_rl_clone.utils.config import load_config, resolve_to_container
 from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 PathLike = str | os.PathLike[str]
 # step_N/policy/weights[/iter_N]: the run's config.yaml is in step_N, two or three folders up.
@@ -107,3 +108,14 @@ def _saved_tokenizer(weights: Path) -> Path | None:
         if (folder / "tokenizer").is_dir():
             return folder / "tokenizer"
     return None
+
+
+# NeMo-RL writes a Megatron-Bridge checkpoint from Hugging Face weights before a run; here the Megatron policy
+# converts the Hugging Face weights itself when it starts, and no pre-imported checkpoint is read
+__getattr__ = refusing_getattr(
+    __name__,
+    {
+        "import_model_from_hf_name": "importing a Hugging Face model into a Megatron checkpoint ahead of the run (the "
+        "Megatron policy loads policy.model_name's Hugging Face weights itself)"
+    },
+)
