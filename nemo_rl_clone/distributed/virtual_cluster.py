@@ -417,6 +417,9 @@ _TOPOLOGY_NAMES = (
     "select_segment_nodes",
     "prepare_segment_topology",
 )
+_GYM_PORTS = ("DEFAULT_GYM_PORT_RANGE_LOW", "DEFAULT_GYM_PORT_RANGE_HIGH")
 __getattr__ = refusing_getattr(
-    __name__, dict.fromkeys(_TOPOLOGY_NAMES, "NVLink-domain topology placement (cluster.segment_size below num_nodes)")
+    __name__,
+    dict.fromkeys(_TOPOLOGY_NAMES, "NVLink-domain topology placement (cluster.segment_size below num_nodes)")
+    | dict.fromkeys(_GYM_PORTS, "NeMo-Gym environments"),
 )

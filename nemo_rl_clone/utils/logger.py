@@ -49,7 +49,7 @@ from nemo_rl_clone.utils.logger_backends import (
     default_mlflow_tracking_uri,
 )
 from nemo_rl_clone.utils.samples import one_row_slices
-from nemo_rl_clone.utils.unsupported_modules import refuse_import
+from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 log = logging.getLogger(__name__)
 
@@ -483,18 +483,15 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not supported (use str, numbers, lists, dicts, tensors or arrays)")
 
 
-# NeMo-RL's names beyond `Logger`: loaded on first use (their module imports this one)
-_FACES = frozenset(
-    {"LoggerInterface", "TensorboardLogger", "WandbLogger", "MLflowLogger", "GpuMetricSnapshot"}
-    | {"configure_rich_logging", "print_message_log_samples"}
-)
+# NeMo-RL's names beyond `Logger`: loaded on first use (their module imports this one), or refused by name
+_FACES = {"LoggerInterface", "TensorboardLogger", "WandbLogger", "MLflowLogger", "GpuMetricSnapshot"}
+_FACES |= {"configure_rich_logging", "print_message_log_samples"}
+_SWANLAB = "SwanLab logging (swanlab is not installed); use wandb, TensorBoard or MLflow"
+_RAY_GPUS = "GPU metrics of every Ray node from Ray's metrics endpoints (logger.monitor_gpus samples this node's GPUs)"
+_refused = refusing_getattr(__name__, {"SwanlabLogger": _SWANLAB, "RayGpuMonitorLogger": _RAY_GPUS})
 
 
 def __getattr__(name: str) -> Any:
-    if name == "SwanlabLogger":
-        refuse_import(
-            f"{__name__}.{name}", "SwanLab logging (swanlab is not installed); use wandb, TensorBoard or MLflow"
-        )
     if name in _FACES:
         return getattr(importlib.import_module("nemo_rl_clone.utils.logger_faces"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _refused(name)

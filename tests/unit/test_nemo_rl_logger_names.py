@@ -106,6 +106,8 @@ def test_wandb_logger_refuses_an_unknown_mode_in_one_line():
 def test_swanlab_logger_is_refused_by_name():
     with pytest.raises(UnsupportedFeatureError, match=r"utils\.logger\.SwanlabLogger: not supported yet: SwanLab"):
         nemo_logger.SwanlabLogger  # noqa: B018
+    with pytest.raises(UnsupportedFeatureError, match=r"RayGpuMonitorLogger: not supported yet: GPU metrics of every"):
+        nemo_logger.RayGpuMonitorLogger  # noqa: B018
     with pytest.raises(AttributeError):
         nemo_logger.NoSuchLogger  # noqa: B018
 
@@ -187,6 +189,8 @@ def test_nvlink_topology_names_are_refused_by_name(name):
     with pytest.raises(UnsupportedFeatureError, match=rf"virtual_cluster\.{name}: not supported yet: NVLink-domain"):
         getattr(virtual_cluster, name)
     assert virtual_cluster.RayVirtualCluster  # the built names stay readable
+    with pytest.raises(UnsupportedFeatureError, match=r"DEFAULT_GYM_PORT_RANGE_LOW: not supported yet: NeMo-Gym"):
+        virtual_cluster.DEFAULT_GYM_PORT_RANGE_LOW  # noqa: B018
 
 
 # ---------------------------------------------------------------- nemo_rl.models.megatron.community_import, nemo_rl
