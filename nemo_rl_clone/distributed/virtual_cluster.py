@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 PLACEMENT_STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 # Ray accepts fractional resources with 4 decimals; rounding *down* keeps n shares of a bundle within the bundle.
 _RESOURCE_PRECISION = 10_000
+# NeMo-RL's rendezvous band, the default: below Linux's ephemeral range (32768+), so that the port picked is not given
+# to some outgoing connection before the worker group binds it
+DEFAULT_MASTER_PORT_RANGE_LOW = 25000
+DEFAULT_MASTER_PORT_RANGE_HIGH = 28000
 
 
 @dataclass
@@ -38,7 +42,7 @@ class ClusterConfig:
 
     gpus_per_node: int = 1
     num_nodes: int = 1
-    # The ports the worker groups' torch.distributed rendezvous (MASTER_PORT) may use; null: any free port.
+    # The ports the worker groups' torch.distributed rendezvous (MASTER_PORT) may use; null: NeMo-RL's 25000-28000.
     master_port_range_low: int | None = None
     master_port_range_high: int | None = None
     # Nodes per NVLink domain (e.g. 18 for GB200 NVL72), that NeMo-RL keeps each model replica within. Placement
@@ -111,7 +115,8 @@ class RayVirtualCluster:
             ``"PACK"``, ``"SPREAD"`` or ``"STRICT_SPREAD"`` make one unified placement group of all bundles with that
             Ray strategy; slots are then grouped by the physical node Ray chose.
         port_range_low, port_range_high: rendezvous ports (`get_master_address_and_port`) are taken from
-            ``[port_range_low, port_range_high)``; give both or neither (default: any free port the OS picks).
+            ``[port_range_low, port_range_high)``; give both or neither (default: NeMo-RL's ``[25000, 28000)``,
+            `DEFAULT_MASTER_PORT_RANGE_LOW`/`_HIGH`).
         segment_size: NeMo-RL's NVLink-domain alignment; must be None (not supported yet).
         node_resource_constraints: one dict of extra Ray resources per logical node, added to each of its bundles
             (e.g. a custom resource that pins the node to a group of machines).
@@ -151,9 +156,9 @@ class RayVirtualCluster:
             bundle_ct_per_node_list, port_range_low, port_range_high, segment_size, node_resource_constraints
         )
         self._handed_out_ports: set[int] = set()
-        self.port_range: tuple[int, int] | None = (
-            None if port_range_low is None or port_range_high is None else (port_range_low, port_range_high)
-        )
+        self.port_range = (DEFAULT_MASTER_PORT_RANGE_LOW, DEFAULT_MASTER_PORT_RANGE_HIGH)
+        if port_range_low is not None and port_range_high is not None:
+            self.port_range = (port_range_low, port_range_high)
         self.node_resource_constraints = [
             dict(c) for c in node_resource_constraints or [{}] * len(bundle_ct_per_node_list)
         ]
@@ -198,8 +203,8 @@ class RayVirtualCluster:
         return {"num_cpus": share, "num_gpus": share if self.use_gpus else 0.0}
 
     def get_master_address_and_port(self, placement_group_index: int = 0, bundle_index: int = 0) -> tuple[str, int]:
-        """IP of the node holding the given bundle and a port free on it at the time of the call (in the cluster's
-        port range, if it has one).
+        """IP of the node holding the given bundle and a port free on it at the time of the call, in the cluster's
+        port range.
 
         Runs a zero-resource task in that bundle. A port is never handed out twice by this cluster, so colocated
         worker groups each get their own rendezvous port.
@@ -397,6 +402,8 @@ def _check_cluster_args(
 
 
 __all__ = [
+    "DEFAULT_MASTER_PORT_RANGE_HIGH",
+    "DEFAULT_MASTER_PORT_RANGE_LOW",
     "PLACEMENT_STRATEGIES",
     "PY_EXECUTABLES",
     "BundleSlot",

@@ -213,3 +213,14 @@ def test_patch_transformers_module_dir_prepends_hf_home_modules(tmp_path, monkey
     (tmp_path / "modules").mkdir()
     assert nemo_rl_clone.patch_transformers_module_dir(env) == {"PYTHONPATH": f"{tmp_path}/modules:/a"}
     assert nemo_rl_clone.patch_transformers_module_dir({}) == {"PYTHONPATH": f"{tmp_path}/modules"}
+
+
+def test_master_port_band_is_nemo_rl_and_below_the_ephemeral_ports():
+    from nemo_rl_clone.distributed import virtual_cluster
+
+    # a cluster built without a range picks its rendezvous ports here (tests/unit/test_virtual_cluster.py checks one)
+    assert (virtual_cluster.DEFAULT_MASTER_PORT_RANGE_LOW, virtual_cluster.DEFAULT_MASTER_PORT_RANGE_HIGH) == (
+        25000,
+        28000,
+    )
+    assert virtual_cluster.DEFAULT_MASTER_PORT_RANGE_HIGH < 32768  # Linux's first ephemeral port

@@ -93,6 +93,7 @@ def test_per_node_placement_groups_and_master_address(ray_local, capsys):
 
         address, port = cluster.get_master_address_and_port(placement_group_index=1)
         assert address == ray.util.get_node_ip_address()  # single machine: the bundle's node is this one
+        assert 25000 <= port < 28000  # NeMo-RL's default band (DEFAULT_MASTER_PORT_RANGE_LOW/HIGH)
         with socket.socket() as sock:  # the port was free when picked and nothing has taken it since
             sock.bind(("", port))
     finally:
