@@ -208,11 +208,11 @@ def test_log_hyperparams_flattens_with_dots(tmp_path):
         omegaconf_flat = logger.log_hyperparams(OmegaConf.create({"a": {"b": [1, 2], "c": None}}))
         assert omegaconf_flat == {"a.b": [1, 2], "a.c": None} and type(omegaconf_flat["a.b"]) is list
         assert logger.log_hyperparams(WandbConfig()) == {
-        "project": "nemo-rl-clone",
-        "name": "run",
-        "mode": "offline",
-        "entity": None,
-    }
+            "project": "nemo-rl-clone",
+            "name": "run",
+            "mode": "offline",
+            "entity": None,
+        }
         with pytest.raises(TypeError, match="params must be a mapping or a dataclass, got list"):
             logger.log_hyperparams([1, 2])
 
