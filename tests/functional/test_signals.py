@@ -117,6 +117,7 @@ class Run:
             alive = [p for p in psutil.process_iter(["pid", "create_time", "cmdline"]) if self._ours(p)]
             shm = set(os.listdir("/dev/shm")) - self.shm_before
             shm -= held_shm() if shm else set()  # only when needed: reading every process's maps takes a while
+            shm -= foreign_semaphores(shm)
             tmp = self._files_left()
             if not (alive or shm or tmp) or time.monotonic() > deadline:
                 break
@@ -139,6 +140,14 @@ class Run:
             return os.getsid(proc.pid) == self.session or self.tree.get(proc.pid) == proc.info["create_time"]
         except OSError:
             return False
+
+
+def foreign_semaphores(entries: set[str]) -> set[str]:
+    """Python multiprocessing's named locks (``sem.mp-*``, 32 bytes, random names) among ``entries`` that may be
+    another test's: beside another xdist worker, a test elsewhere whose process was killed leaves them, and they
+    cannot be told from this run's. Alone, every entry counts."""
+    beside_others = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+    return {entry for entry in entries if entry.startswith("sem.mp-")} if beside_others else set()
 
 
 def held_shm() -> set[str]:
