@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from nemo_rl_clone.data.datasets import DATASET_NAMES, unknown_dataset_message
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least
 
 
 @dataclass
-class ReasoningGymDataConfig:
+class ReasoningGymDataConfig(SectionReads):
     """``data.reasoning_gym``: a procedural task generated offline (see ``data/datasets/reasoning_gym.py``)."""
 
     task: str = "basic_arithmetic"
@@ -26,7 +26,7 @@ class ReasoningGymDataConfig:
 
 
 @dataclass
-class SlidingPuzzleDataConfig:
+class SlidingPuzzleDataConfig(SectionReads):
     """``data.sliding_puzzle``: how many games to generate; the boards follow ``env.sliding_puzzle_game.cfg``."""
 
     train_size: int = 1000
@@ -38,7 +38,7 @@ class SlidingPuzzleDataConfig:
 
 
 @dataclass
-class DataTrainConfig:
+class DataTrainConfig(SectionReads):
     """``data.train`` (NeMo-RL v0.7.0's layout). Each key set here replaces the flat ``data`` key of the same
     meaning: ``dataset_name``, ``split`` (the hub split; "train" is every dataset's default), ``split_validation_size``,
     ``data_path``; ``seed`` seeds the validation hold-out (default: the algorithm's seed)."""
@@ -69,7 +69,7 @@ class DataTrainConfig:
 
 
 @dataclass
-class DataValidationConfig:
+class DataValidationConfig(SectionReads):
     """``data.validation`` (NeMo-RL v0.7.0's layout): where validation rows come from. ``dataset_name`` null or the
     training dataset: that dataset's own validation rows (its validation split or hold-out); another name: that
     dataset's validation rows (GRPO only). ``data_path``: a local file (the flat ``val_data_path``). ``repeat``:
@@ -94,7 +94,7 @@ class DataValidationConfig:
 
 
 @dataclass
-class DataDefaultsConfig:
+class DataDefaultsConfig(SectionReads):
     """``data.default`` (NeMo-RL v0.7.0's layout): settings shared by the train and validation sources; each maps
     onto the flat key of the same name. ``processor`` names NeMo-RL's row processor; the equivalent one here is
     picked by the dataset (math prompts for math sets, chat rows for SFT)."""
@@ -122,7 +122,7 @@ _EQUIVALENT_PROCESSORS = (None, "math_hf_data_processor", "math_data_processor",
 
 
 @dataclass
-class NeMoRLDataLayout:
+class NeMoRLDataLayout(SectionReads):
     """NeMo-RL v0.7.0's nested ``data`` keys, mapped onto this project's flat ones when the config is built (so
     every reader sees one set of keys). The flat keys keep working; where both are given the nested key wins."""
 

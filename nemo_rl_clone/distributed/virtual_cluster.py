@@ -22,7 +22,7 @@ from nemo_rl_clone.distributed.cluster_fit import ray_node_resources
 from nemo_rl_clone.distributed.ports import pick_free_port
 from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES
 from nemo_rl_clone.distributed.ray_startup import init_ray
-from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least, check_port_range
 from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ DEFAULT_MASTER_PORT_RANGE_HIGH = 28000
 
 
 @dataclass
-class ClusterConfig:
+class ClusterConfig(SectionReads):
     """``cluster`` section of the run config (NeMo-RL's keys). On CPU machines a "GPU" is one CPU worker slot."""
 
     gpus_per_node: int = 1

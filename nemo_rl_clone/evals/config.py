@@ -22,12 +22,12 @@ from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.config import TokenizerConfig
-from nemo_rl_clone.utils.config_validation import check_at_least, takes_extra_keys
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig, check_no_samples_to_print
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(SectionReads):
     """``eval``: ``num_tests_per_prompt`` samples per problem, scored as ``metric`` with ``k = k_value``.
 
     ``save_path``: a JSONL file that receives one row per sample (null: not written).
@@ -84,7 +84,7 @@ class EvalGenerationConfig(GenerationConfig):
 
 
 @dataclass
-class EvalDataConfig:
+class EvalDataConfig(SectionReads):
     """``data``: which problems, and how prompts are built from them.
 
     ``dataset_name``: ``aime2024`` / ``math500`` (the hub, or ``data_path``: a local file in the hub format),
@@ -155,7 +155,7 @@ class EvalDataConfig:
 
 @takes_extra_keys  # NeMo-RL's run_eval.py builds it as MasterConfig(**config); setup names a key it does not know
 @dataclass
-class EvalMasterConfig:
+class EvalMasterConfig(SectionReads):
     """Everything an evaluation reads; each section is validated by its own schema."""
 
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least
 
 
 @dataclass
-class RolloutLoopConfig:
+class RolloutLoopConfig(SectionReads):
     """The step loop's keys every rollout-based algorithm has (its section composes this class)."""
 
     num_prompts_per_step: int = 32
@@ -52,7 +52,7 @@ class RolloutLoopConfig:
 
 
 @dataclass
-class RewardShapingConfig:
+class RewardShapingConfig(SectionReads):
     """DAPO-style overlong penalty: responses longer than max_response_length - buffer lose up to ``penalty``."""
 
     enabled: bool = False
@@ -77,7 +77,7 @@ class RewardShapingConfig:
 
 
 @dataclass
-class RewardScalingConfig:
+class RewardScalingConfig(SectionReads):
     """Linear map of rewards from [source_min, source_max] to [target_min, target_max] (clamped)."""
 
     enabled: bool = False

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nemo_rl_clone.utils.config_validation import SectionReads
+
 
 @dataclass
-class EntropyMonitorConfig:
+class EntropyMonitorConfig(SectionReads):
     """Entropy collapse: ``train/approx_entropy`` below ``min_ratio`` × its early-run value."""
 
     enabled: bool = True
@@ -20,7 +22,7 @@ class EntropyMonitorConfig:
 
 
 @dataclass
-class SpikeMonitorConfig:
+class SpikeMonitorConfig(SectionReads):
     """A spike: the statistic above ``factor`` × its recent median and above ``floor`` (below the floor nothing is a
     spike, however small the median), or above ``bound`` at any time (null: no absolute bound)."""
 
@@ -62,7 +64,7 @@ class MismatchMonitorConfig(SpikeMonitorConfig):
 
 
 @dataclass
-class LengthMonitorConfig:
+class LengthMonitorConfig(SectionReads):
     """Length drift: the mean response length outside [min_ratio, max_ratio] × its early-run value, or more than
     ``max_truncation_rate`` of the responses cut at the token limit."""
 
@@ -83,7 +85,7 @@ class LengthMonitorConfig:
 
 
 @dataclass
-class ZeroVarianceMonitorConfig:
+class ZeroVarianceMonitorConfig(SectionReads):
     """Over the last ``num_steps`` steps, more than ``max_fraction`` of the prompt groups had all-equal rewards.
 
     Judged on a mean over steps because one step holds few groups (the main job: 8), so a single step's share
@@ -105,7 +107,7 @@ class ZeroVarianceMonitorConfig:
 
 
 @dataclass
-class RewardValidationMonitorConfig:
+class RewardValidationMonitorConfig(SectionReads):
     """Over the last ``num_validations`` validations the training reward rose while ``validation/<metric>`` fell
     by more than ``min_drop``."""
 
@@ -124,7 +126,7 @@ class RewardValidationMonitorConfig:
 
 
 @dataclass
-class MonitorsConfig:
+class MonitorsConfig(SectionReads):
     """The collapse monitors of GRPO (docs/monitors.md). ``baseline_steps``: the early-run value of a statistic is
     its mean over the first that many steps; ``window``: a spike is measured against the median of that many
     previous steps. Relative thresholds act once ``baseline_steps`` steps are seen."""

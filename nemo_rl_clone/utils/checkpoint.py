@@ -39,7 +39,7 @@ from nemo_rl_clone.utils.checkpoint_lock import CheckpointDirLock
 from nemo_rl_clone.utils.checkpoint_manifest import MANIFEST_FLAG, verify_checkpoint, write_manifest
 from nemo_rl_clone.utils.checkpoint_ranking import check_rankable_metric, rank_best_first
 from nemo_rl_clone.utils.checkpoint_schedule import parse_deadline
-from nemo_rl_clone.utils.config_validation import as_config
+from nemo_rl_clone.utils.config_validation import SectionReads, as_config
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
@@ -67,7 +67,7 @@ _NEMO_RL_DEFAULT_VAL_SET = "val:validation-default_"
 
 
 @dataclass
-class CheckpointingConfig:
+class CheckpointingConfig(SectionReads):
     """The ``checkpointing`` config section (NeMo-RL keys).
 
     ``metric_name`` is ``"<prefix>:<name>"``, e.g. ``"val:accuracy"`` or ``"train:loss"``; see `get_metric` for

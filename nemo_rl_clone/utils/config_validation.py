@@ -126,7 +126,8 @@ def _has_plain_sections(config: Any) -> bool:
 
 class SectionReads:
     """NeMo-RL's reads of a config section, ``section["key"]``, ``section.get("key", default)`` and ``"key" in
-    section``, on a typed section: NeMo-RL's scripts read some sections of the master config ``setup`` returns so."""
+    section``, on a typed section: NeMo-RL's sections are dicts, and code written for it reads the master config
+    ``setup`` returns so (``master_config.policy["generation"]["max_new_tokens"]``). Every config section has them."""
 
     def __contains__(self, key: object) -> bool:
         section: Any = self  # a dataclass: the classes that mix this in are

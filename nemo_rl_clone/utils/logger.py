@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from nemo_rl_clone.utils.config_validation import as_config, check_at_least
+from nemo_rl_clone.utils.config_validation import SectionReads, as_config, check_at_least
 from nemo_rl_clone.utils.logger_backends import (
     ConsoleBackend,
     GpuMonitor,
@@ -57,7 +57,7 @@ METRICS_FILENAME = "metrics.jsonl"
 
 
 @dataclass
-class WandbConfig:
+class WandbConfig(SectionReads):
     project: str = "nemo-rl-clone"
     name: str = "run"
     mode: str = "offline"  # online | offline | disabled
@@ -65,13 +65,13 @@ class WandbConfig:
 
 
 @dataclass
-class TensorboardConfig:
+class TensorboardConfig(SectionReads):
     # The event files' folder, relative to the run's log dir (an absolute path is used as is).
     log_dir: str = "tensorboard"
 
 
 @dataclass
-class SwanlabConfig:
+class SwanlabConfig(SectionReads):
     """SwanLab's run naming; refused through ``logger.swanlab_enabled`` (the swanlab package is not a dependency)."""
 
     project: str = "nemo-rl-clone"
@@ -79,7 +79,7 @@ class SwanlabConfig:
 
 
 @dataclass
-class GpuMonitoringConfig:
+class GpuMonitoringConfig(SectionReads):
     """``collection_interval``: the fewest seconds between two GPU samples (each is logged at the step it is taken
     in). ``flush_interval`` is NeMo-RL's period for writing buffered samples; samples here are written when taken,
     so there is nothing to buffer and any value does the same."""
@@ -95,7 +95,7 @@ GPUMonitoringConfig = GpuMonitoringConfig  # NeMo-RL's spelling
 
 
 @dataclass
-class MLflowConfig:
+class MLflowConfig(SectionReads):
     experiment_name: str = "nemo-rl-clone"
     run_name: str = "run"
     tracking_uri: str | None = None  # None -> file store at <log_dir>/mlruns
@@ -104,7 +104,7 @@ class MLflowConfig:
 
 
 @dataclass
-class LoggerConfig:
+class LoggerConfig(SectionReads):
     log_dir: str = "logs"
     num_val_samples_to_print: int = 0
     wandb_enabled: bool = False

@@ -82,3 +82,21 @@ def test_a_section_given_alone_knows_nemo_rl_s_keys_by_their_full_path(tmp_path:
         "checkpointing.is_peft: not supported yet: NeMo Automodel's PEFT checkpoints (NeMo-RL's key, set to True)",
         "checkpointing.keep_top_kk: unknown key (did you mean checkpointing.keep_top_k?)",
     ]
+
+
+@pytest.mark.parametrize("name", sorted(MASTER_CONFIGS))
+def test_the_validated_config_reads_like_nemo_rl_s_dict_sections(name: str) -> None:
+    """Code written for NeMo-RL reads the master config ``setup`` returns by section and key, at any depth."""
+    config = as_config(smoke_config(name), MASTER_CONFIGS[name])
+    policy = config.policy
+    assert policy["model_name"] == policy.model_name and policy.get("model_name") == policy.model_name
+    assert policy["optimizer"]["kwargs"] == policy.optimizer.kwargs  # a nested section reads the same way
+    assert "train_global_batch_size" in policy and "train_global_batch_sizes" not in policy
+    assert policy.get("no_such_key", 7) == 7
+    with pytest.raises(KeyError, match="no_such_key"):
+        policy["no_such_key"]
+    loop = config[name]
+    assert loop["max_num_steps"] == loop.max_num_steps
+    if name in ("grpo", "ppo", "distillation"):
+        generation = policy["generation"]
+        assert generation["vllm_cfg"]["gpu_memory_utilization"] == generation.vllm_cfg.gpu_memory_utilization

@@ -14,7 +14,7 @@ from nemo_rl_clone.models.policy.backends import backend_key, known_backend_spec
 from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY, PolicyConfig
 from nemo_rl_clone.rollout.config import RolloutLoopConfig, rollout_problems
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import check_at_least, takes_extra_keys
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -37,7 +37,7 @@ class DistillationConfig(RolloutLoopConfig):
 
 @takes_extra_keys
 @dataclass
-class DistillationMasterConfig:
+class DistillationMasterConfig(SectionReads):
     """Everything a distillation run reads; each section is validated by its own schema."""
 
     distillation: DistillationConfig = field(default_factory=DistillationConfig)

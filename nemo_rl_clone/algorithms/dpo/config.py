@@ -17,7 +17,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import takes_extra_keys
+from nemo_rl_clone.utils.config_validation import SectionReads, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 _LOSS_KEYS = tuple(DPOLossConfig.__dataclass_fields__)
@@ -50,7 +50,7 @@ def _dpo_checkpointing() -> CheckpointingConfig:
 
 @takes_extra_keys
 @dataclass
-class DPOMasterConfig:
+class DPOMasterConfig(SectionReads):
     """Everything a DPO run reads; see the module doc for what the batch sizes count."""
 
     dpo: DPOConfig = field(default_factory=DPOConfig)

@@ -38,7 +38,7 @@ _BUILT_IN_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "gdpo", "opd")
 
 
 @dataclass
-class AdvEstimatorConfig:
+class AdvEstimatorConfig(SectionReads):
     """``grpo.adv_estimator`` (NeMo-RL v0.7.0): which advantage estimator (`algorithms/advantage_estimator.py`), by
     name or as a user's class with NeMo-RL's estimator interface (``package.module.Class``).
     ``normalize_rewards`` / ``use_leave_one_out_baseline`` default to the flat ``grpo.*`` keys and override them
@@ -93,7 +93,7 @@ class AdvEstimatorConfig:
 
 
 @dataclass
-class AsyncGRPOConfig:
+class AsyncGRPOConfig(SectionReads):
     """Async GRPO (`nemo_rl_clone.rollout.async_rollouts`): the engines generate the next steps' rollouts while the
     trainer trains, on rollouts at most ``max_trajectory_age_steps`` training steps old."""
 
@@ -231,7 +231,7 @@ class DataPlaneConfig(SectionReads):
 
 @takes_extra_keys
 @dataclass
-class GRPOMasterConfig:
+class GRPOMasterConfig(SectionReads):
     """Everything a GRPO run reads; each section is validated by its own schema."""
 
     grpo: GRPOConfig = field(default_factory=GRPOConfig)

@@ -8,11 +8,11 @@ from typing import Any, Literal, TypedDict, TypeVar
 
 import torch
 
-from nemo_rl_clone.utils.config_validation import ConfigError, as_config
+from nemo_rl_clone.utils.config_validation import ConfigError, SectionReads, as_config
 
 
 @dataclass(frozen=True)
-class ClippedPGLossConfig:
+class ClippedPGLossConfig(SectionReads):
     """`loss_fn` section of a GRPO config (NeMo-RL's keys and defaults)."""
 
     reference_policy_kl_penalty: float = 0.01

@@ -40,6 +40,7 @@ from nemo_rl_clone.algorithms.loss.configs import as_loss_config
 from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.contract.loss import LossType
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams, scale
+from nemo_rl_clone.utils.config_validation import SectionReads
 
 __all__ = ["DistillationLossConfig", "DistillationLossDataDict", "DistillationLossFn"]
 
@@ -48,7 +49,7 @@ LOG_INFINITESIMAL = -100.0
 
 
 @dataclass(frozen=True)
-class DistillationLossConfig:
+class DistillationLossConfig(SectionReads):
     """`loss_fn` section of a distillation config (NeMo-RL's keys and its recipe's defaults)."""
 
     kl_type: Literal["forward", "reverse", "mixed"] = "forward"

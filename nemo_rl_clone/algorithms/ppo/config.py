@@ -31,7 +31,7 @@ from nemo_rl_clone.rollout.config import (
     rollout_problems,
 )
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import check_at_least, takes_extra_keys
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -46,7 +46,7 @@ def _check_unit_interval(section: object, *names: str) -> list[tuple[str, str]]:
 
 
 @dataclass
-class GAEConfig:
+class GAEConfig(SectionReads):
     """``ppo.adv_estimator``: GAE over response tokens (`nemo_rl_clone.algorithms.ppo.gae`).
 
     VAPO (arXiv 2504.05118) decouples λ: the critic's targets use ``gae_lambda_value`` and the policy's advantages
@@ -84,7 +84,7 @@ class GAEConfig:
 
 
 @dataclass(frozen=True)
-class MseValueLossConfig:
+class MseValueLossConfig(SectionReads):
     """``value_loss_fn`` (NeMo-RL's name and defaults): L = scale · ½ · token mean of the (clipped) squared error.
     ``cliprange`` null or 0 disables the clip (NeMo-RL's ``MseValueLossFn`` clips only when it is > 0)."""
 
@@ -150,7 +150,7 @@ def _value_section() -> PolicyConfig:
 
 @takes_extra_keys
 @dataclass
-class PPOMasterConfig:
+class PPOMasterConfig(SectionReads):
     """Everything a PPO run reads (NeMo-RL's sections): ``policy`` is the actor, ``value`` the critic — a policy
     section whose ``reward_model_cfg`` is ``{enabled: true, reward_model_type: regression}`` (a scalar head read at
     every token)."""

@@ -13,7 +13,7 @@ from nemo_rl_clone.data.config import PreferenceDataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import takes_extra_keys
+from nemo_rl_clone.utils.config_validation import SectionReads, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -28,7 +28,7 @@ def _rm_checkpointing() -> CheckpointingConfig:
 
 @takes_extra_keys
 @dataclass
-class RMMasterConfig:
+class RMMasterConfig(SectionReads):
     """Everything a reward-model run reads; ``policy.reward_model_cfg.enabled`` must be true."""
 
     rm: RMConfig = field(default_factory=RMConfig)

@@ -13,7 +13,7 @@ from nemo_rl_clone.data.config import SFTDataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import takes_extra_keys
+from nemo_rl_clone.utils.config_validation import SectionReads, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
 
 
@@ -42,7 +42,7 @@ def _sft_checkpointing() -> CheckpointingConfig:
 
 @takes_extra_keys
 @dataclass
-class SFTMasterConfig:
+class SFTMasterConfig(SectionReads):
     """Everything an SFT run reads; ``policy.train_global_batch_size`` counts conversations."""
 
     sft: SFTConfig = field(default_factory=SFTConfig)

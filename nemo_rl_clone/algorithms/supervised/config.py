@@ -17,12 +17,12 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least
 from nemo_rl_clone.utils.logger import check_no_samples_to_print
 
 
 @dataclass
-class SupervisedLoopConfig:
+class SupervisedLoopConfig(SectionReads):
     """Keys shared by the ``sft``, ``dpo`` and ``rm`` sections (NeMo-RL's names and defaults).
 
     ``max_num_steps`` -1 sets no step limit (``max_num_epochs`` ends the run); ``val_period`` 0 (or negative,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_rl_clone.models.generation.factory import GENERATION_BACKENDS
-from nemo_rl_clone.utils.config_validation import check_at_least, check_port_range
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least, check_port_range
 
 # NeMo-RL's ``vllm_cfg.http_server_serving_chat_kwargs`` (arguments of vLLM's chat serving) and the vLLM server
 # flags they become (models/generation/vllm/http_server.py).
@@ -25,7 +25,7 @@ MIN_TEMPERATURE = 0.01
 
 
 @dataclass
-class VllmConfig:
+class VllmConfig(SectionReads):
     # vLLM's AsyncLLM (engine core in a child process, requests scheduled as they arrive): models/generation/vllm/
     # async_engine.py. Off by default: on CPU the child process costs ~10 s of start-up per engine.
     async_engine: bool = False
@@ -104,13 +104,13 @@ class VllmConfig:
 
 
 @dataclass
-class ColocatedResources:
+class ColocatedResources(SectionReads):
     gpus_per_node: int | None = None
     num_nodes: int | None = None
 
 
 @dataclass
-class ColocatedConfig:
+class ColocatedConfig(SectionReads):
     """``enabled``: generation shares the policy's bundles; otherwise it gets ``resources`` of its own."""
 
     enabled: bool = True
@@ -126,7 +126,7 @@ NEMO_RL_GENERATION_BACKENDS = ("vllm", "hf", "megatron", "sglang")
 
 
 @dataclass
-class GenerationConfig:
+class GenerationConfig(SectionReads):
     # A name in `GENERATION_BACKENDS` or a class's "package.module:Class"; NeMo-RL's other names are refused.
     backend: str = "vllm"
     max_new_tokens: int = 512

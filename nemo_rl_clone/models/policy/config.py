@@ -9,14 +9,14 @@ from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.backend_checks import check_backend, feature_problems, hf_overrides_refused
 from nemo_rl_clone.models.policy.backends import backend_spec, known_backend_spec, parallel_layout
 from nemo_rl_clone.models.policy.megatron.config import MegatronConfig
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least
 
 # apply_chat_template's own arguments: the code sets them per call, a config must not pin them.
 _RESERVED_TEMPLATE_KWARGS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
 
 
 @dataclass
-class TokenizerConfig:
+class TokenizerConfig(SectionReads):
     """``name`` null: the model's tokenizer. ``chat_template`` (NeMo-RL's meanings): ``"default"`` (or left out)
     the tokenizer's own template; null the pass-through template (contents concatenated, no markup); a ``.jinja``
     path, that file; another string, the template itself. ``chat_template_kwargs``: variables every chat-template
@@ -48,7 +48,7 @@ class TokenizerConfig:
 
 
 @dataclass
-class OptimizerConfig:
+class OptimizerConfig(SectionReads):
     """A torch optimizer by class path, built as ``cls(params, **kwargs)``."""
 
     name: str = "torch.optim.AdamW"
@@ -93,7 +93,7 @@ def check_scheduler_entries(entries: list[dict[str, Any]]) -> list[tuple[str, st
 
 
 @dataclass
-class LoraConfig:
+class LoraConfig(SectionReads):
     """``policy.dtensor_cfg.lora_cfg``: LoRA adapters (peft) on linear layers; only the adapters train and are
     checkpointed, and the engines receive merged weights (see `nemo_rl_clone.models.policy.dtensor.lora`)."""
 
@@ -149,7 +149,7 @@ class LoraConfig:
 
 
 @dataclass
-class DTensorConfig:
+class DTensorConfig(SectionReads):
     enabled: bool = True
     cpu_offload: bool = False
     sequence_parallel: bool = False
@@ -206,7 +206,7 @@ class DTensorConfig:
 
 
 @dataclass
-class DynamicBatchingConfig:
+class DynamicBatchingConfig(SectionReads):
     """Token-budgeted microbatches of length-sorted samples (less padding)."""
 
     enabled: bool = False
@@ -224,7 +224,7 @@ PACKERS = ("modified_first_fit_decreasing", "first_fit_decreasing")
 
 
 @dataclass
-class SequencePackingConfig:
+class SequencePackingConfig(SectionReads):
     """Bin-pack samples into microbatches of at most ``*_mb_tokens`` tokens, each run as one row without padding
     (DTensor backend, see `nemo_rl_clone.models.policy.workers.packed_sequences`)."""
 
@@ -259,7 +259,7 @@ class SequencePackingConfig:
 
 
 @dataclass
-class DraftConfig:
+class DraftConfig(SectionReads):
     """``policy.draft``: NeMo-RL's speculative-decoding draft model trained beside the policy; refused through
     ``enabled`` (the other keys configure it and do nothing while it is off)."""
 
@@ -279,7 +279,7 @@ ROUTER_REPLAY_GRPO_ONLY = "router replay is for GRPO runs (it replays the genera
 
 
 @dataclass
-class RouterReplayConfig:
+class RouterReplayConfig(SectionReads):
     """``policy.router_replay``: MoE routing replay. The engine records the experts it routes each token to and
     every trainer forward of those samples routes them to the same experts (docs/moe.md#router-replay)."""
 
@@ -292,7 +292,7 @@ REWARD_MODEL_TYPES = ("bradley_terry", "regression")
 
 
 @dataclass
-class RewardModelConfig:
+class RewardModelConfig(SectionReads):
     """``policy.reward_model_cfg``: train a scalar-head (sequence-classification, 1 label) model instead of an LM."""
 
     enabled: bool = False
@@ -305,7 +305,7 @@ class RewardModelConfig:
 
 
 @dataclass
-class PolicyConfig:
+class PolicyConfig(SectionReads):
     model_name: str = "Qwen/Qwen2.5-1.5B"
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     train_global_batch_size: int = 512

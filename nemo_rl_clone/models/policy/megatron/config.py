@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nemo_rl_clone.utils.config_validation import check_at_least
+from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least
 
 # The HF architectures the converter maps to Megatron (``converter_type``; null: the model's ``architectures[0]``).
 CONVERTER_TYPES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
@@ -36,7 +36,7 @@ _LOCAL_SPEC = "needs Transformer Engine, and this backend builds Megatron's loca
 
 
 @dataclass
-class MegatronOptimizerConfig:
+class MegatronOptimizerConfig(SectionReads):
     """Megatron's optimizer: Adam with decoupled weight decay (AdamW) or SGD, over fp32 master weights."""
 
     optimizer: Literal["adam", "sgd"] = "adam"
@@ -62,7 +62,7 @@ class MegatronOptimizerConfig:
 
 
 @dataclass
-class MegatronSchedulerConfig:
+class MegatronSchedulerConfig(SectionReads):
     """Megatron's ``OptimizerParamScheduler``: linear warm-up from ``lr_warmup_init`` to ``optimizer.lr`` over
     ``lr_warmup_iters`` steps, then ``lr_decay_style`` down to ``optimizer.min_lr`` at ``lr_decay_iters``; the
     weight decay goes from ``start_weight_decay`` to ``end_weight_decay`` by ``weight_decay_incr_style``."""
@@ -77,7 +77,7 @@ class MegatronSchedulerConfig:
 
 
 @dataclass
-class MegatronDDPConfig:
+class MegatronDDPConfig(SectionReads):
     """Megatron DDP (``DistributedDataParallelConfig``). The two overlaps need CUDA streams: the worker refuses
     them at start-up on a machine without CUDA."""
 
@@ -89,7 +89,7 @@ class MegatronDDPConfig:
 
 
 @dataclass
-class MegatronFP8Config:
+class MegatronFP8Config(SectionReads):
     """Refused through ``enabled``; the other keys configure FP8 training and do nothing while it is off."""
 
     enabled: bool = False
@@ -99,7 +99,7 @@ class MegatronFP8Config:
 
 
 @dataclass
-class MegatronPeftConfig:
+class MegatronPeftConfig(SectionReads):
     """LoRA; refused through ``enabled``, the other keys do nothing while it is off."""
 
     enabled: bool = False
@@ -116,7 +116,7 @@ class MegatronPeftConfig:
 
 
 @dataclass
-class MegatronConfig:
+class MegatronConfig(SectionReads):
     """NeMo-RL's ``policy.megatron_cfg``. ``enabled: true`` (with ``dtensor_cfg.enabled: false``) trains the
     policy with Megatron Core: TP × PP × DP, Megatron DDP and distributed optimizer, HF weights converted in memory
     at start-up."""
