@@ -257,8 +257,8 @@ def test_pick_free_port_stays_in_range_and_names_an_exhausted_one() -> None:
 
 
 def test_generation_port_range_sets_vllm_port_inside_it() -> None:
-    assert engine_io.engine_env(GenerationConfig()) == {}
-    env = engine_io.engine_env(GenerationConfig(port_range_low=31000, port_range_high=31100))
+    assert engine_io.engine_env(GenerationConfig(), on_gpu=False) == {}
+    env = engine_io.engine_env(GenerationConfig(port_range_low=31000, port_range_high=31100), on_gpu=False)
     assert 31000 <= int(env["VLLM_PORT"]) <= 31100 - 8
 
 

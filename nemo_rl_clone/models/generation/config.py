@@ -49,9 +49,11 @@ class VllmConfig(SectionReads):
     # Metrics only, no effect on what is generated; this library logs generation throughput and timings instead.
     enable_vllm_metrics_logger: bool = False
     vllm_metrics_logger_interval: float = 0.5
-    # Refused unless at these values: MoE expert parallelism, FP8 kernels and FP8 layer exemptions.
+    # MoE experts spread over the engine's tensor-parallel ranks (vLLM's expert parallelism): expert_parallel_size
+    # 1 or tensor_parallel_size; enable_expert_parallel: true is the same as expert_parallel_size = tensor_parallel_size.
     enable_expert_parallel: bool = False
     expert_parallel_size: int = 1
+    # Refused unless at these values: FP8 kernels and FP8 layer exemptions.
     use_deep_gemm: bool = False
     num_first_layers_in_bf16: int = 0
     num_last_layers_in_bf16: int = 0
@@ -60,8 +62,6 @@ class VllmConfig(SectionReads):
     def check(self) -> list[tuple[str, str]]:
         problems = []
         refused = [
-            (self.enable_expert_parallel, "enable_expert_parallel", "expert parallelism (MoE models); set it to false"),
-            (self.expert_parallel_size != 1, "expert_parallel_size", "expert parallelism (MoE models); set it to 1"),
             (self.use_deep_gemm, "use_deep_gemm", "DeepGEMM FP8 kernels; set it to false"),
             (
                 self.num_first_layers_in_bf16 != 0 or self.num_last_layers_in_bf16 != 0,
@@ -95,12 +95,36 @@ class VllmConfig(SectionReads):
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             problems.append(("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}"))
         problems += check_at_least(self, 1, "max_model_len")
-        for key in ("tensor_parallel_size", "pipeline_parallel_size"):
-            if getattr(self, key) != 1:
-                problems.append(
-                    (key, "engine parallelism is not supported yet; set it to 1 (one engine per bundle, data parallel)")
+        problems += check_at_least(self, 1, "tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size")
+        if self.expert_parallel_size > self.tensor_parallel_size:
+            problems.append(
+                (
+                    "expert_parallel_size",
+                    f"not supported yet: {self.expert_parallel_size} > tensor_parallel_size "
+                    f"{self.tensor_parallel_size} needs vLLM's data-parallel engine groups; set it to 1 or to "
+                    "tensor_parallel_size (experts spread over the engine's tensor-parallel ranks)",
                 )
+            )
+        elif 1 < self.expert_parallel_size < self.tensor_parallel_size:
+            # vLLM's expert-parallel size is always TP x DP: a smaller one would silently become TP.
+            problems.append(
+                (
+                    "expert_parallel_size",
+                    f"must be 1 or tensor_parallel_size ({self.tensor_parallel_size}): vLLM spreads the experts over "
+                    f"all of the engine's tensor-parallel ranks, got {self.expert_parallel_size}",
+                )
+            )
         return problems
+
+    @property
+    def devices_per_engine(self) -> int:
+        """Bundles (GPUs, or CPU slots) one engine spans: its tensor- times pipeline-parallel ranks."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def uses_expert_parallel(self) -> bool:
+        """vLLM's ``enable_expert_parallel``: NeMo-RL's ``expert_parallel_size > 1``, or the flag itself."""
+        return self.enable_expert_parallel or self.expert_parallel_size > 1
 
 
 @dataclass

@@ -54,6 +54,21 @@ class WeightLoadExtension:
         worker.reload_weights(weights_iterator=weights)
         prepack_cpu_experts_again(worker.model_runner.model)
 
+    def prepare_pipeline_stage(self) -> bool:
+        """Allocate the buffers a later pipeline stage receives activations into; True on such a stage.
+
+        vLLM 0.32's CPU runner allocates them only in its warm-up, which it skips for an eager engine with a fixed
+        KV-cache size: every forward of stage 2 and later would then fail."""
+        from vllm.distributed import get_pp_group
+
+        runner: Any = self.model_runner  # type: ignore[attr-defined]
+        if get_pp_group().is_first_rank or runner.intermediate_tensors is not None:
+            return False
+        runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+            batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+        )
+        return True
+
     def record_routing(self) -> int:
         """Start recording each token's routed experts (`routing_capture`); returns the number of MoE layers."""
         from nemo_rl_clone.models.generation.vllm.routing_capture import RoutingRecorder

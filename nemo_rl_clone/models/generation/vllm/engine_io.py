@@ -72,6 +72,11 @@ def engine_kwargs(
     }
     if vllm_cfg.max_num_seqs is not None:
         kwargs["max_num_seqs"] = vllm_cfg.max_num_seqs
+    if vllm_cfg.devices_per_engine > 1:
+        # vLLM's own multi-process executor: one worker process per rank of the engine, children of this actor.
+        kwargs["distributed_executor_backend"] = "mp"
+    if vllm_cfg.uses_expert_parallel:
+        kwargs["enable_expert_parallel"] = True
     if vllm_cfg.expose_http_server:
         # What an HTTP request that sets no sampling option samples with: the run's settings, which the trainer's
         # logprobs assume (not the model folder's generation_config.json defaults).
@@ -117,13 +122,24 @@ def check_vllm_kwargs(vllm_kwargs: Mapping[str, Any]) -> None:
 _VLLM_PORT_HEADROOM = 8
 
 
-def engine_env(config: GenerationConfig) -> dict[str, str]:
-    """Environment an engine sets for itself before it starts: with ``port_range_low/high``, ``VLLM_PORT`` at a free
-    port of the range (vLLM opens its rendezvous port there, or the next free one above)."""
+def engine_env(config: GenerationConfig, on_gpu: bool) -> dict[str, str]:
+    """Environment an engine sets for itself before it starts (its worker processes inherit it).
+
+    - With ``port_range_low/high``: ``VLLM_PORT`` at a free port of the range (vLLM opens its rendezvous port there,
+      or the next free one above).
+    - ``enforce_eager``: no torch.compile in the engine's worker processes either (``TORCHDYNAMO_DISABLE``).
+    - A CPU engine of several ranks: vLLM would bind each rank's threads to a NUMA node of its own and refuses to
+      start on a one-node machine; its ranks keep the threads the actor has instead (``VLLM_CPU_OMP_THREADS_BIND``
+      ``nobind``), unless ``vllm_cfg.env_vars`` binds them."""
+    env = {}
     low, high = config.port_range_low, config.port_range_high
-    if low is None or high is None:
-        return {}
-    return {"VLLM_PORT": str(pick_free_port(low, max(low, high - _VLLM_PORT_HEADROOM)))}
+    if low is not None and high is not None:
+        env["VLLM_PORT"] = str(pick_free_port(low, max(low, high - _VLLM_PORT_HEADROOM)))
+    if config.vllm_cfg.enforce_eager:
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    if not on_gpu and config.vllm_cfg.devices_per_engine > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    return env
 
 
 def engine_dtype(precision: str) -> str:

@@ -118,6 +118,9 @@ class VllmGeneration(GenerationInterface):
         # vLLM's IPC sockets and rendezvous files go here (one subfolder per engine); removed on shutdown.
         self._tmp_root: Path | None = Path(tempfile.gettempdir()) / f"nrl-vllm-{uuid.uuid4().hex[:8]}"
         register_temp_path(self._tmp_root)  # removed by the reaper if the driver dies before `shutdown`
+        # One engine per `devices_per_engine` consecutive bundles of a node; it starts in the first of them and its
+        # vLLM worker processes (one per tensor/pipeline rank) use the rest.
+        engine_bundles = engine_bundle_groups(cluster, self.cfg.vllm_cfg.devices_per_engine)
         builder = RayWorkerBuilder(
             VLLM_WORKER,
             self.cfg,
@@ -128,6 +131,9 @@ class VllmGeneration(GenerationInterface):
             hf_config_overrides=dict(hf_config_overrides) if hf_config_overrides else None,
             served_model_name=model_name,
             record_routing=record_routing,  # outputs carry ``routed_experts`` (MoE router replay)
+            engine_gpu_ids=engine_gpu_ids(cluster, engine_bundles)
+            if cluster.use_gpus and len(engine_bundles[0][1]) > 1
+            else None,
             # a weight update runs beside the `generate` call it interrupts
             ray_actor_options={"max_concurrency": 2} if weight_updates_during_generation else None,
         )
@@ -136,9 +142,11 @@ class VllmGeneration(GenerationInterface):
                 cluster,
                 builder,
                 name_prefix=name_prefix,
+                bundle_indices_list=[(pg, bundles[:1]) for pg, bundles in engine_bundles],
                 env_vars={
                     **(self.cfg.vllm_cfg.env_vars or {}),
                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                    **engine_group_env(cluster.use_gpus, len(engine_bundles[0][1])),
                     **(env_vars or {}),
                 },
             )
@@ -316,6 +324,55 @@ def _split(data: BatchedDataDict, parts: int) -> list[BatchedDataDict]:
         pieces.append(data.slice(start, end))
         start = end
     return pieces
+
+
+def engine_bundle_groups(cluster: RayVirtualCluster, devices_per_engine: int) -> list[tuple[int, list[int]]]:
+    """``[(placement group, [bundle, ...])]``, one entry per engine: ``devices_per_engine`` consecutive bundles of one
+    node each. ValueError naming the keys when a node's bundles do not divide into whole engines."""
+    by_node: dict[int, list[Any]] = {}
+    for slot in cluster.get_bundle_slots():
+        by_node.setdefault(slot.node_rank, []).append(slot)
+    groups = []
+    for node_rank, slots in sorted(by_node.items()):
+        if len(slots) % devices_per_engine:
+            raise ValueError(
+                f"policy.generation.vllm_cfg: tensor_parallel_size x pipeline_parallel_size = {devices_per_engine} "
+                f"devices per engine does not divide node {node_rank}'s {len(slots)} generation devices (an engine "
+                "spans devices of one node)"
+            )
+        for start in range(0, len(slots), devices_per_engine):
+            members = slots[start : start + devices_per_engine]
+            if len({slot.placement_group_index for slot in members}) != 1:
+                raise ValueError(
+                    f"policy.generation.vllm_cfg: an engine of {devices_per_engine} devices would span two placement "
+                    f"groups on node {node_rank}"
+                )
+            groups.append((members[0].placement_group_index, [slot.bundle_index for slot in members]))
+    return groups
+
+
+def engine_group_env(use_gpus: bool, devices_per_engine: int) -> dict[str, str]:
+    """A GPU engine of several ranks picks its own devices (`engine_gpu_ids`): Ray must not narrow its view to one."""
+    return {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if use_gpus and devices_per_engine > 1 else {}
+
+
+def engine_gpu_ids(cluster: RayVirtualCluster, engine_bundles: list[tuple[int, list[int]]]) -> list[list[str]]:
+    """The GPU ids of each engine's bundles (engine rank order), asked of Ray by a small task in each bundle."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    @ray.remote(num_cpus=0, num_gpus=0.01)
+    def gpu_ids() -> list[str]:
+        return [str(gpu) for gpu in ray.get_gpu_ids()]
+
+    groups = cluster.get_placement_groups()
+    refs = [
+        [
+            gpu_ids.options(scheduling_strategy=PlacementGroupSchedulingStrategy(groups[pg], bundle)).remote()
+            for bundle in bundles
+        ]
+        for pg, bundles in engine_bundles
+    ]
+    return [[gpu for ids in ray.get(engine) for gpu in ids] for engine in refs]
 
 
 def start_router(engine_urls: list[str], name_prefix: str) -> Any:

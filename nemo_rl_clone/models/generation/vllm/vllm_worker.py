@@ -29,7 +29,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ class VllmGenerationWorker:
         weight_updates_during_generation: step the engine in `generate` so that weight updates (from a second
             concurrent call) land between steps; the actor must allow two concurrent calls.
         hf_config_overrides: ``policy.hf_config_overrides``, applied to the engine's model config.
+        engine_gpu_ids: per engine rank, the GPU ids of its bundles (GPU engines of several tensor/pipeline ranks).
     """
 
     def __init__(
@@ -85,12 +86,15 @@ class VllmGenerationWorker:
         hf_config_overrides: Mapping[str, Any] | None = None,
         served_model_name: str | None = None,
         record_routing: bool = False,
+        engine_gpu_ids: list[list[str]] | None = None,
     ) -> None:
         self.cfg = config
         self.rank = int(os.environ.get("RANK", "0"))
+        if engine_gpu_ids is not None:  # a GPU engine of several ranks: its bundles' GPUs, before CUDA starts
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(engine_gpu_ids[self.rank])
         self.tmp_dir = _use_private_tmp_dir(os.path.join(tmp_root, f"rank{self.rank}")) if tmp_root else None
         self.on_gpu = torch.cuda.is_available()
-        os.environ.update(engine_io.engine_env(config))
+        os.environ.update(engine_io.engine_env(config, self.on_gpu))
         if config.vllm_cfg.enforce_eager:
             # Eager means no torch.compile in this process at all: vLLM still compiles two small sampler helpers
             # (the sampled token's rank, random sampling) with inductor, a C++ build of 8-15 s on a CPU at the first
@@ -115,6 +119,8 @@ class VllmGenerationWorker:
             from vllm import LLM
 
             self.llm = LLM(**kwargs, worker_extension_cls=EXTENSION)
+        if config.vllm_cfg.pipeline_parallel_size > 1:
+            self.llm.collective_rpc("prepare_pipeline_stage")
         # Stats are on for `PhaseStats`' per-request timestamps; their periodic console summary is noise here.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         # From the folder's config: vLLM may rewrite the flag in its own copy (it reports False for tied models).
@@ -157,7 +163,8 @@ class VllmGenerationWorker:
         self.phase_stats.add(outputs)
         routing = None
         if self.record_routing:
-            (routing,) = self.llm.collective_rpc("take_routing", args=([out.request_id for out in outputs],))
+            per_rank = self.llm.collective_rpc("take_routing", args=([out.request_id for out in outputs],))
+            routing = _join_pipeline_stages(per_rank, self.cfg.vllm_cfg.tensor_parallel_size)
         return engine_io.assemble_outputs(data, outputs, self.get_pad_token_id(), routing)
 
     def _generate_stepwise(self, prompts: list[Any], params: list[Any]) -> list[Any]:
@@ -327,11 +334,14 @@ class VllmGenerationWorker:
         """Delete this worker's temp dir and ``/dev/shm`` leftovers before the group kills it.
 
         The sync engine is not shut down: it runs in this process, and the kill that follows frees everything it
-        holds — its own shutdown would only spend ~1.3 s of CPU tidying memory about to go. The async engine's core
-        process is stopped."""
+        holds — its own shutdown would only spend ~1.3 s of CPU tidying memory about to go (the worker processes of
+        its tensor/pipeline ranks are killed). The async engine's core process is stopped."""
         shm_files = engine_io.shm_files_mapped_by_process_tree()
         if self.is_async:  # its engine core is a child process, which the kill of this actor would orphan
             self.llm.shutdown()
+        elif self.cfg.vllm_cfg.devices_per_engine > 1:
+            # The ranks' processes would notice this actor's end only after it: stopped now, as the kill would.
+            _kill_child_processes()
         if self.transfer_group is not None:
             self.transfer_group.destroy()
             self.transfer_group = None
@@ -340,6 +350,23 @@ class VllmGenerationWorker:
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         return True
+
+
+def _join_pipeline_stages(per_rank: list[list[torch.Tensor]], tensor_parallel_size: int) -> list[torch.Tensor]:
+    """One ``[positions, layers, k]`` record per request from every engine rank's: tensor-parallel ranks route alike
+    (the router runs whole on each), pipeline stages each hold their own layers (ranks are stage-major)."""
+    stages = per_rank[::tensor_parallel_size]
+    return [torch.cat(records, dim=1) for records in zip(*stages, strict=True)]
+
+
+def _kill_child_processes() -> None:
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=5)
 
 
 def _peak_rss_of(pid: int) -> int:

