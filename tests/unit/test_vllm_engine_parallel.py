@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import psutil
 import pytest
 import ray
@@ -85,6 +86,51 @@ def test_a_sharded_engine_serves_exact_logprobs_before_and_after_each_refit(
         trainer.shutdown()
         generation.shutdown()
     assert not engine_worker_pids() - before  # the ranks stop with their engine
+
+
+def served_completion_gap(generation: VllmGeneration, reference: torch.nn.Module, episode: str) -> tuple[float, Any]:
+    """One completion through the episode router (the URL agents are given); the largest gap between its recorded
+    logprobs and the reference's, and the record."""
+    client = openai.OpenAI(base_url=generation.http_url, api_key="unused", max_retries=0)
+    client.completions.create(
+        model=TINY_LLAMA,
+        prompt=PROMPTS[0],
+        max_tokens=8,
+        temperature=1.0,
+        seed=5,
+        extra_headers={"X-Episode-Id": episode},
+    )
+    (call,) = generation.take_served_calls([episode])[episode]
+    ids = list(call.context)
+    expected = hf_logprobs(reference, ids)[len(call.prompt_token_ids) - 1 :]
+    return float((torch.tensor(call.output_logprobs) - expected).abs().max()), call
+
+
+def test_the_async_engine_serves_http_through_the_router_over_a_tp2_engine(
+    cluster: RayVirtualCluster, tokenizer: Any
+) -> None:
+    """vLLM's AsyncLLM (engine core in a child process, its two ranks below it), its OpenAI server behind the episode
+    router: served logprobs equal HF's before and after a colocated refit, the tokens after it labelled version 1."""
+    model_path = resolve_model_path(TINY_LLAMA)
+    config = tiny_config()
+    config.vllm_cfg.tensor_parallel_size = 2
+    config.vllm_cfg.async_engine = config.vllm_cfg.expose_http_server = True
+    before = engine_worker_pids()
+    generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-parallel-async")
+    trainer = HFPolicyStandIn(model_path, seed=1)
+    try:
+        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        gap, call = served_completion_gap(generation, base, "episode-0")
+        assert gap <= LOGPROB_ATOL and set(call.weight_versions) == {0}
+        prepare_refit(trainer, generation)
+        ray.get(trainer.actor.set_seed.remote(21))
+        refit_policy_generation(trainer, generation, colocated=True)
+        gap, call = served_completion_gap(generation, perturbed_model(model_path, 21), "episode-1")
+        assert gap <= LOGPROB_ATOL and set(call.weight_versions) == {1}
+    finally:
+        trainer.shutdown()
+        generation.shutdown()
+    assert not engine_worker_pids() - before
 
 
 def test_engines_take_whole_groups_of_bundles_of_one_node(ray_local: None) -> None:
