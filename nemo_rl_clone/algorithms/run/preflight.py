@@ -38,6 +38,7 @@ def preflight(config: Any) -> None:
     others = {**algorithm.frozen_models(config), **algorithm.trained_models(config)} if algorithm else {}
     for section, model in others.items():  # distillation's teacher, PPO's critic
         problems.extend(_other_model_problems(config, section, model))
+    problems.extend(_engine_layout_problems(config))
     if getattr(config, "data", None) is not None:
         from nemo_rl_clone.data.checks import check_data_config
 
@@ -184,3 +185,53 @@ def _policy_problems(config: Any, policy: Any) -> list[str]:
         except OptimizerConfigError as error:
             problems.append(str(error))
     return problems
+
+
+def _engine_layout_problems(config: Any) -> list[str]:
+    """vLLM engines of several ranks against the generation devices of a node and against the model's heads,
+    layers and experts (`engine_layout`): before any actor starts, instead of at engine start."""
+    from nemo_rl_clone.models.generation.engine_layout import engine_split_problem, model_layout_problems
+
+    policy = getattr(config, "policy", None)
+    generation = getattr(policy, "generation", None) if policy is not None else getattr(config, "generation", None)
+    if generation is None or generation.backend != "vllm":
+        return []
+    prefix = "policy.generation" if policy is not None else "generation"
+    vllm_cfg = generation.vllm_cfg
+    if generation.colocated.enabled:
+        devices, devices_key = config.cluster.gpus_per_node, "cluster.gpus_per_node"
+    else:
+        devices, devices_key = generation.colocated.resources.gpus_per_node or 0, f"{_GENERATION}.gpus_per_node"
+    problems = []
+    split = engine_split_problem(vllm_cfg.devices_per_engine, devices, "a node's", devices_key) if devices else None
+    if split is not None:
+        problems.append(f"{prefix}.vllm_cfg: {split}")
+    if vllm_cfg.devices_per_engine > 1 or vllm_cfg.uses_expert_parallel:  # nothing to split otherwise
+        hf_config = _engine_model_config(policy, generation)
+        if hf_config is not None:
+            problems.extend(model_layout_problems(vllm_cfg, hf_config, f"{prefix}.vllm_cfg"))
+    return problems
+
+
+def _engine_model_config(policy: Any, generation: Any) -> Any:
+    """The engines' model config (the policy's overrides applied), read from a local folder or the hub's local
+    cache only; None when it is not there or does not load (the model-source check reports why) or names a
+    training checkpoint (an evaluation exports it only when the run starts)."""
+    import os
+
+    from huggingface_hub import try_to_load_from_cache
+
+    from nemo_rl_clone.models.huggingface import load_hf_config, resolve_model_path
+
+    model = policy.model_name if policy is not None else generation.model_name
+    overrides = policy.hf_config_overrides if policy is not None else None
+    try:
+        folder = resolve_model_path(model)
+        if not os.path.isdir(folder):  # a hub id: no network here, the engine's start checks it otherwise
+            cached = try_to_load_from_cache(folder, "config.json")
+            if not isinstance(cached, str):
+                return None
+            folder = os.path.dirname(cached)
+        return load_hf_config(folder, overrides)
+    except (OSError, ValueError):
+        return None

@@ -49,6 +49,7 @@ from nemo_rl_clone.distributed.worker_groups import (
     RayWorkerGroup,
 )
 from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.generation.engine_layout import engine_split_problem
 from nemo_rl_clone.models.generation.interfaces import (
     GenerationInterface,
     check_generation_input,
@@ -111,7 +112,7 @@ class VllmGeneration(GenerationInterface):
     ) -> None:
         # A GenerationConfig was validated where the config was loaded; a NeMo-RL mapping is validated here.
         self.cfg = as_config(config, GenerationConfig, key="policy.generation")
-        _check_engine_args(self.cfg)
+        _check_engine_args(self.cfg, cluster.use_gpus)
         # Whether the model loads is pre-flight's check (`check_model_source`); here it is only resolved.
         model_path = resolve_model_path(model_name)
         ensure_worker_environment()
@@ -334,12 +335,9 @@ def engine_bundle_groups(cluster: RayVirtualCluster, devices_per_engine: int) ->
         by_node.setdefault(slot.node_rank, []).append(slot)
     groups = []
     for node_rank, slots in sorted(by_node.items()):
-        if len(slots) % devices_per_engine:
-            raise ValueError(
-                f"policy.generation.vllm_cfg: tensor_parallel_size x pipeline_parallel_size = {devices_per_engine} "
-                f"devices per engine does not divide node {node_rank}'s {len(slots)} generation devices (an engine "
-                "spans devices of one node)"
-            )
+        problem = engine_split_problem(devices_per_engine, len(slots), f"node {node_rank}'s")
+        if problem is not None:
+            raise ValueError(f"policy.generation.vllm_cfg: {problem}")
         for start in range(0, len(slots), devices_per_engine):
             members = slots[start : start + devices_per_engine]
             if len({slot.placement_group_index for slot in members}) != 1:
@@ -394,7 +392,13 @@ def start_router(engine_urls: list[str], name_prefix: str) -> Any:
     )
 
 
-def _check_engine_args(config: GenerationConfig) -> None:
+def _check_engine_args(config: GenerationConfig, use_gpus: bool) -> None:
     """The precision's vLLM dtype and the names of vLLM's engine arguments (vLLM's import), before any engine starts."""
     engine_io.engine_dtype(config.vllm_cfg.precision)
     engine_io.check_vllm_kwargs(config.vllm_kwargs)
+    if config.vllm_cfg.uses_expert_parallel and not use_gpus:
+        raise ValueError(
+            "policy.generation.vllm_cfg.expert_parallel_size: vLLM 0.32's CPU MoE kernel crashes under expert "
+            "parallelism (its experts split over ranks); on CPU keep it 1 (tensor parallelism splits each expert "
+            "instead), on GPU it works"
+        )
