@@ -19,10 +19,13 @@ The Megatron worker (`megatron_worker_memory`) follows Megatron's own layout: it
 expert-parallel shards, the distributed optimizer's share (computed from the layout; not calibrated on measured
 runs as the DTensor worker is).
 
-Per generation engine: its weights in ``vllm_cfg.precision``, its KV cache (``kv_cache_memory_bytes`` on CPU,
-``gpu_memory_utilization`` × the device's memory on GPU, which also holds the weights), on CPU the refit's
-incoming weights (two copies), and the runtime with vLLM imported (`ENGINE_RUNTIME_BYTES`, measured). The policy
-worker's ``refit`` column is the state dict it hands over (`refit_bytes`).
+Per generation engine: its weights in ``vllm_cfg.precision``, its KV cache (``kv_cache_memory_bytes``, else on CPU
+1 GiB and on GPU ``gpu_memory_utilization`` × the device's memory, which also holds the weights), on CPU the
+refit's incoming weights (two copies), and the runtime with vLLM imported (`ENGINE_RUNTIME_BYTES`, measured). An
+engine of several tensor/pipeline ranks is its actor (runtime, the refit's copies) and one process per rank: the
+rank's shard of the weights (`engine_rank_parameters`), its own KV cache of that size (vLLM's sizes are per
+device), the whole incoming state dict on CPU (its loader shards it) and the runtime; engines per node = generation
+devices / (TP × PP). The policy worker's ``refit`` column is the state dict it hands over (`refit_bytes`).
 
 Calibration (2-core CPU machine, resident peaks measured in real runs, see docs/preflight.md): the constants below
 put the plan within 25% of the measured peak for the main job and the smoke configs.
@@ -32,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from nemo_rl_clone.models.generation.engine_layout import kv_heads_per_rank, padded_vocab, stage_layers
 
 # Values kept per token and per decoder layer for the backward, in units of the compute dtype: ~5 × hidden
 # (the layer's input, its two norms' outputs, the attention output and the residual) plus ~4 × intermediate (the
@@ -71,6 +76,11 @@ class ModelShape:
     intermediate_size: int
     vocab_size: int
     num_expert_parameters: int = 0  # of `num_parameters`, those of routed experts (MoE models)
+    # What an engine's tensor-parallel ranks split (0: unknown, the layers counted as split evenly).
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    head_dim: int = 0
+    tied_embeddings: bool = False  # the head is the embedding table (counted once in `num_parameters`)
 
     @classmethod
     def of(cls, model_path: str, overrides: Any = None) -> ModelShape:
@@ -83,6 +93,8 @@ class ModelShape:
         text = getattr(config, "text_config", None) or config
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
+        heads = getattr(text, "num_attention_heads", None) or 0
+        head = model.get_output_embeddings()
         return cls(
             num_parameters=sum(p.numel() for p in model.parameters()),  # tied embeddings counted once
             num_expert_parameters=sum(p.numel() for name, p in model.named_parameters() if ".experts." in name),
@@ -90,6 +102,10 @@ class ModelShape:
             hidden_size=text.hidden_size,
             intermediate_size=getattr(text, "intermediate_size", None) or 4 * text.hidden_size,
             vocab_size=text.vocab_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0),
+            tied_embeddings=head is not None and head.weight is model.get_input_embeddings().weight,
         )
 
 
@@ -206,20 +222,72 @@ def inference_worker_memory(kind: str, precision: str, shape: ModelShape, shards
 
 
 def engine_memory(vllm_cfg: Any, shape: ModelShape, device_bytes: int | None, count: int) -> WorkerMemory:
-    """One vLLM engine (``vllm_cfg``: a `VllmConfig`); ``device_bytes``: its GPU's memory, None on CPU."""
-    tp = vllm_cfg.tensor_parallel_size * vllm_cfg.pipeline_parallel_size
-    weights = PRECISION_BYTES.get(vllm_cfg.precision, 2) * shape.num_parameters // tp  # fp8: bf16 layers kept
+    """One rank of a vLLM engine (``vllm_cfg``: a `VllmConfig`), the whole engine when it has one rank;
+    ``device_bytes``: its GPU's memory, None on CPU; ``count``: such workers per node."""
+    single = vllm_cfg.devices_per_engine == 1
+    weights = PRECISION_BYTES.get(vllm_cfg.precision, 2) * engine_rank_parameters(vllm_cfg, shape)  # fp8: bf16 kept
+    full = PRECISION_BYTES.get(vllm_cfg.precision, 2) * shape.num_parameters
     parts = dict.fromkeys(COLUMNS, 0)
+    parts["parameters"] = weights
+    parts["kv_cache"] = engine_kv_cache_bytes(vllm_cfg, weights, device_bytes)
     # The async engine loads vLLM twice: in the engine actor and in its engine core process.
+    parts["runtime"] = ENGINE_RUNTIME_BYTES * (2 if vllm_cfg.async_engine and single else 1)
+    if device_bytes is None and single:  # the incoming state dict mapped from Ray's object store, its checked copy
+        parts["refit"] = 2 * full
+    elif device_bytes is None:  # every rank unpickles the whole state dict (its loader shards it); async: raw bytes too
+        parts["refit"] = full * (2 if vllm_cfg.async_engine else 1)
+    return WorkerMemory("generation engine" if single else "engine rank", count, parts)
+
+
+def engine_workers(vllm_cfg: Any, shape: ModelShape, device_bytes: int | None, engines: int) -> list[WorkerMemory]:
+    """What the ``engines`` engines of a node hold. An engine of several ranks (vLLM's multi-process executor) is
+    its Ray actor (the scheduler; on CPU a refit's incoming state dict and its checked copy) and one process per
+    tensor/pipeline rank (`engine_memory`)."""
+    if vllm_cfg.devices_per_engine == 1:
+        return [engine_memory(vllm_cfg, shape, device_bytes, engines)]
+    parts = dict.fromkeys(COLUMNS, 0)
     parts["runtime"] = ENGINE_RUNTIME_BYTES * (2 if vllm_cfg.async_engine else 1)
-    if device_bytes is not None:  # vLLM takes its share of the GPU for weights, activations and KV cache
-        parts["parameters"] = weights
-        parts["kv_cache"] = max(int(vllm_cfg.gpu_memory_utilization * device_bytes) - weights, 0)
-    else:
-        parts["parameters"] = weights
-        parts["kv_cache"] = vllm_cfg.kv_cache_memory_bytes or _default_cpu_kv_cache()
-        parts["refit"] = 2 * weights  # the incoming state dict mapped from Ray's object store, and its checked copy
-    return WorkerMemory("generation engine", count, parts)
+    if device_bytes is None:
+        parts["refit"] = 2 * PRECISION_BYTES.get(vllm_cfg.precision, 2) * shape.num_parameters
+    ranks = engine_memory(vllm_cfg, shape, device_bytes, engines * vllm_cfg.devices_per_engine)
+    return [WorkerMemory("generation engine", engines, parts), ranks]
+
+
+def engine_rank_parameters(vllm_cfg: Any, shape: ModelShape) -> int:
+    """Parameters the largest rank of an engine holds: its pipeline stage's layers, each cut over the
+    tensor-parallel ranks (K and V projections by whole KV heads, copied when ranks outnumber them; experts spread
+    over the ranks alike), and the vocabulary-parallel tables (padded to a multiple of 64): embedding on the first
+    stage, head on the last, one table when they are tied and one stage holds both. Norms counted as split."""
+    tp, pp = vllm_cfg.tensor_parallel_size, vllm_cfg.pipeline_parallel_size
+    tables = 1 if shape.tied_embeddings else 2
+    table = shape.vocab_size * shape.hidden_size
+    layers = shape.num_parameters - tables * table
+    kv = 2 * shape.num_layers * shape.num_key_value_heads * shape.head_dim * shape.hidden_size
+    kv_rank = kv // shape.num_key_value_heads * kv_heads_per_rank(shape.num_key_value_heads, tp) if kv else 0
+    stage = ((layers - kv) // tp + kv_rank) * stage_layers(shape.num_layers, pp) // shape.num_layers
+    table_rank = -(-padded_vocab(shape.vocab_size) // tp) * shape.hidden_size
+    return stage + table_rank * (tables if pp == 1 else 1)
+
+
+def engine_kv_cache_bytes(vllm_cfg: Any, rank_weights: int, device_bytes: int | None) -> int:
+    """KV cache of one engine rank: ``kv_cache_memory_bytes`` (vLLM's per-device size, the CPU default when unset),
+    or on GPU without it ``gpu_memory_utilization`` of the device less the rank's weights."""
+    if vllm_cfg.kv_cache_memory_bytes is not None:
+        return int(vllm_cfg.kv_cache_memory_bytes)
+    if device_bytes is None:
+        return _default_cpu_kv_cache()
+    return max(int(vllm_cfg.gpu_memory_utilization * device_bytes) - rank_weights, 0)
+
+
+def engine_kv_cache_tokens(vllm_cfg: Any, shape: ModelShape, kv_cache_bytes: int) -> int:
+    """Tokens an engine's KV cache holds: each rank keeps K and V of its stage's layers and its KV heads, so a rank's
+    ``kv_cache_bytes`` hold the same tokens for every rank. 0 when the model's heads are unknown."""
+    if not shape.num_key_value_heads:
+        return 0
+    kv_bytes = 1 if vllm_cfg.kv_cache_dtype.startswith("fp8") else PRECISION_BYTES.get(vllm_cfg.precision, 2)
+    heads = kv_heads_per_rank(shape.num_key_value_heads, vllm_cfg.tensor_parallel_size)
+    layers = stage_layers(shape.num_layers, vllm_cfg.pipeline_parallel_size)
+    return kv_cache_bytes // (2 * layers * heads * shape.head_dim * kv_bytes)
 
 
 def refit_bytes(vllm_cfg: Any, shape: ModelShape, colocated: bool, on_gpu: bool) -> int:

@@ -26,8 +26,12 @@ KEY = "policy.generation.vllm_cfg"
 
 
 def dense(heads: int = 8, kv_heads: int = 2, layers: int = 4) -> LlamaConfig:
-    return LlamaConfig(
-        hidden_size=32 * heads, num_attention_heads=heads, num_key_value_heads=kv_heads, num_hidden_layers=layers
+    return LlamaConfig(  # SmolLM2's vocabulary: 768 × 64, splits 2, 3, 4 ways
+        hidden_size=32 * heads,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_hidden_layers=layers,
+        vocab_size=49152,
     )
 
 
@@ -70,6 +74,16 @@ def test_heads_kv_heads_and_layers_that_do_not_split():
         "at least one layer)"
     ]
     assert not model_layout_problems(layout(pipeline_parallel_size=4), dense(layers=4), KEY)
+
+
+def test_the_padded_vocabulary_must_split():
+    assert model_layout_problems(layout(tensor_parallel_size=3), dense(heads=6, kv_heads=3), KEY) == []
+    odd = dense(heads=6, kv_heads=3)
+    odd.vocab_size = 31990  # padded to 32,000 = 500 × 64: not a multiple of 3
+    assert model_layout_problems(layout(tensor_parallel_size=3), odd, KEY) == [
+        f"{KEY}.tensor_parallel_size: 3 must divide the model's vocabulary padded to a multiple of 64 (32000; "
+        "vocab_size=31990), which vLLM splits over the ranks"
+    ]
 
 
 def test_expert_parallelism_needs_experts_that_split():

@@ -7,12 +7,16 @@ import dataclasses
 import pytest
 
 from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
-from nemo_rl_clone.models.huggingface import resolve_model_path
+from nemo_rl_clone.models.generation.config import VllmConfig
+from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
 from nemo_rl_clone.models.memory_estimate import (
     ENGINE_RUNTIME_BYTES,
     POLICY_RUNTIME_BYTES,
     ModelShape,
+    engine_kv_cache_tokens,
     engine_memory,
+    engine_rank_parameters,
+    engine_workers,
     megatron_worker_memory,
     policy_worker_memory,
     refit_bytes,
@@ -35,7 +39,8 @@ def main_job(*overrides: str) -> GRPOMasterConfig:
 
 
 def test_shape_from_the_config_without_weights(shape):
-    assert shape == ModelShape(SMOLLM2_PARAMETERS, L, H, MLP, V)
+    heads = {"num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "tied_embeddings": True}
+    assert shape == ModelShape(SMOLLM2_PARAMETERS, L, H, MLP, V, **heads)
     assert SMOLLM2_PARAMETERS == 134_515_008
 
 
@@ -84,8 +89,58 @@ def test_engine_on_cpu_and_gpu(shape):
     assert cpu.parts["kv_cache"] == 1 << 30 and cpu.parts["runtime"] == ENGINE_RUNTIME_BYTES
     assert refit_bytes(vllm_cfg, shape, colocated=True, on_gpu=False) == 2 * 4 * n  # gathered + object store
     assert refit_bytes(vllm_cfg, shape, colocated=True, on_gpu=True) == 0  # host memory, not the GPU's
-    gpu = engine_memory(vllm_cfg, shape, device_bytes=80 * 10**9, count=1)  # gpu_memory_utilization 0.6
+    gpu = engine_memory(vllm_cfg, shape, device_bytes=80 * 10**9, count=1)  # kv_cache_memory_bytes wins in vLLM
+    assert gpu.parts["kv_cache"] == 1 << 30
+    by_share = dataclasses.replace(vllm_cfg, kv_cache_memory_bytes=None)  # gpu_memory_utilization 0.6
+    gpu = engine_memory(by_share, shape, device_bytes=80 * 10**9, count=1)
     assert gpu.parts["parameters"] + gpu.parts["kv_cache"] == 48 * 10**9
+
+
+def near(estimate: int, exact: int, rel: float) -> bool:
+    return abs(estimate - exact) <= rel * exact
+
+
+def test_an_engine_rank_holds_its_stage_and_its_share_of_each_layer(shape):
+    """SmolLM2 in an engine of TP 3 × PP 2, as vLLM lays it out: each stage 15 layers, every projection split 3 ways
+    (k and v: one of the 3 KV heads), norms whole; the first stage the embedding, the last its own copy of the tied
+    head and the final norm, each a third of the 49,152-row table. The estimate counts norms as split: within 0.1%."""
+    cfg = VllmConfig(tensor_parallel_size=3, pipeline_parallel_size=2)
+    per_layer = 2 * H * (9 * 64) // 3 + 2 * H * 64 + 3 * H * MLP // 3 + 2 * H
+    last_stage = 15 * per_layer + V // 3 * H + H
+    assert near(engine_rank_parameters(cfg, shape), last_stage, 1e-3)
+    assert engine_rank_parameters(VllmConfig(), shape) == SMOLLM2_PARAMETERS  # one rank: the whole model
+    # KV cache: a rank keeps 15 layers × 1 KV head of 64, K and V, in bf16 by default
+    assert engine_kv_cache_tokens(cfg, shape, 1 << 30) == (1 << 30) // (2 * 15 * 1 * 64 * 2)
+
+
+def test_ranks_outnumbering_kv_heads_hold_a_copied_head():
+    """tiny-random-llama (hidden 128, 4 heads / 2 KV heads of 32, MLP 256, 2 layers, tied 49,152-row table) over 4
+    ranks: each holds a whole KV head (copied onto 2 ranks), not half of one. Norms whole; within 0.1% (a half KV
+    head would be 0.5% off)."""
+    tiny = ModelShape.of(resolve_model_path(TINY_LLAMA))
+    per_layer = 2 * 128 * 32 + 2 * 128 * 32 + 3 * 128 * 256 // 4 + 2 * 128
+    assert near(engine_rank_parameters(VllmConfig(tensor_parallel_size=4), tiny), 2 * per_layer + V // 4 * 128, 1e-3)
+    assert engine_kv_cache_tokens(VllmConfig(tensor_parallel_size=4), tiny, 1 << 20) == (1 << 20) // (2 * 2 * 32 * 2)
+
+
+def test_engines_of_several_ranks_on_cpu_and_gpu(shape):
+    """Two engines of TP 3 on a node of 6 CPU slots: the engine actors (runtime, a refit's two whole copies) and 6
+    rank processes (half the weights each, a KV cache of kv_cache_memory_bytes each: vLLM's size is per device,
+    the whole incoming state dict on refit)."""
+    n = SMOLLM2_PARAMETERS
+    cfg = VllmConfig(precision="float32", tensor_parallel_size=3, kv_cache_memory_bytes=1 << 28)
+    actors, ranks = engine_workers(cfg, shape, device_bytes=None, engines=2)
+    assert (actors.kind, actors.count, ranks.kind, ranks.count) == ("generation engine", 2, "engine rank", 6)
+    assert actors.parts["refit"] == 2 * 4 * n and actors.parts["parameters"] == actors.parts["kv_cache"] == 0
+    assert ranks.parts["parameters"] == 4 * engine_rank_parameters(cfg, shape) and ranks.parts["refit"] == 4 * n
+    assert ranks.parts["kv_cache"] == 1 << 28 and ranks.parts["runtime"] == ENGINE_RUNTIME_BYTES
+    gpu = VllmConfig(tensor_parallel_size=3, gpu_memory_utilization=0.5)  # bf16
+    (_, rank) = engine_workers(gpu, shape, device_bytes=80 * 10**9, engines=1)
+    assert rank.parts["parameters"] + rank.parts["kv_cache"] == 40 * 10**9 and rank.parts["refit"] == 0
+    fixed = VllmConfig(tensor_parallel_size=3, kv_cache_memory_bytes=10**9)  # vLLM then ignores the utilisation
+    assert engine_workers(fixed, shape, device_bytes=80 * 10**9, engines=1)[1].parts["kv_cache"] == 10**9
+    (single,) = engine_workers(VllmConfig(), shape, device_bytes=None, engines=2)
+    assert single == engine_memory(VllmConfig(), shape, None, 2)  # one rank: the engine as before
 
 
 def test_worker_peaks_are_logged_as_memory_metrics():
@@ -161,3 +216,11 @@ def test_the_qwen3_30b_a3b_recipe_fits_h200_gpus_in_its_megatron_layout(qwen3_30
     engine = engine_memory(policy.generation.vllm_cfg, shape, int(h200), count=8)
     assert engine.parts["parameters"] == 2 * shape.num_parameters and engine.parts["kv_cache"] > 30e9
     assert engine_memory(policy.generation.vllm_cfg, shape, int(h100), count=8).parts["kv_cache"] == 0
+    # An engine of TP 8: each rank an eighth of the layers and experts, one of the 4 KV heads (copied onto 2 ranks),
+    # an eighth of the embedding and of the head; the router and norms, whole in vLLM, are counted as split: 0.5%.
+    tp8 = dataclasses.replace(policy.generation.vllm_cfg, tensor_parallel_size=8)
+    attention = 2 * Q_H * Q_HEADS * Q_HD // 8 + 2 * Q_H * Q_HD + 2 * Q_HD
+    rank = Q_L * (attention + Q_E * Q_H + 2 * Q_H) + Q_EXPERTS // 8 + 2 * Q_V // 8 * Q_H + Q_H
+    assert near(engine_rank_parameters(tp8, shape), rank, 5e-3)
+    (_, ranks) = engine_workers(tp8, shape, int(h100), engines=1)
+    assert ranks.count == 8 and ranks.parts["kv_cache"] > 30e9  # the model split 8 ways fits an 80 GB GPU

@@ -21,7 +21,8 @@ from nemo_rl_clone.models.memory_estimate import (
     COLUMNS,
     ModelShape,
     WorkerMemory,
-    engine_memory,
+    engine_kv_cache_tokens,
+    engine_workers,
     inference_worker_memory,
     megatron_worker_memory,
     policy_worker_memory,
@@ -167,12 +168,10 @@ def plan_memory(config: Any, plan: Plan) -> None:
                 policy_worker_memory(policy, shape, shards, reference, loss_share, refit, count=workers)
             )
         if has_engines:
-            engines = _engines_per_node(generation, workers)
-            plan.workers.append(engine_memory(generation.vllm_cfg, shape, device_bytes, engines))
+            _plan_engines(generation, shape, device_bytes, workers, plan)
     elif hasattr(config, "eval") and _eval_model(config) is not None:
         shape = ModelShape.of(resolve_model_path(config.generation.model_name))
-        engines = _engines_per_node(config.generation, workers)
-        plan.workers.append(engine_memory(config.generation.vllm_cfg, shape, device_bytes, engines))
+        _plan_engines(config.generation, shape, device_bytes, workers, plan)
     algorithm = registry.algorithm_for(config)
     shards = workers * config.cluster.num_nodes
     for section, model in (algorithm.frozen_models(config) if algorithm else {}).items():
@@ -197,12 +196,25 @@ def _loss_share(config: Any, algorithm: Any) -> float:
     return 1.0 if algorithm is None else algorithm.loss_token_share(config)
 
 
-def _engines_per_node(generation: Any, workers: int) -> int:
-    vllm = generation.vllm_cfg
-    per_engine = vllm.tensor_parallel_size * vllm.pipeline_parallel_size
-    if generation.colocated.enabled:
-        return max(workers // per_engine, 1)
-    return max((generation.colocated.resources.gpus_per_node or 0) // per_engine, 1)
+def _plan_engines(generation: Any, shape: ModelShape, device_bytes: int | None, workers: int, plan: Plan) -> None:
+    """The engines' workers on a node (``workers``: the cluster's per node) and what their KV cache holds."""
+    from nemo_rl_clone.models.generation.engine_layout import engines_per_node
+
+    vllm_cfg = generation.vllm_cfg
+    devices = workers if generation.colocated.enabled else generation.colocated.resources.gpus_per_node or 0
+    engines = engines_per_node(vllm_cfg.devices_per_engine, devices)
+    engine_columns = engine_workers(vllm_cfg, shape, device_bytes, engines)
+    plan.workers.extend(engine_columns)
+    tokens = engine_kv_cache_tokens(vllm_cfg, shape, engine_columns[-1].parts["kv_cache"])
+    if tokens:
+        tp, pp = vllm_cfg.tensor_parallel_size, vllm_cfg.pipeline_parallel_size
+        plan.facts.append(
+            (
+                "engines",
+                f"{engines}/node of TP {tp} × PP {pp}; KV cache {tokens:,} tokens each (max_model_len "
+                f"{vllm_cfg.max_model_len:,})",
+            )
+        )
 
 
 def _fits(config: Any, plan: Plan, on_gpu: bool) -> None:

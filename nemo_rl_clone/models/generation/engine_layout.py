@@ -5,14 +5,17 @@ engines, and the dry run's memory plan counts engines and sizes each rank's shar
 
 vLLM's constraints (0.32): a tensor-parallel rank holds whole attention heads, so ``tensor_parallel_size`` divides
 ``num_attention_heads``; the KV heads are split the same way, or, with more ranks than KV heads, each KV head is
-copied onto ``tensor_parallel_size / num_key_value_heads`` ranks (so one of the two divides the other). Every
-pipeline stage holds at least one layer. Expert parallelism spreads the routed experts over the engine's
-tensor-parallel ranks (`VllmConfig.uses_expert_parallel`), whole experts each in this library's rule.
+copied onto ``tensor_parallel_size / num_key_value_heads`` ranks (so one of the two divides the other); the
+vocabulary, padded to a multiple of 64, splits evenly too. Every pipeline stage holds at least one layer. Expert
+parallelism spreads the routed experts over the engine's tensor-parallel ranks (`VllmConfig.uses_expert_parallel`),
+whole experts each in this library's rule.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+VOCAB_PADDING = 64  # vLLM pads the vocabulary of its embedding and head to a multiple of this, then splits it
 
 
 def engine_split_problem(devices_per_engine: int, devices: int, owner: str, source: str = "") -> str | None:
@@ -36,6 +39,11 @@ def engines_per_node(devices_per_engine: int, devices: int) -> int:
 def kv_heads_per_rank(kv_heads: int, tensor_parallel_size: int) -> int:
     """KV heads one tensor-parallel rank holds: its share, or one replicated head when ranks outnumber them."""
     return max(kv_heads // tensor_parallel_size, 1)
+
+
+def padded_vocab(vocab_size: int) -> int:
+    """The vocabulary vLLM's embedding and head hold, split over the tensor-parallel ranks."""
+    return -(-vocab_size // VOCAB_PADDING) * VOCAB_PADDING
 
 
 def stage_layers(num_layers: int, pipeline_parallel_size: int) -> int:
@@ -64,6 +72,12 @@ def model_layout_problems(vllm_cfg: Any, hf_config: Any, prefix: str) -> list[st
             f"{prefix}.tensor_parallel_size: {tp} and the model's num_key_value_heads={kv_heads} must divide one "
             "another (vLLM splits the KV heads over the ranks, or copies each onto tensor_parallel_size / "
             "num_key_value_heads ranks)"
+        )
+    vocab = getattr(text, "vocab_size", None)
+    if vocab and padded_vocab(vocab) % tp:
+        problems.append(
+            f"{prefix}.tensor_parallel_size: {tp} must divide the model's vocabulary padded to a multiple of "
+            f"{VOCAB_PADDING} ({padded_vocab(vocab)}; vocab_size={vocab}), which vLLM splits over the ranks"
         )
     if layers and pp > layers:
         problems.append(
