@@ -1,10 +1,12 @@
 #!/bin/bash
 # The GPU checks, on a machine with Python 3, torch (CUDA) and transformers but no Ray and no uv environment:
 # the worker-level `gpu` tests (DTensor and Megatron Core on CUDA, bf16 against fp32), vLLM's top-k/top-p kernel
-# against the trainer's "lowest_index" tie rule, and the ~0.5B training
+# against the trainer's "lowest_index" tie rule, a vLLM engine of tensor_parallel_size 2 refit over NCCL (needs two
+# GPUs, Ray and vLLM: it skips and says which is missing otherwise), and the ~0.5B training
 # throughput / MFU benchmark. Needs `.gpu_kit/` (made by tools/gpu_kit.py) in the repository root.
 #   bash tools/gpu_checks.sh OUT_DIR [extra benchmark arguments]
-# Writes OUT_DIR/{env.txt,gpu_tests.log,train_mfu.log}; exits non-zero if a test or the benchmark failed.
+# Writes OUT_DIR/{env.txt,gpu_tests.log,tp2_engine.log,train_mfu.log}; exits non-zero if a test or the benchmark
+# failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash tools/gpu_checks.sh OUT_DIR [benchmark arguments]}
@@ -28,5 +30,9 @@ python3 -m pytest -m gpu -v -p no:cacheprovider -o addopts="" \
   tests/unit/test_dtensor_worker_cuda.py tests/unit/test_megatron_policy.py tests/unit/test_logger.py \
   tests/unit/test_logits_sampling_utils.py \
   2>&1 | tee "$out/gpu_tests.log" || status=1
+# pytest's 5: the module skipped itself at collection (fewer than two GPUs, or no Ray / vLLM); the reason is logged.
+python3 -m pytest -v -rs -p no:cacheprovider -o addopts="" tests/unit/test_vllm_engine_tp2_gpu.py \
+  2>&1 | tee "$out/tp2_engine.log"
+case ${PIPESTATUS[0]} in 0 | 5) ;; *) status=1 ;; esac
 python3 benchmarks/train_mfu.py "$@" 2>&1 | tee "$out/train_mfu.log" || status=1
 exit $status
