@@ -71,8 +71,8 @@ MOE_EP2 = (
 
 @pytest.mark.slow
 def test_grpo_on_megatron_moe_samples_exactly_and_resumes_exactly(tmp_path):
-    """An MoE model with expert parallelism (`MOE_EP2`), colocated, sampling at temperature 0.7, top-p 0.9, top-k 50,
-    router replay on:
+    """An MoE model with expert parallelism (`MOE_EP2`) and Megatron TP=2, colocated with one TP=2 engine, sampling at
+    temperature 0.7, top-p 0.9, top-k 50, router replay on:
     the trainer's logprobs reproduce the engine's processed distribution (the vocab-parallel-ready path) every step,
     so every refit gathers both expert shares into what vLLM serves; 4 steps straight equal a restart from the
     straight run's step-2 checkpoint + 2 steps. A reward the model earns (`LENGTH_REWARD`), so that advantages and
@@ -85,6 +85,13 @@ def test_grpo_on_megatron_moe_samples_exactly_and_resumes_exactly(tmp_path):
         *LENGTH_REWARD,
         *SAMPLING,
         "++policy.router_replay.enabled=true",  # the engine records each token's experts; Megatron replays them
+        # Attention split over both ranks (the experts stay whole per rank: EP=2 x expert TP=1), and one engine over
+        # both bundles at TP=2: every refit gathers Megatron's TP and EP shards into full tensors that each engine
+        # rank's loader slices again.
+        "policy.megatron_cfg.tensor_model_parallel_size=2",
+        "policy.megatron_cfg.expert_tensor_parallel_size=1",
+        "policy.megatron_cfg.sequence_parallel=true",  # Megatron's rule for MoE layers under TP
+        "policy.generation.vllm_cfg.tensor_parallel_size=2",
         "grpo.val_period=2",
         "checkpointing.save_period=2",
     )
