@@ -127,7 +127,8 @@ class Replayed:
 
 
 def policy_config(bundle: Bundle) -> Any:
-    """The run's ``policy`` section re-laid out for one process (no tensor/context parallelism, nothing offloaded)."""
+    """The run's ``policy`` section re-laid out for one process (no tensor/context/expert parallelism, nothing
+    offloaded)."""
     from nemo_rl_clone.models.policy.backends import backend_key, backend_spec
     from nemo_rl_clone.models.policy.config import PolicyConfig
     from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
@@ -140,7 +141,7 @@ def policy_config(bundle: Bundle) -> Any:
             "supports the DTensor backend only"
         )
     dtensor = dict(section.get("dtensor_cfg") or {})
-    dtensor.update(tensor_parallel_size=1, context_parallel_size=1, cpu_offload=False)
+    dtensor.update(tensor_parallel_size=1, context_parallel_size=1, expert_parallel_size=1, cpu_offload=False)
     try:
         return validate_config({**section, "dtensor_cfg": dtensor}, PolicyConfig)
     except ConfigError as err:

@@ -283,9 +283,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     (DTensorConfig, "dp_replicate_size"): Refusal(
         2, "not supported yet: HSDP (replicated FSDP groups); set it to 1 (plain FSDP2)"
     ),
-    (DTensorConfig, "expert_parallel_size"): Refusal(
-        2, "not supported yet: expert parallelism (MoE models); set it to 1"
-    ),
     (GenerationConfig, "quant_cfg"): Refusal(
         "q.yaml", "not supported yet: ModelOpt quantized generation; set it to null"
     ),

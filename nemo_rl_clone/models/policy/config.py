@@ -178,7 +178,9 @@ class DTensorConfig(SectionReads):
     # NeMo Automodel's model-building options; refused unless empty (models load through Hugging Face).
     automodel_kwargs: dict[str, Any] = field(default_factory=dict)
     dp_replicate_size: int = 1  # HSDP replicas; refused != 1
-    expert_parallel_size: int = 1  # refused != 1
+    # MoE experts split over this many data-parallel ranks (dtensor/expert_parallel.py); the policy worker checks
+    # that it divides the model's experts and the data-parallel size.
+    expert_parallel_size: int = 1
 
     def check(self) -> list[tuple[str, str]]:
         if not self.enabled:  # NeMo-RL's Megatron recipes carry a disabled dtensor_cfg block that nothing reads
@@ -196,8 +198,7 @@ class DTensorConfig(SectionReads):
             problems.append(
                 ("dp_replicate_size", "not supported yet: HSDP (replicated FSDP groups); set it to 1 (plain FSDP2)")
             )
-        if self.expert_parallel_size != 1:
-            problems.append(("expert_parallel_size", "not supported yet: expert parallelism (MoE models); set it to 1"))
+        problems += check_at_least(self, 1, "expert_parallel_size")
         if self.clear_cache_every_n_steps is not None and self.clear_cache_every_n_steps < 1:
             problems.append(
                 ("clear_cache_every_n_steps", f"must be >= 1 or null (never), got {self.clear_cache_every_n_steps}")

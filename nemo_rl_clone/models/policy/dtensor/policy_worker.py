@@ -39,7 +39,7 @@ from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
-from nemo_rl_clone.models.policy.dtensor import bf16_backward, context_parallel, lora, moe, weights
+from nemo_rl_clone.models.policy.dtensor import bf16_backward, context_parallel, expert_parallel, lora, moe, weights
 from nemo_rl_clone.models.policy.dtensor import parallel as dtensor_parallel
 from nemo_rl_clone.models.policy.workers import (
     packed_sequences,
@@ -91,6 +91,7 @@ class DTensorPolicyWorker(PolicyWorkerBase):
         plan = None
         if self.mesh["tp"].size() > 1:
             plan = dtensor_parallel.tensor_parallel_plan(model, dtensor_cfg.custom_parallel_plan)
+        ep_size = dtensor_cfg.expert_parallel_size
         self.model = dtensor_parallel.parallelize(
             model,
             self.mesh,
@@ -98,6 +99,7 @@ class DTensorPolicyWorker(PolicyWorkerBase):
             tensor_parallel_plan=plan,
             activation_checkpointing=dtensor_cfg.activation_checkpointing,
             cpu_offload=dtensor_cfg.cpu_offload,
+            expert_mesh=expert_parallel.build_mesh(self.device.type, ep_size) if ep_size > 1 else None,
         )
         self.routing_replay = moe.RoutingReplay(self.model) if config.router_replay.enabled else None
         self.num_parameters = sum(param.numel() for param in self.model.parameters())  # DTensors count in full
@@ -119,7 +121,11 @@ class DTensorPolicyWorker(PolicyWorkerBase):
             attn_implementation = context_parallel.ATTENTION
         with reporting_model_load_errors(model_path):
             hf_config = load_hf_config(model_path, self.cfg.hf_config_overrides)
-            refused = moe.refusal(hf_config, dtensor_cfg.tensor_parallel_size, dtensor_cfg.context_parallel_size)
+            refused = moe.refusal(
+                hf_config, dtensor_cfg.tensor_parallel_size, dtensor_cfg.context_parallel_size
+            ) or expert_parallel.refusal(
+                moe.num_routed_experts(hf_config), dtensor_cfg.expert_parallel_size, self.mesh["dp"].size()
+            )
             if refused:
                 raise UserInputError(refused)
             if self.is_reward_model:
