@@ -22,10 +22,10 @@ runs as the DTensor worker is).
 Per generation engine: its weights in ``vllm_cfg.precision``, its KV cache (``kv_cache_memory_bytes``, else on CPU
 1 GiB and on GPU ``gpu_memory_utilization`` × the device's memory, which also holds the weights), on CPU the
 refit's incoming weights (two copies), and the runtime with vLLM imported (`ENGINE_RUNTIME_BYTES`, measured). An
-engine of several tensor/pipeline ranks is its actor (runtime, the refit's copies) and one process per rank: the
-rank's shard of the weights (`engine_rank_parameters`), its own KV cache of that size (vLLM's sizes are per
-device), the whole incoming state dict on CPU (its loader shards it) and the runtime; engines per node = generation
-devices / (TP × PP). The policy worker's ``refit`` column is the state dict it hands over (`refit_bytes`).
+engine of several tensor/pipeline ranks is its actor (runtime, the refit's incoming state dict) and one process per
+rank: the rank's shard of the weights (`engine_rank_parameters`), its own KV cache of that size (vLLM's sizes are
+per device), on CPU the whole incoming state dict twice (as it arrives and unpacked; its loader shards it) and
+`ENGINE_RANK_RUNTIME_BYTES`; engines per node = generation devices / (TP × PP). The policy worker's ``refit`` column is the state dict it hands over (`refit_bytes`).
 
 Calibration (2-core CPU machine, resident peaks measured in real runs, see docs/preflight.md): the constants below
 put the plan within 25% of the measured peak for the main job and the smoke configs.
@@ -51,6 +51,9 @@ ACTIVATION_INTERMEDIATE_FACTOR = 4
 # 2026-11-25: policy worker 0.87 GB, engine 1.23 GB peak resident.
 POLICY_RUNTIME_BYTES = int(0.7e9)
 ENGINE_RUNTIME_BYTES = int(1.0e9)
+# A rank process of an engine of several ranks (vLLM's worker: the model runner, no scheduler): a TP = 2
+# tiny-random-llama engine's ranks peaked at 0.91 GB with ~0.13 GB of weights, KV cache and refit (2026-11-29).
+ENGINE_RANK_RUNTIME_BYTES = int(0.8e9)
 
 PRECISION_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 COLUMNS = (
@@ -230,25 +233,26 @@ def engine_memory(vllm_cfg: Any, shape: ModelShape, device_bytes: int | None, co
     parts = dict.fromkeys(COLUMNS, 0)
     parts["parameters"] = weights
     parts["kv_cache"] = engine_kv_cache_bytes(vllm_cfg, weights, device_bytes)
-    # The async engine loads vLLM twice: in the engine actor and in its engine core process.
-    parts["runtime"] = ENGINE_RUNTIME_BYTES * (2 if vllm_cfg.async_engine and single else 1)
-    if device_bytes is None and single:  # the incoming state dict mapped from Ray's object store, its checked copy
-        parts["refit"] = 2 * full
-    elif device_bytes is None:  # every rank unpickles the whole state dict (its loader shards it); async: raw bytes too
-        parts["refit"] = full * (2 if vllm_cfg.async_engine else 1)
+    if single:  # the async engine loads vLLM twice: in the engine actor and in its engine core process
+        parts["runtime"] = ENGINE_RUNTIME_BYTES * (2 if vllm_cfg.async_engine else 1)
+    else:
+        parts["runtime"] = ENGINE_RANK_RUNTIME_BYTES
+    # Single: the incoming state dict mapped from Ray's object store and its checked copy. A rank: the whole state
+    # dict as it arrives from the actor and unpacked (its loader shards it).
+    parts["refit"] = 2 * full if device_bytes is None else 0
     return WorkerMemory("generation engine" if single else "engine rank", count, parts)
 
 
 def engine_workers(vllm_cfg: Any, shape: ModelShape, device_bytes: int | None, engines: int) -> list[WorkerMemory]:
     """What the ``engines`` engines of a node hold. An engine of several ranks (vLLM's multi-process executor) is
-    its Ray actor (the scheduler; on CPU a refit's incoming state dict and its checked copy) and one process per
-    tensor/pipeline rank (`engine_memory`)."""
+    its Ray actor (the scheduler; on CPU a refit's incoming state dict, which it passes on to the ranks) and one
+    process per tensor/pipeline rank (`engine_memory`)."""
     if vllm_cfg.devices_per_engine == 1:
         return [engine_memory(vllm_cfg, shape, device_bytes, engines)]
     parts = dict.fromkeys(COLUMNS, 0)
     parts["runtime"] = ENGINE_RUNTIME_BYTES * (2 if vllm_cfg.async_engine else 1)
     if device_bytes is None:
-        parts["refit"] = 2 * PRECISION_BYTES.get(vllm_cfg.precision, 2) * shape.num_parameters
+        parts["refit"] = PRECISION_BYTES.get(vllm_cfg.precision, 2) * shape.num_parameters
     ranks = engine_memory(vllm_cfg, shape, device_bytes, engines * vllm_cfg.devices_per_engine)
     return [WorkerMemory("generation engine", engines, parts), ranks]
 

@@ -10,6 +10,7 @@ from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
 from nemo_rl_clone.models.generation.config import VllmConfig
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
 from nemo_rl_clone.models.memory_estimate import (
+    ENGINE_RANK_RUNTIME_BYTES,
     ENGINE_RUNTIME_BYTES,
     POLICY_RUNTIME_BYTES,
     ModelShape,
@@ -124,16 +125,17 @@ def test_ranks_outnumbering_kv_heads_hold_a_copied_head():
 
 
 def test_engines_of_several_ranks_on_cpu_and_gpu(shape):
-    """Two engines of TP 3 on a node of 6 CPU slots: the engine actors (runtime, a refit's two whole copies) and 6
-    rank processes (half the weights each, a KV cache of kv_cache_memory_bytes each: vLLM's size is per device,
-    the whole incoming state dict on refit)."""
+    """Two engines of TP 3 on a node of 6 CPU slots: the engine actors (runtime, a refit's whole state dict) and 6
+    rank processes (a third of the weights each, a KV cache of kv_cache_memory_bytes each: vLLM's size is per
+    device, the whole incoming state dict twice on refit: as it arrives and unpacked)."""
     n = SMOLLM2_PARAMETERS
     cfg = VllmConfig(precision="float32", tensor_parallel_size=3, kv_cache_memory_bytes=1 << 28)
     actors, ranks = engine_workers(cfg, shape, device_bytes=None, engines=2)
     assert (actors.kind, actors.count, ranks.kind, ranks.count) == ("generation engine", 2, "engine rank", 6)
-    assert actors.parts["refit"] == 2 * 4 * n and actors.parts["parameters"] == actors.parts["kv_cache"] == 0
-    assert ranks.parts["parameters"] == 4 * engine_rank_parameters(cfg, shape) and ranks.parts["refit"] == 4 * n
-    assert ranks.parts["kv_cache"] == 1 << 28 and ranks.parts["runtime"] == ENGINE_RUNTIME_BYTES
+    assert actors.parts["refit"] == 4 * n and actors.parts["parameters"] == actors.parts["kv_cache"] == 0
+    assert actors.parts["runtime"] == ENGINE_RUNTIME_BYTES
+    assert ranks.parts["parameters"] == 4 * engine_rank_parameters(cfg, shape) and ranks.parts["refit"] == 2 * 4 * n
+    assert ranks.parts["kv_cache"] == 1 << 28 and ranks.parts["runtime"] == ENGINE_RANK_RUNTIME_BYTES
     gpu = VllmConfig(tensor_parallel_size=3, gpu_memory_utilization=0.5)  # bf16
     (_, rank) = engine_workers(gpu, shape, device_bytes=80 * 10**9, engines=1)
     assert rank.parts["parameters"] + rank.parts["kv_cache"] == 40 * 10**9 and rank.parts["refit"] == 0
