@@ -194,8 +194,8 @@ def test_the_qwen3_30b_a3b_recipe_fits_h200_gpus_in_its_megatron_layout(qwen3_30
     """configs/grpo_qwen3_30b_a3b_megatron.yaml: TP 4 × PP 4 × EP 4 with sequence parallelism over 64 GPUs. Each
     policy worker holds a 16th of the dense weights (TP × PP) and of the experts (EP × PP); the distributed optimizer
     shards Adam over 4 data-parallel ranks (4 expert-data-parallel ones for experts). Its peak and the engine's whole
-    bf16 model fit a 141 GB GPU (H200); an 80 GB one holds the policy but not the engine (vLLM tensor parallelism is
-    not supported yet)."""
+    bf16 model fit a 141 GB GPU (H200); an 80 GB one holds the policy but not that engine, while the ranks of an
+    engine of TP 8 fit it."""
     shape = ModelShape.of(qwen3_30b_a3b)
     assert (shape.num_parameters, shape.num_expert_parameters) == (Q_DENSE + Q_EXPERTS, Q_EXPERTS)
     assert 30.4e9 < shape.num_parameters < 30.6e9  # "30.5B" as published
