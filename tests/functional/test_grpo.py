@@ -107,7 +107,7 @@ def check_exact_under_sampling(metrics: dict[int, dict[str, float]]) -> None:
 
 def test_smoke_run_not_colocated(tmp_path):
     """Metrics, printed validation samples, logged rows and checkpoints of a smoke run with the engine on a node of
-    its own (weights through the refit collective), carrying NeMo-RL v0.7.0 keys — and GDPO end to end: NeMo-RL's
+    its own (weights through the refit collective into its two tensor-parallel ranks), carrying NeMo-RL v0.7.0 keys — and GDPO end to end: NeMo-RL's
     `gdpo_math_1B.yaml` scaled down (`configs/gdpo_smoke.yaml`: the tiny model, 2 steps, `env.math_multi_reward`'s
     three rewards per response as the batch's `reward1..reward3`). The colocated smoke checks are in
     `test_previous_policy_logprobs_and_kl_penalty`, whose run samples at temperature 0.7, top-p 0.9, top-k 50."""
@@ -117,8 +117,9 @@ def test_smoke_run_not_colocated(tmp_path):
         f"data.default.system_prompt_file={REPO / 'examples/prompts/gsm8k.txt'}",
         "logger.num_val_samples_to_print=2",
         "policy.generation.colocated.enabled=false",
-        "policy.generation.colocated.resources.gpus_per_node=1",
+        "policy.generation.colocated.resources.gpus_per_node=2",  # one engine over both: TP=2
         "policy.generation.colocated.resources.num_nodes=1",
+        "policy.generation.vllm_cfg.tensor_parallel_size=2",
         # The tiny model earns none of the three rewards, so every GDPO advantage is 0: train every row anyway, so
         # that the trainer/engine logprob gate of the refit collective is still measured.
         "loss_fn.train_only_samples_with_gradient=false",
@@ -128,6 +129,7 @@ def test_smoke_run_not_colocated(tmp_path):
     (run_dir,) = (tmp_path / "logs").iterdir()
     metrics = read_metrics(run_dir)
     check_run_outputs(metrics, proc.stdout, run_dir, steps=2)
+    check_exact_under_sampling(metrics)  # trainer vs the TP=2 engine: fp32 noise only
     assert "validation/accuracy" not in metrics[1]  # val_period 0: validation only at the end
     for step in (1, 2):
         m = metrics[step]
