@@ -29,6 +29,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from nemo_rl_clone.utils.errors import UserInputError
+
 KEY = "policy.dtensor_cfg.expert_parallel_size"
 
 
@@ -65,12 +67,12 @@ def shard_experts(model: nn.Module, mesh: DeviceMesh) -> list[nn.Module]:
     module's forward through `ExpertDispatch`; returns the modules (for FSDP over ``edp``)."""
     modules = experts_modules(model)
     if not modules:
-        raise ValueError(f"{KEY}: {type(model).__name__} has no transformers experts module to split")
+        raise UserInputError(f"{KEY}: {type(model).__name__} has no transformers experts module to split; set it to 1")
     ep_mesh = mesh["ep"]
     for module in modules:
         for name, param in list(module.named_parameters(recurse=False)):
             if param.shape[0] != module.num_experts:
-                raise ValueError(f"{KEY}: {type(module).__name__}.{name} is not laid out one expert per row")
+                raise UserInputError(f"{KEY}: {type(module).__name__}.{name} is not laid out one expert per row")
             # Every rank loaded the same weights: each keeps its block, no collective needed.
             sharded = distribute_tensor(param.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
             module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))

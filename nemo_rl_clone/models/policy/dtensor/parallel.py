@@ -5,6 +5,8 @@ MLP projections of every decoder layer over ``tp``; context parallelism (`contex
 ``cp`` (its ranks hold the same replica); FSDP2 (``fully_shard``) then shards every parameter over ``dp x cp``, one
 FSDP group per decoder layer plus the root (embeddings, final norm, head). Embeddings and the LM head stay
 replicated over ``tp`` (tied embeddings make a vocab-parallel head awkward), so the logits are a plain tensor.
+Expert parallelism (MoE models, no TP/CP) adds a second mesh over the same ranks, ``("edp", "ep")``: see
+`expert_parallel`.
 """
 
 from __future__ import annotations
