@@ -6,8 +6,8 @@ One spawn runs three workers in turn: EP=2 (logprobs with and without a forced r
 steps with the router loss on, a checkpoint and an HF export after step 1), EP=1 (the same), and EP=1 resumed from
 EP=2's checkpoint (steps 2-3). Tolerance 1e-5: the layouts only reorder float sums (measured: logprobs 1.9e-6,
 weights after 3 steps 1.5e-6, losses and grad norms equal to print precision). Experts placed on the wrong rank gave
-a 0.062 logprob gap; experts' gradients divided by the EP group's size instead of the whole data-parallel size, a
-grad-norm gap of 0.027.
+a 0.062 logprob gap; experts' gradients divided by the ``edp`` size only (FSDP's default) instead of the whole
+data-parallel size, a grad-norm gap of 0.027.
 """
 
 from __future__ import annotations
