@@ -214,8 +214,13 @@ def test_grpo_sigterm_in_save_then_ctrl_c_in_generation(tmp_path):
     assert checkpoints(tmp_path) == ["step_1"]
 
 
+# Two bundles (a CPU each) shared by two policy workers and one engine of two tensor-parallel ranks: the engine's
+# rank processes must go too.
+TP2_ENGINE = ("cluster.gpus_per_node=2", "policy.generation.vllm_cfg.tensor_parallel_size=2")
+
+
 def test_grpo_sigkill_of_the_driver_leaves_nothing(tmp_path):
-    run = Run(*GRPO[:1], tmp_path, "grpo.max_num_steps=3", config=GRPO[1])
+    run = Run(*GRPO[:1], tmp_path, "grpo.max_num_steps=3", *TP2_ENGINE, config=GRPO[1])
     run.wait_for("step 1: generation")
     run.send(signal.SIGKILL)
     run.proc.wait(timeout=30)
@@ -224,10 +229,11 @@ def test_grpo_sigkill_of_the_driver_leaves_nothing(tmp_path):
 
 def test_grpo_ctrl_c_with_agent_requests_in_flight_leaves_nothing(tmp_path):
     """An agent run (`configs/grpo_agent_smoke.yaml`) whose episodes always have a long completion in flight on the
-    engine's HTTP server through the router: Ctrl-C to the process group stops it within the bound, and no engine
-    core, router, agent actor, /dev/shm segment or temp file is left."""
+    engine's HTTP server through the router (one engine of two tensor-parallel ranks): Ctrl-C to the process group
+    stops it within the bound, and no engine core, engine rank, router, agent actor, /dev/shm segment or temp file is
+    left."""
     agent = f"env.agent.function={REPO / 'tests' / 'functional' / 'looping_agent.py'}:run"
-    run = Run(*GRPO[:1], tmp_path, agent, config="grpo_agent_smoke.yaml")
+    run = Run(*GRPO[:1], tmp_path, agent, *TP2_ENGINE, config="grpo_agent_smoke.yaml")
     run.wait_for("agent: request in flight")
     code, took = run.wait_exit(run.send(signal.SIGINT, group=True), CTRL_C_BOUND_S)
     assert code == 130 and took < CTRL_C_BOUND_S, run.output[-3000:]

@@ -9,6 +9,7 @@ after a refit, colocated (object store) and collective (gloo broadcast), from th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,9 +55,13 @@ def engine_vs_reference_gap(generation: VllmGeneration, tokenizer: Any, referenc
     return gap
 
 
-def engine_worker_pids() -> set[int]:
-    """vLLM's rank processes (named ``VLLM::Worker_*``) alive on this machine."""
-    return {p.pid for p in psutil.process_iter(["name", "cmdline"]) if "Worker_" in " ".join(p.info["cmdline"] or [])}
+def engine_leftovers() -> set[str]:
+    """vLLM's rank processes alive on this machine, and its shared-memory segments (message queues, the ranks' CPU
+    collectives) in /dev/shm."""
+    processes = {
+        f"pid {p.pid}" for p in psutil.process_iter(["cmdline"]) if "Worker_" in " ".join(p.info["cmdline"] or [])
+    }
+    return processes | {name for name in os.listdir("/dev/shm") if name.startswith(("psm_", "vllm_dist_"))}
 
 
 @pytest.mark.parametrize("layout", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
@@ -67,12 +72,12 @@ def test_a_sharded_engine_serves_exact_logprobs_before_and_after_each_refit(
     config = tiny_config()
     for key, value in layout.items():
         setattr(config.vllm_cfg, key, value)
-    before = engine_worker_pids()
+    before = engine_leftovers()
     generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-parallel-test")
     trainer = HFPolicyStandIn(model_path, seed=1)
     try:
         assert generation.dp_size == 1  # one engine over both bundles
-        assert len(engine_worker_pids() - before) == 2  # its two ranks
+        assert len({item for item in engine_leftovers() - before if item.startswith("pid")}) == 2  # its two ranks
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         assert engine_vs_reference_gap(generation, tokenizer, base) <= LOGPROB_ATOL
         prepare_refit(trainer, generation)
@@ -85,7 +90,7 @@ def test_a_sharded_engine_serves_exact_logprobs_before_and_after_each_refit(
     finally:
         trainer.shutdown()
         generation.shutdown()
-    assert not engine_worker_pids() - before  # the ranks stop with their engine
+    assert not engine_leftovers() - before  # the ranks stop with their engine, their segments go
 
 
 def served_completion_gap(generation: VllmGeneration, reference: torch.nn.Module, episode: str) -> tuple[float, Any]:
@@ -115,7 +120,7 @@ def test_the_async_engine_serves_http_through_the_router_over_a_tp2_engine(
     config = tiny_config()
     config.vllm_cfg.tensor_parallel_size = 2
     config.vllm_cfg.async_engine = config.vllm_cfg.expose_http_server = True
-    before = engine_worker_pids()
+    before = engine_leftovers()
     generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-parallel-async")
     trainer = HFPolicyStandIn(model_path, seed=1)
     try:
@@ -130,7 +135,7 @@ def test_the_async_engine_serves_http_through_the_router_over_a_tp2_engine(
     finally:
         trainer.shutdown()
         generation.shutdown()
-    assert not engine_worker_pids() - before
+    assert not engine_leftovers() - before
 
 
 def test_engines_take_whole_groups_of_bundles_of_one_node(ray_local: None) -> None:

@@ -302,9 +302,14 @@ def assemble_outputs(
     return result
 
 
+# Python's shared memory (vLLM's message queues between engine, core and ranks) and vLLM's CPU collectives between
+# the ranks of one engine (``vllm_dist_<id>-tp:...-cpushm_<rank>``).
+_ENGINE_SHM_PREFIXES = ("/dev/shm/psm_", "/dev/shm/vllm_dist_")
+
+
 def shm_files_mapped_by_process_tree(pid: int | None = None) -> set[str]:
-    """``/dev/shm/psm_*`` segments (Python shared memory, which vLLM's message queues use) mapped by ``pid`` (this
-    process by default) or its descendants: what a killed engine would leave behind."""
+    """The shared-memory segments of vLLM (`_ENGINE_SHM_PREFIXES`) mapped by ``pid`` (this process by default) or its
+    descendants: what a killed engine would leave behind."""
     import psutil
 
     try:
@@ -321,6 +326,6 @@ def shm_files_mapped_by_process_tree(pid: int | None = None) -> set[str]:
         for line in maps.splitlines():
             fields = line.split(maxsplit=5)
             path = fields[5].strip() if len(fields) == 6 else ""
-            if path.startswith("/dev/shm/psm_") and not path.endswith("(deleted)"):
+            if path.startswith(_ENGINE_SHM_PREFIXES) and not path.endswith("(deleted)"):
                 paths.add(path)
     return paths

@@ -155,6 +155,9 @@ class VllmGeneration(GenerationInterface):
             self._remove_tmp_root()
             raise
         self.dp_size = self.worker_group.world_size
+        for segments in self._run_all("shm_segments"):  # removed by the reaper if the driver dies before `shutdown`
+            for path in segments:
+                register_temp_path(path)
         self.pad_token_id: int = ray.get(self.worker_group.run_single_worker_single_data("get_pad_token_id", 0))
         # One OpenAI-compatible server per engine (``expose_http_server``), engine rank order, and one URL in front
         # of them all (http_router.py): `http_url`, what agents are given.

@@ -330,6 +330,11 @@ class VllmGenerationWorker:
             raise RuntimeError(f"engine rank {self.rank} is unusable after a failed weight load: {self.broken}")
 
     # ------------------------------------------------------------------ lifecycle
+    def shm_segments(self) -> list[str]:
+        """The ``/dev/shm`` segments this engine's processes hold now (all made when it started), for the driver's
+        reaper: a SIGKILL of the driver gives `shutdown` no chance to remove them."""
+        return sorted(engine_io.shm_files_mapped_by_process_tree())
+
     def shutdown(self) -> bool:
         """Delete this worker's temp dir and ``/dev/shm`` leftovers before the group kills it.
 
