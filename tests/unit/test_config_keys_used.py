@@ -287,10 +287,11 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         "q.yaml", "not supported yet: ModelOpt quantized generation; set it to null"
     ),
     (GenerationConfig, "real_quant"): Refusal(True, "not supported yet: quantized generation kernels; set it to false"),
-    (VllmConfig, "enable_expert_parallel"): Refusal(
-        True, "not supported yet: expert parallelism (MoE models); set it to false"
+    (VllmConfig, "expert_parallel_size"): Refusal(
+        2,
+        "not supported yet: 2 > tensor_parallel_size 1 needs vLLM's data-parallel engine groups; set it to 1 or to "
+        "tensor_parallel_size (experts spread over the engine's tensor-parallel ranks)",
     ),
-    (VllmConfig, "expert_parallel_size"): Refusal(2, "not supported yet: expert parallelism (MoE models); set it to 1"),
     (VllmConfig, "use_deep_gemm"): Refusal(True, "not supported yet: DeepGEMM FP8 kernels; set it to false"),
     (VllmConfig, "num_first_layers_in_bf16"): Refusal(
         1,
