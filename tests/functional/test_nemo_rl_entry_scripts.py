@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_rl_clone.models.huggingface import TINY_LLAMA
+from nemo_rl_clone.models.huggingface import TINY_LLAMA, TINY_QWEN2
 from tests.functional.supervised_runs import REPO, read_metrics, run_dirs, shared_ray_env
 
 EXAMPLES = REPO.parent / "shared" / "nemo-rl-v0.7.0-examples" / "examples"
@@ -54,13 +54,27 @@ def openmathinstruct2_file(path: Path, rows: int = 20) -> Path:
     return path
 
 
+# NeMo-RL's Qwen2.5-7B recipe: ``grpo_math_1B.yaml`` with the policy and the engine each split over 2 devices
+# (DTensor TP=2, vLLM TP=2), dynamic batching; before engine tensor parallelism it stopped at "not supported yet".
+TP2_RECIPE = "configs/recipes/llm/grpo-qwen2.5-7b-instruct-4n4g-fsdp2tp2.v3.yaml"
+
+
 def grpo_run(workdir: Path) -> EntryScript:
-    """``run_grpo.py`` on ``grpo_math_1B.yaml`` at smoke size: the tiny model in fp32, 2 prompts × 2 generations, one
-    step, no validation, no checkpoint, the recipe's dataset from a local file (its 5% hold-out kept), one math
-    verifier."""
+    """``run_grpo.py`` on `TP2_RECIPE` (``grpo_math_1B.yaml`` underneath) at smoke size: the tiny Qwen2 in fp32 on one
+    node of 2 devices (both tensor-parallel layouts kept), 2 prompts × 2 generations, one step, no validation, no
+    checkpoint, the recipe's dataset from a local file (its 5% hold-out kept), one math verifier."""
     data = openmathinstruct2_file(workdir / "openmathinstruct2_mini.jsonl")
     overrides = (
-        f"policy.model_name={TINY_LLAMA}",
+        f"--config={workdir / 'examples' / TP2_RECIPE}",
+        f"policy.model_name={TINY_QWEN2}",
+        f"policy.tokenizer.name={TINY_QWEN2}",
+        "cluster.gpus_per_node=2",
+        "cluster.num_nodes=1",
+        "cluster.segment_size=null",
+        "policy.generation.vllm_cfg.max_model_len=128",
+        "data.max_input_seq_length=80",
+        "logger.wandb_enabled=false",
+        "logger.tensorboard_enabled=false",
         "policy.precision=float32",
         "policy.train_global_batch_size=4",
         "policy.train_micro_batch_size=2",
