@@ -107,16 +107,11 @@ def test_recipes_named_in_the_docs_validate(outcomes):
         "configs/evals/local_eval.yaml",  # a CSV named by URL, problem_key / solution_key
     ):
         assert outcomes[name] == ("accepted", []), (name, outcomes[name])
-    # Its one refusal is the engines' tensor parallelism; its DAPO values carry their NeMo-RL meaning.
+    # Engine tensor parallelism (TP 2 here) was its one refusal; its DAPO values carry their NeMo-RL meaning.
     dapo = EXAMPLES / "configs" / "recipes" / "llm" / "dapo-qwen2.5-7b.v2.yaml"
-    assert outcomes[str(dapo.relative_to(EXAMPLES))] == (
-        NOT_SUPPORTED,
-        [
-            "policy.generation.vllm_cfg.tensor_parallel_size: engine parallelism is not supported yet; set it to 1 (one "
-            "engine per bundle, data parallel)"
-        ],
-    )
-    config = load_validated_config(dapo, ["policy.generation.vllm_cfg.tensor_parallel_size=1"], GRPOMasterConfig)
+    assert outcomes[str(dapo.relative_to(EXAMPLES))] == ("accepted", [])
+    config = load_validated_config(dapo, [], GRPOMasterConfig)
+    assert config.policy.generation.vllm_cfg.tensor_parallel_size == 2
     assert config.env["math"].math_verify_impl == "dapo_math_verify"
     assert (config.grpo.use_dynamic_sampling, config.grpo.batch_multiplier) == (True, 3.0)
     assert config.grpo.prompts_per_generation_batch == 3 * config.grpo.num_prompts_per_step
