@@ -112,7 +112,7 @@ class VllmGeneration(GenerationInterface):
     ) -> None:
         # A GenerationConfig was validated where the config was loaded; a NeMo-RL mapping is validated here.
         self.cfg = as_config(config, GenerationConfig, key="policy.generation")
-        _check_engine_args(self.cfg, cluster.use_gpus)
+        _check_engine_args(self.cfg, cluster)
         # Whether the model loads is pre-flight's check (`check_model_source`); here it is only resolved.
         model_path = resolve_model_path(model_name)
         ensure_worker_environment()
@@ -395,11 +395,11 @@ def start_router(engine_urls: list[str], name_prefix: str) -> Any:
     )
 
 
-def _check_engine_args(config: GenerationConfig, use_gpus: bool) -> None:
+def _check_engine_args(config: GenerationConfig, cluster: RayVirtualCluster) -> None:
     """The precision's vLLM dtype and the names of vLLM's engine arguments (vLLM's import), before any engine starts."""
     engine_io.engine_dtype(config.vllm_cfg.precision)
     engine_io.check_vllm_kwargs(config.vllm_kwargs)
-    if config.vllm_cfg.uses_expert_parallel and not use_gpus:
+    if config.vllm_cfg.uses_expert_parallel and not cluster.use_gpus:
         raise ValueError(
             "policy.generation.vllm_cfg.expert_parallel_size: vLLM 0.32's CPU MoE kernel crashes under expert "
             "parallelism (its experts split over ranks); on CPU keep it 1 (tensor parallelism splits each expert "
