@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -21,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
-from nemo_rl_clone.models.generation.vllm import VllmGeneration
+from nemo_rl_clone.models.generation.vllm import VllmGeneration, engine_io
 from nemo_rl_clone.models.generation.vllm.vllm_generation import engine_bundle_groups
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
 from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
@@ -146,3 +147,22 @@ def test_engines_take_whole_groups_of_bundles_of_one_node(ray_local: None) -> No
             engine_bundle_groups(cluster, 4)
     finally:
         cluster.shutdown()
+
+
+def test_engine_arguments_of_a_sharded_engine() -> None:
+    """vLLM's multi-process executor for several ranks; the ranks unbound from NUMA nodes and eager on CPU; expert
+    parallelism refused on CPU (vLLM 0.32's CPU MoE kernel segfaults under it) before any engine starts."""
+    config = tiny_config()
+    config.vllm_cfg.tensor_parallel_size = 2
+    config.vllm_cfg.expert_parallel_size = 2
+    kwargs = engine_io.engine_kwargs(config, "model", seed=0, on_gpu=False)
+    assert (kwargs["tensor_parallel_size"], kwargs["distributed_executor_backend"]) == (2, "mp")
+    assert kwargs["enable_expert_parallel"] is True
+    assert "distributed_executor_backend" not in engine_io.engine_kwargs(tiny_config(), "model", seed=0, on_gpu=False)
+    env = engine_io.engine_env(config, on_gpu=False)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and env["TORCHDYNAMO_DISABLE"] == "1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_io.engine_env(tiny_config(), on_gpu=False)
+    with pytest.raises(
+        ValueError, match=r"^policy.generation.vllm_cfg.expert_parallel_size: vLLM 0.32's CPU MoE kernel"
+    ):
+        VllmGeneration(SimpleNamespace(use_gpus=False), config, TINY_LLAMA)  # type: ignore[arg-type]
