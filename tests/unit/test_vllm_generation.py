@@ -254,9 +254,9 @@ def test_prompt_without_room_to_generate_is_refused(generation: VllmGeneration) 
         ({"backend": "hf"}, ValueError, "policy.generation.backend: the 'hf' generation backend is not supported yet"),
         ({"temperature": -1.0}, ValueError, r"policy.generation.temperature: must be in \[0, 2.0\] \(vLLM's range\)"),
         (
-            {"vllm_cfg": VllmConfig(tensor_parallel_size=2)},
+            {"vllm_cfg": VllmConfig(expert_parallel_size=2)},
             ValueError,
-            "vllm_cfg.tensor_parallel_size: engine parallelism is not supported yet",
+            "vllm_cfg.expert_parallel_size: not supported yet: 2 > tensor_parallel_size 1",
         ),
         ({"vllm_cfg": VllmConfig(precision="int4")}, ValueError, "vllm_cfg.precision 'int4' is not one of"),
     ],
