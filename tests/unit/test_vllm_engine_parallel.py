@@ -21,7 +21,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
-from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+from nemo_rl_clone.distributed.virtual_cluster import BundleSlot, RayVirtualCluster
 from nemo_rl_clone.models.generation.vllm import VllmGeneration, engine_io
 from nemo_rl_clone.models.generation.vllm.vllm_generation import engine_bundle_groups
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
@@ -56,13 +56,21 @@ def engine_vs_reference_gap(generation: VllmGeneration, tokenizer: Any, referenc
     return gap
 
 
-def engine_leftovers() -> set[str]:
-    """vLLM's rank processes alive on this machine, and its shared-memory segments (message queues, the ranks' CPU
-    collectives) in /dev/shm."""
-    processes = {
-        f"pid {p.pid}" for p in psutil.process_iter(["cmdline"]) if "Worker_" in " ".join(p.info["cmdline"] or [])
-    }
-    return processes | {name for name in os.listdir("/dev/shm") if name.startswith(("psm_", "vllm_dist_"))}
+def engine_parts(generation: VllmGeneration) -> tuple[list[psutil.Process], set[str]]:
+    """The rank processes of the (first) engine — children of its actor named ``Worker_*`` — and the /dev/shm
+    segments its processes hold: exactly this engine's, whatever other tests run beside it."""
+    actor = generation.worker_group.workers[0]
+    pid = ray.get(actor.__ray_call__.remote(lambda worker: os.getpid()))
+    ranks = [p for p in psutil.Process(pid).children(recursive=True) if "Worker_" in " ".join(p.cmdline() or [])]
+    (segments,) = ray.get(generation.worker_group.run_all_workers_single_data("shm_segments"))
+    return ranks, set(segments)
+
+
+def assert_gone(ranks: list[psutil.Process], segments: set[str]) -> None:
+    """The engine's rank processes have exited and its segments are removed."""
+    _, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not alive, alive
+    assert not [path for path in segments if os.path.exists(path)]
 
 
 @pytest.mark.parametrize("layout", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
@@ -73,12 +81,12 @@ def test_a_sharded_engine_serves_exact_logprobs_before_and_after_each_refit(
     config = tiny_config()
     for key, value in layout.items():
         setattr(config.vllm_cfg, key, value)
-    before = engine_leftovers()
     generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-parallel-test")
     trainer = HFPolicyStandIn(model_path, seed=1)
     try:
         assert generation.dp_size == 1  # one engine over both bundles
-        assert len({item for item in engine_leftovers() - before if item.startswith("pid")}) == 2  # its two ranks
+        ranks, segments = engine_parts(generation)
+        assert len(ranks) == 2 and any("vllm_dist_" in path for path in segments)  # its two ranks, their collectives
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         assert engine_vs_reference_gap(generation, tokenizer, base) <= LOGPROB_ATOL
         prepare_refit(trainer, generation)
@@ -91,7 +99,7 @@ def test_a_sharded_engine_serves_exact_logprobs_before_and_after_each_refit(
     finally:
         trainer.shutdown()
         generation.shutdown()
-    assert not engine_leftovers() - before  # the ranks stop with their engine, their segments go
+    assert_gone(ranks, segments)  # the ranks stop with their engine, their segments go
 
 
 def served_completion_gap(generation: VllmGeneration, reference: torch.nn.Module, episode: str) -> tuple[float, Any]:
@@ -121,10 +129,11 @@ def test_the_async_engine_serves_http_through_the_router_over_a_tp2_engine(
     config = tiny_config()
     config.vllm_cfg.tensor_parallel_size = 2
     config.vllm_cfg.async_engine = config.vllm_cfg.expose_http_server = True
-    before = engine_leftovers()
     generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-parallel-async")
     trainer = HFPolicyStandIn(model_path, seed=1)
     try:
+        ranks, segments = engine_parts(generation)
+        assert len(ranks) == 2  # below the engine core process
         base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         gap, call = served_completion_gap(generation, base, "episode-0")
         assert gap <= LOGPROB_ATOL and set(call.weight_versions) == {0}
@@ -136,17 +145,18 @@ def test_the_async_engine_serves_http_through_the_router_over_a_tp2_engine(
     finally:
         trainer.shutdown()
         generation.shutdown()
-    assert not engine_leftovers() - before
+    assert_gone(ranks, segments)
 
 
-def test_engines_take_whole_groups_of_bundles_of_one_node(ray_local: None) -> None:
-    cluster = RayVirtualCluster([4, 2], use_gpus=False, name="vllm-parallel-layout")
-    try:
-        assert [bundles for _, bundles in engine_bundle_groups(cluster, 2)] == [[0, 1], [2, 3], [0, 1]]
-        with pytest.raises(ValueError, match=r"= 4 devices per engine does not divide node 1's 2 generation devices"):
-            engine_bundle_groups(cluster, 4)
-    finally:
-        cluster.shutdown()
+def test_engines_take_whole_groups_of_bundles_of_one_node() -> None:
+    """Bundles of two nodes (4 and 2): engines of 2 take consecutive pairs of one node; engines of 4 do not fit the
+    second node (pure: the placement reads only the cluster's bundle slots)."""
+    slots = [BundleSlot(0, b, 0) for b in range(4)] + [BundleSlot(1, b, 1) for b in range(2)]
+    cluster = SimpleNamespace(get_bundle_slots=lambda: slots)
+    groups = engine_bundle_groups(cluster, 2)  # type: ignore[arg-type]
+    assert groups == [(0, [0, 1]), (0, [2, 3]), (1, [0, 1])]
+    with pytest.raises(ValueError, match=r"= 4 devices per engine does not divide node 1's 2 generation devices"):
+        engine_bundle_groups(cluster, 4)  # type: ignore[arg-type]
 
 
 def test_engine_arguments_of_a_sharded_engine() -> None:
