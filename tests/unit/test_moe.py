@@ -27,8 +27,7 @@ from nemo_rl_clone.models.policy.dtensor import moe
 from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.utils.errors import UserInputError
 from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
-from tests.unit.test_vllm_refit import engine_vs_reference_gap
-from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, prompt_batch, tiny_config
+from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, engine_vs_reference_gap, prompt_batch, tiny_config
 
 EXPERTS, TOP_K, LAYERS = 8, 2, 2
 

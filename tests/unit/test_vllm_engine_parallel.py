@@ -24,17 +24,22 @@ from transformers import AutoModelForCausalLM
 from nemo_rl_clone.distributed.virtual_cluster import BundleSlot, RayVirtualCluster
 from nemo_rl_clone.models.generation.vllm import VllmGeneration, engine_io
 from nemo_rl_clone.models.generation.vllm.vllm_generation import engine_bundle_groups
-from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
 from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
-from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, hf_logprobs, prompt_batch, tiny_config
+from tests.unit.vllm_test_utils import (
+    LOGPROB_ATOL,
+    PROMPTS,
+    engine_vs_reference_gap,
+    hf_logprobs,
+    right_padded_tokenizer,
+    tiny_config,
+)
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    tokenizer = load_tokenizer(TINY_LLAMA)
-    tokenizer.padding_side = "right"
-    return tokenizer
+    return right_padded_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +47,6 @@ def cluster(ray_local: None) -> Iterator[RayVirtualCluster]:
     cluster = RayVirtualCluster([2], use_gpus=False, name="vllm-parallel-test")
     yield cluster
     cluster.shutdown()
-
-
-def engine_vs_reference_gap(generation: VllmGeneration, tokenizer: Any, reference: torch.nn.Module) -> float:
-    """Largest |engine logprob - reference logprob| over the greedy continuations of 4 prompts."""
-    data = prompt_batch(tokenizer, PROMPTS)
-    out = generation.generate(data, greedy=True)
-    gap = 0.0
-    for row in range(data.size):
-        length, total = int(data["input_lengths"][row]), int(out["unpadded_sequence_lengths"][row])
-        expected = hf_logprobs(reference, out["output_ids"][row, :total].tolist())[length - 1 :]
-        gap = max(gap, float((out["logprobs"][row, length:total] - expected).abs().max()))
-    return gap
 
 
 def engine_parts(generation: VllmGeneration) -> tuple[list[psutil.Process], set[str]]:

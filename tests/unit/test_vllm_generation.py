@@ -23,7 +23,7 @@ from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.config import VllmConfig
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
 from nemo_rl_clone.models.generation.vllm.engine_io import shm_files_mapped_by_process_tree
-from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
 from nemo_rl_clone.utils.config_validation import config_to_dict
 from tests.unit.vllm_test_utils import (
     LOGPROB_ATOL,
@@ -33,6 +33,7 @@ from tests.unit.vllm_test_utils import (
     generated_tokens,
     hf_logprobs,
     prompt_batch,
+    right_padded_tokenizer,
     tiny_config,
 )
 
@@ -41,9 +42,7 @@ HF_MATCH_TOKENS = 8  # greedy decodes must agree on at least this many first tok
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    tokenizer = load_tokenizer(TINY_LLAMA)
-    tokenizer.padding_side = "right"
-    return tokenizer
+    return right_padded_tokenizer()
 
 
 @pytest.fixture(scope="module")

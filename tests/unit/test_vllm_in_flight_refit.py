@@ -16,11 +16,17 @@ import ray
 
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
-from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
 from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
-from tests.unit.test_vllm_refit import engine_vs_reference_gap
-from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, prompt_batch, tiny_config
+from tests.unit.vllm_test_utils import (
+    LOGPROB_ATOL,
+    PROMPTS,
+    engine_vs_reference_gap,
+    prompt_batch,
+    right_padded_tokenizer,
+    tiny_config,
+)
 
 # Runs alone (tests/machine_share.py): times a refit against the previous batch's duration.
 pytestmark = pytest.mark.serial
@@ -34,9 +40,7 @@ ROWS_PER_PROMPT = 32
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    tokenizer = load_tokenizer(TINY_LLAMA)
-    tokenizer.padding_side = "right"
-    return tokenizer
+    return right_padded_tokenizer()
 
 
 @pytest.fixture(scope="module")

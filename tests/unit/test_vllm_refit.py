@@ -31,11 +31,18 @@ from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.environments.agent_runner import EpisodeResult, load_agent, run_episodes
 from nemo_rl_clone.models.generation.interfaces import RefitError
 from nemo_rl_clone.models.generation.vllm import VllmGeneration
-from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer, resolve_model_path
+from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
 from nemo_rl_clone.rollout.refit import init_refit_collective, prepare_refit, refit_policy_generation
 from nemo_rl_clone.utils.timer import Timer
 from tests.unit.hf_weight_source import HFPolicyStandIn, perturbed_model
-from tests.unit.vllm_test_utils import LOGPROB_ATOL, PROMPTS, hf_logprobs, prompt_batch, tiny_config
+from tests.unit.vllm_test_utils import (
+    LOGPROB_ATOL,
+    PROMPTS,
+    engine_vs_reference_gap,
+    prompt_batch,
+    right_padded_tokenizer,
+    tiny_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BUCKET_BYTES = 1 << 20  # several buckets for the 8 MB tiny model
@@ -48,9 +55,7 @@ def model_path() -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    tokenizer = load_tokenizer(TINY_LLAMA)
-    tokenizer.padding_side = "right"
-    return tokenizer
+    return right_padded_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -234,18 +239,6 @@ def test_example_agents_play_an_episode_against_a_server(generation: VllmGenerat
     assert result.failure is None and result.reward in (0.0, 1.0)
     calls = generation.take_served_calls([agent])[agent]
     assert len(calls) == 2 if agent.startswith("two_step") else 1 <= len(calls) <= 3
-
-
-def engine_vs_reference_gap(generation: VllmGeneration, tokenizer: Any, reference: torch.nn.Module) -> float:
-    """Largest |engine logprob - reference logprob| over the generated tokens of 4 prompts on both engines."""
-    data = prompt_batch(tokenizer, PROMPTS)
-    out = generation.generate(data, greedy=True)
-    gap = 0.0
-    for row in range(data.size):
-        length, total = int(data["input_lengths"][row]), int(out["unpadded_sequence_lengths"][row])
-        expected = hf_logprobs(reference, out["output_ids"][row, :total].tolist())[length - 1 :]
-        gap = max(gap, float((out["logprobs"][row, length:total] - expected).abs().max()))
-    return gap
 
 
 def greedy_ids(generation: VllmGeneration, tokenizer: Any) -> torch.Tensor:

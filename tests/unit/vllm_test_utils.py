@@ -38,3 +38,25 @@ def hf_logprobs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids])).logits[0].float()
     return torch.log_softmax(logits[:-1], dim=-1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+
+
+def right_padded_tokenizer() -> Any:
+    """The tiny built-in models' tokenizer, padding on the right (the batch layout engines take)."""
+    from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
+
+    tokenizer = load_tokenizer(TINY_LLAMA)
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def engine_vs_reference_gap(generation: Any, tokenizer: Any, reference: torch.nn.Module) -> float:
+    """Largest |engine logprob - reference logprob| over the greedy continuations of `PROMPTS` (every engine of
+    ``generation`` serves some of them)."""
+    data = prompt_batch(tokenizer, PROMPTS)
+    out = generation.generate(data, greedy=True)
+    gap = 0.0
+    for row in range(data.size):
+        length, total = int(data["input_lengths"][row]), int(out["unpadded_sequence_lengths"][row])
+        expected = hf_logprobs(reference, out["output_ids"][row, :total].tolist())[length - 1 :]
+        gap = max(gap, float((out["logprobs"][row, length:total] - expected).abs().max()))
+    return gap
