@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -374,23 +373,25 @@ def test_refit_info_that_does_not_fit_the_model_is_refused(generation: VllmGener
         generation.prepare_refit_info(info)
 
 
-def engine_core_processes() -> list[psutil.Process]:
-    """Processes titled as vLLM's engine core (the async engine's child)."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if "EngineCore" in " ".join(process.info["cmdline"] or []):
-            found.append(process)
-    return found
+def engine_core_processes(generation: VllmGeneration) -> list[psutil.Process]:
+    """This generation's engine cores: children of its engine actors titled as vLLM's engine core. Only these —
+    other xdist workers run async engines of their own at the same time."""
+    pids = ray.get([actor.__ray_call__.remote(lambda worker: os.getpid()) for actor in generation.worker_group.workers])
+    return [
+        child
+        for pid in pids
+        for child in psutil.Process(pid).children(recursive=True)
+        if "EngineCore" in " ".join(child.cmdline() or [])
+    ]
 
 
 def test_async_engine_shutdown_stops_its_engine_core_processes(generation: VllmGeneration) -> None:
     """Last of the module's `generation` tests: the async engines' cores are child processes, stopped by shutdown."""
-    assert len(engine_core_processes()) == 2  # one per engine
+    cores = engine_core_processes(generation)
+    assert len(cores) == 2  # one per engine
     generation.shutdown()
-    deadline = time.monotonic() + 30
-    while engine_core_processes() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not engine_core_processes()
+    _, alive = psutil.wait_procs(cores, timeout=30)
+    assert not alive, alive
 
 
 def test_engine_refuses_to_serve_after_a_load_that_failed_half_way(ray_local: None, tokenizer: Any) -> None:
