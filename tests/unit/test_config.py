@@ -307,16 +307,6 @@ PACKING_ON = ["policy.sequence_packing.enabled=true"]
     ("overrides", "problem"),
     [
         (
-            [
-                "policy.dtensor_cfg.enabled=false",
-                "policy.megatron_cfg.enabled=true",
-                "policy.optimizer=null",
-                "policy.scheduler=null",
-            ],
-            "policy.sequence_packing.enabled: not supported yet: sequence packing with the Megatron backend (the "
-            "DTensor backend packs); with megatron_cfg use policy.dynamic_batching to cut padding",
-        ),
-        (
             ["policy.dtensor_cfg.tensor_parallel_size=2"],
             "policy.sequence_packing.enabled: sequence packing with dtensor_cfg.tensor_parallel_size > 1 is not "
             "supported yet; use policy.dynamic_batching",
@@ -342,7 +332,6 @@ PACKING_ON = ["policy.sequence_packing.enabled=true"]
         ),
     ],
     ids=[
-        "megatron",
         "tensor_parallel",
         "eager_attention",
         "budget_below_max_length",
@@ -359,6 +348,21 @@ def test_sequence_packing_refusals_name_the_key(overrides, problem):
 def test_sequence_packing_validates_on_the_dtensor_backend():
     cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", PACKING_ON, grpo_schema())
     assert cfg.policy.sequence_packing.enabled and cfg.policy.sequence_packing.train_mb_tokens == 512 * 4
+
+
+def test_sequence_packing_and_context_parallelism_validate_on_the_megatron_backend():
+    """The DTensor backend's packing limits (no TP, SDPA) are its own: Megatron packs under TP, PP and CP."""
+    megatron = [
+        "policy.dtensor_cfg.enabled=false",
+        "policy.megatron_cfg.enabled=true",
+        "policy.optimizer=null",
+        "policy.scheduler=null",
+        "policy.megatron_cfg.tensor_model_parallel_size=2",
+        "policy.megatron_cfg.context_parallel_size=2",
+        "policy.dtensor_cfg.attn_implementation=eager",
+    ]
+    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", PACKING_ON + megatron, grpo_schema())
+    assert cfg.policy.sequence_packing.enabled and cfg.policy.megatron_cfg.context_parallel_size == 2
 
 
 LORA_ON = ["policy.dtensor_cfg.lora_cfg.enabled=true"]

@@ -200,8 +200,10 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         ("rm",),
         TO_MEGATRON,
     ),
-    (MegatronConfig, "context_parallel_size"): megatron(
-        2, f"{_YET}context parallelism in the Megatron backend; set it to 1 (got 2)"
+    (MegatronConfig, "context_parallel_size"): megatron(  # the Megatron smoke runs pad rows (no packing)
+        2,
+        "context parallelism on the Megatron backend runs packed sequences (as in NeMo-RL); set "
+        "policy.sequence_packing.enabled=true",
     ),
     (MegatronConfig, "gradient_accumulation_fusion"): megatron(
         True,

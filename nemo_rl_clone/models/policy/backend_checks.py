@@ -94,6 +94,14 @@ def _check_section(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[str,
     # An inherited policy.optimizer is accepted (NeMo-RL's Megatron worker ignores it too) and named in the log.
     mcfg = config.megatron_cfg
     problems = check_megatron_config(mcfg) + check_megatron_against_policy(mcfg, config.precision, config.max_grad_norm)
+    if mcfg.context_parallel_size > 1 and not config.sequence_packing.enabled:
+        problems.append(
+            (
+                "context_parallel_size",
+                "context parallelism on the Megatron backend runs packed sequences (as in NeMo-RL); set "
+                "policy.sequence_packing.enabled=true",
+            )
+        )
     return [(f"megatron_cfg.{key}", message) for key, message in problems]
 
 
@@ -133,7 +141,7 @@ def _check_lora(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[str, st
 
 
 def _check_sequence_packing(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[str, str]]:
-    """What packed training supports: a packing backend with SDPA attention, bins that fit a sample."""
+    """What packed training supports: a packing backend (DTensor: SDPA attention, no TP), bins that fit a sample."""
     packing = config.sequence_packing
     if not packing.enabled:
         return []
@@ -146,7 +154,8 @@ def _check_sequence_packing(config: PolicyConfig, spec: PolicyBackend) -> list[t
             )
         ]
     problems = []
-    if config.dtensor_cfg.tensor_parallel_size != 1:
+    dtensor = spec.section == "dtensor_cfg"
+    if dtensor and config.dtensor_cfg.tensor_parallel_size != 1:
         problems.append(
             (
                 "sequence_packing.enabled",
@@ -154,7 +163,7 @@ def _check_sequence_packing(config: PolicyConfig, spec: PolicyBackend) -> list[t
                 "policy.dynamic_batching",
             )
         )
-    if config.dtensor_cfg.attn_implementation != "sdpa":
+    if dtensor and config.dtensor_cfg.attn_implementation != "sdpa":
         problems.append(
             (
                 "dtensor_cfg.attn_implementation",

@@ -32,7 +32,7 @@ class PolicyBackend:
     value_head: bool  # scalar-head models: reward models, PPO's critic (reward_model_cfg.enabled)
     sequence_packing: bool  # policy.sequence_packing
     lora: bool  # dtensor_cfg.lora_cfg
-    context_parallel: bool  # dtensor_cfg.context_parallel_size > 1
+    context_parallel: bool  # dtensor_cfg.context_parallel_size > 1 (megatron_cfg's is the Megatron worker's own)
     expert_parallel: bool  # experts sharded over ranks (MoE)
     hf_config_overrides: bool  # policy.hf_config_overrides applied to the model it builds
     ppo_actor: bool  # PPO's actor: the critic's warm-up steps leave it without an optimizer step, then it saves
@@ -65,7 +65,7 @@ MEGATRON = PolicyBackend(
     torch_optimizer=False,
     topk_logits=False,
     value_head=False,
-    sequence_packing=False,
+    sequence_packing=True,
     lora=False,
     context_parallel=False,
     expert_parallel=True,
@@ -133,10 +133,17 @@ def parallel_layout(config: PolicyConfig, spec: PolicyBackend) -> ParallelLayout
     """The layout ``spec`` reads from its section (validation refuses CP together with TP: one of the two is 1)."""
     if spec.section == "megatron_cfg":
         mcfg = config.megatron_cfg
-        divisor = "tensor_model_parallel_size * pipeline_model_parallel_size"
+        # Context-parallel ranks hold the same samples, as tensor-parallel ones do (Megatron's order: tp, cp, dp, pp).
+        inner_key, divisor = "megatron_cfg.tensor_model_parallel_size", "tensor_model_parallel_size"
+        if mcfg.context_parallel_size > 1:
+            inner_key, divisor = (
+                "megatron_cfg.context_parallel_size",
+                "tensor_model_parallel_size * context_parallel_size",
+            )
+        divisor += " * pipeline_model_parallel_size"
         return ParallelLayout(
-            "megatron_cfg.tensor_model_parallel_size",
-            mcfg.tensor_model_parallel_size,
+            inner_key,
+            mcfg.tensor_model_parallel_size * mcfg.context_parallel_size,
             mcfg.pipeline_model_parallel_size,
             f"megatron_cfg.{divisor}",
             divisor,

@@ -33,6 +33,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.experimental import context_parallel
 
+from nemo_rl_clone.distributed.collectives import gather_along
+
 ATTENTION = "cp_causal_sdpa"  # the attn_implementation the worker loads the model with when cp > 1
 _SEQ_DIM = 2  # of SDPA's [batch, heads, sequence, head_dim] inputs
 
@@ -117,25 +119,6 @@ def _install_cpu_ring_attention() -> None:
     cp_attention.custom_ops.setdefault(backward_op, backward)
 
 
-class _GatherAlongSequence(torch.autograd.Function):
-    """``[B, S_local, ...]`` shards → ``[B, cp x S_local, ...]`` in rank order; the backward sums the gradient over
-    the group (every rank computed the same loss from the same gathered tensor) and keeps this rank's slice."""
-
-    @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(pieces, local.contiguous(), group=group)
-        return torch.cat(pieces, dim=1)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        rank, size = dist.get_rank(ctx.group), dist.get_world_size(ctx.group)
-        return grad.chunk(size, dim=1)[rank], None
-
-
 class ContextParallel:
     """Runs a model over sequences split across the ranks of ``mesh`` (the cp sub-mesh of a replica)."""
 
@@ -171,7 +154,7 @@ class ContextParallel:
 
     def _gather(self, local: torch.Tensor, local_positions: torch.Tensor) -> torch.Tensor:
         group = self.mesh.get_group()
-        gathered = _GatherAlongSequence.apply(local, group)
+        gathered = gather_along(local, 1, group)
         held = [torch.empty_like(local_positions) for _ in range(self.size)]
         dist.all_gather(held, local_positions, group=group)
         return gathered.index_select(1, torch.cat(held).argsort())

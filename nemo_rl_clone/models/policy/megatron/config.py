@@ -135,7 +135,7 @@ class MegatronConfig(SectionReads):
     pipeline_model_parallel_size: int = 1
     num_layers_in_first_pipeline_stage: int | None = None  # null: layers split evenly over the stages
     num_layers_in_last_pipeline_stage: int | None = None
-    context_parallel_size: int = 1  # refused != 1
+    context_parallel_size: int = 1  # each sample split over this many ranks; needs policy.sequence_packing
     # MoE models: each expert's MLP split over this many ranks (Megatron keeps it apart from the attention's TP).
     expert_tensor_parallel_size: int = 1
     expert_model_parallel_size: int = 1  # MoE models: the experts spread over this many ranks
@@ -186,7 +186,6 @@ _DDP = "distributed_data_parallel_config"
 
 # (section path relative to megatron_cfg ("" for itself), field) → why a non-default value is refused.
 _REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
-    ("", "context_parallel_size"): "context parallelism in the Megatron backend",
     ("", "gradient_accumulation_fusion"): (
         "needs Apex's fused_weight_gradient_mlp_cuda kernel, which the linear layers of Megatron's local (non-TE) "
         "layer spec that this backend builds would call; it is not installed"
@@ -232,6 +231,7 @@ def check_megatron_config(cfg: MegatronConfig) -> list[tuple[str, str]]:
         1,
         "tensor_model_parallel_size",
         "pipeline_model_parallel_size",
+        "context_parallel_size",
         "expert_model_parallel_size",
         "expert_tensor_parallel_size",
     )

@@ -20,6 +20,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.spec_utils import ModuleSpec
@@ -31,6 +32,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from nemo_rl_clone.models.policy.megatron import converter, moe
+from nemo_rl_clone.models.policy.megatron.packing import PackedCoreAttention
 from nemo_rl_clone.utils.errors import UserInputError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -45,16 +47,18 @@ class Parallelism:
     expert: int = 1  # expert-parallel ranks (MoE models)
     expert_tensor: int | None = None  # each expert's tensor-parallel ranks; None: Megatron's default (= tensor)
     sequence: bool = False  # sequence parallelism (with tensor > 1): norms and dropouts see 1/tensor of the tokens
+    context: int = 1  # context-parallel ranks (packed rows only): each holds 1/context of every sample
 
 
 def init_model_parallel(parallelism: Parallelism, seed: int = 1234) -> None:
-    """Megatron's process groups over the already initialised default group (rank order: tp fastest, then dp,
-    then pp), with the CPU shims installed first when there is no GPU."""
+    """Megatron's process groups over the already initialised default group (rank order: tp fastest, then cp,
+    dp, pp), with the CPU shims installed first when there is no GPU."""
     megatron_cpu_shims.apply()
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=parallelism.tensor,
             pipeline_model_parallel_size=parallelism.pipeline,
+            context_parallel_size=parallelism.context,
             expert_model_parallel_size=parallelism.expert,
             expert_tensor_parallel_size=parallelism.expert_tensor,
         )
@@ -115,6 +119,7 @@ def transformer_config(
         tensor_model_parallel_size=parallelism.tensor,
         sequence_parallel=parallelism.sequence and parallelism.tensor > 1,
         pipeline_model_parallel_size=parallelism.pipeline,
+        context_parallel_size=parallelism.context,
         num_layers_in_first_pipeline_stage=parallelism.first_stage_layers,
         num_layers_in_last_pipeline_stage=parallelism.last_stage_layers,
         pipeline_dtype=dtype,
@@ -148,19 +153,21 @@ class RMSNorm(torch.nn.RMSNorm):
 
 
 def _decoder_spec(config: TransformerConfig, shape: converter.ModelShape) -> ModuleSpec:
-    """The local layer spec (`moe.layer_spec`) with every norm, the final one included, a `RMSNorm`."""
+    """The local layer spec (`moe.layer_spec`) with every norm, the final one included, a `RMSNorm`, and the core
+    attention `PackedCoreAttention` (packed rows, context parallelism)."""
+    swaps = {WrappedTorchNorm: RMSNorm, DotProductAttention: PackedCoreAttention}
 
-    def swap_norms(value: Any) -> Any:
-        if value is WrappedTorchNorm:
-            return RMSNorm
+    def swap(value: Any) -> Any:
+        if isinstance(value, type) and value in swaps:
+            return swaps[value]
         if isinstance(value, ModuleSpec):
-            return dataclasses.replace(value, submodules=swap_norms(value.submodules))
+            return dataclasses.replace(value, module=swap(value.module), submodules=swap(value.submodules))
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            changes = {field.name: swap_norms(getattr(value, field.name)) for field in dataclasses.fields(value)}
+            changes = {field.name: swap(getattr(value, field.name)) for field in dataclasses.fields(value)}
             return dataclasses.replace(value, **changes)
         return value
 
-    layer = swap_norms(moe.layer_spec(shape))
+    layer = swap(moe.layer_spec(shape))
     layers = [layer] * get_num_layers_to_build(config)
     return ModuleSpec(module=TransformerBlock, submodules=TransformerBlockSubmodules(layers, layer_norm=RMSNorm))
 
@@ -315,7 +322,9 @@ def gather_hf_state_dict(model: torch.nn.Module, shape: converter.ModelShape, la
         ),
     }
     sends = {
-        False: parallel_state.get_tensor_model_parallel_rank() == 0 and parallel_state.get_data_parallel_rank() == 0,
+        False: parallel_state.get_tensor_model_parallel_rank() == 0
+        and parallel_state.get_data_parallel_rank() == 0
+        and parallel_state.get_context_parallel_rank() == 0,
         True: parallel_state.get_expert_tensor_parallel_rank() == 0
         and parallel_state.get_expert_data_parallel_rank() == 0,
     }

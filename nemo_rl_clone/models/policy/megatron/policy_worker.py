@@ -34,6 +34,7 @@ from nemo_rl_clone.models.hf_export import to_checkpoint_layout
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy.megatron import converter, moe, optimizer_checkpoint
 from nemo_rl_clone.models.policy.megatron import model as mmodel
+from nemo_rl_clone.models.policy.megatron.packing import PackedLayout
 from nemo_rl_clone.models.policy.workers import train_step
 from nemo_rl_clone.models.policy.workers.base import GlobalBatch, LossShare, MicrobatchCompute, PolicyWorkerBase
 from nemo_rl_clone.models.policy.workers.train_profile import TrainProfile
@@ -74,10 +75,12 @@ class MegatronPolicyWorker(PolicyWorkerBase):
             expert=mcfg.expert_model_parallel_size if self.shape.is_moe else 1,
             expert_tensor=mcfg.expert_tensor_parallel_size if self.shape.is_moe else None,
             sequence=mcfg.sequence_parallel,
+            context=mcfg.context_parallel_size,
         )
         mmodel.init_model_parallel(parallelism)
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.packed = self.cfg.sequence_packing.enabled  # validation: cp > 1 only with packing
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
@@ -121,30 +124,51 @@ class MegatronPolicyWorker(PolicyWorkerBase):
 
         def forward_step(data_iterator: Iterator[BatchedDataDict], model: torch.nn.Module) -> tuple[Any, Any]:
             microbatch = next(data_iterator).to(self.device)
-            input_ids = microbatch["input_ids"]
+            input_ids, routing = microbatch["input_ids"], microbatch.get(ROUTED_EXPERTS)
             width = input_ids.shape[1]
-            input_ids = torch.nn.functional.pad(input_ids, (0, self._padded_width(width) - width))
-            positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
-            kwargs = {"fp32_output": False} if self.cfg.megatron_cfg.defer_fp32_logits and self._half else {}
+            kwargs: dict[str, Any] = {}
+            if self.cfg.megatron_cfg.defer_fp32_logits and self._half:
+                kwargs["fp32_output"] = False
+            if self.packed:
+                layout = self._packed_layout(microbatch)
+                input_ids, positions = layout.pack(input_ids), layout.position_ids(self.device)
+                kwargs["packed_seq_params"] = layout.params(self.device)
+                routing = None if routing is None else layout.pack(routing, fill=-1)
+            else:
+                input_ids = torch.nn.functional.pad(input_ids, (0, self._padded_width(width) - width))
+                positions = torch.arange(input_ids.shape[1], device=self.device).expand_as(input_ids)
             if self.routing_replay is not None:  # the engine's routing of these rows (None: the model's own)
-                self.routing_replay.routing = microbatch.get(ROUTED_EXPERTS)
+                self.routing_replay.routing = routing
             # Right padding needs no attention mask: the causal mask keeps valid positions from seeing it.
             output = model(input_ids, positions, None, **kwargs)
             if self.routing_replay is not None:
                 self.routing_replay.routing = None
-            if self.is_last_stage:  # logits [B, S', V / tp]; other stages pass hidden states on
-                output = output[:, :width]
+            if self.is_last_stage:  # logits [B or 1, S', V / tp]; other stages pass hidden states on
+                output = layout.unpack(output) if self.packed else output[:, :width]
             return output, functools.partial(finish, microbatch)
 
+        # Packed microbatches are one row each; pipeline stages exchange each one's shape (variable_seq_lengths).
+        widths = [
+            self._packed_layout(mb).num_tokens if self.packed else mb["input_ids"].shape[1] for mb in microbatches
+        ]
         return get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=iter(microbatches),
             model=[self.model],
             num_microbatches=len(microbatches),
-            seq_length=self._padded_width(max(mb["input_ids"].shape[1] for mb in microbatches)),
-            micro_batch_size=max(mb.size for mb in microbatches),
+            seq_length=self._padded_width(max(widths)),
+            micro_batch_size=1 if self.packed else max(mb.size for mb in microbatches),
             forward_only=forward_only,
             collect_non_loss_data=collect_outputs,
+        )
+
+    def _packed_layout(self, microbatch: BatchedDataDict) -> PackedLayout:
+        return PackedLayout(
+            microbatch["input_lengths"],
+            microbatch["input_ids"].shape[1],
+            parallel_state.get_context_parallel_rank(),
+            parallel_state.get_context_parallel_world_size(),
+            self.tp_size if self.model_config.sequence_parallel else 1,
         )
 
     def _padded_width(self, width: int) -> int:
