@@ -181,8 +181,10 @@ def megatron_worker_memory(
     Megatron keeps the model in the compute dtype and a gradient buffer (fp32 with ``grad_reduce_in_fp32``); the
     optimizer holds fp32 master weights (mixed precision) and Adam's two moments, sharded over the data-parallel
     ranks by the distributed optimizer (over the expert-data-parallel ranks for experts). Activations as for the
-    DTensor worker over the stage's layers (cut by tensor parallelism under sequence parallelism); the full fp32
-    logits (no selective head), cut by tensor parallelism."""
+    DTensor worker over the stage's layers (cut by tensor parallelism under sequence parallelism, and by context
+    parallelism: each cp rank runs 1/cp of every packed sample); the full fp32 logits (no selective head), cut by
+    tensor parallelism but not by cp (the losses read them gathered over the cp ranks). The distributed optimizer's
+    data-parallel ranks include the cp ranks, as Megatron's do."""
     mcfg = policy.megatron_cfg
     tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size
     moe = shape.num_expert_parameters > 0
@@ -200,7 +202,7 @@ def megatron_worker_memory(
     tokens = training_microbatch_tokens(policy)
     per_layer = _values_per_token_layer(shape, mcfg.activation_checkpointing)
     # Sequence parallelism splits the activations outside attention and MLP too; without it they are counted whole.
-    activation_share = tp if mcfg.sequence_parallel else 1
+    activation_share = (tp if mcfg.sequence_parallel else 1) * mcfg.context_parallel_size
     parts = {
         "parameters": compute_bytes * local,
         "gradients": grad_bytes * local,

@@ -4,7 +4,7 @@ against the same worker on padded rows.
 `test_megatron_policy`'s tiny random Llama (4 layers, 4 heads / 2 KV heads, tied embeddings) and batches (8 rows of
 width 16, random lengths, prompt and sample masks). The reference is one process on padded rows: logprobs, then
 3 Adam steps (the weights after each). Each packed scenario takes the same data as token-bounded packing bins
-(several samples per row, as `Policy` shards it) and must give the reference's logprobs (to 1e-6) and weights after
+(several samples per row, as `Policy` shards it) and must give the reference's logprobs (to 2e-6) and weights after
 every step (to 1e-5): the only differences are float sums over other shapes and the attention kernel (Megatron's
 local attention on padded rows, SDPA per sample when packed).
 
@@ -32,7 +32,10 @@ PACKING = {
     "logprob_mb_tokens": 48,
     "algorithm": "modified_first_fit_decreasing",
 }
-LOGPROB_ATOL, WEIGHT_ATOL = 1e-6, 1e-5
+# Measured (fp32): logprobs ≤ 4.8e-7 packed in one process and at PP=2 or CP=2, 9.5e-7 at TP=2 (where TP=2 on
+# padded rows already reorders the sums); weights ≤ 7e-7. A sample seeing another, or a chunk at the wrong
+# position, moves logprobs by > 0.1.
+LOGPROB_ATOL, WEIGHT_ATOL = 2e-6, 1e-5
 
 
 def config(model_dir: str, packed: bool, tp: int = 1, pp: int = 1, **megatron: Any) -> PolicyConfig:

@@ -213,6 +213,13 @@ def test_the_qwen3_30b_a3b_recipe_fits_h200_gpus_in_its_megatron_layout(qwen3_30
     whole = dataclasses.replace(policy, megatron_cfg=dataclasses.replace(policy.megatron_cfg, sequence_parallel=False))
     unsplit = megatron_worker_memory(whole, shape, world, reference=True).parts["activations"]
     assert worker.parts["activations"] == unsplit // 4  # sequence parallelism splits them over the 4 TP ranks
+    # Context parallelism (with the packing it needs) halves them again; the logits are read gathered: whole.
+    packed = dataclasses.replace(policy.sequence_packing, enabled=True, train_mb_tokens=4096)
+    cp2 = dataclasses.replace(
+        policy, sequence_packing=packed, megatron_cfg=dataclasses.replace(policy.megatron_cfg, context_parallel_size=2)
+    )
+    cp_worker = megatron_worker_memory(cp2, shape, world, reference=True)
+    assert cp_worker.parts["activations"] == unsplit // 8 and cp_worker.parts["logits"] == worker.parts["logits"]
     h200, h100 = 141e9, 80e9
     assert worker.total < 0.5 * h200
     engine = engine_memory(policy.generation.vllm_cfg, shape, int(h200), count=8)
