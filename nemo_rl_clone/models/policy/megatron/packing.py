@@ -20,6 +20,7 @@ loss; its gradient flows back to the rank that computed each position).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any
 
@@ -143,9 +144,7 @@ class PackedCoreAttention(DotProductAttention):
             boundaries = packed_seq_params.cu_seqlens_q
         edges = (boundaries // self.cp_size).tolist()
         if self.cp_size == 1:
-            outputs = [
-                self._attend(query[a:b], key[a:b], value[a:b], None) for a, b in zip(edges[:-1], edges[1:], strict=True)
-            ]
+            outputs = [self._attend(query[a:b], key[a:b], value[a:b], None) for a, b in itertools.pairwise(edges)]
         else:
             group = parallel_state.get_context_parallel_group()
             keys = gather_along(key, 0, group).chunk(self.cp_size)  # per cp rank: its tokens of the row
@@ -153,7 +152,7 @@ class PackedCoreAttention(DotProductAttention):
             rank = parallel_state.get_context_parallel_rank()
             outputs = [
                 out
-                for a, b in zip(edges[:-1], edges[1:], strict=True)
+                for a, b in itertools.pairwise(edges)
                 for out in self._attend_context_parallel(query[a:b], keys, values, a, b, rank)
             ]
         return torch.cat(outputs).reshape(query.shape[0], -1)
