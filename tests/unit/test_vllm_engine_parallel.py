@@ -66,35 +66,6 @@ def assert_gone(ranks: list[psutil.Process], segments: set[str]) -> None:
     assert not [path for path in segments if os.path.exists(path)]
 
 
-@pytest.mark.parametrize("layout", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
-def test_a_sharded_engine_serves_exact_logprobs_before_and_after_each_refit(
-    cluster: RayVirtualCluster, tokenizer: Any, layout: dict[str, int]
-) -> None:
-    model_path = resolve_model_path(TINY_LLAMA)
-    config = tiny_config()
-    for key, value in layout.items():
-        setattr(config.vllm_cfg, key, value)
-    generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-parallel-test")
-    trainer = HFPolicyStandIn(model_path, seed=1)
-    try:
-        assert generation.dp_size == 1  # one engine over both bundles
-        ranks, segments = engine_parts(generation)
-        assert len(ranks) == 2 and any("vllm_dist_" in path for path in segments)  # its two ranks, their collectives
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-        assert engine_vs_reference_gap(generation, tokenizer, base) <= LOGPROB_ATOL
-        prepare_refit(trainer, generation)
-        init_refit_collective(trainer, generation, cluster, timeout_s=60.0)
-        for seed, colocated in ((11, True), (12, False)):
-            ray.get(trainer.actor.set_seed.remote(seed))
-            refit_policy_generation(trainer, generation, colocated=colocated)
-            assert engine_vs_reference_gap(generation, tokenizer, perturbed_model(model_path, seed)) <= LOGPROB_ATOL
-        assert engine_vs_reference_gap(generation, tokenizer, perturbed_model(model_path, 99)) > 1e-2
-    finally:
-        trainer.shutdown()
-        generation.shutdown()
-    assert_gone(ranks, segments)  # the ranks stop with their engine, their segments go
-
-
 def served_completion_gap(generation: VllmGeneration, reference: torch.nn.Module, episode: str) -> tuple[float, Any]:
     """One completion through the episode router (the URL agents are given); the largest gap between its recorded
     logprobs and the reference's, and the record."""
@@ -113,32 +84,49 @@ def served_completion_gap(generation: VllmGeneration, reference: torch.nn.Module
     return float((torch.tensor(call.output_logprobs) - expected).abs().max()), call
 
 
-def test_the_async_engine_serves_http_through_the_router_over_a_tp2_engine(
-    cluster: RayVirtualCluster, tokenizer: Any
+LAYOUTS = {
+    # TP=2 on vLLM's AsyncLLM (its engine core a child process, the two ranks below it) with its OpenAI server behind
+    # the episode router; the in-process engine at TP=2 is the one the GRPO runs of tests/functional refit.
+    "tp2_async_http": {"tensor_parallel_size": 2, "async_engine": True, "expose_http_server": True},
+    "pp2": {"pipeline_parallel_size": 2},
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_sharded_engine_serves_exact_logprobs_before_and_after_each_refit(
+    cluster: RayVirtualCluster, tokenizer: Any, layout: str
 ) -> None:
-    """vLLM's AsyncLLM (engine core in a child process, its two ranks below it), its OpenAI server behind the episode
-    router: served logprobs equal HF's before and after a colocated refit, the tokens after it labelled version 1."""
+    """Generated (and, with the HTTP server, served) logprobs equal HF's before a refit and after a colocated and a
+    collective one; served tokens carry the weight version they were sampled with."""
     model_path = resolve_model_path(TINY_LLAMA)
     config = tiny_config()
-    config.vllm_cfg.tensor_parallel_size = 2
-    config.vllm_cfg.async_engine = config.vllm_cfg.expose_http_server = True
-    generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-parallel-async")
+    for key, value in LAYOUTS[layout].items():
+        setattr(config.vllm_cfg, key, value)
+    generation = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-parallel-test")
     trainer = HFPolicyStandIn(model_path, seed=1)
+
+    def check(reference: torch.nn.Module, version: int) -> None:
+        assert engine_vs_reference_gap(generation, tokenizer, reference) <= LOGPROB_ATOL
+        if config.vllm_cfg.expose_http_server:
+            gap, call = served_completion_gap(generation, reference, f"episode-{version}")
+            assert gap <= LOGPROB_ATOL and set(call.weight_versions) == {version}
+
     try:
+        assert generation.dp_size == 1  # one engine over both bundles
         ranks, segments = engine_parts(generation)
-        assert len(ranks) == 2  # below the engine core process
-        base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-        gap, call = served_completion_gap(generation, base, "episode-0")
-        assert gap <= LOGPROB_ATOL and set(call.weight_versions) == {0}
+        assert len(ranks) == 2 and any("vllm_dist_" in path for path in segments)  # its two ranks, their collectives
+        check(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval(), 0)
         prepare_refit(trainer, generation)
-        ray.get(trainer.actor.set_seed.remote(21))
-        refit_policy_generation(trainer, generation, colocated=True)
-        gap, call = served_completion_gap(generation, perturbed_model(model_path, 21), "episode-1")
-        assert gap <= LOGPROB_ATOL and set(call.weight_versions) == {1}
+        init_refit_collective(trainer, generation, cluster, timeout_s=60.0)
+        for version, (seed, colocated) in enumerate(((11, True), (12, False)), start=1):
+            ray.get(trainer.actor.set_seed.remote(seed))
+            refit_policy_generation(trainer, generation, colocated=colocated)
+            check(perturbed_model(model_path, seed), version)
+        assert engine_vs_reference_gap(generation, tokenizer, perturbed_model(model_path, 99)) > 1e-2
     finally:
         trainer.shutdown()
         generation.shutdown()
-    assert_gone(ranks, segments)
+    assert_gone(ranks, segments)  # the ranks stop with their engine, their segments go
 
 
 def test_engines_take_whole_groups_of_bundles_of_one_node() -> None:
