@@ -9,7 +9,8 @@ every step (to 1e-5): the only differences are float sums over other shapes and 
 local attention on padded rows, SDPA per sample when packed).
 
 - ``tp2_sp``: TP=2 with sequence parallelism (each packed row padded to a multiple of 2);
-- ``pp2``: two pipeline stages (the packed row's shape travels between them);
+- ``pp2_uneven_recompute``: two pipeline stages of 1 and 3 layers (the packed row's shape travels between them),
+  with full activation recomputation (the packed boundaries reach the recomputed attention);
 - ``cp2``: context parallelism over 2 ranks (each sample split into 4 chunks, keys and values all-gathered).
 """
 
@@ -84,7 +85,7 @@ def run(model_dir: str, batches: list[BatchedDataDict], packed: bool, tp: int, p
 
 SCENARIOS: dict[str, tuple[int, int, int, dict[str, Any]]] = {  # processes, tp, pp, more megatron_cfg keys
     "tp2_sp": (2, 2, 1, {"sequence_parallel": True}),
-    "pp2": (2, 1, 2, {}),
+    "pp2_uneven_recompute": (2, 1, 2, {"num_layers_in_first_pipeline_stage": 1, "activation_checkpointing": True}),
     "cp2": (2, 1, 1, {"context_parallel_size": 2}),
 }
 
