@@ -1,13 +1,26 @@
-"""Generation throughput of `VllmGeneration.generate` (1 engine in a Ray actor) vs `vllm.LLM.generate` called
-directly in one plain process, same run, same settings.
+"""Generation speed of our engine as the main job runs it, against plain vLLM at its fastest on this CPU, in one
+invocation on the main job's prompts and sampling settings.
 
-SmolLM2-135M-Instruct, fp32, eager, 64 prompts x 128 new tokens, sampled at temperature 1.0 with per-prompt seeds
-(both sides produce the same tokens, so they do the same work). Both engines use the same engine arguments and
-sampling parameters (`engine_io.engine_kwargs` / `sampling_params`), the in-process engine core and the same
-thread count; the rounds alternate so that load from other processes hits both alike. Throughput uses each side's
-best round (least disturbed). Prints raw numbers, then ``ratio=<ours/direct>`` last (target >= 0.9).
+The main job (`configs/grpo_smollm2_cpu.yaml`): SmolLM2-135M-Instruct, its first 8 templated training prompts × 4
+samples, up to 128 new tokens at temperature 1, one seed per sample. Three engines answer the same 32 requests:
 
-    uv run --no-sync python benchmarks/generation.py [--prompts 64] [--max-new-tokens 128] [--rounds 2] [--threads 1]
+- ``ours``: `VllmGeneration` (a Ray actor, the in-process engine core) built from the main job's own
+  ``policy.generation`` section (fp32, eager, processed logprobs), with the main job's thread count (all cores);
+- ``fp32``: plain ``vllm.LLM`` in its own process at the fastest fp32 configuration measured here: ``dtype`` given
+  explicitly, the engine core in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), ``OMP_NUM_THREADS`` = the cores,
+  vLLM's default compilation, one request per sample, ``max_num_batched_tokens=4096``;
+- ``bf16``: the same in bf16 (what vLLM's ``dtype="auto"`` picks for an fp32 checkpoint on CPU).
+
+Each engine is warmed up (one call, which also compiles), then the three answer ``--rounds`` calls in turn, so that
+load from other processes hits them alike; an engine's time is its median call (refit excluded: none happens).
+Prints each engine's tokens, median seconds and decode tokens/s, those as fractions of the machine's matmul ceiling
+at the model's decode shapes (2 FLOPs per parameter per token against `decode_ceilings`, torch's best GFLOP/s
+for the 32-row matmuls of one token, FLOP-weighted), then ``ratio=`` (fp32's median time / ours, per generated token: >= 1.0 means ours is at least
+as fast as plain fp32 vLLM) and ``bf16_ratio=`` (the same against bf16).
+
+    uv run --no-sync python benchmarks/generation.py [--rounds 3] [--prompts 8] [--samples 4] [--ours KEY=VALUE ...]
+
+``--ours`` changes our engine's side only (e.g. ``policy.generation.vllm_cfg.enforce_eager=false``).
 """
 
 from __future__ import annotations
@@ -15,79 +28,78 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
-KV_CACHE_BYTES = 256 << 20
-MAX_MODEL_LEN = 512
-
-
-def prompt_texts(count: int) -> list[str]:
-    subjects = [
-        "the moon",
-        "a prime number",
-        "photosynthesis",
-        "the Roman empire",
-        "a binary tree",
-        "rain",
-        "music",
-        "gravity",
-    ]
-    return [
-        f"Question {i}: explain {subjects[i % len(subjects)]} to a child in {3 + i % 5} sentences."
-        for i in range(count)
-    ]
+REPO = Path(__file__).resolve().parents[1]
+MAIN_JOB = REPO / "configs" / "grpo_smollm2_cpu.yaml"
+PLAIN_BATCHED_TOKENS = 4096
+KV_CACHE_BYTES = 1 << 30  # the main job's
 
 
-def make_config(max_new_tokens: int):  # -> GenerationConfig (imported lazily: the child imports only what it needs)
-    from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
+def main_job_requests(prompts: int, samples: int, overrides: list[str] | None = None) -> tuple[Any, list[list[int]]]:
+    """The main job's config (with ``overrides``) and its first ``prompts`` templated training prompts, each repeated
+    ``samples`` times."""
+    from nemo_rl_clone.algorithms import registry
+    from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
+    from nemo_rl_clone.models.huggingface import load_tokenizer, resolve_model_path
+    from nemo_rl_clone.utils.config import load_validated_config
 
-    vllm_cfg = VllmConfig(
-        precision="float32", max_model_len=MAX_MODEL_LEN, enforce_eager=True, kv_cache_memory_bytes=KV_CACHE_BYTES
-    )
-    return GenerationConfig(max_new_tokens=max_new_tokens, temperature=1.0, vllm_cfg=vllm_cfg)
+    config = load_validated_config(MAIN_JOB, overrides or [], GRPOMasterConfig)
+    tokenizer = load_tokenizer(resolve_model_path(config.policy.model_name))
+    train, _, _ = registry.algorithm_for(config).datasets(config, tokenizer)
+    ids = []
+    for index in range(prompts):
+        row = train[index]
+        ids.append([int(t) for message in row["message_log"] for t in message["token_ids"]])
+    return config, [prompt for prompt in ids for _ in range(samples)]
 
 
-def direct_child(model_path: str, prompts: int, max_new_tokens: int) -> None:
-    """The baseline process: one `vllm.LLM`, answering each ``run`` line on stdin with a JSON result line."""
+def plain_child(variant: str, prompts: int, samples: int) -> None:
+    """A plain vLLM process: one `vllm.LLM` at ``variant``'s precision, answering each ``run`` line on stdin."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from transformers import AutoTokenizer
-    from vllm import LLM
+    from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from nemo_rl_clone.models.generation.vllm.engine_io import engine_kwargs, sampling_params
+    from nemo_rl_clone.models.huggingface import resolve_model_path
 
-    config = make_config(max_new_tokens)
-    llm = LLM(**engine_kwargs(config, model_path, seed=0, on_gpu=False))
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    requests = [TokensPrompt(prompt_token_ids=tokenizer(text)["input_ids"]) for text in prompt_texts(prompts)]
-    params = [sampling_params(config, False, max_new_tokens, None, seed) for seed in range(prompts)]
-    llm.generate(requests[:2], params[:2], use_tqdm=False)  # warm-up, as on our side
+    config, requests = main_job_requests(prompts, samples)
+    generation = config.policy.generation
+    llm = LLM(
+        model=resolve_model_path(config.policy.model_name),
+        dtype={"fp32": "float32", "bf16": "bfloat16"}[variant],
+        seed=0,
+        max_model_len=generation.vllm_cfg.max_model_len,
+        max_num_batched_tokens=PLAIN_BATCHED_TOKENS,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
+    )
+    prompts_in = [TokensPrompt(prompt_token_ids=ids) for ids in requests]
+    params = [
+        SamplingParams(temperature=generation.temperature, max_tokens=generation.max_new_tokens, seed=seed)
+        for seed in range(len(requests))
+    ]
+    llm.generate(prompts_in, params, use_tqdm=False)  # warm-up (and compilation)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
             break
         start = time.perf_counter()
-        outputs = llm.generate(requests, params, use_tqdm=False)
+        outputs = llm.generate(prompts_in, params, use_tqdm=False)
         seconds = time.perf_counter() - start
-        tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
-        print(json.dumps({"seconds": seconds, "tokens": tokens}), flush=True)
+        print(json.dumps({"seconds": seconds, "tokens": sum(len(o.outputs[0].token_ids) for o in outputs)}), flush=True)
 
 
-class DirectEngine:
-    def __init__(self, model_path: str, prompts: int, max_new_tokens: int, threads: int) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        command = [
-            sys.executable,
-            __file__,
-            "--direct-child",
-            model_path,
-            "--prompts",
-            str(prompts),
-            "--max-new-tokens",
-            str(max_new_tokens),
-        ]
+class PlainEngine:
+    """`plain_child` in a subprocess with all cores' threads."""
+
+    def __init__(self, variant: str, prompts: int, samples: int) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+        command = [sys.executable, __file__, "--plain-child", variant, "--prompts", str(prompts)]
+        command += ["--samples", str(samples)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self._read()  # ready
 
@@ -96,7 +108,7 @@ class DirectEngine:
         for line in self.process.stdout:
             if line.startswith("{"):
                 return json.loads(line)
-        raise RuntimeError(f"the direct vLLM process exited with {self.process.wait()}")
+        raise RuntimeError(f"the plain vLLM process exited with {self.process.wait()}")
 
     def run(self) -> tuple[float, int]:
         assert self.process.stdin is not None
@@ -111,63 +123,110 @@ class DirectEngine:
         self.process.wait(timeout=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of each engine")
-    parser.add_argument("--direct-child", metavar="MODEL_PATH", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.direct_child:
-        direct_child(args.direct_child, args.prompts, args.max_new_tokens)
-        return
+class OurEngine:
+    """`VllmGeneration` from the main job's generation section, threads as the main job gives them."""
 
+    def __init__(self, prompts: int, samples: int, overrides: list[str]) -> None:
+        import torch
+
+        from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
+        from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
+        from nemo_rl_clone.models.generation.vllm import VllmGeneration
+
+        config, requests = main_job_requests(prompts, samples, overrides)
+        width = max(len(ids) for ids in requests)
+        self.data = BatchedDataDict(
+            input_ids=torch.tensor([ids + [0] * (width - len(ids)) for ids in requests]),
+            input_lengths=torch.tensor([len(ids) for ids in requests]),
+            seeds=torch.arange(len(requests)),
+        )
+        init_ray()
+        self.cluster = RayVirtualCluster([1], use_gpus=False, name="bench-gen")
+        threads = {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+        self.generation = VllmGeneration(
+            self.cluster, config.policy.generation, config.policy.model_name, env_vars=threads
+        )
+        self.generation.generate(self.data)  # warm-up, as on the plain side
+
+    def run(self) -> tuple[float, int]:
+        start = time.perf_counter()
+        out = self.generation.generate(self.data)
+        return time.perf_counter() - start, int(out["generation_lengths"].sum())
+
+    def close(self) -> None:
+        self.generation.shutdown()
+        self.cluster.shutdown()
+
+
+def decode_ceilings(rows: int, layers: int) -> dict[str, float]:
+    """The GFLOP/s a decode step of ``rows`` sequences could reach if every matmul ran at torch's best rate for its
+    shape (SmolLM2's MLP, attention and vocabulary projections, forward layout): FLOP-weighted over one token's
+    matmuls, fp32 and bf16."""
     import torch
 
-    from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
-    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
-    from nemo_rl_clone.models.generation.vllm import VllmGeneration
-    from nemo_rl_clone.models.huggingface import SMOLLM2, load_tokenizer, resolve_model_path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from matmul_ceiling import ATTENTION, HIDDEN, MLP, VOCAB, best_gflops
 
-    model_path = resolve_model_path(SMOLLM2)
-    tokenizer = load_tokenizer(model_path)
-    tokenizer.padding_side = "right"
-    encoded = tokenizer(prompt_texts(args.prompts), padding=True, return_tensors="pt")
-    data = BatchedDataDict(
-        input_ids=encoded["input_ids"],
-        input_lengths=encoded["attention_mask"].sum(dim=1),
-        seeds=torch.arange(args.prompts),
+    torch.set_num_threads(os.cpu_count() or 1)
+    flops = {MLP: 3 * layers * HIDDEN * MLP, ATTENTION: layers * HIDDEN * ATTENTION, VOCAB: HIDDEN * VOCAB}
+    ceilings = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        seconds = 0.0
+        for width, count in flops.items():
+            rate = best_gflops(torch.randn(rows, HIDDEN, dtype=dtype), torch.randn(HIDDEN, width, dtype=dtype), 5)
+            seconds += count / rate
+        ceilings[name] = sum(flops.values()) / seconds
+    return ceilings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument(
+        "--ours", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of the main job's config for our engine"
     )
-    init_ray()
-    cluster = RayVirtualCluster([1], use_gpus=False, name="bench-gen")
-    generation = VllmGeneration(
-        cluster, make_config(args.max_new_tokens), model_path, env_vars={"OMP_NUM_THREADS": str(args.threads)}
-    )
-    generation.generate(data.slice(0, 2))  # warm-up, as on the direct side
-    direct = DirectEngine(model_path, args.prompts, args.max_new_tokens, args.threads)
+    parser.add_argument("--plain-child", choices=["fp32", "bf16"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_child:
+        plain_child(args.plain_child, args.prompts, args.samples)
+        return
+
+    from nemo_rl_clone.models.huggingface import SMOLLM2, resolve_model_path
+    from nemo_rl_clone.models.memory_estimate import ModelShape
+
+    engines: dict[str, object] = {"ours": OurEngine(args.prompts, args.samples, args.ours)}
     try:
-        ours, theirs = [], []
+        engines["fp32"] = PlainEngine("fp32", args.prompts, args.samples)
+        engines["bf16"] = PlainEngine("bf16", args.prompts, args.samples)
+        times: dict[str, list[float]] = {name: [] for name in engines}
+        tokens: dict[str, list[int]] = {name: [] for name in engines}
         for round_index in range(args.rounds):
-            start = time.perf_counter()
-            out = generation.generate(data)
-            seconds = time.perf_counter() - start
-            tokens = int(out["generation_lengths"].sum())
-            ours.append(tokens / seconds)
-            direct_seconds, direct_tokens = direct.run()
-            theirs.append(direct_tokens / direct_seconds)
-            print(
-                f"round {round_index}: VllmGeneration {tokens} tokens in {seconds:.2f} s ({ours[-1]:.1f} tok/s); "
-                f"vllm.LLM {direct_tokens} tokens in {direct_seconds:.2f} s ({theirs[-1]:.1f} tok/s)"
-            )
-            if tokens != direct_tokens:
-                print(f"note: token counts differ ({tokens} vs {direct_tokens}); throughput is per generated token")
+            for name, engine in engines.items():
+                seconds, count = engine.run()  # type: ignore[attr-defined]
+                times[name].append(seconds)
+                tokens[name].append(count)
+                print(f"round {round_index} {name}: {count} tokens in {seconds:.2f} s", flush=True)
     finally:
-        direct.close()
-        generation.shutdown()
-        cluster.shutdown()
-    print(f"VllmGeneration best: {max(ours):.1f} tok/s; vllm.LLM direct best: {max(theirs):.1f} tok/s")
-    print(f"ratio={max(ours) / max(theirs):.3f}")
+        for engine in engines.values():
+            engine.close()  # type: ignore[attr-defined]
+
+    shape = ModelShape.of(resolve_model_path(SMOLLM2))
+    parameters = shape.num_parameters
+    ceilings = decode_ceilings(args.prompts * args.samples, shape.num_layers)
+    rate = {}
+    for name in engines:
+        median = statistics.median(times[name])
+        rate[name] = statistics.median(tokens[name]) / median
+        ceiling = ceilings["bf16" if name == "bf16" else "fp32"]
+        fraction = 2 * parameters * rate[name] / 1e9 / ceiling
+        print(
+            f"{name}: median {median:.2f} s, {statistics.median(tokens[name]):.0f} tokens, {rate[name]:.1f} tok/s, "
+            f"{fraction:.3f} of the {'bf16' if name == 'bf16' else 'fp32'} matmul ceiling ({ceiling:.1f} GFLOP/s)"
+        )
+    print(f"bf16_ratio={rate['ours'] / rate['bf16']:.3f}")
+    print(f"ratio={rate['ours'] / rate['fp32']:.3f}")
 
 
 if __name__ == "__main__":
