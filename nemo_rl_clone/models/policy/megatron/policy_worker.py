@@ -122,15 +122,20 @@ class MegatronPolicyWorker(PolicyWorkerBase):
         metrics come back; ``collect_outputs`` (forward only): whatever ``finish`` returns comes back. On the last
         stage only."""
 
-        def forward_step(data_iterator: Iterator[BatchedDataDict], model: torch.nn.Module) -> tuple[Any, Any]:
-            microbatch = next(data_iterator).to(self.device)
+        # Each packed microbatch's layout is built once: its width sizes the schedule, its step runs the row.
+        layouts = [self._packed_layout(mb) if self.packed else None for mb in microbatches]
+
+        def forward_step(
+            data_iterator: Iterator[tuple[BatchedDataDict, PackedLayout | None]], model: torch.nn.Module
+        ) -> tuple[Any, Any]:
+            microbatch, layout = next(data_iterator)
+            microbatch = microbatch.to(self.device)
             input_ids, routing = microbatch["input_ids"], microbatch.get(ROUTED_EXPERTS)
             width = input_ids.shape[1]
             kwargs: dict[str, Any] = {}
             if self.cfg.megatron_cfg.defer_fp32_logits and self._half:
                 kwargs["fp32_output"] = False
-            if self.packed:
-                layout = self._packed_layout(microbatch)
+            if layout is not None:
                 input_ids, positions = layout.pack(input_ids), layout.position_ids(self.device)
                 kwargs["packed_seq_params"] = layout.params(self.device)
                 routing = None if routing is None else layout.pack(routing, fill=-1)
@@ -144,16 +149,17 @@ class MegatronPolicyWorker(PolicyWorkerBase):
             if self.routing_replay is not None:
                 self.routing_replay.routing = None
             if self.is_last_stage:  # logits [B or 1, S', V / tp]; other stages pass hidden states on
-                output = layout.unpack(output) if self.packed else output[:, :width]
+                output = output[:, :width] if layout is None else layout.unpack(output)
             return output, functools.partial(finish, microbatch)
 
         # Packed microbatches are one row each; pipeline stages exchange each one's shape (variable_seq_lengths).
         widths = [
-            self._packed_layout(mb).num_tokens if self.packed else mb["input_ids"].shape[1] for mb in microbatches
+            mb["input_ids"].shape[1] if layout is None else layout.num_tokens
+            for mb, layout in zip(microbatches, layouts, strict=True)
         ]
         return get_forward_backward_func()(
             forward_step_func=forward_step,
-            data_iterator=iter(microbatches),
+            data_iterator=iter(zip(microbatches, layouts, strict=True)),
             model=[self.model],
             num_microbatches=len(microbatches),
             seq_length=self._padded_width(max(widths)),
