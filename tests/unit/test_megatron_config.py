@@ -475,6 +475,14 @@ def test_preflight_checks_megatron_parallel_sizes_and_skips_the_torch_optimizer(
     ]
     config = load_validated_config(REPO / "configs" / "grpo_smoke_megatron.yaml", [], GRPOMasterConfig)
     assert _policy_problems(config, config.policy) == []
+    # Context-parallel ranks hold the same samples as tensor-parallel ones: TP × CP counts against the workers.
+    cp = ["policy.megatron_cfg.context_parallel_size=2", "policy.sequence_packing.enabled=true"]
+    cp += ["policy.dynamic_batching.enabled=false", "cluster.gpus_per_node=2"]
+    config = load_validated_config(REPO / "configs" / "grpo_smoke_megatron.yaml", overrides + cp, GRPOMasterConfig)
+    assert _policy_problems(config, config.policy) == [
+        "policy.megatron_cfg.tensor_model_parallel_size * context_parallel_size * pipeline_model_parallel_size: 4 "
+        "must divide the 2 workers of cluster.*"
+    ]
 
 
 def test_supervised_data_parallel_size_counts_megatron_tp_and_pp():

@@ -115,10 +115,10 @@ def backend_key(config: PolicyConfig | Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """How a backend's workers form a model replica: an inner group (tensor- or context-parallel ranks, the
+    """How a backend's workers form a model replica: an inner group (tensor- and/or context-parallel ranks, the
     sharding's "tensor_parallel" axis) times pipeline stages; the data-parallel size is workers / their product."""
 
-    inner_key: str  # the policy key that sets the inner group's size
+    inner_key: str  # the policy key (or product of keys) that sets the inner group's size
     inner_size: int
     pipeline_size: int
     divisor_key: str  # how pre-flight names the product: the key ...
@@ -130,19 +130,17 @@ class ParallelLayout:
 
 
 def parallel_layout(config: PolicyConfig, spec: PolicyBackend) -> ParallelLayout:
-    """The layout ``spec`` reads from its section (validation refuses CP together with TP: one of the two is 1)."""
+    """The layout ``spec`` reads from its section (DTensor: validation refuses CP together with TP, one of the two
+    is 1; Megatron: TP × CP ranks hold the same samples)."""
     if spec.section == "megatron_cfg":
         mcfg = config.megatron_cfg
         # Context-parallel ranks hold the same samples, as tensor-parallel ones do (Megatron's order: tp, cp, dp, pp).
-        inner_key, divisor = "megatron_cfg.tensor_model_parallel_size", "tensor_model_parallel_size"
+        inner = "tensor_model_parallel_size"
         if mcfg.context_parallel_size > 1:
-            inner_key, divisor = (
-                "megatron_cfg.context_parallel_size",
-                "tensor_model_parallel_size * context_parallel_size",
-            )
-        divisor += " * pipeline_model_parallel_size"
+            inner += " * context_parallel_size"
+        divisor = f"{inner} * pipeline_model_parallel_size"
         return ParallelLayout(
-            inner_key,
+            f"megatron_cfg.{inner}",
             mcfg.tensor_model_parallel_size * mcfg.context_parallel_size,
             mcfg.pipeline_model_parallel_size,
             f"megatron_cfg.{divisor}",
