@@ -2,10 +2,10 @@
 old ones, in one invocation.
 
 Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, same prompts and seeds):
-- ``old``: the defaults of 2026-11-26, which trained every sample: ``loss_fn.train_only_samples_with_gradient=false``
-  (the samples of prompt groups without reward variance, advantage 0, went through forward and backward too).
-  Earlier levers (the LM-head shortcut, sequence packing, the bf16 backward) were measured against their own
-  baselines: docs/grpo.md#step-time.
+- ``old``: the defaults before the engine ran compiled (2026-11-29): vLLM eager
+  (``policy.generation.vllm_cfg.enforce_eager=true``) and no OpenMP runtime preloaded into the engine's actor (an
+  empty ``LD_PRELOAD`` in ``vllm_cfg.env_vars``). Earlier levers (the LM-head shortcut, sequence packing, the bf16
+  backward, training only samples with a gradient) were measured against their own baselines: docs/grpo.md#step-time.
 - ``new``: the defaults (only samples with a non-zero advantage train; the update is the same).
 - ``dynamic`` (with ``--packing``): the defaults with dynamic batching in place of sequence packing (each
   microbatch's samples run as one row, no padding), same token budgets; ``train_padding_fraction`` shows what each
@@ -49,7 +49,7 @@ DYNAMIC_BATCHING = [
     "policy.dynamic_batching.logprob_mb_tokens=${policy.sequence_packing.logprob_mb_tokens}",
 ]
 MODES = {
-    "old": ["loss_fn.train_only_samples_with_gradient=false"],
+    "old": ["policy.generation.vllm_cfg.enforce_eager=true", "+policy.generation.vllm_cfg.env_vars.LD_PRELOAD="],
     "new": [],
     "dynamic": DYNAMIC_BATCHING,
     "bf16_backward": ["policy.dtensor_cfg.backward_precision=bfloat16"],
