@@ -3,8 +3,7 @@ old ones, in one invocation.
 
 Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, same prompts and seeds):
 - ``old``: the defaults before the engine ran compiled (2026-11-29): vLLM eager
-  (``policy.generation.vllm_cfg.enforce_eager=true``) and no OpenMP runtime preloaded into the engine's actor (an
-  empty ``LD_PRELOAD`` in ``vllm_cfg.env_vars``). Earlier levers (the LM-head shortcut, sequence packing, the bf16
+  (``policy.generation.vllm_cfg.enforce_eager=true``). Earlier levers (the LM-head shortcut, sequence packing, the bf16
   backward, training only samples with a gradient) were measured against their own baselines: docs/grpo.md#step-time.
 - ``new``: the defaults (only samples with a non-zero advantage train; the update is the same).
 - ``dynamic`` (with ``--packing``): the defaults with dynamic batching in place of sequence packing (each
@@ -49,7 +48,7 @@ DYNAMIC_BATCHING = [
     "policy.dynamic_batching.logprob_mb_tokens=${policy.sequence_packing.logprob_mb_tokens}",
 ]
 MODES = {
-    "old": ["policy.generation.vllm_cfg.enforce_eager=true", "+policy.generation.vllm_cfg.env_vars.LD_PRELOAD="],
+    "old": ["policy.generation.vllm_cfg.enforce_eager=true"],
     "new": [],
     "dynamic": DYNAMIC_BATCHING,
     "bf16_backward": ["policy.dtensor_cfg.backward_precision=bfloat16"],

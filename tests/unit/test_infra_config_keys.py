@@ -265,26 +265,14 @@ def test_generation_port_range_sets_vllm_port_inside_it() -> None:
 # ---------------------------------------------------------------- vLLM engine arguments
 
 
-def test_a_compiled_cpu_engine_uses_the_compile_cache_that_loads_and_preloads_intel_openmp(tmp_path, monkeypatch):
+def test_a_compiled_cpu_engine_uses_the_compile_cache_that_loads(monkeypatch):
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
-    monkeypatch.delenv("LD_PRELOAD", raising=False)
     compiled, eager = GenerationConfig(), GenerationConfig(vllm_cfg=VllmConfig(enforce_eager=True))
     assert engine_io.engine_env(compiled, on_gpu=False)["VLLM_USE_AOT_COMPILE"] == "0"
     assert "VLLM_USE_AOT_COMPILE" not in engine_io.engine_env(compiled, on_gpu=True)
     assert engine_io.engine_env(eager, on_gpu=False) == {"TORCHDYNAMO_DISABLE": "1"}
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")  # the user's choice stands
     assert "VLLM_USE_AOT_COMPILE" not in engine_io.engine_env(compiled, on_gpu=False)
-
-    python = tmp_path / "venv" / "bin" / "python"
-    (tmp_path / "venv" / "lib").mkdir(parents=True)
-    assert engine_io.openmp_preload(False, str(python), None) == {}  # no library there: nothing preloaded
-    library = tmp_path / "venv" / "lib" / "libiomp5.so"
-    library.write_bytes(b"")
-    assert engine_io.openmp_preload(False, str(python), None) == {"LD_PRELOAD": str(library)}
-    assert engine_io.openmp_preload(True, str(python), None) == {}
-    assert engine_io.openmp_preload(False, str(python), "/other.so") == {}  # a preload of the config's own wins
-    monkeypatch.setenv("LD_PRELOAD", "/driver.so")
-    assert engine_io.openmp_preload(False, str(python), None) == {}
 
 
 def test_vllm_cfg_keys_and_vllm_kwargs_reach_the_engine_arguments() -> None:

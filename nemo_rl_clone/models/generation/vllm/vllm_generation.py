@@ -122,8 +122,6 @@ class VllmGeneration(GenerationInterface):
         # One engine per `devices_per_engine` consecutive bundles of a node; it starts in the first of them and its
         # vLLM worker processes (one per tensor/pipeline rank) use the rest.
         engine_bundles = engine_bundle_groups(cluster, self.cfg.vllm_cfg.devices_per_engine)
-        given_preload = (env_vars or {}).get("LD_PRELOAD", (self.cfg.vllm_cfg.env_vars or {}).get("LD_PRELOAD"))
-        preload = engine_io.openmp_preload(cluster.use_gpus, get_actor_python_executable(VLLM_WORKER), given_preload)
         builder = RayWorkerBuilder(
             VLLM_WORKER,
             self.cfg,
@@ -150,7 +148,6 @@ class VllmGeneration(GenerationInterface):
                     **(self.cfg.vllm_cfg.env_vars or {}),
                     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                     **engine_group_env(cluster.use_gpus, len(engine_bundles[0][1])),
-                    **preload,
                     **(env_vars or {}),
                 },
             )
@@ -161,8 +158,7 @@ class VllmGeneration(GenerationInterface):
         # The precision is always the config's (never vLLM's "auto", which loads an fp32 checkpoint in bf16 on CPU).
         print(
             f"{name_prefix}: {self.dp_size} vLLM engine(s), {engine_io.engine_dtype(self.cfg.vllm_cfg.precision)}, "
-            f"{'eager' if self.cfg.vllm_cfg.enforce_eager else 'compiled'}"
-            + (f", {preload['LD_PRELOAD']} preloaded" if preload else ""),
+            f"{'eager' if self.cfg.vllm_cfg.enforce_eager else 'compiled'}",
             flush=True,
         )
         for segments in self._run_all("shm_segments"):  # removed by the reaper if the driver dies before `shutdown`
