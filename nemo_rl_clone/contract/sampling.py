@@ -13,8 +13,9 @@ renormalisation) is below p, so the token that crosses p stays and the top token
 the last kept one follow ``tie_rule``: "keep_all" (the default) keeps every one of them, as vLLM's CPU sampler does
 at the k-th value (top-p's mass counts them all; at the top-p cut its order among equal values is its sort's);
 "lowest_index" keeps, in vocabulary order, only as many as the rules count (exactly k for top-k, and the top-p
-nucleus over those k) — the rule of vLLM's CUDA kernel ``apply_top_k_top_p_triton``, off until a GPU check confirms
-it. A row is described by a threshold value and a tie cutoff: the tokens above the threshold, and the tokens equal
+nucleus over those k): what vLLM's CUDA kernel ``apply_top_k_top_p_triton`` keeps for top-k. At a top-p cut that
+kernel keeps anything from this set to every tie (docs/gpu.md), which neither rule reproduces, so nothing turns
+"lowest_index" on. A row is described by a threshold value and a tie cutoff: the tokens above the threshold, and the tokens equal
 to it whose vocabulary id is below the cutoff.
 
 A sampled token always counts as kept: the engine kept it, and where the trainer's logits put it a rounding error

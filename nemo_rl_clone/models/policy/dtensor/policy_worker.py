@@ -166,7 +166,8 @@ class DTensorPolicyWorker(PolicyWorkerBase):
 
     # ------------------------------------------------------------------ forward passes
     def _rows(self, batch: BatchedDataDict) -> packed_sequences.PaddedRows | packed_sequences.PackedRows:
-        return packed_sequences.rows_for(batch["input_ids"], batch.get("input_lengths"), self.packed)
+        # Built on the model's device: the packed position ids go into the model beside the device's input ids.
+        return packed_sequences.rows_for(batch["input_ids"].to(self.device), batch.get("input_lengths"), self.packed)
 
     def _run_model(
         self,
