@@ -40,7 +40,7 @@ from nemo_rl_clone.utils.checkpoint_manifest import MANIFEST_FLAG, verify_checkp
 from nemo_rl_clone.utils.checkpoint_ranking import check_rankable_metric, rank_best_first
 from nemo_rl_clone.utils.checkpoint_schedule import parse_deadline
 from nemo_rl_clone.utils.config_validation import SectionReads, as_config
-from nemo_rl_clone.utils.errors import UserInputError
+from nemo_rl_clone.utils.errors import UserInputError, report_fault
 from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 logger = logging.getLogger(__name__)
@@ -281,7 +281,7 @@ class CheckpointManager:
             aside = _free_name(self.checkpoint_dir / f"corrupt_step_{step}")
             os.rename(path, aside)
             moved.append(aside.name)
-            print(f"Checkpoint {path} fails verification: {problem}; moved aside to {aside.name}", flush=True)
+            report_fault(f"Checkpoint {path} fails verification: {problem}; moved aside to {aside.name}")
         if moved:
             raise CheckpointsUnusable(
                 f"checkpointing.checkpoint_dir {self.checkpoint_dir}: no checkpoint passes verification (moved aside: "

@@ -79,13 +79,15 @@ def reporting_user_errors() -> Iterator[None]:
     """Run an entry point's work: a user-input error becomes ``error: ...`` lines on stderr and exit code 2.
 
     While the block runs, whatever else reaches stderr (library warnings, Ray's log lines, workers' streamed output,
-    subprocesses) goes to stdout instead, so that stderr carries only the verdict. A real bug (any other exception)
+    subprocesses) goes to stdout instead, so that stderr carries only the verdicts (these, and `report_fault`'s). A real bug (any other exception)
     propagates with its traceback, printed to the real stderr once the block is left.
     """
+    global _real_stderr_fd
     sys.stdout.flush()
     sys.stderr.flush()
     real_stderr = os.dup(2)
     os.dup2(1, 2)
+    _real_stderr_fd = real_stderr
     try:
         yield
     except Exception as error:
@@ -103,10 +105,27 @@ def reporting_user_errors() -> Iterator[None]:
 
 
 def _restore_stderr(saved_fd: int) -> None:
+    global _real_stderr_fd
     sys.stdout.flush()
     sys.stderr.flush()
+    _real_stderr_fd = None
     os.dup2(saved_fd, 2)
     os.close(saved_fd)
+
+
+_real_stderr_fd: int | None = None  # the process's stderr while `reporting_user_errors` sends fd 2 to stdout
+
+
+def report_fault(line: str) -> None:
+    """One fault verdict (a stop, a failed save, a checkpoint set aside) on the process's real stderr, where a Slurm
+    ``.err`` file and log collectors look; progress and metrics stay on stdout. Inside `reporting_user_errors` it
+    goes straight to the saved descriptor (it may run in a signal handler, or while rich's progress bar holds
+    ``sys.stdout``)."""
+    sys.stdout.flush()
+    if _real_stderr_fd is None:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        os.write(_real_stderr_fd, (line + "\n").encode())
 
 
 _ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
+
+from nemo_rl_clone.utils.errors import report_fault
 
 # A Ctrl-C must end the run within 10 s; an orderly stop that takes longer is cut short here.
 INTERRUPT_DEADLINE_S = 5.0
@@ -59,15 +60,9 @@ class StopState:
 _state: StopState | None = None
 
 
-def _say(line: str) -> None:
-    # stderr and straight to the file descriptor: rich's progress bar redirects sys.stdout, and a handler may run
-    # while that redirection is being torn down.
-    os.write(sys.stderr.fileno(), (line + "\n").encode())
-
-
 def force_exit(code: int, line: str) -> None:
     """Exit now, from any thread, without unwinding; the reaper kills the run's processes and removes its files."""
-    _say(line)
+    report_fault(line)
     os._exit(code)
 
 
@@ -85,7 +80,7 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
     state.interrupts += 1
     if state.interrupts > 1:
         force_exit(EXIT_CODE[signal.SIGINT], f"Second Ctrl-C: exiting now; {state.describe()}")
-    _say("Ctrl-C: stopping now without saving (press Ctrl-C again to exit at once).")
+    report_fault("Ctrl-C: stopping now without saving (press Ctrl-C again to exit at once).")
     _arm(
         state,
         INTERRUPT_DEADLINE_S,
@@ -100,7 +95,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     if state is None or state.sigterm_at is not None:
         return
     state.sigterm_at = time.monotonic()
-    _say(f"SIGTERM: stopping at the next phase boundary and saving (grace period {state.grace_s:g} s).")
+    report_fault(f"SIGTERM: stopping at the next phase boundary and saving (grace period {state.grace_s:g} s).")
     _arm(
         state,
         state.grace_s,

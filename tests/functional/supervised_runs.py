@@ -67,35 +67,49 @@ def run_entry_point(
 
 
 class LiveRun:
-    """A run started in its own process group, its stdout (and stderr) read line by line as it comes, so a test can
-    act on a line the run printed (a handshake) and then kill the run with everything it started."""
+    """A run started in its own process group, its stdout and stderr read line by line as they come, so a test can
+    act on a line the run printed (a handshake) and then kill the run with everything it started. ``lines`` holds
+    both streams as they arrived; ``err_lines`` stderr's alone (where fault verdicts go)."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             args,
             cwd=cwd,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         self.lines: list[str] = []
+        self.err_lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._open_streams = 2
+        threading.Thread(target=self._read, args=(self.proc.stdout, None), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.proc.stderr, self.err_lines), daemon=True).start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+    def _read(self, stream: Any, also: list[str] | None) -> None:
+        for line in stream:
+            if also is not None:
+                also.append(line)
             self._queue.put(line)
         self._queue.put(None)
+
+    def _next(self, timeout_s: float) -> str | None:
+        """The next line of either stream; None once both have ended."""
+        while self._open_streams:
+            line = self._queue.get(timeout=timeout_s)
+            if line is not None:
+                return line
+            self._open_streams -= 1
+        return None
 
     def wait_for_line(self, starts_with: str, timeout_s: float) -> str:
         """The first line starting with ``starts_with``; fails if the run ends or ``timeout_s`` passes first."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                line = self._next(timeout_s=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 raise AssertionError(
                     f"no line {starts_with!r} within {timeout_s} s:\n{''.join(self.lines[-40:])}"
@@ -109,7 +123,7 @@ class LiveRun:
     def wait_for_exit(self, timeout_s: float) -> int:
         """Wait for the run to exit; its remaining output goes to ``lines``. Returns the exit code."""
         code = self.proc.wait(timeout=timeout_s)
-        while (line := self._queue.get(timeout=30)) is not None:
+        while (line := self._next(timeout_s=30)) is not None:
             self.lines.append(line)
         return code
 

@@ -174,7 +174,7 @@ def test_random_kills_then_resumes_end_like_a_straight_run(tmp_path):
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     final = run_grpo(chaos, *CHAOS)
     if newest is not None:
-        assert f"Checkpoint {newest} fails verification: policy/weights/{weights.name} has" in final.stdout
+        assert f"Checkpoint {newest} fails verification: policy/weights/{weights.name} has" in final.stderr
         assert (chaos / "ckpt" / f"corrupt_{newest.name}").is_dir()
     _check_checkpoints(chaos / "ckpt")
 

@@ -406,7 +406,9 @@ def test_a_disk_that_fills_during_a_save_stops_the_run_in_one_line(tmp_path):
         args = grpo_args(tmp_path, "grpo.max_num_steps=1", f"checkpointing.checkpoint_dir={disk}")
         proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
         assert proc.returncode == SAVE_FAILED_EXIT_CODE, proc.stdout[-3000:] + proc.stderr[-3000:]
-        (line,) = [line for line in proc.stdout.splitlines() if line.startswith("Stopped after step 1: ")]
+        # The verdict is on stderr alone (a Slurm user's .err file), not among the progress lines on stdout.
+        assert "Stopped after step 1: " not in proc.stdout
+        (line,) = [line for line in proc.stderr.splitlines() if line.startswith("Stopped after step 1: ")]
         assert line.startswith(
             f"Stopped after step 1: checkpoint of step 1 not saved: writing to {disk} failed: [Errno 28] No space "
             "left on device; no complete checkpoint yet. Resume: uv run "

@@ -121,6 +121,7 @@ def test_async_run_fails_cleanly_when_the_engine_dies(tmp_path):
     assert code == 1, output[-3000:]
     # One line, whichever noticed first (the collector's rollout or the trainer's refit), and no traceback.
     (line,) = [line for line in output.splitlines() if line.startswith("Stopped during step")]
+    assert line + "\n" in run.err_lines, "a fault verdict goes to stderr"
     assert "a VllmGenerationWorker worker died (name vllm_policy-0 pid" in line, line
     assert "last complete checkpoint:" in line and "Resume: uv run" in line, line
     assert "Traceback" not in output[output.index(line) :], output[-3000:]

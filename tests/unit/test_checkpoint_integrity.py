@@ -76,7 +76,9 @@ def test_resume_falls_back_past_damaged_checkpoints_and_keeps_them_aside(tmp_pat
 
     resumed = _manager(tmp_path)
     assert resumed.verify_latest() == tmp_path / "step_1"
-    lines = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()  # a fault verdict: stderr, not stdout
+    assert "fails verification" not in captured.out
     assert lines == [
         f"Checkpoint {tmp_path / 'step_3'} fails verification: policy/weights/__0_0.pt has 4 bytes, the manifest says "
         f"{size}; moved aside to corrupt_step_3",
@@ -245,7 +247,7 @@ def test_a_save_that_fills_the_disk_midway_names_the_os_error_and_keeps_the_prev
             assert str(failed.value) == expected
         else:
             assert guarded_save(manager, 2, _run_config(), write, action) is None
-            assert capsys.readouterr().out.endswith(
+            assert capsys.readouterr().err.endswith(
                 f"{expected}; training on without it (checkpointing.on_save_failure=continue)\n"
             )
         assert sorted(p.name for p in small_disk.iterdir()) == ["step_1"]  # debris gone, step_1 intact

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,25 @@ def test_failed_start_removes_only_what_it_created(tmp_path: Path) -> None:
     with removed_if_start_fails([logs], before_removal=lambda: None):  # success keeps everything
         (logs / "exp_2").mkdir()
     assert sorted(p.name for p in logs.iterdir()) == ["exp_1", "exp_2"]
+
+
+_VERDICT_INSIDE_AN_ENTRY_POINT = """
+import sys
+from nemo_rl_clone.utils.errors import report_fault, reporting_user_errors
+with reporting_user_errors():
+    print("step 1: progress", flush=True)
+    print("a library's warning", file=sys.stderr, flush=True)
+    report_fault("Stopped during step 2: a worker died")
+report_fault("after the entry point")
+"""
+
+
+def test_fault_verdicts_reach_stderr_while_an_entry_point_sends_the_rest_to_stdout() -> None:
+    """Inside `reporting_user_errors` fd 2 goes to stdout (library noise); a verdict still reaches the real stderr,
+    alone, where a Slurm job's .err file looks."""
+    done = subprocess.run(
+        [sys.executable, "-c", _VERDICT_INSIDE_AN_ENTRY_POINT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["step 1: progress", "a library's warning"]
+    assert done.stderr.splitlines() == ["Stopped during step 2: a worker died", "after the entry point"]

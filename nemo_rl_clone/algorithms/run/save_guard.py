@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from nemo_rl_clone.utils.checkpoint import CheckpointManager
 from nemo_rl_clone.utils.checkpoint_manifest import checkpoint_bytes, verify_checkpoint
+from nemo_rl_clone.utils.errors import report_fault
 
 SAVE_FAILED_EXIT_CODE = 74  # sysexits.h's EX_IOERR
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
@@ -143,7 +144,7 @@ def guarded_save(
     kept = _describe_kept(checkpointer)
     line = f"checkpoint of step {step} not saved: {problem}; {kept}"
     if on_failure == "continue":
-        print(f"{line}; training on without it (checkpointing.on_save_failure=continue)", flush=True)
+        report_fault(f"{line}; training on without it (checkpointing.on_save_failure=continue)")
         return None
     raise SaveFailed(line)
 

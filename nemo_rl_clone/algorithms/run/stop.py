@@ -36,7 +36,7 @@ from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.distributed.oom import oom_cause, remember_oom_kills
 from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
 from nemo_rl_clone.utils.checkpoint import CheckpointManager, remove_save_debris
-from nemo_rl_clone.utils.errors import find_user_input_error
+from nemo_rl_clone.utils.errors import find_user_input_error, report_fault
 from nemo_rl_clone.utils.signals import EXIT_CODE, StopRequested, handle_stop_signals
 
 # Before any save has been timed, assume one takes this long (a SmolLM2-sized save on CPU takes a few seconds).
@@ -114,7 +114,7 @@ def stop_on_worker_death(during: str) -> Iterator[None]:
         died = worker_death(error)
         if died is None or find_user_input_error(error) is not None:  # bad input: `reporting_user_errors` says it
             raise
-        print(f"Stopped during {during}: {died}. Resume: {resume_command()}", flush=True)
+        report_fault(f"Stopped during {during}: {died}. Resume: {resume_command()}")
         raise SystemExit(1) from None
 
 
@@ -146,7 +146,7 @@ def stop_on_signals(
             yield
         except KeyboardInterrupt:  # `RunInterrupted`, or the plain KeyboardInterrupt ray.get makes of it
             remove_save_debris(checkpointer.checkpoint_dir)
-            print(f"Stopped by Ctrl-C during step {state.step + 1}; {describe()}", flush=True)
+            report_fault(f"Stopped by Ctrl-C during step {state.step + 1}; {describe()}")
             raise SystemExit(EXIT_CODE[signal.SIGINT]) from None
         except StopRequested as stop:
             latest = checkpointer.get_latest_checkpoint_path() if checkpointer.cfg.enabled else None
@@ -162,15 +162,15 @@ def stop_on_signals(
                         note = str(failed)
                 else:
                     note = f"step {state.step} not saved (the grace period left is shorter than a save)"
-            print(f"Stopped by SIGTERM ({stop}): {note}; {describe()}", flush=True)
+            report_fault(f"Stopped by SIGTERM ({stop}): {note}; {describe()}")
             raise SystemExit(EXIT_CODE[signal.SIGTERM]) from None
         except SaveFailed as failed:
-            print(f"Stopped after step {state.step}: {failed}. Resume: {resume_command()}", flush=True)
+            report_fault(f"Stopped after step {state.step}: {failed}. Resume: {resume_command()}")
             raise SystemExit(SAVE_FAILED_EXIT_CODE) from None
         except Exception as error:
             died = worker_death(error)
             if died is None:
                 raise
             remove_save_debris(checkpointer.checkpoint_dir)
-            print(f"Stopped during step {state.step + 1}: {died}; {describe()}", flush=True)
+            report_fault(f"Stopped during step {state.step + 1}: {died}; {describe()}")
             raise SystemExit(1) from None
