@@ -22,15 +22,20 @@ class AgentEnvironment:
         self.agent = load_agent(cfg.function, "env.agent.function")
 
     async def run_episodes(
-        self, rows: Sequence[Mapping[str, Any]], episode_ids: Sequence[str], url: str, engines: int
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        episode_ids: Sequence[str],
+        url: str,
+        engines: int,
+        api_key: str | None = None,
     ) -> list[EpisodeResult]:
-        """Episode ``i`` plays ``rows[i]`` against ``url`` (the router in front of ``engines`` engines), its requests
-        tagged ``episode_ids[i]``; at most ``concurrency_per_engine`` × ``engines`` episodes at a time. Results in
+        """Episode ``i`` plays ``rows[i]`` against ``url`` (the router in front of ``engines`` engines, which wants
+        ``api_key``: the agent's client carries it), its requests tagged ``episode_ids[i]``; at most ``concurrency_per_engine`` × ``engines`` episodes at a time. Results in
         row order. (An async method: Ray runs this actor's calls on its event loop.)"""
         import openai
 
         # No retries: a retried request may have been served (and recorded) already.
-        async with openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0) as client:
+        async with openai.AsyncOpenAI(base_url=url, api_key=api_key or "unused", max_retries=0) as client:
             concurrency = self.cfg.concurrency_per_engine * engines
             return await run_episodes(self.agent, client, rows, episode_ids, concurrency, self.cfg.timeout_s)
 

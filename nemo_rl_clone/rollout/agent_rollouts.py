@@ -91,7 +91,9 @@ def _play_episodes(
     infos, indices = input_batch["extra_env_info"], input_batch["idx"]
     rows = [{**dict(info or {}), "idx": int(idx)} for info, idx in zip(infos, indices, strict=True)]
     results: list[EpisodeResult] = ray.get(
-        agent_env.run_episodes.remote(rows, episode_ids, generation.http_url, len(generation.http_urls))
+        agent_env.run_episodes.remote(
+            rows, episode_ids, generation.http_url, len(generation.http_urls), generation.api_key
+        )
     )
     return episode_ids, results, generation.take_served_calls(episode_ids)
 

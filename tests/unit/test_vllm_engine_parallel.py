@@ -69,7 +69,7 @@ def assert_gone(ranks: list[psutil.Process], segments: set[str]) -> None:
 def served_completion_gap(generation: VllmGeneration, reference: torch.nn.Module, episode: str) -> tuple[float, Any]:
     """One completion through the episode router (the URL agents are given); the largest gap between its recorded
     logprobs and the reference's, and the record."""
-    client = openai.OpenAI(base_url=generation.http_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=generation.http_url, api_key=generation.api_key, max_retries=0)
     client.completions.create(
         model=TINY_LLAMA,
         prompt=PROMPTS[0],

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import psutil
 import pytest
@@ -112,7 +113,7 @@ def test_http_servers_answer_an_openai_client_and_record_exact_tokens(
     assert len(generation.http_urls) == 2
     node_ip = ray.util.get_node_ip_address()
     assert all(url.startswith(f"http://{node_ip}:") and url.endswith("/v1") for url in generation.http_urls)
-    client = openai.OpenAI(base_url=generation.http_urls[1], api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=generation.http_urls[1], api_key=generation.api_key, max_retries=0)
     assert [model.id for model in client.models.list().data] == [TINY_LLAMA]
     episode = {"X-Episode-Id": "episode-7"}
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -149,7 +150,7 @@ def test_http_servers_answer_an_openai_client_and_record_exact_tokens(
 def test_http_servers_call_tools_and_refuse_bad_requests(generation: VllmGeneration) -> None:
     """A named tool choice comes back as an OpenAI tool call (vLLM constrains the arguments to the tool's schema);
     another model's name is a 404, a request the engine cannot serve a 400, both to the client only."""
-    client = openai.OpenAI(base_url=generation.http_urls[0], api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=generation.http_urls[0], api_key=generation.api_key, max_retries=0)
     schema = {"type": "object", "properties": {"expression": {"enum": ["2+2"]}}, "required": ["expression"]}
     tool = {"type": "function", "function": {"name": "calculate", "parameters": schema, "strict": True}}
     reply = client.chat.completions.create(
@@ -172,12 +173,10 @@ def test_http_servers_speak_the_vllm_contract_nemo_gym_uses(generation: VllmGene
     """NeMo Gym's vLLM model server relies on vLLM's own extras: ``/tokenize`` and, on chat completions, logprobs
     whose tokens are spelled ``token_id:N`` (``return_tokens_as_token_ids``) and the prompt's and output's token ids
     (``return_token_ids``). They are served, and they agree with what the server records for training."""
-    import httpx
-
     base = generation.http_urls[0].removesuffix("/v1")
     messages = [{"role": "user", "content": "Name a prime number."}]
     tokenized = httpx.post(f"{base}/tokenize", json={"model": TINY_LLAMA, "messages": messages}, timeout=30).json()
-    client = openai.OpenAI(base_url=generation.http_urls[0], api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=generation.http_urls[0], api_key=generation.api_key, max_retries=0)
     reply = client.chat.completions.create(
         model=TINY_LLAMA,
         messages=messages,
@@ -199,7 +198,7 @@ def test_the_router_keeps_each_episode_on_one_engine_and_spreads_the_episodes(ge
     episode. Every episode's calls are recorded on one engine, each engine got 2 episodes, taking the records closes
     the episodes in the router, and an error status passes through unchanged."""
     assert generation.http_url is not None and generation.http_url not in generation.http_urls
-    client = openai.OpenAI(base_url=generation.http_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=generation.http_url, api_key=generation.api_key, max_retries=0)
     episodes = [f"routed-{i}" for i in range(4)]
     for episode in episodes:
         header = {"X-Episode-Id": episode}
@@ -222,6 +221,25 @@ def test_the_router_keeps_each_episode_on_one_engine_and_spreads_the_episodes(ge
     assert ray.get(generation.router.stats.remote())["open_episodes"] == [0, 0]
 
 
+def test_servers_and_router_answer_only_the_runs_api_key(generation: VllmGeneration) -> None:
+    """The run's random key (vLLM's own ``--api-key`` check on the engines, the same check on the router): a request
+    without it or with another key is answered 401 and never reaches an engine, so a live episode's records hold
+    only the keyed calls; the unguarded health check still answers."""
+    assert generation.api_key and len(generation.api_key) >= 32
+    episode = "keyed-episode"
+    body = {"model": TINY_LLAMA, "prompt": "2 + 2 =", "max_tokens": 2}
+    for url in (generation.http_url, *generation.http_urls):
+        assert url is not None
+        for headers in ({}, {"Authorization": "Bearer wrong-key"}, {"Authorization": f"Basic {generation.api_key}"}):
+            refused = httpx.post(f"{url}/completions", json=body, headers={"X-Episode-Id": episode, **headers})
+            assert refused.status_code == 401, (url, headers, refused.text)
+        assert httpx.get(f"{url.removesuffix('/v1')}/health").status_code == 200
+    client = openai.OpenAI(base_url=generation.http_url, api_key=generation.api_key, max_retries=0)
+    client.completions.create(**body, extra_headers={"X-Episode-Id": episode})
+    calls = generation.take_served_calls([episode])[episode]
+    assert len(calls) == 1  # the one keyed call; none of the 9 refused ones
+
+
 @pytest.mark.parametrize("agent", ["calculator_agent.py", "two_step_math_agent.py"])
 def test_example_agents_play_an_episode_against_a_server(generation: VllmGeneration, agent: str) -> None:
     """examples/agents/ through the agent runner with a real AsyncOpenAI client on the router: an episode with a
@@ -231,7 +249,9 @@ def test_example_agents_play_an_episode_against_a_server(generation: VllmGenerat
     row = {"entry": {"question": "What is 12 * 34?", "answer": "408"}, "idx": 0}
 
     async def play() -> list[EpisodeResult]:
-        async with openai.AsyncOpenAI(base_url=generation.http_url, api_key="unused", max_retries=0) as client:
+        async with openai.AsyncOpenAI(
+            base_url=generation.http_url, api_key=generation.api_key, max_retries=0
+        ) as client:
             return await run_episodes(load_agent(spec, "env.agent.function"), client, [row], [agent], 1, 120.0)
 
     (result,) = asyncio.run(play())
@@ -333,7 +353,7 @@ def test_a_refit_during_an_http_call_labels_each_token_with_the_weights_that_sam
     before the refit). fp32, tolerance 1e-4; the new tokens differ from the old model's by more than 1e-2."""
     old, new = perturbed_model(model_path, seed=61), perturbed_model(model_path, seed=62)
     generation.update_weights_from_state_dict(old.state_dict())
-    client = openai.OpenAI(base_url=generation.http_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=generation.http_url, api_key=generation.api_key, max_retries=0)
     header = {"X-Episode-Id": "refit-in-flight"}
     stream = client.completions.create(
         model=TINY_LLAMA,

@@ -99,12 +99,15 @@ class AsyncEngine:
         self._wait(self.engine.wake_up(tags))
 
     # ------------------------------------------------------------------ the HTTP server (http_server.py)
-    def serve_openai(self, model_path: str, served_model_name: str, host: str, chat_kwargs: dict[str, Any]) -> str:
-        """Start the OpenAI-compatible server on this engine; its base URL."""
+    def serve_openai(
+        self, model_path: str, served_model_name: str, host: str, chat_kwargs: dict[str, Any], api_key: str | None
+    ) -> str:
+        """Start the OpenAI-compatible server on this engine (requests must carry ``api_key``, when given, as a
+        bearer token); its base URL."""
         from nemo_rl_clone.models.generation.vllm.http_server import OpenAIServer
 
         self.server = OpenAIServer(self.engine, model_path, served_model_name, host)
-        return self._wait(self.server.start(chat_kwargs))
+        return self._wait(self.server.start(chat_kwargs, api_key))
 
     def take_served_calls(self, episode_ids: list[str]) -> dict[str, list[Any]]:
         """The `ServedCall` records of these episodes' HTTP calls, for those this engine served (taken on the loop,

@@ -8,6 +8,8 @@ A Ray actor that forwards each request, body and streamed response byte for byte
   `VllmGeneration.take_served_calls` closes the episodes it takes.
 - **Other requests** go to the engine with the fewest requests in flight.
 - An engine that cannot be reached answers 502 with one line naming it; the router keeps serving.
+- **With an API key** (the run's, `VllmGeneration.api_key`) a request without that bearer token is answered 401
+  by vLLM's own check, before it reaches an engine; the token is forwarded, and each engine checks it too.
 
 Requests are not retried: a retried request may have been served (and recorded) already.
 """
@@ -27,9 +29,10 @@ _HOP_HEADERS = frozenset({"host", "connection", "keep-alive", "transfer-encoding
 
 class EpisodeRouter:
     """A Ray async actor (its methods and the server share the actor's event loop). ``engine_urls``: the engines'
-    base URLs (``http://host:port/v1``), in engine order."""
+    base URLs (``http://host:port/v1``), in engine order; ``api_key``: the bearer token requests must carry."""
 
-    def __init__(self, engine_urls: Sequence[str]) -> None:
+    def __init__(self, engine_urls: Sequence[str], api_key: str | None = None) -> None:
+        self.api_key = api_key
         self.roots = [url.removesuffix("/").removesuffix("/v1") for url in engine_urls]
         self.in_flight = [0] * len(self.roots)
         self.episode_engine: dict[str, int] = {}
@@ -48,7 +51,11 @@ class EpisodeRouter:
         from starlette.routing import Route
 
         methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
-        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=methods)])
+        app: Any = Starlette(routes=[Route("/{path:path}", self._forward, methods=methods)])
+        if self.api_key:
+            from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+            app = AuthenticationMiddleware(app, tokens=[self.api_key])
         # No pool limit or timeout of the router's own: the agent's client owns both.
         self._client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
         host = ray.util.get_node_ip_address()

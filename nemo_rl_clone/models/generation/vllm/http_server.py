@@ -108,8 +108,11 @@ class EpisodeMiddleware:
             _episode.reset(token)
 
 
-def server_args(model_path: str, served_model_name: str, chat_kwargs: Mapping[str, Any]) -> Any:
-    """vLLM's server arguments, parsed by its own parser (its defaults for everything not set here)."""
+def server_args(
+    model_path: str, served_model_name: str, chat_kwargs: Mapping[str, Any], api_key: str | None = None
+) -> Any:
+    """vLLM's server arguments, parsed by its own parser (its defaults for everything not set here). With
+    ``api_key``, vLLM's own check answers 401 to a ``/v1`` request without that bearer token."""
     import json
 
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -117,6 +120,7 @@ def server_args(model_path: str, served_model_name: str, chat_kwargs: Mapping[st
 
     argv = ["--model", model_path, "--served-model-name", served_model_name, "--disable-log-stats"]
     argv += ["--disable-fastapi-docs", "--disable-uvicorn-access-log"]
+    argv += ["--api-key", api_key] if api_key else []
     for key, value in chat_kwargs.items():
         flag = HTTP_CHAT_KWARG_FLAGS[key]  # the config check refuses other keys
         if isinstance(value, bool):
@@ -138,14 +142,14 @@ class OpenAIServer:
         self._server: Any = None
         self._task: Any = None
 
-    async def start(self, chat_kwargs: Mapping[str, Any]) -> str:
+    async def start(self, chat_kwargs: Mapping[str, Any], api_key: str | None = None) -> str:
         import asyncio
 
         import uvicorn
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.app import build_app
 
-        args = server_args(self.model_path, self.served_model_name, chat_kwargs)
+        args = server_args(self.model_path, self.served_model_name, chat_kwargs, api_key)
         tasks = await self.engine.get_supported_tasks()
         app = build_app(args, tasks, self.engine.model_config)
         await init_app_state(self.engine, app.state, args, tasks)

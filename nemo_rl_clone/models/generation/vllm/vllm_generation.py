@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import secrets
 import shutil
 import sys
 import tempfile
@@ -122,6 +123,9 @@ class VllmGeneration(GenerationInterface):
         # One engine per `devices_per_engine` consecutive bundles of a node; it starts in the first of them and its
         # vLLM worker processes (one per tensor/pipeline rank) use the rest.
         engine_bundles = engine_bundle_groups(cluster, self.cfg.vllm_cfg.devices_per_engine)
+        # The servers listen on the node's address: a random key per run keeps others from spending the engines or
+        # writing into an episode's records. Agents get it in their client (`api_key`).
+        self.api_key: str | None = secrets.token_urlsafe(32) if self.cfg.vllm_cfg.expose_http_server else None
         builder = RayWorkerBuilder(
             VLLM_WORKER,
             self.cfg,
@@ -132,6 +136,7 @@ class VllmGeneration(GenerationInterface):
             hf_config_overrides=dict(hf_config_overrides) if hf_config_overrides else None,
             served_model_name=model_name,
             record_routing=record_routing,  # outputs carry ``routed_experts`` (MoE router replay)
+            api_key=self.api_key,
             engine_gpu_ids=engine_gpu_ids(cluster, engine_bundles)
             if cluster.use_gpus and len(engine_bundles[0][1]) > 1
             else None,
@@ -172,7 +177,7 @@ class VllmGeneration(GenerationInterface):
         self.router: Any = None
         if self.http_urls:
             try:
-                self.router = start_router(self.http_urls, name_prefix)
+                self.router = start_router(self.http_urls, name_prefix, self.api_key)
                 self.http_url = ray.get(self.router.start.remote())
             except BaseException:
                 self.shutdown()
@@ -382,7 +387,7 @@ def engine_gpu_ids(cluster: RayVirtualCluster, engine_bundles: list[tuple[int, l
     return [[gpu for ids in ray.get(engine) for gpu in ids] for engine in refs]
 
 
-def start_router(engine_urls: list[str], name_prefix: str) -> Any:
+def start_router(engine_urls: list[str], name_prefix: str, api_key: str | None = None) -> Any:
     """The `EpisodeRouter` actor, on this node, in the engines' Python environment (it serves with their uvicorn)."""
     from nemo_rl_clone.models.generation.vllm.http_router import EpisodeRouter
 
@@ -397,7 +402,7 @@ def start_router(engine_urls: list[str], name_prefix: str) -> Any:
             runtime_env=runtime_env,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         )
-        .remote(engine_urls)
+        .remote(engine_urls, api_key)
     )
 
 

@@ -87,6 +87,7 @@ class VllmGenerationWorker:
         served_model_name: str | None = None,
         record_routing: bool = False,
         engine_gpu_ids: list[list[str]] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.cfg = config
         self.rank = int(os.environ.get("RANK", "0"))
@@ -113,6 +114,7 @@ class VllmGenerationWorker:
                     served_model_name or model_path,
                     ray.util.get_node_ip_address(),
                     dict(config.vllm_cfg.http_server_serving_chat_kwargs or {}),
+                    api_key,
                 )
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
