@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -43,6 +44,7 @@ from nemo_rl_clone.distributed.worker_placement import (
     select_slots,
     worker_env,
 )
+from nemo_rl_clone.utils import watchdog
 from nemo_rl_clone.utils.imports import import_by_path
 
 logger = logging.getLogger(__name__)
@@ -205,6 +207,7 @@ class RayWorkerGroup:
         self.master_address, self.master_port = cluster.get_master_address_and_port(
             slots[0].placement_group_index, slots[0].bundle_index
         )
+        self._pids: list[int] | None = None
         self._workers: list[ActorHandle] = self._start_workers(env_vars)
         if wait:
             self.wait_until_constructed()
@@ -426,11 +429,14 @@ class RayWorkerGroup:
     def _method(self, rank: int, method: str) -> Any:
         self._check_alive()
         try:
-            return getattr(self._workers[rank], method)
+            bound = getattr(self._workers[rank], method)
         except AttributeError:
             raise AttributeError(
                 f"actor class {self.builder.ray_actor_class_fqn} (worker group {self.name!r}) has no method {method!r}"
             ) from None
+        name = f"{self.name_prefix}-{rank}" if self.name_prefix else f"{self.name}[{rank}]"
+        pid = self._pids[rank] if self._pids else None
+        return _WatchedMethod(bound, f"{name} (pid {pid}) {method}", pid)
 
     def wait_until_constructed(self) -> None:
         """Block until every actor's constructor has returned (the constructor does it unless ``wait=False``, which
@@ -439,9 +445,28 @@ class RayWorkerGroup:
         label = f"worker group {self.name!r} constructing {self.builder.ray_actor_class_fqn}"
         try:
             get_fail_fast(refs, list(range(len(refs))), label, log_pending_every_s=_READY_LOG_INTERVAL_S)
+            # for the watchdog, which names a stalled worker by its pid (a stalled actor cannot be asked then)
+            self._pids = ray.get([worker.__ray_call__.remote(_actor_pid) for worker in self._workers])
         except ray.exceptions.RayError as error:
             self.shutdown()
             raise RuntimeError(f"{label}: an actor failed to start (see the cause below)") from error
+
+
+def _actor_pid(actor: Any) -> int:
+    return os.getpid()
+
+
+class _WatchedMethod:
+    """An actor method whose calls the watchdog sees (`utils.watchdog.track`) while one runs."""
+
+    def __init__(self, bound: Any, label: str, pid: int | None) -> None:
+        self.bound, self.label, self.pid = bound, label, pid
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        ref = self.bound.remote(*args, **kwargs)
+        for one in ref if isinstance(ref, list) else [ref]:
+            watchdog.track(one, self.label, self.pid)
+        return ref
 
 
 def _wait_until_dead(actor: Any, timeout_s: float) -> None:

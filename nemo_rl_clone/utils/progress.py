@@ -17,7 +17,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from nemo_rl_clone.utils import signals
+from nemo_rl_clone.utils import signals, watchdog
 
 console = Console()
 _active: list[StepProgress] = []
@@ -63,6 +63,7 @@ def phase(step: int, name: str) -> None:
     """Log that ``step`` entered phase ``name`` and show it on the active bar; a pending SIGTERM stops the run here
     (`signals.at_phase` raises `signals.StopRequested`)."""
     signals.at_phase(step, name)
+    watchdog.at_phase(step, name)
     console.log(f"step {step}: {name}", _stack_offset=2)  # name the caller, not this module
     if _active:
         _active[-1].set_phase(step, name)
@@ -70,5 +71,6 @@ def phase(step: int, name: str) -> None:
 
 def advance(step: int) -> None:
     """Mark ``step`` finished on the active bar."""
+    watchdog.at_step_end()
     if _active:
         _active[-1].set_completed(step)

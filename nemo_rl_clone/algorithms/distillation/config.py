@@ -16,6 +16,7 @@ from nemo_rl_clone.rollout.config import RolloutLoopConfig, rollout_problems
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
+from nemo_rl_clone.utils.watchdog import WatchdogConfig
 
 
 @dataclass
@@ -48,6 +49,7 @@ class DistillationMasterConfig(SectionReads):
     env: EnvConfig = field(default_factory=EnvConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property

@@ -151,7 +151,7 @@ class DistillationSteps(SyncRolloutSteps):
     the student's new weights before they next sample or validate), the teacher scores, the student trains."""
 
     def __init__(self, c: DistillationComponents) -> None:
-        super().__init__("Distillation", c.run, c.config.distillation, c.config.checkpointing)
+        super().__init__("Distillation", c.run, c.config.distillation, c.config.checkpointing, c.config.watchdog)
         self.c = c
 
     def train_step(self, step: int, timer: Timer) -> StepResult | None:

@@ -22,6 +22,7 @@ from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import SectionReads, takes_extra_keys
 from nemo_rl_clone.utils.errors import UserInputError
 from nemo_rl_clone.utils.logger import LoggerConfig
+from nemo_rl_clone.utils.watchdog import WatchdogConfig
 
 # Built-in environments with one reward per sample (a user's env_class may return several: GDPO checks at run time).
 SINGLE_REWARD_ENVS = (
@@ -241,6 +242,7 @@ class GRPOMasterConfig(SectionReads):
     env: EnvConfig = field(default_factory=EnvConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
     # Not a NeMo-RL section: collapse warnings and monitor/* metrics (docs/monitors.md).

@@ -54,7 +54,7 @@ class GRPOSteps:
     def __init__(self, c: GRPOComponents) -> None:
         cfg = c.config
         self.c, self.state, self.logger, self.checkpointer = c, c.state, c.logger, c.checkpointer
-        self.checkpointing, self.log_dir = cfg.checkpointing, c.log_dir
+        self.checkpointing, self.watchdog, self.log_dir = cfg.checkpointing, cfg.watchdog, c.log_dir
         grpo = cfg.grpo
         self.schedule = Schedule.for_rollouts("GRPO", grpo)
         async_grpo = grpo.async_grpo

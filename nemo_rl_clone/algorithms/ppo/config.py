@@ -33,6 +33,7 @@ from nemo_rl_clone.rollout.config import (
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
+from nemo_rl_clone.utils.watchdog import WatchdogConfig
 
 
 def _check_unit_interval(section: object, *names: str) -> list[tuple[str, str]]:
@@ -164,6 +165,7 @@ class PPOMasterConfig(SectionReads):
     env: EnvConfig = field(default_factory=EnvConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property

@@ -106,7 +106,7 @@ class PPOSteps(SyncRolloutSteps):
     """PPO's step for `train_loop` (the module doc); no refit follows a step of the critic's warm-up."""
 
     def __init__(self, c: PPOComponents) -> None:
-        super().__init__("PPO", c.run, c.config.ppo, c.config.checkpointing)
+        super().__init__("PPO", c.run, c.config.ppo, c.config.checkpointing, c.config.watchdog)
         self.c = c
 
     def train_step(self, step: int, timer: Timer) -> StepResult | None:

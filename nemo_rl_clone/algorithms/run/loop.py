@@ -32,6 +32,7 @@ from nemo_rl_clone.algorithms.run.stop import LoaderPosition, stop_on_signals
 from nemo_rl_clone.utils.checkpoint_schedule import SaveDeadline, should_save
 from nemo_rl_clone.utils.progress import StepProgress, advance, console, phase
 from nemo_rl_clone.utils.timer import Timer
+from nemo_rl_clone.utils.watchdog import WatchdogConfig
 
 if TYPE_CHECKING:
     from nemo_rl_clone.algorithms.run.state import RunState
@@ -97,6 +98,7 @@ class StepAlgorithm(Protocol):
     logger: Logger
     checkpointer: CheckpointManager
     checkpointing: CheckpointingConfig
+    watchdog: WatchdogConfig
     log_dir: Path
 
     @property
@@ -125,6 +127,8 @@ def train_loop(steps: StepAlgorithm) -> None:
                 steps.position,
                 steps.save,
                 steps.checkpointing.sigterm_grace_period_s,
+                steps.watchdog,
+                steps.log_dir,
             ),
         ):
             _run_steps(steps)

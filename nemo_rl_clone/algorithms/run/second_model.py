@@ -21,6 +21,7 @@ from nemo_rl_clone.rollout.run import RolloutRun
 from nemo_rl_clone.rollout.step_rollouts import SyncRollouts
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.timer import Timer
+from nemo_rl_clone.utils.watchdog import WatchdogConfig
 
 
 def setup_with_model(
@@ -49,8 +50,15 @@ class SyncRolloutSteps:
     gives ``train_step``, ``save`` and ``log_step``, and sets ``actor_trained`` False after a step that left the
     actor's weights unchanged (no refit follows it)."""
 
-    def __init__(self, title: str, run: RolloutRun[Any], section: Any, checkpointing: CheckpointingConfig) -> None:
-        self.run, self.state, self.logger = run, run.state, run.logger
+    def __init__(
+        self,
+        title: str,
+        run: RolloutRun[Any],
+        section: Any,
+        checkpointing: CheckpointingConfig,
+        watchdog: WatchdogConfig,
+    ) -> None:
+        self.run, self.state, self.logger, self.watchdog = run, run.state, run.logger, watchdog
         self.checkpointer, self.checkpointing, self.log_dir = run.checkpointer, checkpointing, run.log_dir
         self.schedule = Schedule.for_rollouts(title, section)
         self.source = SyncRollouts(run)

@@ -9,6 +9,8 @@
   and the command that resumes; exit code 1.
 - A checkpoint the disk cannot hold, with ``checkpointing.on_save_failure: stop`` (`save_guard`): one line naming
   the directory, the reason and the last complete checkpoint; exit code 74.
+- A phase that makes no progress past the watchdog's stop bound (`utils.watchdog`): one line names the phase and
+  the worker calls still pending; exit code 124.
 - SIGTERM: at the next phase boundary the last *completed* step is saved if no checkpoint holds it yet and the grace
   period leaves time for a save as long as the longest one seen; then one line, and exit code 143. A step in flight
   is dropped: the loader position and RNG states saved are those of its start (`_ResumePoint`), so a resumed run
@@ -38,6 +40,7 @@ from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
 from nemo_rl_clone.utils.checkpoint import CheckpointManager, remove_save_debris
 from nemo_rl_clone.utils.errors import find_user_input_error, report_fault
 from nemo_rl_clone.utils.signals import EXIT_CODE, StopRequested, handle_stop_signals
+from nemo_rl_clone.utils.watchdog import WatchdogConfig, watching
 
 # Before any save has been timed, assume one takes this long (a SmolLM2-sized save on CPU takes a few seconds).
 _DEFAULT_SAVE_S = 10.0
@@ -131,8 +134,11 @@ def stop_on_signals(
     dataloader: LoaderPosition,
     save: Callable[[], Path | None],
     grace_s: float,
+    watchdog: WatchdogConfig | None = None,
+    log_dir: Path | None = None,
 ) -> Iterator[None]:
-    """Run the block (a training loop) under the Ctrl-C / SIGTERM handling described above."""
+    """Run the block (a training loop) under the Ctrl-C / SIGTERM handling described above, and under ``watchdog``
+    (its stacks under ``log_dir``) when given."""
     resume_point = _ResumePoint(dataloader)
 
     def describe() -> str:
@@ -141,7 +147,10 @@ def stop_on_signals(
         return f"{where}. Resume: {resume_command()}"
 
     register_checkpoint_dir(checkpointer.checkpoint_dir)
-    with handle_stop_signals(grace_s, resume_point.on_phase, describe) as signals:
+    with (
+        handle_stop_signals(grace_s, resume_point.on_phase, describe) as signals,
+        watching(watchdog or WatchdogConfig(enabled=False), log_dir or Path("."), describe),
+    ):
         try:
             yield
         except KeyboardInterrupt:  # `RunInterrupted`, or the plain KeyboardInterrupt ray.get makes of it

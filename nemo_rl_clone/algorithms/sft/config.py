@@ -15,6 +15,7 @@ from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig
 from nemo_rl_clone.utils.config_validation import SectionReads, takes_extra_keys
 from nemo_rl_clone.utils.logger import LoggerConfig
+from nemo_rl_clone.utils.watchdog import WatchdogConfig
 
 
 @dataclass
@@ -50,6 +51,7 @@ class SFTMasterConfig(SectionReads):
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpointing: CheckpointingConfig = field(default_factory=_sft_checkpointing)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def check(self) -> list[tuple[str, str]]:

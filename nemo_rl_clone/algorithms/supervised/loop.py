@@ -69,7 +69,7 @@ class SupervisedSteps:
         loop = run.loop
         self.run, self.algorithm, self.policy = run, run.algorithm, run.policy
         self.state, self.logger, self.checkpointer, self.log_dir = run.state, run.logger, run.checkpointer, run.log_dir
-        self.checkpointing = run.config.checkpointing
+        self.checkpointing, self.watchdog = run.config.checkpointing, run.config.watchdog
         total = int(min(loop.step_limit, loop.max_num_epochs * run.dataloader.batches_per_epoch))
         self.schedule = Schedule(
             run.algorithm.section.upper(),

@@ -1,0 +1,53 @@
+"""The progress watchdog on a real run: an engine stopped with SIGSTOP is named within the bound, the run stops with
+exit code 124, and nothing it started is left running."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import psutil
+
+from nemo_rl_clone.utils.watchdog import WATCHDOG_EXIT_CODE
+from tests.functional.supervised_runs import LiveRun
+from tests.functional.test_grpo import grpo_args
+
+# Tiny-model phases take about a second: warn after 4 s, stop after 12 s (or 3x / 10x a phase's median if longer).
+BOUNDS = (
+    "watchdog.warn_min_s=4",
+    "watchdog.warn_factor=3",
+    "watchdog.stop_min_s=12",
+    "watchdog.stop_factor=10",
+    "watchdog.poll_s=0.5",
+)
+
+
+def test_a_stopped_engine_is_named_then_the_run_stops(tmp_path):
+    run = LiveRun(grpo_args(tmp_path, "grpo.max_num_steps=20", "grpo.val_period=100", *BOUNDS), tmp_path)
+    try:
+        run.wait_for_line("step 3: generation", timeout_s=300)
+        tree = psutil.Process(run.proc.pid).children(recursive=True)
+        (engine,) = [p for p in tree if "VllmGenerationWorker" in " ".join(p.cmdline())]
+        engine.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        code = run.wait_for_exit(timeout_s=120)
+        took = time.monotonic() - stopped_at
+        errors = "".join(run.err_lines)
+        # the reaper ends every process of the run, the stopped engine included
+        _, alive = psutil.wait_procs(tree, timeout=60)
+        assert not alive, f"left running: {[p.pid for p in alive]}"
+    finally:
+        run.kill()
+    assert code == WATCHDOG_EXIT_CODE, "".join(run.lines)[-3000:]
+    named = rf"vllm_policy-0 \(pid {engine.pid}\) \w+ for \d+ s"
+    (warning,) = [line for line in run.err_lines if line.startswith("watchdog: step ")]
+    assert re.search(rf"has run \d+ s \(warns after \d+ s, stops the run after \d+ s\): waiting on {named}", warning)
+    (verdict,) = [line for line in run.err_lines if line.startswith("Stopped by the watchdog: step ")]
+    assert re.search(rf"made no progress for \d+ s \(bound \d+ s\): waiting on {named}", verdict), verdict
+    assert "last complete checkpoint:" in verdict and "Resume: uv run" in verdict, verdict
+    stack = re.search(r"\(stack: (\S+)\)", verdict)
+    assert stack and os.path.getsize(stack.group(1)) > 0, verdict  # py-spy's dump of the stopped engine
+    assert "Traceback" not in errors, errors[-3000:]
+    print(f"stopped {took:.1f} s after SIGSTOP:\n{warning}{verdict}")
