@@ -191,6 +191,7 @@ def test_grpo_smoke_run_and_a_sigterm_save(slurm_env, tmp_path):
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "143:0"), stopped.logs()
     saved = re.search(r"Stopped by SIGTERM \(.*\): saved step (\d+);", stopped.read("command.log"))
     assert saved and saved.group(1) in ("1", "2"), stopped.logs()
+    assert saved.group(0) in stopped.read(f"slurm-{stopped.id}.out"), stopped.logs()  # the verdict on the job's stderr
     assert "forwarding to COMMAND" in stopped.read(f"slurm-{stopped.id}.out"), stopped.logs()
     assert sorted(p.name for p in (stopped_dir / "ckpt").iterdir()) == [f"step_{saved.group(1)}"]
     assert_checkpoint(stopped_dir / "ckpt" / f"step_{saved.group(1)}")
