@@ -1,4 +1,4 @@
-"""The progress watchdog on a real run: an engine stopped with SIGSTOP is named within the bound, the run stops with
+"""The progress watchdog on a real run: an engine stopped with SIGSTOP in step 2 is named within the bound, the run stops with
 exit code 124, and nothing it started is left running."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ BOUNDS = (
 
 
 def test_a_stopped_engine_is_named_then_the_run_stops(tmp_path):
-    run = LiveRun(grpo_args(tmp_path, "grpo.max_num_steps=20", "grpo.val_period=100", *BOUNDS), tmp_path)
+    run = LiveRun(grpo_args(tmp_path, "grpo.max_num_steps=10", "grpo.val_period=100", *BOUNDS), tmp_path)
     try:
-        run.wait_for_line("step 3: generation", timeout_s=300)
+        run.wait_for_line("step 2: generation", timeout_s=300)
         tree = psutil.Process(run.proc.pid).children(recursive=True)
         (engine,) = [p for p in tree if "VllmGenerationWorker" in " ".join(p.cmdline())]
         engine.send_signal(signal.SIGSTOP)
@@ -43,9 +43,12 @@ def test_a_stopped_engine_is_named_then_the_run_stops(tmp_path):
     assert code == WATCHDOG_EXIT_CODE, "".join(run.lines)[-3000:]
     named = rf"vllm_policy-0 \(pid {engine.pid}\) \w+ for \d+ s"
     (warning,) = [line for line in run.err_lines if line.startswith("watchdog: step ")]
-    assert re.search(rf"has run \d+ s \(warns after \d+ s, stops the run after \d+ s\): waiting on {named}", warning)
+    # a refit cut by the stop waits on the engine and on the trainer rank sending to it: the engine is among them
+    assert re.search(r"has run \d+ s \(warns after \d+ s, stops the run after \d+ s\): waiting on ", warning)
+    assert re.search(named, warning), warning
     (verdict,) = [line for line in run.err_lines if line.startswith("Stopped by the watchdog: step ")]
-    assert re.search(rf"made no progress for \d+ s \(bound \d+ s\): waiting on {named}", verdict), verdict
+    assert re.search(r"made no progress for \d+ s \(bound \d+ s\): waiting on ", verdict), verdict
+    assert re.search(named, verdict), verdict
     assert "last complete checkpoint:" in verdict and "Resume: uv run" in verdict, verdict
     stack = re.search(r"\(stack: (\S+)\)", verdict)
     assert stack and os.path.getsize(stack.group(1)) > 0, verdict  # py-spy's dump of the stopped engine
