@@ -129,6 +129,8 @@ def test_smoke_run_not_colocated(tmp_path):
     (run_dir,) = (tmp_path / "logs").iterdir()
     metrics = read_metrics(run_dir)
     check_run_outputs(metrics, proc.stdout, run_dir, steps=2)
+    # the engine's precision is the config's, said at start (never vLLM's "auto")
+    assert "vllm_policy: 1 vLLM engine(s), float32, eager" in proc.stdout
     check_exact_under_sampling(metrics)  # trainer vs the TP=2 engine: fp32 noise only
     assert "validation/accuracy" not in metrics[1]  # val_period 0: validation only at the end
     for step in (1, 2):
@@ -204,6 +206,8 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     # The colocated smoke checks: what every run logs and prints, exact logprobs under sampling, the dry run's memory
     # plan (policy, reference model and engine) against the measured peaks.
     check_run_outputs(metrics, proc.stdout, run_dir, steps=2)
+    # the engine's precision is the config's, said at start (never vLLM's "auto")
+    assert "vllm_policy: 1 vLLM engine(s), float32, eager" in proc.stdout
     check_exact_under_sampling(metrics)
     assert_memory_plan_holds(metrics, "grpo_smoke.yaml", overrides, GRPOMasterConfig)
     for step in (1, 2, 3):
