@@ -3,7 +3,6 @@ exit code 124, and nothing it started is left running."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import time
@@ -27,7 +26,7 @@ BOUNDS = (
 def test_a_stopped_engine_is_named_then_the_run_stops(tmp_path):
     run = LiveRun(grpo_args(tmp_path, "grpo.max_num_steps=10", "grpo.val_period=100", *BOUNDS), tmp_path)
     try:
-        run.wait_for_line("step 2: generation", timeout_s=300)
+        run.wait_for_line("step 1: saved checkpoint", timeout_s=300)  # step 2 starts next
         tree = psutil.Process(run.proc.pid).children(recursive=True)
         (engine,) = [p for p in tree if "VllmGenerationWorker" in " ".join(p.cmdline())]
         engine.send_signal(signal.SIGSTOP)
@@ -51,6 +50,8 @@ def test_a_stopped_engine_is_named_then_the_run_stops(tmp_path):
     assert re.search(named, verdict), verdict
     assert "last complete checkpoint:" in verdict and "Resume: uv run" in verdict, verdict
     stack = re.search(r"\(stack: (\S+)\)", verdict)
-    assert stack and os.path.getsize(stack.group(1)) > 0, verdict  # py-spy's dump of the stopped engine
+    assert stack, verdict
+    with open(stack.group(1)) as dump:  # py-spy's dump of the stopped engine: its Python threads
+        assert f"Process {engine.pid}:" in (text := dump.read()) and "Thread " in text, text[:2000]
     assert "Traceback" not in errors, errors[-3000:]
     print(f"stopped {took:.1f} s after SIGSTOP:\n{warning}{verdict}")
