@@ -51,11 +51,13 @@ class EpisodeRouter:
         from starlette.routing import Route
 
         methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
-        app: Any = Starlette(routes=[Route("/{path:path}", self._forward, methods=methods)])
+        middleware = []
         if self.api_key:
+            from starlette.middleware import Middleware
             from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 
-            app = AuthenticationMiddleware(app, tokens=[self.api_key])
+            middleware.append(Middleware(AuthenticationMiddleware, tokens=[self.api_key]))
+        app = Starlette(routes=[Route("/{path:path}", self._forward, methods=methods)], middleware=middleware)
         # No pool limit or timeout of the router's own: the agent's client owns both.
         self._client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=None))
         host = ray.util.get_node_ip_address()
