@@ -91,14 +91,14 @@ class StepResult:
 
 
 class StepAlgorithm(Protocol):
-    """What `train_loop` asks of an algorithm (one object per run, built from the run's components)."""
+    """What `train_loop` asks of an algorithm (one object per run, built from the run's components). Optional: a
+    ``watchdog`` attribute (`WatchdogConfig`, the run's ``watchdog`` section); without it the default bounds apply."""
 
     schedule: Schedule
     state: RunState
     logger: Logger
     checkpointer: CheckpointManager
     checkpointing: CheckpointingConfig
-    watchdog: WatchdogConfig
     log_dir: Path
 
     @property
@@ -127,7 +127,8 @@ def train_loop(steps: StepAlgorithm) -> None:
                 steps.position,
                 steps.save,
                 steps.checkpointing.sigterm_grace_period_s,
-                steps.watchdog,
+                # ``watchdog`` is optional: a plug-in algorithm without one runs under the default bounds
+                getattr(steps, "watchdog", None) or WatchdogConfig(),
                 steps.log_dir,
             ),
         ):
