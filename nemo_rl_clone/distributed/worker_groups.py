@@ -434,6 +434,8 @@ class RayWorkerGroup:
             raise AttributeError(
                 f"actor class {self.builder.ray_actor_class_fqn} (worker group {self.name!r}) has no method {method!r}"
             ) from None
+        if not watchdog.running():  # nothing to tell: the plain method
+            return bound
         name = f"{self.name_prefix}-{rank}" if self.name_prefix else f"{self.name}[{rank}]"
         pid = self._pids[rank] if self._pids else None
         return _WatchedMethod(bound, f"{name} (pid {pid}) {method}", pid)

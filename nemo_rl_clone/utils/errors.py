@@ -79,8 +79,8 @@ def reporting_user_errors() -> Iterator[None]:
     """Run an entry point's work: a user-input error becomes ``error: ...`` lines on stderr and exit code 2.
 
     While the block runs, whatever else reaches stderr (library warnings, Ray's log lines, workers' streamed output,
-    subprocesses) goes to stdout instead, so that stderr carries only the verdicts (these, and `report_fault`'s). A real bug (any other exception)
-    propagates with its traceback, printed to the real stderr once the block is left.
+    subprocesses) goes to stdout instead, so that stderr carries only the verdicts (these, and `report_fault`'s). A
+    real bug (any other exception) propagates with its traceback, printed to the real stderr once the block is left.
     """
     global _real_stderr_fd
     sys.stdout.flush()
@@ -118,14 +118,17 @@ _real_stderr_fd: int | None = None  # the process's stderr while `reporting_user
 
 def report_fault(line: str) -> None:
     """One fault verdict (a stop, a failed save, a checkpoint set aside) on the process's real stderr, where a Slurm
-    ``.err`` file and log collectors look; progress and metrics stay on stdout. Inside `reporting_user_errors` it
-    goes straight to the saved descriptor (it may run in a signal handler, or while rich's progress bar holds
-    ``sys.stdout``)."""
-    sys.stdout.flush()
-    if _real_stderr_fd is None:
+    ``.err`` file and log collectors look; progress and metrics stay on stdout. Written straight to a file
+    descriptor, no Python stream touched: it may run in a signal handler that interrupted a write to one, or while
+    rich's progress bar holds ``sys.stdout``."""
+    data = (line + "\n").encode()
+    if _real_stderr_fd is not None:
+        os.write(_real_stderr_fd, data)
+        return
+    try:
+        os.write(sys.stderr.fileno(), data)
+    except (AttributeError, OSError, ValueError):  # a stderr without a descriptor (a captured or replaced stream)
         print(line, file=sys.stderr, flush=True)
-    else:
-        os.write(_real_stderr_fd, (line + "\n").encode())
 
 
 _ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]

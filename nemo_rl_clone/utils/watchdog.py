@@ -89,6 +89,10 @@ _pending: PendingCalls | None = None  # set while a watchdog runs
 _current: Watchdog | None = None
 
 
+def running() -> bool:
+    return _pending is not None
+
+
 def track(ref: Any, label: str, pid: int | None) -> None:
     """Note a worker call's result ref (`RayWorkerGroup` does, for every call); nothing without a watchdog."""
     if _pending is not None and hasattr(ref, "hex"):  # an ObjectRef (not a streaming generator)
