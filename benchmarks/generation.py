@@ -5,20 +5,27 @@ The main job (`configs/grpo_smollm2_cpu.yaml`): SmolLM2-135M-Instruct, its first
 samples, up to 128 new tokens at temperature 1, one seed per sample. Three engines answer the same 32 requests:
 
 - ``ours``: `VllmGeneration` (a Ray actor, the in-process engine core) built from the main job's own
-  ``policy.generation`` section (fp32, eager, processed logprobs), with the main job's thread count (all cores);
+  ``policy.generation`` section (fp32, compiled, the inverse-CDF sampler, processed logprobs), with the main job's
+  thread count (all cores);
 - ``fp32``: plain ``vllm.LLM`` in its own process at the fastest fp32 configuration measured here: ``dtype`` given
   explicitly, the engine core in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), ``OMP_NUM_THREADS`` = the cores,
   vLLM's default compilation, one request per sample, ``max_num_batched_tokens=4096``;
 - ``bf16``: the same in bf16 (what vLLM's ``dtype="auto"`` picks for an fp32 checkpoint on CPU).
 
-Each engine is warmed up (one call, which also compiles), then the three answer ``--rounds`` calls in turn, so that
-load from other processes hits them alike; an engine's time is its median call (refit excluded: none happens).
+Every request runs to the 128 tokens (vLLM's ``ignore_eos`` on all three sides), so each engine does the same work:
+our engine samples with its own sampler (``models/generation/vllm/inverse_cdf_sampler.py``), so its samples, and where they end, differ from
+plain vLLM's, and a decode step costs nearly the same with fewer rows left, which would bias a per-token rate towards
+the side that happened to stop later. ``--stop-at-eos`` runs the main job's stopping instead (rates per generated
+token, as above). Each engine is warmed up (one call, which also compiles), then the three answer ``--rounds`` calls
+in turn, so that load from other processes hits them alike; an engine's time is its median call (refit excluded:
+none happens).
 Prints each engine's tokens, median seconds and decode tokens/s, those as fractions of the machine's matmul ceiling
 at the model's decode shapes (2 FLOPs per parameter per token against `decode_ceilings`, torch's best GFLOP/s
-for the 32-row matmuls of one token, FLOP-weighted), then ``ratio=`` (fp32's median time / ours, per generated token: >= 1.0 means ours is at least
-as fast as plain fp32 vLLM) and ``bf16_ratio=`` (the same against bf16).
+for the 32-row matmuls of one token, FLOP-weighted), then ``ratio=`` (fp32's median time / ours, per generated
+token: >= 1.0 means ours is at least as fast as plain fp32 vLLM) and ``bf16_ratio=`` (the same against bf16).
 
-    uv run --no-sync python benchmarks/generation.py [--rounds 3] [--prompts 8] [--samples 4] [--ours KEY=VALUE ...]
+    uv run --no-sync python benchmarks/generation.py [--rounds 3] [--prompts 8] [--samples 4] [--stop-at-eos]
+        [--ours KEY=VALUE ...]
 
 ``--ours`` changes our engine's side only (e.g. ``policy.generation.vllm_cfg.enforce_eager=false``).
 """
@@ -59,7 +66,7 @@ def main_job_requests(prompts: int, samples: int, overrides: list[str] | None = 
     return config, [prompt for prompt in ids for _ in range(samples)]
 
 
-def plain_child(variant: str, prompts: int, samples: int) -> None:
+def plain_child(variant: str, prompts: int, samples: int, ignore_eos: bool) -> None:
     """A plain vLLM process: one `vllm.LLM` at ``variant``'s precision, answering each ``run`` line on stdin."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
@@ -79,7 +86,9 @@ def plain_child(variant: str, prompts: int, samples: int) -> None:
     )
     prompts_in = [TokensPrompt(prompt_token_ids=ids) for ids in requests]
     params = [
-        SamplingParams(temperature=generation.temperature, max_tokens=generation.max_new_tokens, seed=seed)
+        SamplingParams(
+            temperature=generation.temperature, max_tokens=generation.max_new_tokens, seed=seed, ignore_eos=ignore_eos
+        )
         for seed in range(len(requests))
     ]
     llm.generate(prompts_in, params, use_tqdm=False)  # warm-up (and compilation)
@@ -96,10 +105,10 @@ def plain_child(variant: str, prompts: int, samples: int) -> None:
 class PlainEngine:
     """`plain_child` in a subprocess with all cores' threads."""
 
-    def __init__(self, variant: str, prompts: int, samples: int) -> None:
+    def __init__(self, variant: str, prompts: int, samples: int, ignore_eos: bool) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count() or 1)}
         command = [sys.executable, __file__, "--plain-child", variant, "--prompts", str(prompts)]
-        command += ["--samples", str(samples)]
+        command += ["--samples", str(samples)] + ([] if ignore_eos else ["--stop-at-eos"])
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self._read()  # ready
 
@@ -187,19 +196,24 @@ def main() -> None:
     parser.add_argument(
         "--ours", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of the main job's config for our engine"
     )
+    parser.add_argument(
+        "--stop-at-eos", action="store_true", help="stop at EOS as the main job does (rates per generated token)"
+    )
     parser.add_argument("--plain-child", choices=["fp32", "bf16"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    ignore_eos = not args.stop_at_eos
     if args.plain_child:
-        plain_child(args.plain_child, args.prompts, args.samples)
+        plain_child(args.plain_child, args.prompts, args.samples, ignore_eos)
         return
 
     from nemo_rl_clone.models.huggingface import SMOLLM2, resolve_model_path
     from nemo_rl_clone.models.memory_estimate import ModelShape
 
-    engines: dict[str, object] = {"ours": OurEngine(args.prompts, args.samples, args.ours)}
+    ours = [*args.ours, "+policy.generation.vllm_cfg.ignore_eos=true"] if ignore_eos else args.ours
+    engines: dict[str, object] = {"ours": OurEngine(args.prompts, args.samples, ours)}
     try:
-        engines["fp32"] = PlainEngine("fp32", args.prompts, args.samples)
-        engines["bf16"] = PlainEngine("bf16", args.prompts, args.samples)
+        engines["fp32"] = PlainEngine("fp32", args.prompts, args.samples, ignore_eos)
+        engines["bf16"] = PlainEngine("bf16", args.prompts, args.samples, ignore_eos)
         times: dict[str, list[float]] = {name: [] for name in engines}
         tokens: dict[str, list[int]] = {name: [] for name in engines}
         for round_index in range(args.rounds):

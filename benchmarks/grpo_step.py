@@ -3,9 +3,11 @@ old ones, in one invocation.
 
 Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, same prompts and seeds):
 - ``old``: the defaults before the engine ran compiled (2026-11-29): vLLM eager
-  (``policy.generation.vllm_cfg.enforce_eager=true``). Earlier levers (the LM-head shortcut, sequence packing, the bf16
+  (``policy.generation.vllm_cfg.enforce_eager=true``) with vLLM's own sampler (``vllm_cfg.sampler=vllm``). Earlier levers (the LM-head shortcut, sequence packing, the bf16
   backward, training only samples with a gradient) were measured against their own baselines: docs/grpo.md#step-time.
 - ``new``: the defaults (only samples with a non-zero advantage train; the update is the same).
+- ``vllm_sampler`` (with ``--sampler``): the defaults with vLLM's sampler in place of the inverse-CDF one; the two
+  draw different samples from the same distributions, so their responses' lengths, and the step's work, differ too.
 - ``dynamic`` (with ``--packing``): the defaults with dynamic batching in place of sequence packing (each
   microbatch's samples run as one row, no padding), same token budgets; ``train_padding_fraction`` shows what each
   computes in vain, and ``packing_ratio=<dynamic/new step time>`` what packing buys.
@@ -17,10 +19,11 @@ Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, sam
 
 Step and phase times are medians over steps 2..N (step 1 carries one-off warm-up); ``startup`` is the seconds from the
 process's start to its first step (imports, Ray, engine, policy, data: ``timing/train/startup_time``). Prints a line per mode, then
-``ratio=<old/new step time>`` (and ``bf16_backward_ratio``, ``bf16_ratio``: old over those) last. Runs go one after another, so keep the machine
+``ratio=<old/new step time>`` (and ``sampler_ratio``: vllm_sampler over new; ``bf16_backward_ratio``, ``bf16_ratio``: old
+over those) last. Runs go one after another, so keep the machine
 otherwise idle; ``--rounds 2`` alternates the modes twice and keeps each mode's faster round.
 
-    uv run --no-sync python benchmarks/grpo_step.py [--steps 6] [--rounds 1] [--packing] [--bf16]
+    uv run --no-sync python benchmarks/grpo_step.py [--steps 6] [--rounds 1] [--packing] [--bf16] [--sampler]
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ DYNAMIC_BATCHING = [
     "policy.dynamic_batching.logprob_mb_tokens=${policy.sequence_packing.logprob_mb_tokens}",
 ]
 MODES = {
-    "old": ["policy.generation.vllm_cfg.enforce_eager=true"],
+    "old": ["policy.generation.vllm_cfg.enforce_eager=true", "policy.generation.vllm_cfg.sampler=vllm"],
     "new": [],
+    "vllm_sampler": ["policy.generation.vllm_cfg.sampler=vllm"],
     "dynamic": DYNAMIC_BATCHING,
     "bf16_backward": ["policy.dtensor_cfg.backward_precision=bfloat16"],
     "bf16": [
@@ -99,8 +103,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--packing", action="store_true", help="also run the dynamic-batching mode")
     parser.add_argument("--bf16", action="store_true", help="also run the bf16 modes")
+    parser.add_argument("--sampler", action="store_true", help="also run the defaults with vLLM's sampler")
     args = parser.parse_args()
-    modes = ["old", "new", *(["dynamic"] if args.packing else []), *(["bf16_backward", "bf16"] if args.bf16 else [])]
+    modes = ["old", "new", *(["vllm_sampler"] if args.sampler else []), *(["dynamic"] if args.packing else [])]
+    modes += ["bf16_backward", "bf16"] if args.bf16 else []
     best: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as tmp:
         for round_index in range(args.rounds):
@@ -112,6 +118,8 @@ def main() -> None:
         print(f"{mode:13s} " + " ".join(f"{key}={value:.4g}" for key, value in best[mode].items()))
     if "dynamic" in best:
         print(f"packing_ratio={best['dynamic']['step'] / best['new']['step']:.2f}")
+    if "vllm_sampler" in best:
+        print(f"sampler_ratio={best['vllm_sampler']['step'] / best['new']['step']:.2f}")
     for mode in ("bf16_backward", "bf16"):
         if mode in best:
             print(f"{mode}_ratio={best['old']['step'] / best[mode]['step']:.2f}")

@@ -38,6 +38,7 @@ from tests.unit.vllm_test_utils import (
 )
 
 HF_MATCH_TOKENS = 8  # greedy decodes must agree on at least this many first tokens
+FIRST_TOKEN_DRAWS = 200  # seeded samples of PROMPTS[3] whose first token's frequencies are tested
 
 
 @pytest.fixture(scope="module")
@@ -100,19 +101,24 @@ def test_logprobs_are_the_engines_logprobs_of_sampled_tokens(
         assert torch.all(out["logprobs"][row, :length] == 0) and torch.all(out["logprobs"][row, total:] == 0)
 
 
+@pytest.mark.parametrize("sampler", ["inverse_cdf", "vllm"])
 def test_logprobs_are_those_of_the_processed_distribution_sampled_from(
-    ray_local: None, tokenizer: Any, hf_model: torch.nn.Module
+    ray_local: None, tokenizer: Any, hf_model: torch.nn.Module, sampler: str
 ) -> None:
     """At temperature 0.7, top-k 5, top-p 0.8 the engine reports each sampled token's logprob under the distribution
     it sampled from (softmax(z / T) on the kept tokens, renormalised), and every sampled token is in that kept set;
-    the raw distribution's logprobs differ by far more than the tolerance."""
+    the raw distribution's logprobs differ by far more than the tolerance. Both samplers (ours, the CPU default, and
+    vLLM's) draw the first token of `FIRST_TOKEN_DRAWS` seeded samples with that distribution's frequencies."""
     params = TrainingSamplingParams(temperature=0.7, top_k=5, top_p=0.8)
     config = tiny_config(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    config.vllm_cfg.sampler = sampler
     cluster = RayVirtualCluster([1], use_gpus=False, name="vllm-gen-processed")
     engine = VllmGeneration(cluster, config, TINY_LLAMA, name_prefix="vllm-gen-processed")
     try:
         data = prompt_batch(tokenizer, PROMPTS, seeds=torch.arange(len(PROMPTS)))
         out = engine.generate(data)
+        draws = prompt_batch(tokenizer, [PROMPTS[3]] * FIRST_TOKEN_DRAWS, seeds=torch.arange(FIRST_TOKEN_DRAWS))
+        first_tokens = engine.generate(draws)["output_ids"][:, int(draws["input_lengths"][0])]
     finally:
         engine.shutdown()
         cluster.shutdown()
@@ -128,6 +134,20 @@ def test_logprobs_are_those_of_the_processed_distribution_sampled_from(
         raw = token_logprobs_from_logits(logits, ids[None])[0, length - 1 :]
         torch.testing.assert_close(out["logprobs"][row, length:total], processed, atol=LOGPROB_ATOL, rtol=0)
         assert (out["logprobs"][row, length:total] - raw).abs().max() > 100 * LOGPROB_ATOL
+    # The first token's distribution: the kept tokens of the prompt's last position, renormalised (4 of the top 5,
+    # probabilities 0.47, 0.17, 0.17, 0.19).
+    length = int(draws["input_lengths"][0])
+    with torch.no_grad():
+        scaled = hf_model(input_ids=draws["input_ids"][:1, :length]).logits[0, -1:].float() / params.temperature
+    kept = (scaled >= keep_boundary(scaled, params)[0].unsqueeze(-1))[0]
+    probs = torch.where(kept, scaled[0], float("-inf")).softmax(-1).double()
+    counts = torch.bincount(first_tokens, minlength=probs.numel()).double()
+    assert counts[~kept].sum() == 0, "a first token outside the kept set"
+    expected = probs[kept] * FIRST_TOKEN_DRAWS
+    chi2, dof = float(((counts[kept] - expected) ** 2 / expected).sum()), int(kept.sum()) - 1
+    # chi-square's mean is dof, its standard deviation sqrt(2 dof); dof + 8 sqrt(2 dof) is a false alarm of < 1e-4
+    # for these few degrees of freedom. A uniform draw over the kept tokens instead gives ~40 (0.2 per draw).
+    assert chi2 < dof + 8 * (2 * dof) ** 0.5, f"{sampler}: chi2 {chi2:.1f} over {dof} degrees of freedom"
 
 
 def test_ragged_batch_layout(generation: VllmGeneration, tokenizer: Any) -> None:

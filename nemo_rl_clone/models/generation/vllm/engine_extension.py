@@ -69,6 +69,12 @@ class WeightLoadExtension:
         )
         return True
 
+    def use_inverse_cdf_sampler(self) -> None:
+        """Sample with `inverse_cdf_sampler.InverseCdfSampler` from the next step on."""
+        from nemo_rl_clone.models.generation.vllm import inverse_cdf_sampler
+
+        inverse_cdf_sampler.install(self.model_runner)  # type: ignore[attr-defined]
+
     def record_routing(self) -> int:
         """Start recording each token's routed experts (`routing_capture`); returns the number of MoE layers."""
         from nemo_rl_clone.models.generation.vllm.routing_capture import RoutingRecorder

