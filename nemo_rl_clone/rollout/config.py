@@ -53,7 +53,10 @@ class RolloutLoopConfig(SectionReads):
 
 @dataclass
 class RewardShapingConfig(SectionReads):
-    """DAPO-style overlong penalty: responses longer than max_response_length - buffer lose up to ``penalty``."""
+    """Response-length shaping, enabled by ``enabled``: DAPO's overlong penalty (responses longer than
+    max_response_length - buffer lose up to ``overlong_buffer_penalty``) or, when ``stop_properly_penalty_coef`` is
+    set, ProRL's "stop properly" penalty in its place (a truncated response's reward times the coefficient), as in
+    NeMo-RL, where the coefficient takes precedence over the overlong keys."""
 
     enabled: bool = False
     overlong_buffer_length: int = 128
@@ -63,16 +66,11 @@ class RewardShapingConfig(SectionReads):
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
-        if self.enabled and self.max_response_length is None:
+        coef = self.stop_properly_penalty_coef
+        if self.enabled and coef is None and self.max_response_length is None:
             problems.append(("max_response_length", "required when reward_shaping.enabled is true"))
-        if self.stop_properly_penalty_coef is not None:
-            problems.append(
-                (
-                    "stop_properly_penalty_coef",
-                    "not supported yet: a penalty for responses that did not stop; use grpo.overlong_filtering or "
-                    "the overlong buffer penalty, and set it to null",
-                )
-            )
+        if coef is not None and not 0.0 <= coef <= 1.0:
+            problems.append(("stop_properly_penalty_coef", f"must be in [0, 1] or null, got {coef}"))
         return problems
 
 

@@ -1,6 +1,6 @@
 """Reward transformations of the rollouts (NeMo-RL v0.7.0 has them at ``nemo_rl.algorithms.reward_functions``), applied
-in its order: the environment's reward, scaled (``grpo.reward_scaling``), then shaped (``grpo.reward_shaping``, DAPO's
-overlong penalty). Shapes: ``[B]`` rewards, one per sample."""
+in its order: the environment's reward, scaled (``grpo.reward_scaling``), then shaped (``grpo.reward_shaping``: DAPO's
+overlong penalty, or ProRL's stop-properly penalty in its place). Shapes: ``[B]`` rewards, one per sample."""
 
 from __future__ import annotations
 
@@ -42,9 +42,15 @@ def overlong_penalty(
     return -penalty * excess.clamp(max=1.0)
 
 
+def stop_properly_penalty(rewards: torch.Tensor, truncated: torch.Tensor, coef: float) -> torch.Tensor:
+    """ProRL's "stop properly" shaping [B]: the reward of a response that hit the token limit (``truncated``) times
+    ``coef`` (0: no reward for it, 1: unchanged); the others' as they are."""
+    return torch.where(truncated.to(torch.bool), rewards * coef, rewards)
+
+
 def process_rewards(batch: BatchedDataDict, cfg: RewardedLoopConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(rewards, unshaped) per sample, in NeMo-RL v0.7.0's order: the environment's total reward, optionally scaled,
-    then optionally shaped (the overlong penalty). ``unshaped`` is the scaled reward before shaping: what dynamic
+    then optionally shaped (the overlong or the stop-properly penalty). ``unshaped`` is the scaled reward before shaping: what dynamic
     sampling judges, so that an all-correct group with one overlong answer is not taken for signal. Scaling also
     rescales the batch's reward components (``reward1`` ...) in place; shaping leaves them as they are. Sets
     ``batch["accuracy_reward"]`` (`accuracy_reward`, unscaled)."""
@@ -56,8 +62,10 @@ def process_rewards(batch: BatchedDataDict, cfg: RewardedLoopConfig) -> tuple[to
         for key in reward_component_keys(batch):  # GDPO's inputs, scaled as NeMo-RL does (in the batch)
             batch[key] = scale_rewards(batch[key].float(), s.source_min, s.source_max, s.target_min, s.target_max)
     unshaped = rewards.clone()
-    if cfg.reward_shaping.enabled:
-        shaping = cfg.reward_shaping
+    shaping = cfg.reward_shaping
+    if shaping.enabled and shaping.stop_properly_penalty_coef is not None:
+        rewards = stop_properly_penalty(rewards, batch["truncated"], shaping.stop_properly_penalty_coef)
+    elif shaping.enabled:
         assert shaping.max_response_length is not None  # RewardShapingConfig.check requires it when enabled
         lengths = response_lengths(batch)
         rewards = rewards + overlong_penalty(
@@ -89,25 +97,34 @@ def response_lengths(batch: BatchedDataDict) -> torch.Tensor:
 
 
 def apply_reward_shaping(batch: BatchedDataDict, cfg: RewardShapingConfig | dict[str, Any]) -> BatchedDataDict:
-    """NeMo-RL's reward-shaping entry point: DAPO's overlong penalty (`overlong_penalty`) added to
-    ``batch["total_reward"]``, in place; returns ``batch``. ``cfg``: the ``reward_shaping`` section, a dict or the
-    typed section. Disabled: the batch as it was. Enabled: the rewards before shaping are kept as
-    ``batch["unshaped_total_reward"]`` (dynamic sampling judges those), and ``overlong_buffer_length``,
+    """NeMo-RL's reward-shaping entry point, on ``batch["total_reward"]`` in place; returns ``batch``. ``cfg``: the
+    ``reward_shaping`` section, a dict or the typed section. Disabled: the batch as it was. Enabled: the rewards
+    before shaping are kept as ``batch["unshaped_total_reward"]`` (dynamic sampling judges those); then, with
+    ``stop_properly_penalty_coef`` set (in [0, 1]), `stop_properly_penalty` on ``batch["truncated"]`` and nothing else;
+    otherwise DAPO's overlong penalty (`overlong_penalty`), for which ``overlong_buffer_length``,
     ``overlong_buffer_penalty`` (>= 0) and ``max_response_length`` are required."""
     if not section_value(cfg, "enabled", False):
         return batch
-    if section_value(cfg, "stop_properly_penalty_coef") is not None:
-        raise UserInputError(
-            "reward_shaping.stop_properly_penalty_coef: not supported yet: a penalty for responses that did not "
-            "stop; use the overlong buffer penalty, and set it to null"
-        )
+    coef = section_value(cfg, "stop_properly_penalty_coef")
+    rewards = batch["total_reward"]
+    if coef is not None:
+        if not 0.0 <= coef <= 1.0:
+            raise UserInputError(f"reward_shaping.stop_properly_penalty_coef: must be in [0, 1], got {coef}")
+        truncated = batch.get("truncated")
+        if truncated is None:
+            raise UserInputError(
+                "batch: no 'truncated' (which responses hit the token limit) for stop_properly_penalty_coef"
+            )
+        batch["unshaped_total_reward"] = rewards.clone()
+        truncated = torch.as_tensor(truncated, dtype=torch.bool, device=rewards.device)
+        batch["total_reward"] = stop_properly_penalty(rewards, truncated, float(coef)).to(rewards.dtype)
+        return batch
     missing = [key for key in _DAPO_KEYS if section_value(cfg, key) is None]
     if missing:
         raise UserInputError(*(f"reward_shaping.{key}: required when reward shaping is enabled" for key in missing))
     buffer_length, penalty, max_length = (section_value(cfg, key) for key in _DAPO_KEYS)
     if penalty < 0:
         raise UserInputError(f"reward_shaping.overlong_buffer_penalty: must be >= 0, got {penalty}")
-    rewards = batch["total_reward"]
     lengths = response_lengths(batch)
     if len(lengths) != len(rewards):
         raise UserInputError(f"batch: {len(lengths)} responses for {len(rewards)} rewards")

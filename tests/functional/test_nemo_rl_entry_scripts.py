@@ -87,6 +87,9 @@ def grpo_run(workdir: Path) -> EntryScript:
         "grpo.max_num_steps=1",
         "grpo.val_period=0",
         "loss_fn.reference_policy_kl_penalty=0",
+        # ProRL's stop-properly shaping on responses the 16-token limit cuts (prorlv2.v2.yaml's key)
+        "grpo.reward_shaping.enabled=true",
+        "grpo.reward_shaping.stop_properly_penalty_coef=0.5",
         f"++data.train.data_path={data}",
         f"data.default.prompt_file={REPO / 'examples' / 'prompts' / 'cot.txt'}",
         "env.math.num_workers=1",

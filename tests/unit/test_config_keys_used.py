@@ -135,12 +135,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         "not supported yet with 'grpo': only reinforce_plus_plus can skip the baseline; set it to true",
         ("grpo",),
     ),
-    (RewardShapingConfig, "stop_properly_penalty_coef"): Refusal(
-        0.5,
-        "not supported yet: a penalty for responses that did not stop; use grpo.overlong_filtering or the overlong "
-        "buffer penalty, and set it to null",
-        ("grpo",),
-    ),
     (ClippedPGLossConfig, "positive_example_nll_weight"): Refusal(
         0.1, "not supported yet: VAPO's NLL term on positive examples; set it to 0.0", ("grpo",)
     ),

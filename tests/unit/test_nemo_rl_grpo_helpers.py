@@ -53,6 +53,17 @@ def test_apply_reward_shaping_reads_response_token_lengths_and_typed_sections() 
     torch.testing.assert_close(batch["total_reward"], torch.tensor([0.0, 1.0]))  # 5 tokens: 1 over → -2 * 1/2
 
 
+def test_apply_reward_shaping_stop_properly_scales_truncated_rewards_only() -> None:
+    """NeMo-RL's ProRL shaping: with the coefficient set the overlong keys are not applied (the 8-token answer is
+    not truncated and keeps its 1); truncated rewards 1 and 0.5 times 0.1."""
+    batch = BatchedDataDict(
+        message_log=_answers(8, 2, 2), total_reward=torch.tensor([1.0, 1.0, 0.5]), truncated=[False, True, True]
+    )
+    reward_functions.apply_reward_shaping(batch, {**DAPO, "stop_properly_penalty_coef": 0.1})
+    torch.testing.assert_close(batch["total_reward"], torch.tensor([1.0, 0.1, 0.05]))
+    torch.testing.assert_close(batch["unshaped_total_reward"], torch.tensor([1.0, 1.0, 0.5]))
+
+
 def test_apply_reward_shaping_disabled_leaves_the_batch_and_bad_sections_name_the_key() -> None:
     batch = BatchedDataDict(message_log=_answers(9), total_reward=torch.tensor([1.0]))
     reward_functions.apply_reward_shaping(batch, {"enabled": False})
@@ -61,7 +72,9 @@ def test_apply_reward_shaping_disabled_leaves_the_batch_and_bad_sections_name_th
         reward_functions.apply_reward_shaping(
             batch, {"enabled": True, "overlong_buffer_length": 2, "overlong_buffer_penalty": 1}
         )
-    with pytest.raises(UserInputError, match="stop_properly_penalty_coef: not supported yet"):
+    with pytest.raises(UserInputError, match=r"stop_properly_penalty_coef: must be in \[0, 1\], got 1.5"):
+        reward_functions.apply_reward_shaping(batch, {**DAPO, "stop_properly_penalty_coef": 1.5})
+    with pytest.raises(UserInputError, match="batch: no 'truncated'"):
         reward_functions.apply_reward_shaping(batch, {**DAPO, "stop_properly_penalty_coef": 0.5})
     with pytest.raises(UserInputError, match="overlong_buffer_penalty: must be >= 0"):
         reward_functions.apply_reward_shaping(batch, {**DAPO, "overlong_buffer_penalty": -1})

@@ -110,8 +110,8 @@ def test_critic_warm_up_steps():
         ({"ppo_epochs": 0}, "ppo_epochs: must be >= 1"),
         ({"policy_training_start_step": -1}, "policy_training_start_step: must be >= 0"),
         (
-            {"reward_shaping": {"stop_properly_penalty_coef": 0.5}},
-            "reward_shaping.stop_properly_penalty_coef: not supported yet",
+            {"reward_shaping": {"stop_properly_penalty_coef": 1.5}},
+            "reward_shaping.stop_properly_penalty_coef: must be in [0, 1] or null, got 1.5",
         ),
         ({"gae_lambda": 0.9}, "gae_lambda: unknown key (did you mean adv_estimator.gae_lambda?)"),
     ],

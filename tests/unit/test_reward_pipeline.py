@@ -63,3 +63,22 @@ def test_accuracy_counts_the_environments_reward_and_reward_is_the_shaped_mean()
     metrics = aggregate_train_metrics(results, train_data, rewards, torch.zeros(4), {}, batch["total_reward"])
     assert metrics["accuracy"] == 0.5  # two correct answers, one of them overlong (shaped to 0.5)
     assert metrics["reward"] == pytest.approx((0.5 - 0.5 + 1.0 - 0.25) / 4)
+
+
+def test_stop_properly_penalty_scales_truncated_rewards_after_scaling_and_replaces_the_overlong_penalty() -> None:
+    """ProRL's shaping (NeMo-RL: the coefficient takes precedence over the overlong keys, which stay set here):
+    rewards 1.5 / 1 / 0.5 / 0 clamp to 1 / 1 / 0.5 / 0; the truncated second and third become 0.25 and 0.125; the
+    8-token first is not truncated and keeps 1 (the overlong penalty would have taken 0.5 from it)."""
+    config = _config()
+    config.reward_shaping.stop_properly_penalty_coef = 0.25
+    batch = _batch([1.5, 1.0, 0.5, 0.0], [8, 8, 8, 2])
+    batch["truncated"] = torch.tensor([False, True, True, True])
+    rewards, unshaped = process_rewards(batch, config)
+    assert rewards.tolist() == pytest.approx([1.0, 0.25, 0.125, 0.0])
+    assert unshaped.tolist() == pytest.approx([1.0, 1.0, 0.5, 0.0])
+    config.reward_shaping.enabled = False  # the coefficient alone shapes nothing, as in NeMo-RL
+    assert process_rewards(batch, config)[0].tolist() == pytest.approx([1.0, 1.0, 0.5, 0.0])
+    assert RewardShapingConfig(enabled=True, stop_properly_penalty_coef=0.0).check() == []  # no DAPO keys needed
+    assert RewardShapingConfig(stop_properly_penalty_coef=1.5).check() == [
+        ("stop_properly_penalty_coef", "must be in [0, 1] or null, got 1.5")
+    ]
