@@ -70,7 +70,6 @@ from nemo_rl_clone.models.policy.megatron.config import (
     MegatronOptimizerConfig,
     MegatronPeftConfig,
 )
-from nemo_rl_clone.rollout.config import RewardShapingConfig
 from nemo_rl_clone.utils.config_validation import ConfigError, _dataclass_in, validate_config
 from nemo_rl_clone.utils.logger import GpuMonitoringConfig, LoggerConfig, SwanlabConfig
 
