@@ -4,8 +4,16 @@ model it holds so that a run of another model refuses to resume from it. Real fi
 from __future__ import annotations
 
 import pytest
+import torch
 
-from nemo_rl_clone.algorithms.run.state import RunState, check_checkpoint_model, model_identity
+from nemo_rl_clone.algorithms.run.state import (
+    DATALOADER_FILE,
+    RunState,
+    check_checkpoint_model,
+    model_identity,
+    restore_run_state,
+)
+from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, load_tokenizer
 from nemo_rl_clone.utils.checkpoint import CheckpointingConfig, CheckpointManager
 from nemo_rl_clone.utils.errors import UserInputError
@@ -92,3 +100,18 @@ def test_checkpoints_without_a_recorded_model_resume_unchecked(tmp_path):
     manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(tmp_path)))
     manager.finalize_checkpoint(manager.init_tmp_checkpoint(1, {"step": 1}))  # written before models were recorded
     check_checkpoint_model(manager, {"name": "x", "architecture": "Other", "hidden_size": 1})
+
+
+def test_resume_refuses_a_checkpoint_of_another_seed_in_one_line(tmp_path):
+    """The seed orders the data and seeds the sampling: a run of seed 7 must not continue one of seed 42."""
+    ckpt = tmp_path / "ckpt"
+    manager = CheckpointManager(CheckpointingConfig(checkpoint_dir=str(ckpt)))
+    save_with_model(manager, {})
+    saved = StatefulPromptLoader(list(range(8)), 2, list, seed=42)
+    torch.save({"dataloader": saved.state_dict()}, ckpt / "step_1" / DATALOADER_FILE)
+    with pytest.raises(UserInputError) as refused:
+        restore_run_state(manager, StatefulPromptLoader(list(range(8)), 2, list, seed=7), {})
+    assert str(refused.value) == (
+        f"checkpointing.checkpoint_dir {ckpt} holds a run with seed 42, but this run's seed is 7: resume with seed 42, "
+        "or use another checkpoint_dir"
+    )

@@ -177,6 +177,12 @@ def restore_run_state(
     state = RunState.from_training_info(checkpointer.load_training_info(latest))
     state.model = dict(model)
     extra = torch.load(latest / DATALOADER_FILE, weights_only=False)
+    saved_seed = extra["dataloader"].get("seed", dataloader.seed)
+    if saved_seed != dataloader.seed:  # its data order and sampling seeds would not be this run's
+        raise UserInputError(
+            f"checkpointing.checkpoint_dir {checkpointer.checkpoint_dir} holds a run with seed {saved_seed}, but this "
+            f"run's seed is {dataloader.seed}: resume with seed {saved_seed}, or use another checkpoint_dir"
+        )
     dataloader.load_state_dict(extra["dataloader"])
     random.setstate(extra["rng"]["python"])
     np.random.set_state(extra["rng"]["numpy"])
