@@ -5,16 +5,16 @@ The main job (`configs/grpo_smollm2_cpu.yaml`): SmolLM2-135M-Instruct, its first
 samples, up to 128 new tokens at temperature 1, one seed per sample. Three engines answer the same 32 requests:
 
 - ``ours``: `VllmGeneration` (a Ray actor, the in-process engine core) built from the main job's own
-  ``policy.generation`` section (fp32, compiled, the inverse-CDF sampler, processed logprobs), with the main job's
-  thread count (all cores);
+  ``policy.generation`` section (fp32, compiled, vLLM's sampler, processed logprobs), with the main job's thread
+  count (all cores); ``--ours policy.generation.vllm_cfg.sampler=inverse_cdf`` for the inverse-CDF sampler;
 - ``fp32``: plain ``vllm.LLM`` in its own process at the fastest fp32 configuration measured here: ``dtype`` given
   explicitly, the engine core in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), ``OMP_NUM_THREADS`` = the cores,
   vLLM's default compilation, one request per sample, ``max_num_batched_tokens=4096``;
 - ``bf16``: the same in bf16 (what vLLM's ``dtype="auto"`` picks for an fp32 checkpoint on CPU).
 
 Every request runs to the 128 tokens (vLLM's ``ignore_eos`` on all three sides), so each engine does the same work:
-our engine samples with its own sampler (``models/generation/vllm/inverse_cdf_sampler.py``), so its samples, and where they end, differ from
-plain vLLM's, and a decode step costs nearly the same with fewer rows left, which would bias a per-token rate towards
+with the inverse-CDF sampler (``models/generation/vllm/inverse_cdf_sampler.py``) our engine's samples, and where they
+end, differ from plain vLLM's, and a decode step costs nearly the same with fewer rows left, which would bias a per-token rate towards
 the side that happened to stop later. ``--stop-at-eos`` runs the main job's stopping instead (rates per generated
 token, as above). Each engine is warmed up (one call, which also compiles), then the three answer ``--rounds`` calls
 in turn, so that load from other processes hits them alike; an engine's time is its median call (refit excluded:

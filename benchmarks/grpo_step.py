@@ -6,8 +6,8 @@ Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, sam
   (``policy.generation.vllm_cfg.enforce_eager=true``) with vLLM's own sampler (``vllm_cfg.sampler=vllm``). Earlier levers (the LM-head shortcut, sequence packing, the bf16
   backward, training only samples with a gradient) were measured against their own baselines: docs/grpo.md#step-time.
 - ``new``: the defaults (only samples with a non-zero advantage train; the update is the same).
-- ``vllm_sampler`` (with ``--sampler``): the defaults with vLLM's sampler in place of the inverse-CDF one; the two
-  draw different samples from the same distributions, so their responses' lengths, and the step's work, differ too.
+- ``inverse_cdf`` (with ``--sampler``): the defaults with the inverse-CDF sampler in place of vLLM's; the two draw
+  different samples from the same distributions, so their responses' lengths, and the step's work, differ too.
 - ``dynamic`` (with ``--packing``): the defaults with dynamic batching in place of sequence packing (each
   microbatch's samples run as one row, no padding), same token budgets; ``train_padding_fraction`` shows what each
   computes in vain, and ``packing_ratio=<dynamic/new step time>`` what packing buys.
@@ -19,7 +19,7 @@ Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, sam
 
 Step and phase times are medians over steps 2..N (step 1 carries one-off warm-up); ``startup`` is the seconds from the
 process's start to its first step (imports, Ray, engine, policy, data: ``timing/train/startup_time``). Prints a line per mode, then
-``ratio=<old/new step time>`` (and ``sampler_ratio``: vllm_sampler over new; ``bf16_backward_ratio``, ``bf16_ratio``: old
+``ratio=<old/new step time>`` (and ``sampler_ratio``: new over inverse_cdf; ``bf16_backward_ratio``, ``bf16_ratio``: old
 over those) last. Runs go one after another, so keep the machine
 otherwise idle; ``--rounds 2`` alternates the modes twice and keeps each mode's faster round.
 
@@ -53,7 +53,7 @@ DYNAMIC_BATCHING = [
 MODES = {
     "old": ["policy.generation.vllm_cfg.enforce_eager=true", "policy.generation.vllm_cfg.sampler=vllm"],
     "new": [],
-    "vllm_sampler": ["policy.generation.vllm_cfg.sampler=vllm"],
+    "inverse_cdf": ["policy.generation.vllm_cfg.sampler=inverse_cdf"],
     "dynamic": DYNAMIC_BATCHING,
     "bf16_backward": ["policy.dtensor_cfg.backward_precision=bfloat16"],
     "bf16": [
@@ -103,9 +103,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--packing", action="store_true", help="also run the dynamic-batching mode")
     parser.add_argument("--bf16", action="store_true", help="also run the bf16 modes")
-    parser.add_argument("--sampler", action="store_true", help="also run the defaults with vLLM's sampler")
+    parser.add_argument("--sampler", action="store_true", help="also run the defaults with the inverse-CDF sampler")
     args = parser.parse_args()
-    modes = ["old", "new", *(["vllm_sampler"] if args.sampler else []), *(["dynamic"] if args.packing else [])]
+    modes = ["old", "new", *(["inverse_cdf"] if args.sampler else []), *(["dynamic"] if args.packing else [])]
     modes += ["bf16_backward", "bf16"] if args.bf16 else []
     best: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as tmp:
@@ -118,8 +118,8 @@ def main() -> None:
         print(f"{mode:13s} " + " ".join(f"{key}={value:.4g}" for key, value in best[mode].items()))
     if "dynamic" in best:
         print(f"packing_ratio={best['dynamic']['step'] / best['new']['step']:.2f}")
-    if "vllm_sampler" in best:
-        print(f"sampler_ratio={best['vllm_sampler']['step'] / best['new']['step']:.2f}")
+    if "inverse_cdf" in best:
+        print(f"sampler_ratio={best['new']['step'] / best['inverse_cdf']['step']:.2f}")
     for mode in ("bf16_backward", "bf16"):
         if mode in best:
             print(f"{mode}_ratio={best['old']['step'] / best[mode]['step']:.2f}")

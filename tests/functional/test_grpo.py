@@ -130,7 +130,7 @@ def test_smoke_run_not_colocated(tmp_path):
     metrics = read_metrics(run_dir)
     check_run_outputs(metrics, proc.stdout, run_dir, steps=2)
     # the engine's precision is the config's, said at start (never vLLM's "auto")
-    assert "vllm_policy: 1 vLLM engine(s), float32, eager, inverse_cdf sampler" in proc.stdout
+    assert "vllm_policy: 1 vLLM engine(s), float32, eager, vllm sampler" in proc.stdout
     check_exact_under_sampling(metrics)  # trainer vs the TP=2 engine: fp32 noise only
     assert "validation/accuracy" not in metrics[1]  # val_period 0: validation only at the end
     for step in (1, 2):

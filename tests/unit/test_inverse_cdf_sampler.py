@@ -86,10 +86,10 @@ def test_a_row_with_its_own_generator_draws_the_same_again_and_others_do_not_dis
     assert not torch.equal(first[:, 1], first[:, 3])
 
 
-def test_the_sampler_key_resolves_per_device() -> None:
-    assert engine_sampler(VllmConfig(), on_gpu=False) == "inverse_cdf"
+def test_the_sampler_key_is_vllms_by_default_and_ours_on_cpu_only() -> None:
+    assert engine_sampler(VllmConfig(), on_gpu=False) == "vllm"
     assert engine_sampler(VllmConfig(), on_gpu=True) == "vllm"
-    assert engine_sampler(VllmConfig(sampler="vllm"), on_gpu=False) == "vllm"
+    assert engine_sampler(VllmConfig(sampler="inverse_cdf"), on_gpu=False) == "inverse_cdf"
     with pytest.raises(ValueError, match=r"policy\.generation\.vllm_cfg\.sampler: inverse_cdf is for CPU engines"):
         engine_sampler(VllmConfig(sampler="inverse_cdf"), on_gpu=True)
-    assert VllmConfig(sampler="fast").check() == [("sampler", "must be one of inverse_cdf, vllm or null, got 'fast'")]
+    assert VllmConfig(sampler="fast").check() == [("sampler", "must be one of inverse_cdf, vllm, got 'fast'")]

@@ -107,8 +107,8 @@ def test_logprobs_are_those_of_the_processed_distribution_sampled_from(
 ) -> None:
     """At temperature 0.7, top-k 5, top-p 0.8 the engine reports each sampled token's logprob under the distribution
     it sampled from (softmax(z / T) on the kept tokens, renormalised), and every sampled token is in that kept set;
-    the raw distribution's logprobs differ by far more than the tolerance. Both samplers (ours, the CPU default, and
-    vLLM's) draw the first token of `FIRST_TOKEN_DRAWS` seeded samples with that distribution's frequencies."""
+    the raw distribution's logprobs differ by far more than the tolerance. Both samplers (vLLM's, the default, and the
+    inverse-CDF one) draw the first token of `FIRST_TOKEN_DRAWS` seeded samples with that distribution's frequencies."""
     params = TrainingSamplingParams(temperature=0.7, top_k=5, top_p=0.8)
     config = tiny_config(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
     config.vllm_cfg.sampler = sampler

@@ -47,9 +47,9 @@ class VllmConfig(SectionReads):
     kv_cache_dtype: str = "auto"  # vLLM's: "auto" (the model's dtype), "fp8", "fp8_e4m3", "fp8_e5m2", ...
     use_tqdm: bool = False  # vLLM's progress bar over each generate call
     max_num_seqs: int | None = None  # vLLM's cap on sequences decoded at once; null: vLLM's default
-    # "inverse_cdf" (CPU engines: one uniform per row, models/generation/vllm/inverse_cdf_sampler.py) or "vllm"
-    # (vLLM's own); null: inverse_cdf on CPU engines, vLLM's on GPU engines.
-    sampler: str | None = None
+    # "vllm" (vLLM's own) or "inverse_cdf" (CPU engines only: one uniform per row instead of a noise per vocabulary
+    # entry, models/generation/vllm/inverse_cdf_sampler.py; faster decode, other samples from the same distribution).
+    sampler: str = "vllm"
     # vLLM's SamplingParams.ignore_eos (verl's rollout.ignore_eos): every request runs to max_new_tokens or a stop
     # token id / string. For benchmarks of equal work; a trained policy would learn from text past its end.
     ignore_eos: bool = False
@@ -101,8 +101,8 @@ class VllmConfig(SectionReads):
                         f"{', '.join(HTTP_CHAT_KWARG_FLAGS)})",
                     )
                 )
-        if self.sampler not in (None, *SAMPLERS):
-            problems.append(("sampler", f"must be one of {', '.join(SAMPLERS)} or null, got {self.sampler!r}"))
+        if self.sampler not in SAMPLERS:
+            problems.append(("sampler", f"must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}"))
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             problems.append(("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}"))
         problems += check_at_least(self, 1, "max_model_len")

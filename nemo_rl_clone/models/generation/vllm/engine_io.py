@@ -149,14 +149,12 @@ def engine_env(config: GenerationConfig, on_gpu: bool) -> dict[str, str]:
 
 
 def engine_sampler(vllm_cfg: VllmConfig, on_gpu: bool) -> str:
-    """``vllm_cfg.sampler`` resolved: null is "inverse_cdf" on a CPU engine, "vllm" on a GPU engine (whose own kernels
-    sample fast; the inverse-CDF sampler has not run on a GPU). ValueError for "inverse_cdf" on a GPU engine."""
-    if vllm_cfg.sampler is None:
-        return "vllm" if on_gpu else "inverse_cdf"
+    """``vllm_cfg.sampler``; ValueError for "inverse_cdf" on a GPU engine (whose own kernels sample fast; the
+    inverse-CDF sampler has not run on a GPU)."""
     if vllm_cfg.sampler == "inverse_cdf" and on_gpu:
         raise ValueError(
             "policy.generation.vllm_cfg.sampler: inverse_cdf is for CPU engines (GPU engines sample with vLLM's "
-            "kernels); set it to vllm or null"
+            "kernels); set it to vllm"
         )
     return vllm_cfg.sampler
 
