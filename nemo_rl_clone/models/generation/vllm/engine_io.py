@@ -228,7 +228,7 @@ def sampling_params(
     """One request's sampling: engine logprob of each sampled token (processed: after temperature, top-k and top-p,
     see ``logprobs_mode`` in `engine_kwargs`); stop strings are
     kept in the output (environments parse them). ``text=False``: the caller reads token ids only, so vLLM does not
-    detokenize (its output text, and the text of each logprob's token: ~1.3% of a decode) unless stop strings need
+    detokenize (its output text, and the text of each logprob's token: ~1.4% of a decode) unless stop strings need
     the text."""
     from vllm import SamplingParams
 
