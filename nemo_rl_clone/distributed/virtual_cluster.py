@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ray
@@ -22,6 +23,18 @@ from nemo_rl_clone.distributed.cluster_fit import ray_node_resources
 from nemo_rl_clone.distributed.ports import pick_free_port
 from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES
 from nemo_rl_clone.distributed.ray_startup import init_ray
+from nemo_rl_clone.distributed.segment_topology import (
+    NVLINK_DOMAIN_PREFIX,
+    NVLINK_DOMAIN_UNKNOWN,
+    TOPO_RANK_KEY,
+    TOPO_RANK_UNKNOWN,
+    SegmentPlacementError,
+    get_ray_cluster_topology,
+    partial_segments,
+    prepare_segment_topology,
+    select_segment_nodes,
+    topology_ranks,
+)
 from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least, check_port_range
 from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
@@ -45,21 +58,14 @@ class ClusterConfig(SectionReads):
     # The ports the worker groups' torch.distributed rendezvous (MASTER_PORT) may use; null: NeMo-RL's 25000-28000.
     master_port_range_low: int | None = None
     master_port_range_high: int | None = None
-    # Nodes per NVLink domain (e.g. 18 for GB200 NVL72), that NeMo-RL keeps each model replica within. Placement
-    # here does not know domains: accepted (and any value is equivalent) while the run fits in one, num_nodes <= it.
+    # Nodes per NVLink-domain segment (`segment_topology`): the run's nodes are taken in whole segments of one
+    # domain each. Null: placement ignores domains. Whether num_nodes divides into segments is checked at start-up,
+    # and only when the nodes report domains (a CPU machine never does), as NeMo-RL does.
     segment_size: int | None = None
 
     def check(self) -> list[tuple[str, str]]:
-        problems = check_at_least(self, 1, "gpus_per_node", "num_nodes")
+        problems = check_at_least(self, 1, "gpus_per_node", "num_nodes", "segment_size")
         problems += check_port_range(self.master_port_range_low, self.master_port_range_high, "master_port_range_low")
-        if self.segment_size is not None and self.segment_size < self.num_nodes:
-            problems.append(
-                (
-                    "segment_size",
-                    f"not supported yet: placing a run of {self.num_nodes} nodes by NVLink segment of "
-                    f"{self.segment_size}; set it to null (or >= num_nodes)",
-                )
-            )
         return problems
 
 
@@ -117,12 +123,16 @@ class RayVirtualCluster:
         port_range_low, port_range_high: rendezvous ports (`get_master_address_and_port`) are taken from
             ``[port_range_low, port_range_high)``; give both or neither (default: NeMo-RL's ``[25000, 28000)``,
             `DEFAULT_MASTER_PORT_RANGE_LOW`/`_HIGH`).
-        segment_size: NeMo-RL's NVLink-domain alignment; must be None (not supported yet).
+        segment_size: nodes per NVLink-domain segment. When the nodes report domains, each domain must hold whole
+            segments of this cluster's logical nodes (`SegmentPlacementError` otherwise); pin the nodes with the
+            constraints of `prepare_segment_topology` to get that.
         node_resource_constraints: one dict of extra Ray resources per logical node, added to each of its bundles
-            (e.g. a custom resource that pins the node to a group of machines).
+            (e.g. ``{"nvlink_domain_<uuid>": 0.001}``, which pins the node to the machines of one NVLink domain).
         ready_timeout_s: how long to wait for the reservation before raising `ResourceInsufficientError`.
 
-    Connects to Ray with `init_ray()` if this process is not connected yet.
+    Connects to Ray with `init_ray()` if this process is not connected yet. When the Ray nodes carry ray.sub's
+    topology resources, logical nodes are ranked by (their NVLink domain's lowest ``topo_rank``, their ``topo_rank``)
+    (`BundleSlot.node_rank`, hence worker ranks); otherwise in reservation order.
 
     Raises:
         ValueError: on an invalid argument (named in the message).
@@ -168,11 +178,16 @@ class RayVirtualCluster:
         self.num_gpus_per_node = num_gpus_per_node
         self.name = name
         self.placement_group_strategy = placement_group_strategy
+        self.segment_size = segment_size
         self.ready_timeout_s = ready_timeout_s
         self.bundle_resources: dict[str, float] = {"GPU": 1, "CPU": 1} if use_gpus else {"CPU": 1}
         init_ray()
         self._placement_groups = self._reserve()
-        self._slots = self._compute_slots()
+        try:
+            self._slots = self._compute_slots()
+        except BaseException:  # e.g. partial segments: release what was reserved
+            self.shutdown()
+            raise
         _note_simulated_nodes(self.name, len(self.bundle_ct_per_node_list))
 
     @property
@@ -202,14 +217,23 @@ class RayVirtualCluster:
         share = math.floor(_RESOURCE_PRECISION / self.max_colocated_worker_groups) / _RESOURCE_PRECISION
         return {"num_cpus": share, "num_gpus": share if self.use_gpus else 0.0}
 
-    def get_master_address_and_port(self, placement_group_index: int = 0, bundle_index: int = 0) -> tuple[str, int]:
-        """IP of the node holding the given bundle and a port free on it at the time of the call, in the cluster's
-        port range.
+    def get_master_address_and_port(
+        self, placement_group_index: int | None = None, bundle_index: int | None = None
+    ) -> tuple[str, int]:
+        """IP of the node holding the given bundle (default: the first of `get_bundle_slots`, where rank 0 runs) and
+        a port free on it at the time of the call, in the cluster's port range.
 
         Runs a zero-resource task in that bundle. A port is never handed out twice by this cluster, so colocated
         worker groups each get their own rendezvous port.
         """
         self._check_alive()
+        if placement_group_index is None or bundle_index is None:
+            # with topology ranks, rank 0's bundle need not be placement group 0's first
+            first = self._slots[0]
+            placement_group_index = (
+                first.placement_group_index if placement_group_index is None else placement_group_index
+            )
+            bundle_index = first.bundle_index if bundle_index is None else bundle_index
         strategy = PlacementGroupSchedulingStrategy(
             self._placement_groups[placement_group_index], placement_group_bundle_index=bundle_index
         )
@@ -315,32 +339,52 @@ class RayVirtualCluster:
             for node in ray.nodes()
             if node["Alive"]
         ]
+        pinned = [c for c in self.node_resource_constraints if c]
         return (
             f"{self._label()}: {num_pending} of {num_groups} placement groups not ready after "
             f"{self.ready_timeout_s} s. Asked for bundles of {self.bundle_resources} per node "
             f"{self.bundle_ct_per_node_list} ({layout}), in total "
             f"{_format_resources(total)}. The cluster has {_format_resources(cluster)} "
             f"(available now: {_format_resources(available)}) on {len(nodes)} node(s): {'; '.join(nodes)}. "
-            "Ask for fewer workers per node or nodes (cluster.gpus_per_node / cluster.num_nodes), free resources "
+            + (f"{len(pinned)} node(s) are pinned by node_resource_constraints, e.g. {pinned[0]}. " if pinned else "")
+            + "Ask for fewer workers per node or nodes (cluster.gpus_per_node / cluster.num_nodes), free resources "
             "held by other jobs, or add nodes."
         )
 
     def _compute_slots(self) -> list[BundleSlot]:
-        if not self.is_unified:
-            return [
-                BundleSlot(placement_group_index=i, bundle_index=b, node_rank=i)
+        if self.is_unified:
+            node_of_bundle = placement_group_table(self._placement_groups[0])["bundles_to_node_id"]
+            # logical nodes of a unified group: its physical nodes, in order of first appearance
+            nodes = list(dict.fromkeys(node_of_bundle[b] for b in range(self.world_size())))
+            ranks = dict(zip(nodes, self._node_ranks(len(nodes), lambda: nodes), strict=True))
+            slots = [BundleSlot(0, b, ranks[node_of_bundle[b]]) for b in range(self.world_size())]
+        else:
+            groups = self._placement_groups
+            order = self._node_ranks(
+                len(groups), lambda: [placement_group_table(pg)["bundles_to_node_id"][0] for pg in groups]
+            )
+            slots = [
+                BundleSlot(placement_group_index=i, bundle_index=b, node_rank=order[i])
                 for i, count in enumerate(self.bundle_ct_per_node_list)
                 for b in range(count)
             ]
-        node_of_bundle = placement_group_table(self._placement_groups[0])["bundles_to_node_id"]
-        node_ranks: dict[str, int] = {}
-        for bundle in range(self.world_size()):
-            node_ranks.setdefault(node_of_bundle[bundle], len(node_ranks))
-        slots = [
-            BundleSlot(placement_group_index=0, bundle_index=b, node_rank=node_ranks[node_of_bundle[b]])
-            for b in range(self.world_size())
-        ]
-        return sorted(slots, key=lambda slot: (slot.node_rank, slot.bundle_index))
+        return sorted(slots, key=lambda slot: (slot.node_rank, slot.placement_group_index, slot.bundle_index))
+
+    def _node_ranks(self, count: int, physical_nodes: Callable[[], list[str]]) -> list[int]:
+        """The rank of each of ``count`` logical nodes: by NVLink domain and topo rank when the Ray nodes report them,
+        else reservation order. ``physical_nodes`` (each logical node's Ray node id) is only looked up then."""
+        topology = get_ray_cluster_topology()
+        if all(info == (NVLINK_DOMAIN_UNKNOWN, TOPO_RANK_UNKNOWN) for info in topology.values()):
+            return list(range(count))
+        nodes = physical_nodes()
+        partial = partial_segments(nodes, topology, self.segment_size) if self.segment_size else {}
+        if partial:
+            raise SegmentPlacementError(
+                f"{self._label()}: segment_size={self.segment_size}, and NVLink domains hold partial segments of its "
+                f"{count} nodes ({', '.join(f'{d}: {n}' for d, n in partial.items())}); pin the nodes with "
+                "node_resource_constraints from prepare_segment_topology"
+            )
+        return topology_ranks(nodes, topology)
 
 
 def _format_resources(resources: dict[str, float]) -> str:
@@ -354,10 +398,8 @@ def _check_nemo_rl_extras(
     segment_size: int | None,
     node_resource_constraints: list[dict[str, float]] | None,
 ) -> None:
-    if segment_size is not None:
-        raise ValueError(
-            f"not supported yet: segment_size={segment_size} (NVLink-domain aligned placement); leave it None"
-        )
+    if segment_size is not None and (not isinstance(segment_size, int) or segment_size < 1):
+        raise ValueError(f"segment_size must be None or an int >= 1, got {segment_size!r}")
     if (port_range_low is None) != (port_range_high is None):
         raise ValueError(
             f"give both port_range_low and port_range_high or neither, got {port_range_low} and {port_range_high}"
@@ -404,29 +446,27 @@ def _check_cluster_args(
 __all__ = [
     "DEFAULT_MASTER_PORT_RANGE_HIGH",
     "DEFAULT_MASTER_PORT_RANGE_LOW",
+    "NVLINK_DOMAIN_PREFIX",
+    "NVLINK_DOMAIN_UNKNOWN",
     "PLACEMENT_STRATEGIES",
     "PY_EXECUTABLES",
+    "TOPO_RANK_KEY",
+    "TOPO_RANK_UNKNOWN",
     "BundleSlot",
     "ClusterConfig",
     "RayVirtualCluster",
     "ResourceInsufficientError",
+    "get_ray_cluster_topology",
     "init_ray",
+    "prepare_segment_topology",
+    "select_segment_nodes",
 ]
 
-# NeMo-RL's NVLink-domain placement (segment_size, node topology read from ray.sub's resources): not built here
-_TOPOLOGY_NAMES = (
-    "NVLINK_DOMAIN_PREFIX",
-    "NVLINK_DOMAIN_UNKNOWN",
-    "TOPO_RANK_KEY",
-    "TOPO_RANK_UNKNOWN",
-    "get_reordered_bundle",
-    "get_ray_cluster_topology",
-    "select_segment_nodes",
-    "prepare_segment_topology",
-)
+# NeMo-RL's get_reordered_bundle probes each bundle's GPU id to order a unified group's bundles; here the cluster
+# orders its logical nodes by topology itself (`_node_ranks`), with no probe.
 _GYM_PORTS = ("DEFAULT_GYM_PORT_RANGE_LOW", "DEFAULT_GYM_PORT_RANGE_HIGH")
 __getattr__ = refusing_getattr(
     __name__,
-    dict.fromkeys(_TOPOLOGY_NAMES, "NVLink-domain topology placement (cluster.segment_size below num_nodes)")
+    {"get_reordered_bundle": "per-bundle GPU-id probe (RayVirtualCluster ranks its nodes by NVLink domain itself)"}
     | dict.fromkeys(_GYM_PORTS, "NeMo-Gym environments"),
 )

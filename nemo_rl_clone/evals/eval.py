@@ -194,18 +194,12 @@ def start_engines(config: EvalMasterConfig, model_path: str) -> tuple[Any, Any]:
     """The evaluation cluster and the generation backend's engines on it (one per bundle), serving ``model_path``."""
     import torch
 
-    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+    from nemo_rl_clone.algorithms.run.setup import ray_cluster
     from nemo_rl_clone.models.generation.factory import build_generation
 
     use_gpus = torch.cuda.is_available()
-    cluster = RayVirtualCluster(
-        [config.cluster.gpus_per_node] * config.cluster.num_nodes,
-        use_gpus=use_gpus,
-        num_gpus_per_node=config.cluster.gpus_per_node,
-        name="eval",
-        port_range_low=config.cluster.master_port_range_low,
-        port_range_high=config.cluster.master_port_range_high,
-    )
+    section = config.cluster
+    cluster = ray_cluster(section, "eval", use_gpus, section.gpus_per_node, section.num_nodes, role="evaluation")
     # Ray gives each CPU actor 1 thread; the engines are all that runs here, so they share every core.
     cores = max(1, (os.cpu_count() or 1) // config.cluster.gpus_per_node)
     try:

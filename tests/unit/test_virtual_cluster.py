@@ -11,7 +11,9 @@ import pytest
 import ray
 from ray.util.placement_group import placement_group_table
 
+from nemo_rl_clone.distributed import virtual_cluster
 from nemo_rl_clone.distributed.ray_actor_environment import PY_EXECUTABLES as REGISTRY_PY_EXECUTABLES
+from nemo_rl_clone.distributed.segment_topology import SegmentPlacementError
 from nemo_rl_clone.distributed.virtual_cluster import (
     PY_EXECUTABLES,
     BundleSlot,
@@ -19,6 +21,7 @@ from nemo_rl_clone.distributed.virtual_cluster import (
     RayVirtualCluster,
     ResourceInsufficientError,
     init_ray,
+    prepare_segment_topology,
 )
 from nemo_rl_clone.distributed.worker_groups import RayWorkerBuilder
 from tests.unit.ray_test_actors import MODULE
@@ -48,7 +51,7 @@ def test_cluster_config_check_names_bad_keys():
             "placement_group_strategy must be one",
         ),
         ({"bundle_ct_per_node_list": [1], "ready_timeout_s": 0}, "ready_timeout_s must be > 0"),
-        ({"bundle_ct_per_node_list": [1], "segment_size": 2}, "not supported yet: segment_size=2"),
+        ({"bundle_ct_per_node_list": [1], "segment_size": 0}, "segment_size must be None or an int >= 1, got 0"),
         ({"bundle_ct_per_node_list": [1], "port_range_low": 1400}, "give both port_range_low and port_range_high"),
         (
             {"bundle_ct_per_node_list": [1], "port_range_low": 2000, "port_range_high": 1400},
@@ -107,6 +110,9 @@ def test_per_node_placement_groups_and_master_address(ray_local, capsys):
 def test_nemo_rl_style_cluster_ports_constraints_and_builder_call(ray_local):
     assert PY_EXECUTABLES is REGISTRY_PY_EXECUTABLES
     node_resource = f"node:{ray.util.get_node_ip_address()}"  # Ray gives every node this resource, amount 1
+    # cluster.segment_size's constraints, from a topology in which that resource stands for an NVLink domain
+    topology = {ray.get_runtime_context().get_node_id(): (node_resource, 1)}
+    constraints, _, _ = prepare_segment_topology(1, 1, topology=topology)
     cluster = RayVirtualCluster(
         bundle_ct_per_node_list=[2],
         use_gpus=False,
@@ -116,7 +122,8 @@ def test_nemo_rl_style_cluster_ports_constraints_and_builder_call(ray_local):
         placement_group_strategy="STRICT_PACK",
         port_range_low=20000,
         port_range_high=20100,
-        node_resource_constraints=[{node_resource: 0.001}],
+        segment_size=1,
+        node_resource_constraints=constraints,
     )
     try:
         (pg,) = cluster.get_placement_groups()
@@ -160,6 +167,20 @@ def test_unified_placement_group_groups_slots_by_physical_node(ray_local):
         assert cluster.world_size() == 3
     finally:
         cluster.shutdown()
+
+
+def test_partial_nvlink_segments_are_refused_and_released(ray_local, monkeypatch):
+    node = ray.get_runtime_context().get_node_id()  # as ray.sub's resources would describe it
+    monkeypatch.setattr(virtual_cluster, "get_ray_cluster_topology", lambda: {node: ("nvlink_domain_a", 1)})
+    cluster = RayVirtualCluster([1, 1], use_gpus=False, name="t-segment", segment_size=2)
+    try:  # both logical nodes in domain a: one whole segment
+        assert cluster.get_bundle_slots() == [BundleSlot(0, 0, 0), BundleSlot(1, 0, 1)]
+    finally:
+        cluster.shutdown()
+    with pytest.raises(SegmentPlacementError, match=r"hold partial segments of its 1 nodes \(nvlink_domain_a: 1\)"):
+        RayVirtualCluster([1], use_gpus=False, name="t-partial", segment_size=2)
+    states = [entry["state"] for entry in placement_group_table().values() if entry["name"] == "t-partial-node0"]
+    assert states == ["REMOVED"]
 
 
 def test_colocated_groups_get_a_share_of_each_bundle(ray_local):

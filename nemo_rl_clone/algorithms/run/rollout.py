@@ -25,6 +25,7 @@ from nemo_rl_clone.data.dataloader import DrawnRows, StatefulPromptLoader
 from nemo_rl_clone.data.datasets import DataError, load_dataset_by_name, load_dataset_from_config, seed_argument
 from nemo_rl_clone.data.datasets.common import AllTaskProcessedDataset
 from nemo_rl_clone.data.interfaces import TaskDataSpec
+from nemo_rl_clone.distributed.segment_topology import SegmentPlacement
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.environments import create_env
 from nemo_rl_clone.models.generation.factory import build_generation
@@ -227,6 +228,8 @@ def _clusters(config: RolloutRunConfig, use_gpus: bool, extra_worker_groups: int
     gen_cfg = config.policy.generation
     assert gen_cfg is not None  # rollout_problems requires it
     colocated = gen_cfg.colocated.enabled
+    # with cluster.segment_size, generation's segments come from the nodes training left
+    placement = SegmentPlacement(config.cluster.segment_size)
     train_cluster = ray_cluster(
         config.cluster,
         "grpo_train",
@@ -234,12 +237,26 @@ def _clusters(config: RolloutRunConfig, use_gpus: bool, extra_worker_groups: int
         config.cluster.gpus_per_node,
         config.cluster.num_nodes,
         max_colocated_worker_groups=(2 if colocated else 1) + extra_worker_groups,
+        placement=placement,
     )
     if colocated:
         return [train_cluster]
     resources = gen_cfg.colocated.resources
     assert resources.gpus_per_node is not None and resources.num_nodes is not None  # ColocatedConfig.check
-    gen_cluster = ray_cluster(config.cluster, "grpo_generation", use_gpus, resources.gpus_per_node, resources.num_nodes)
+    try:
+        gen_cluster = ray_cluster(
+            config.cluster,
+            "grpo_generation",
+            use_gpus,
+            resources.gpus_per_node,
+            resources.num_nodes,
+            placement=placement,
+            role="generation",
+            nodes_key="policy.generation.colocated.resources.num_nodes",
+        )
+    except BaseException:
+        train_cluster.shutdown()
+        raise
     return [train_cluster, gen_cluster]
 
 

@@ -23,6 +23,7 @@ from nemo_rl_clone.utils.config_validation import config_to_dict
 from nemo_rl_clone.utils.logger import Logger, get_next_experiment_dir
 
 if TYPE_CHECKING:
+    from nemo_rl_clone.distributed.segment_topology import SegmentPlacement
     from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 
 DataT = TypeVar("DataT")
@@ -81,12 +82,27 @@ def setup_run(
 
 
 def ray_cluster(
-    cluster: Any, name: str, use_gpus: bool, gpus_per_node: int, num_nodes: int, max_colocated_worker_groups: int = 1
+    cluster: Any,
+    name: str,
+    use_gpus: bool,
+    gpus_per_node: int,
+    num_nodes: int,
+    max_colocated_worker_groups: int = 1,
+    placement: SegmentPlacement | None = None,
+    role: str = "training",
+    nodes_key: str = "cluster.num_nodes",
 ) -> RayVirtualCluster:
     """A `RayVirtualCluster` of ``num_nodes`` bundles of ``gpus_per_node``, on the ports of the run's ``cluster``
-    section."""
-    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
+    section and, with ``cluster.segment_size``, on whole NVLink-domain segments. Every cluster a run builds from its
+    ``cluster`` section is made here. A run with several clusters passes them one ``placement``, so that each takes
+    its segments from the nodes the earlier ones left; ``role`` and ``nodes_key`` (the key of ``num_nodes``) name the
+    cluster in its messages."""
+    from nemo_rl_clone.distributed.segment_topology import SegmentPlacement
+    from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
 
+    init_ray()  # the placement reads the nodes' topology
+    if placement is None:
+        placement = SegmentPlacement(cluster.segment_size)
     return RayVirtualCluster(
         [gpus_per_node] * num_nodes,
         use_gpus=use_gpus,
@@ -95,4 +111,6 @@ def ray_cluster(
         name=name,
         port_range_low=cluster.master_port_range_low,
         port_range_high=cluster.master_port_range_high,
+        segment_size=cluster.segment_size,
+        node_resource_constraints=placement.take(num_nodes, role, nodes_key),
     )
