@@ -43,7 +43,6 @@ from nemo_rl_clone.data.config import (
     DataValidationConfig,
     NeMoRLDataLayout,
 )
-from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import (
     BUILTIN_ENV_CONFIGS,
     EnvConfig,
@@ -185,7 +184,12 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         "not supported yet: training on the final assistant turn only; every assistant turn trains, set it to false",
         ("sft",),
     ),
-    (DTensorConfig, "sequence_parallel"): Refusal(True, "sequence parallelism is not supported yet; set it to false"),
+    (DTensorConfig, "sequence_parallel"): Refusal(
+        True,
+        "not supported yet with tensor_parallel_size > 1 (activations split along the sequence over the "
+        "tensor-parallel ranks); set it to false",
+        setup=(("policy.dtensor_cfg.tensor_parallel_size", 2), ("teacher.dtensor_cfg.tensor_parallel_size", 2)),
+    ),
     (MegatronConfig, "enabled"): Refusal(  # with dtensor_cfg off: Megatron is the RM's backend
         True,
         "reward models (reward_model_cfg.enabled) are not supported by the Megatron backend yet; use "
@@ -258,8 +262,8 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         True,
         "not supported yet: dequantizing an FP8-quantized base checkpoint on load; start from a bf16/fp32 checkpoint",
     ),
-    (PolicyConfig, "offload_optimizer_for_logprob"): Refusal(
-        True, "not supported yet: moving the optimizer state to CPU during logprob passes; use dtensor_cfg.cpu_offload"
+    (PolicyConfig, "offload_optimizer_for_logprob"): megatron(
+        True, f"{_YET}with the Megatron backend (its optimizer state stays where it is); use the DTensor backend"
     ),
     (PolicyConfig, "quant_cfg"): Refusal("q.yaml", "not supported yet: ModelOpt quantized training; set it to null"),
     (DraftConfig, "enabled"): Refusal(
@@ -270,13 +274,11 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         "router replay is for GRPO runs (it replays the generation engine's routing); set it to false",
         tuple(m for m in MASTERS if m != "grpo"),
     ),
-    (DTensorConfig, "automodel_kwargs"): Refusal(
-        {"force_hf": True},
-        "not supported yet: NeMo Automodel options (['force_hf']); models load through Hugging Face transformers, "
-        "set it to {{}}",  # braces doubled: messages are format strings (see {run} above)
-    ),
     (DTensorConfig, "dp_replicate_size"): Refusal(
-        2, "not supported yet: HSDP (replicated FSDP groups); set it to 1 (plain FSDP2)"
+        2,
+        "not supported yet with context_parallel_size or expert_parallel_size > 1 (HSDP shards over the plain "
+        "data-parallel ranks); set it to 1",
+        setup=(("policy.dtensor_cfg.expert_parallel_size", 2), ("teacher.dtensor_cfg.expert_parallel_size", 2)),
     ),
     (GenerationConfig, "quant_cfg"): Refusal(
         "q.yaml", "not supported yet: ModelOpt quantized generation; set it to null"
@@ -304,11 +306,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         True,
         "not supported yet: SwanLab logging (swanlab is not installed); use wandb_enabled, tensorboard_enabled or "
         "mlflow_enabled",
-    ),
-    (ClusterConfig, "segment_size"): Refusal(
-        1,
-        "not supported yet: placing a run of 2 nodes by NVLink segment of 1; set it to null (or >= num_nodes)",
-        setup=(("cluster.num_nodes", 2),),
     ),
     # Read by GRPO only (it prints validation generations); the other runs have none to print.
     (LoggerConfig, "num_val_samples_to_print"): Refusal(

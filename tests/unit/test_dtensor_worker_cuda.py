@@ -42,6 +42,14 @@ def run_worker(model_path: str, batch: BatchedDataDict, overrides: dict[str, Any
     worker = DTensorPolicyWorker(policy_config(model_path, **overrides), load_tokenizer(model_path), model_path)
     record: dict[str, Any] = {"device": str(worker.device), "logprobs": worker.get_logprobs(batch)["logprobs"].cpu()}
     record["step1"] = step()
+    worker.prepare_for_lp_inference()  # where a logprob pass finds the optimizer state
+    record["optimizer_devices_in_logprob_pass"] = {
+        str(value.device)
+        for state in worker.optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.dim() > 0
+    }
+    worker.prepare_for_training()
     worker.offload_before_refit()
     record["refit_state"] = cpu_state(worker.get_full_state_dict_for_refit())
     worker.offload_after_refit()
@@ -81,7 +89,17 @@ def assert_matches_reference(record: dict[str, Any], reference: dict[str, Any]) 
 
 
 def test_fp32_worker_on_gpu_matches_the_cpu_reference(batch: BatchedDataDict, reference: dict) -> None:
-    assert_matches_reference(on_gpu(batch), reference)
+    record = on_gpu(batch)
+    assert_matches_reference(record, reference)
+    assert record["optimizer_devices_in_logprob_pass"] == {"cuda:0"}
+
+
+def test_optimizer_state_leaves_the_gpu_for_logprob_passes(batch: BatchedDataDict, reference: dict) -> None:
+    """``offload_optimizer_for_logprob``: the state is on CPU during a logprob pass and back for training, with the
+    same numbers."""
+    record = on_gpu(batch, offload_optimizer_for_logprob=True)
+    assert record["optimizer_devices_in_logprob_pass"] == {"cpu"}
+    assert_matches_reference(record, reference)
 
 
 def test_packed_fp32_worker_on_gpu_matches_the_cpu_reference(batch: BatchedDataDict, reference: dict) -> None:

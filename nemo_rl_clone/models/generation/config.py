@@ -25,6 +25,14 @@ MIN_TEMPERATURE = 0.01
 
 
 SAMPLERS = ("inverse_cdf", "vllm")  # `VllmConfig.sampler`
+# `VllmConfig.precision` -> the engine's dtype (always given to vLLM explicitly, never its "auto").
+ENGINE_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+}
 
 
 @dataclass
@@ -101,6 +109,10 @@ class VllmConfig(SectionReads):
                         f"{', '.join(HTTP_CHAT_KWARG_FLAGS)})",
                     )
                 )
+        if self.precision == "fp8":
+            problems.append(("precision", "not supported yet: FP8 generation (vLLM's fp8 quantization); use bfloat16"))
+        elif self.precision not in ENGINE_DTYPES:
+            problems.append(("precision", f"must be one of {sorted(ENGINE_DTYPES)}, got {self.precision!r}"))
         if self.sampler not in SAMPLERS:
             problems.append(("sampler", f"must be one of {', '.join(SAMPLERS)}, got {self.sampler!r}"))
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

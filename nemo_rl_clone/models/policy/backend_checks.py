@@ -163,12 +163,12 @@ def _check_sequence_packing(config: PolicyConfig, spec: PolicyBackend) -> list[t
                 "policy.dynamic_batching",
             )
         )
-    if dtensor and config.dtensor_cfg.attn_implementation != "sdpa":
+    if dtensor and config.dtensor_cfg.hf_attention != "sdpa":
         problems.append(
             (
                 "dtensor_cfg.attn_implementation",
                 f"sequence packing runs SDPA attention per packed sample; set it to sdpa (got "
-                f"{config.dtensor_cfg.attn_implementation!r})",
+                f"{config.dtensor_cfg.hf_attention!r})",
             )
         )
     step = max(packing.sequence_length_round, 1)  # below 1 is reported by SequencePackingConfig.check

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.backend_checks import check_backend, feature_problems, hf_overrides_refused
 from nemo_rl_clone.models.policy.backends import backend_spec, known_backend_spec, parallel_layout
+from nemo_rl_clone.models.policy.dtensor import automodel_options
 from nemo_rl_clone.models.policy.megatron.config import MegatronConfig
 from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least
 
@@ -175,30 +176,44 @@ class DTensorConfig(SectionReads):
     clear_cache_every_n_steps: int | None = None
     # NeMo-RL's switch between its two DTensor workers; this library has one, so either value runs it.
     _v2: bool = True
-    # NeMo Automodel's model-building options; refused unless empty (models load through Hugging Face).
+    # NeMo Automodel's model-building options: those that name what this path does are honoured (force_hf: true,
+    # attn_implementation, freeze_config, backend fields naming torch/HF kernels), the rest refused
+    # (dtensor/automodel_options.py).
     automodel_kwargs: dict[str, Any] = field(default_factory=dict)
-    dp_replicate_size: int = 1  # HSDP replicas; refused != 1
+    # HSDP: the data-parallel ranks form this many groups, each sharding one whole copy (FSDP2 over a 2-D mesh:
+    # sharded within a group, gradients all-reduced across groups); 1 is plain FSDP2.
+    dp_replicate_size: int = 1
     # MoE experts split over this many data-parallel ranks (dtensor/expert_parallel.py); the policy worker checks
     # that it divides the model's experts and the data-parallel size.
     expert_parallel_size: int = 1
 
+    @property
+    def hf_attention(self) -> str:
+        """The attention kernel the model loads with (Automodel's ``attn_implementation`` where given)."""
+        return automodel_options.hf_attention(self.automodel_kwargs, self.attn_implementation)
+
     def check(self) -> list[tuple[str, str]]:
         if not self.enabled:  # NeMo-RL's Megatron recipes carry a disabled dtensor_cfg block that nothing reads
             return []
-        problems = []
-        if self.automodel_kwargs:
+        problems = [(f"automodel_kwargs.{key}", why) for key, why in automodel_options.check(self.automodel_kwargs)]
+        configured = self.automodel_kwargs.get("attn_implementation")
+        if configured and self.attn_implementation != "sdpa" and configured != self.attn_implementation:
             problems.append(
                 (
-                    "automodel_kwargs",
-                    f"not supported yet: NeMo Automodel options ({sorted(self.automodel_kwargs)}); models load "
-                    "through Hugging Face transformers, set it to {}",
+                    "automodel_kwargs.attn_implementation",
+                    f"{configured!r} disagrees with dtensor_cfg.attn_implementation {self.attn_implementation!r}; "
+                    "set one of them",
                 )
             )
-        if self.dp_replicate_size != 1:
+        problems += check_at_least(self, 1, "expert_parallel_size", "dp_replicate_size")
+        if self.dp_replicate_size > 1 and (self.context_parallel_size > 1 or self.expert_parallel_size > 1):
             problems.append(
-                ("dp_replicate_size", "not supported yet: HSDP (replicated FSDP groups); set it to 1 (plain FSDP2)")
+                (
+                    "dp_replicate_size",
+                    "not supported yet with context_parallel_size or expert_parallel_size > 1 (HSDP shards over the "
+                    "plain data-parallel ranks); set it to 1",
+                )
             )
-        problems += check_at_least(self, 1, "expert_parallel_size")
         if self.clear_cache_every_n_steps is not None and self.clear_cache_every_n_steps < 1:
             problems.append(
                 ("clear_cache_every_n_steps", f"must be >= 1 or null (never), got {self.clear_cache_every_n_steps}")
@@ -336,10 +351,12 @@ class PolicyConfig(SectionReads):
     generation_batch_size: int | None = None
     draft: DraftConfig = field(default_factory=DraftConfig)
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
+    # The optimizer state moves to CPU for each logprob pass and back for training (DTensor backend; a no-op where
+    # it already lives on CPU).
+    offload_optimizer_for_logprob: bool = False
     # Refused when set: see _check_unsupported_features.
     activation_checkpointing_enabled: bool = False
     dequantize_base_checkpoint: bool = False
-    offload_optimizer_for_logprob: bool = False
     quant_cfg: str | None = None
     # Ours: the policy backend by registry name or "package.module:ATTRIBUTE" (a `PolicyBackend`); null derives it
     # from dtensor_cfg.enabled / megatron_cfg.enabled as NeMo-RL does (see `nemo_rl_clone.models.policy.backends`).
@@ -379,8 +396,15 @@ def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
     """Keys NeMo-RL accepts whose feature this library does not implement yet: refused when set, never ignored
     (``megatron_cfg``'s own: `nemo_rl_clone.models.policy.megatron.config`)."""
     problems = feature_problems(config)
-    if config.dtensor_cfg.sequence_parallel:
-        problems.append(("dtensor_cfg.sequence_parallel", "sequence parallelism is not supported yet; set it to false"))
+    # Over one tensor-parallel rank there is no sequence to split: true is then a no-op (a notice at start-up).
+    if config.dtensor_cfg.sequence_parallel and config.dtensor_cfg.tensor_parallel_size > 1:
+        problems.append(
+            (
+                "dtensor_cfg.sequence_parallel",
+                "not supported yet with tensor_parallel_size > 1 (activations split along the sequence over the "
+                "tensor-parallel ranks); set it to false",
+            )
+        )
     refused = [
         (
             config.activation_checkpointing_enabled,
@@ -393,9 +417,9 @@ def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
             "dequantizing an FP8-quantized base checkpoint on load; start from a bf16/fp32 checkpoint",
         ),
         (
-            config.offload_optimizer_for_logprob,
+            config.offload_optimizer_for_logprob and config.megatron_cfg.enabled,
             "offload_optimizer_for_logprob",
-            "moving the optimizer state to CPU during logprob passes; use dtensor_cfg.cpu_offload",
+            "with the Megatron backend (its optimizer state stays where it is); use the DTensor backend",
         ),
         (config.quant_cfg is not None, "quant_cfg", "ModelOpt quantized training; set it to null"),
     ]

@@ -54,7 +54,7 @@ class DTensorConfig(TypedDict):
     defer_fsdp_grad_sync: NotRequired[bool]
     moe_parallelizer: NotRequired[MoEParallelizerOptions]
     lora_cfg: NotRequired[LoRAConfig | LoRAConfigDisabled]
-    automodel_kwargs: NotRequired[dict[str, Any]]  # NeMo Automodel's options: refused where validated
+    automodel_kwargs: NotRequired[dict[str, Any]]  # NeMo Automodel's options: dtensor/automodel_options.py
     clear_cache_every_n_steps: NotRequired[int | None]
 
 

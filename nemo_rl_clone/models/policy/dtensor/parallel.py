@@ -39,9 +39,13 @@ from nemo_rl_clone.models.policy.workers.optim import import_by_path
 _HF_STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
 
-def build_device_mesh(device: torch.device, tensor_parallel_size: int, context_parallel_size: int = 1) -> DeviceMesh:
+def build_device_mesh(
+    device: torch.device, tensor_parallel_size: int, context_parallel_size: int = 1, dp_replicate_size: int = 1
+) -> DeviceMesh:
     """A ``("dp", "cp", "tp")`` mesh over the whole world; ranks are laid out dp-major (the cp x tp ranks of one
-    replica are neighbours)."""
+    replica are neighbours). With ``dp_replicate_size`` r > 1 (HSDP; validation: no context or expert parallelism)
+    ``dp`` is itself ``("dp_replicate", "dp_shard")`` flattened: r groups of ``dp / r`` ranks, each group holding
+    one whole sharded copy of the model."""
     world_size = dist.get_world_size()
     replica = tensor_parallel_size * context_parallel_size
     if tensor_parallel_size < 1 or context_parallel_size < 1 or world_size % replica:
@@ -49,16 +53,30 @@ def build_device_mesh(device: torch.device, tensor_parallel_size: int, context_p
             f"policy.dtensor_cfg.tensor_parallel_size={tensor_parallel_size} x context_parallel_size="
             f"{context_parallel_size} must divide the number of workers ({world_size})"
         )
-    return init_device_mesh(
+    dp_size = world_size // replica
+    if dp_replicate_size == 1:
+        return init_device_mesh(
+            device.type, (dp_size, context_parallel_size, tensor_parallel_size), mesh_dim_names=("dp", "cp", "tp")
+        )
+    if dp_size % dp_replicate_size:
+        raise ValueError(
+            f"policy.dtensor_cfg.dp_replicate_size={dp_replicate_size} must divide the data-parallel size ({dp_size})"
+        )
+    mesh = init_device_mesh(
         device.type,
-        (world_size // replica, context_parallel_size, tensor_parallel_size),
-        mesh_dim_names=("dp", "cp", "tp"),
+        (dp_replicate_size, dp_size // dp_replicate_size, context_parallel_size, tensor_parallel_size),
+        mesh_dim_names=("dp_replicate", "dp_shard", "cp", "tp"),
     )
+    mesh["dp_replicate", "dp_shard"]._flatten("dp")  # data sharding and loss scaling see one dp of r x s ranks
+    return mesh
 
 
 def fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The mesh FSDP shards over and reduces gradients across: ``dp``, or ``dp x cp`` flattened (cp ranks compute
-    gradients of different tokens of the same replica)."""
+    gradients of different tokens of the same replica), or for HSDP the 2-D ``("dp_replicate", "dp_shard")`` (FSDP2
+    shards over the second dimension and all-reduces gradients over the first)."""
+    if "dp_replicate" in (mesh.mesh_dim_names or ()):
+        return mesh["dp_replicate", "dp_shard"]
     return mesh["dp"] if mesh["cp"].size() == 1 else mesh["dp", "cp"]._flatten("dp_cp")
 
 

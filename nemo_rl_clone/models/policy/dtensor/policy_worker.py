@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -39,7 +40,15 @@ from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
-from nemo_rl_clone.models.policy.dtensor import bf16_backward, context_parallel, expert_parallel, lora, moe, weights
+from nemo_rl_clone.models.policy.dtensor import (
+    automodel_options,
+    bf16_backward,
+    context_parallel,
+    expert_parallel,
+    lora,
+    moe,
+    weights,
+)
 from nemo_rl_clone.models.policy.dtensor import parallel as dtensor_parallel
 from nemo_rl_clone.models.policy.workers import (
     packed_sequences,
@@ -72,7 +81,10 @@ class DTensorPolicyWorker(PolicyWorkerBase):
     def _build(self, model_path: str) -> None:
         config, dtensor_cfg = self.cfg, self.cfg.dtensor_cfg
         self.mesh = dtensor_parallel.build_device_mesh(
-            self.device, dtensor_cfg.tensor_parallel_size, dtensor_cfg.context_parallel_size
+            self.device,
+            dtensor_cfg.tensor_parallel_size,
+            dtensor_cfg.context_parallel_size,
+            dtensor_cfg.dp_replicate_size,
         )
         self.dp_size = self.mesh["dp"].size()
         self.dp_group = self.mesh["dp"].get_group()
@@ -81,6 +93,13 @@ class DTensorPolicyWorker(PolicyWorkerBase):
         self.packed = config.sequence_packing.enabled  # validation: SDPA attention only
         model = self._load_model(model_path)
         model.config.use_cache = False
+        automodel_options.freeze(model, dtensor_cfg.automodel_kwargs.get("freeze_config"), self.rank)
+        if dtensor_cfg.sequence_parallel and self.rank == 0:  # validation: only with tensor_parallel_size 1
+            print(
+                "dtensor_cfg.sequence_parallel: true has no effect with tensor_parallel_size 1",
+                file=sys.stderr,
+                flush=True,
+            )
         self.router_loss = moe.RouterAuxLoss(model.config) if moe.num_routed_experts(model.config) else None
         self._router_logits: tuple[torch.Tensor, ...] = ()
         self.lora = dtensor_cfg.lora_cfg if dtensor_cfg.lora_cfg.enabled else None
@@ -114,7 +133,7 @@ class DTensorPolicyWorker(PolicyWorkerBase):
     def _load_model(self, model_path: str) -> PreTrainedModel:
         """The Hugging Face model in fp32 with the attention packing or context parallelism needs."""
         dtensor_cfg = self.cfg.dtensor_cfg
-        attn_implementation = packed_sequences.PACKED_ATTENTION if self.packed else dtensor_cfg.attn_implementation
+        attn_implementation = packed_sequences.PACKED_ATTENTION if self.packed else dtensor_cfg.hf_attention
         self.context_parallel: context_parallel.ContextParallel | None = None
         if dtensor_cfg.context_parallel_size > 1:  # validation: no packing, TP or reward model with it
             self.context_parallel = context_parallel.ContextParallel(self.mesh["cp"])

@@ -355,6 +355,8 @@ class PolicyWorkerBase(RefitSender):
 
     def prepare_for_lp_inference(self) -> None:
         self._move_model(self.device)
+        if self.cfg.offload_optimizer_for_logprob:  # a logprob pass needs no optimizer state: free its memory
+            self._move_optimizer_state(torch.device("cpu"))
         self.model.eval()
 
     def finish_training(self) -> None:
