@@ -65,10 +65,6 @@ REFUSED: dict[str, str] = {
     "nemo_rl_clone.data.datasets.response_datasets.general_conversations_dataset": _MULTIMODAL,
     "nemo_rl_clone.data.datasets.response_datasets.nemogym_dataset": _NEMO_GYM,
     "nemo_rl_clone.data.datasets.eval_datasets.mmau": _MULTIMODAL,
-    **dict.fromkeys(
-        (f"nemo_rl_clone.data.datasets.eval_datasets.{name}" for name in ("gpqa", "mmlu", "mmlu_pro")),
-        "multiple-choice evaluation sets (GPQA, MMLU, MMLU-Pro) and their scoring",
-    ),
     "nemo_rl_clone.algorithms.opd": _OPD,
     "nemo_rl_clone.models.policy.teacher_worker_group": _OPD,
     "nemo_rl_clone.models.generation.sglang": "the SGLang generation backend; use policy.generation.backend: vllm",

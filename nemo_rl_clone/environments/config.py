@@ -13,6 +13,9 @@ from nemo_rl_clone.environments.sandbox import SandboxLimits, SandboxMode
 from nemo_rl_clone.utils.config_validation import check_at_least
 from nemo_rl_clone.utils.imports import import_by_path
 
+# env.math.verifier_type values scored by `multichoice_verifier` (its MULTICHOICE_VERIFIERS; here to keep config light)
+MULTICHOICE_VERIFIER_TYPES = ("english_multichoice", "multilingual_multichoice")
+
 # Kept equal to answer_extraction.ANSWER_EXTRACTION_METHODS (a unit test checks); spelled out here so the config
 # validator can name the valid values.
 AnswerExtraction = Literal["boxed", "answer_tag", "last_number", "auto"]
@@ -44,9 +47,29 @@ class MathEnvConfig:
     math_verify_impl: Literal["hf_math_verify", "dapo_math_verify"] = "hf_math_verify"
     answer_extraction: MathAnswerExtraction = "math_verify"
     verifier_timeout_s: float = 10.0
+    # null / "math": the two above; "english_multichoice" / "multilingual_multichoice": the letter after "Answer:"
+    # against the gold letter (environments/multichoice_verifier.py), for GPQA, MMLU and MMLU-Pro.
+    verifier_type: str | None = None
 
     def check(self) -> list[tuple[str, str]]:
-        return _check_pool(self.num_workers, self.verifier_timeout_s, self.answer_extraction, MathAnswerExtraction)
+        problems = _check_pool(self.num_workers, self.verifier_timeout_s, self.answer_extraction, MathAnswerExtraction)
+        if self.verifier_type not in (None, "math", *MULTICHOICE_VERIFIER_TYPES):
+            problems.append(
+                (
+                    "verifier_type",
+                    f"not supported yet: NeMo-RL's {self.verifier_type!r} verifier; built here: math, "
+                    f"{', '.join(MULTICHOICE_VERIFIER_TYPES)}",
+                )
+            )
+        elif self.verifier_type in MULTICHOICE_VERIFIER_TYPES:
+            for key, default in (("math_verify_impl", "hf_math_verify"), ("answer_extraction", "math_verify")):
+                if getattr(self, key) != default:
+                    problems.append((key, f"only applies with verifier_type math, not {self.verifier_type!r}"))
+        return problems
+
+    @property
+    def is_multichoice(self) -> bool:
+        return self.verifier_type in MULTICHOICE_VERIFIER_TYPES
 
 
 @dataclass

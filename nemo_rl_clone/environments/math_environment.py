@@ -20,16 +20,18 @@ import ray
 from nemo_rl_clone.environments.config import MathEnvConfig, check_env_config
 from nemo_rl_clone.environments.math_multi_reward_environment import MathMultiRewardEnvironment
 from nemo_rl_clone.environments.math_verify_worker import MathVerifyWorker, ground_truth_of
+from nemo_rl_clone.environments.multichoice_verifier import MultichoiceVerifyWorker
 from nemo_rl_clone.environments.verifier_pool import VerifierPoolEnvironment, VerifierResult
-from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 __all__ = [
     "MATH_VERIFY_IMPLS",
+    "EnglishMultichoiceVerifyWorker",
     "HFVerifyWorker",
     "MathEnvironment",
     "MathEnvironmentMetadata",
     "MathMultiRewardEnvironment",  # NeMo-RL's path of the multi-reward environment
     "MathVerifyWorker",
+    "MultilingualMultichoiceVerifyWorker",
     "ground_truth_of",
     "verify_each",
 ]
@@ -108,19 +110,43 @@ class MathEnvironment(VerifierPoolEnvironment):
         # Three math-verify calls per response (gold parse, answer parse, verify), each bounded by the inner
         # timeout, normally end before the pool's outer deadline kills the verifier.
         call_timeout_s = max(1, int(cfg.verifier_timeout_s / 3))
-        super().__init__(
-            MathVerifyWorker,
-            (cfg.answer_extraction, call_timeout_s, cfg.math_verify_impl),
-            cfg.num_workers,
-            cfg.verifier_timeout_s,
-        )
+        if cfg.is_multichoice:
+            worker: type = MultichoiceVerifyWorker
+            args: tuple[Any, ...] = (cfg.verifier_type,)
+        else:
+            worker, args = MathVerifyWorker, (cfg.answer_extraction, call_timeout_s, cfg.math_verify_impl)
+        super().__init__(worker, args, cfg.num_workers, cfg.verifier_timeout_s)
 
     def make_job(self, response: str, metadata: Mapping[str, Any], sample_index: int) -> tuple[Any, ...]:
         return (response, ground_truth_of(metadata, sample_index))
 
 
-_MULTICHOICE = "multiple-choice verifiers in the math environment (env.math.verifier_type)"
-__getattr__ = refusing_getattr(
-    __name__,
-    {"MultilingualMultichoiceVerifyWorker": _MULTICHOICE, "EnglishMultichoiceVerifyWorker": _MULTICHOICE},
-)
+class _MultichoiceVerifyActor:
+    """NeMo-RL's multiple-choice verifier actors: ``verify(pred_responses, ground_truths,
+    return_extracted_answer=False)`` → rewards (1.0 / 0.0), and the letters found with ``return_extracted_answer``."""
+
+    verifier_type = ""
+
+    def __init__(self) -> None:
+        self._worker = MultichoiceVerifyWorker(self.verifier_type)
+
+    def verify(
+        self,
+        pred_responses: list[str],
+        ground_truths: list[str],
+        return_extracted_answer: bool = False,
+        **kwargs: Any,
+    ) -> list[float] | tuple[list[float], list[str | None]]:
+        if kwargs:
+            raise ValueError(f"{type(self).__name__}.verify: takes no other arguments, got {sorted(kwargs)}")
+        return verify_each(self._worker.score, pred_responses, ground_truths, return_extracted_answer)
+
+
+@ray.remote
+class MultilingualMultichoiceVerifyWorker(_MultichoiceVerifyActor):
+    verifier_type = "multilingual_multichoice"
+
+
+@ray.remote
+class EnglishMultichoiceVerifyWorker(_MultichoiceVerifyActor):
+    verifier_type = "english_multichoice"

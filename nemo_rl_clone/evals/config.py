@@ -15,11 +15,12 @@ from nemo_rl_clone.data.datasets.eval_datasets import (
     EVAL_DATASET_NAMES,
     FILE_FORMATS,
     LOCAL_DATASET,
+    MULTICHOICE_DATASETS,
     NOT_SHIPPED,
     is_data_file,
 )
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
-from nemo_rl_clone.environments.config import EnvConfig
+from nemo_rl_clone.environments.config import MULTICHOICE_VERIFIER_TYPES, EnvConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
 from nemo_rl_clone.models.policy.config import TokenizerConfig
 from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least, takes_extra_keys
@@ -88,8 +89,10 @@ class EvalDataConfig(SectionReads):
     """``data``: which problems, and how prompts are built from them.
 
     ``dataset_name``: ``aime2024`` / ``math500`` (the hub, or ``data_path``: a local file in the hub format),
-    ``reasoning_gym`` (its ``validation`` rows, generated offline from the ``reasoning_gym`` section), or ``local``
-    (``data_path`` with columns ``problem_key`` and ``solution_key``).
+    NeMo-RL's ``math`` (the full MATH test set) and multiple-choice sets ``gpqa`` / ``gpqa_diamond`` / ``mmlu`` /
+    ``mmlu_<LANG>`` / ``mmlu_pro`` (their source, or ``data_path`` in the source's format; scored with a
+    multiple-choice ``env.math.verifier_type``), ``reasoning_gym`` (its ``validation`` rows, generated offline from
+    the ``reasoning_gym`` section), or ``local`` (``data_path`` with columns ``problem_key`` and ``solution_key``).
     """
 
     dataset_name: str = "aime2024"
@@ -193,7 +196,37 @@ class EvalMasterConfig(SectionReads):
         task = self.data.task_name
         if task not in self.env:
             problems.append((f"env.{task}", f"required: it scores data.dataset_name {self.data.dataset_name!r}"))
+        elif task == "math":
+            problems += _check_verifier(self.data.dataset_name, self.env[task])
         if "agent" in self.env:  # agent episodes run in GRPO runs only (docs/agents.md)
             problems.append(("env.agent", "not supported yet in evaluation; agent runs use examples/run_grpo.py"))
         problems += check_no_samples_to_print(self.logger, "evaluation")
         return problems
+
+
+# Built-in sets whose answers are numbers or expressions: a multiple-choice verifier would mark every answer wrong.
+# (A `local` file may hold lettered answers, so it may use either verifier.)
+_MATH_ANSWER_SETS = ("aime2024", "math500", "gsm8k", "math")
+
+
+def _check_verifier(dataset_name: str, math_env: object) -> list[tuple[str, str]]:
+    """``env.math.verifier_type`` fits the dataset's answers: letters for a multiple-choice set, math otherwise."""
+    verifier = getattr(math_env, "verifier_type", None)
+    multichoice = verifier in MULTICHOICE_VERIFIER_TYPES
+    if dataset_name in MULTICHOICE_DATASETS and not multichoice:
+        return [
+            (
+                "env.math.verifier_type",
+                f"must be {' or '.join(MULTICHOICE_VERIFIER_TYPES)} for the multiple-choice set {dataset_name!r} "
+                f"(got {verifier!r}, which scores math answers)",
+            )
+        ]
+    if dataset_name in _MATH_ANSWER_SETS and multichoice:
+        return [
+            (
+                "env.math.verifier_type",
+                f"{verifier!r} scores answer letters; data.dataset_name {dataset_name!r} has math answers: "
+                "set it to null (math)",
+            )
+        ]
+    return []

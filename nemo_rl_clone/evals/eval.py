@@ -243,8 +243,9 @@ def load_eval_problems(config: EvalMasterConfig, tokenizer: Any) -> Any:
         "reasoning_gym": data.reasoning_gym,
     }
     loaded = load_eval_dataset(section, seed=config.eval.seed)
+    # The set's own processor: multiple-choice rows are scored by env.math but are not math rows.
     return AllTaskProcessedDataset(
-        loaded.rekeyed_ds, tokenizer, loaded.task_spec, max_seq_length=data.max_input_seq_length
+        loaded.rekeyed_ds, tokenizer, loaded.task_spec, loaded.processor, max_seq_length=data.max_input_seq_length
     )
 
 

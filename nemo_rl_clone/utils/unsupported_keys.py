@@ -66,7 +66,6 @@ UNSUPPORTED_KEYS: dict[str, Unsupported] = {
         "initial weights from a Megatron checkpoint (the policy starts from policy.model_name)", (None,)
     ),
     "sif_dir": Unsupported(f"container images for {_NEMO_GYM}", (None,)),
-    "env.math.verifier_type": Unsupported("multiple-choice verifiers in the math environment", (None, "math")),
     "env.math.stop_strings": Unsupported("stop strings set by the math environment", (None,)),
     # The code environment here scores a program against its tests in one turn, which always ends the episode.
     "env.code.terminate_on_evaluation": Unsupported("multi-turn code execution (the episode going on)", (True,)),

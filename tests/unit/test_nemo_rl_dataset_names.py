@@ -336,13 +336,10 @@ def test_eval_dataset_classes(tmp_path):
     assert local.task_spec.task_name == "math" and local.preprocessor is None
     with pytest.raises(UserInputError, match=r"^data\.dataset_name: not supported yet: NeMo-RL's 'aime2025'"):
         AIMEDataset()  # NeMo-RL's default year is not shipped here
-    with pytest.raises(UserInputError, match=r"not supported yet: NeMo-RL's 'math' evaluation set"):
-        MathDataset()
     with pytest.raises(DataError, match=r"^variant: 'math_train' is not a MATH set"):
-        MathDataset("math_train")
-    for module in ("gpqa", "mmlu", "mmlu_pro", "mmau"):
-        with pytest.raises(UnsupportedFeatureError, match=f"eval_datasets.{module}: not supported yet"):
-            importlib.import_module(f"nemo_rl_clone.data.datasets.eval_datasets.{module}")
+        MathDataset("math_train")  # math_test (the full MATH test set): tests/unit/test_eval_multichoice_datasets.py
+    with pytest.raises(UnsupportedFeatureError, match=r"eval_datasets\.mmau: not supported yet"):
+        importlib.import_module("nemo_rl_clone.data.datasets.eval_datasets.mmau")
 
 
 def test_aime_validation_set_repeats_the_whole_set(tmp_path):

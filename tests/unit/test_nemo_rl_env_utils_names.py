@@ -304,8 +304,8 @@ def test_hf_verify_worker_scores_as_the_math_environment() -> None:
     from nemo_rl_clone.environments.math_multi_reward_environment import MathMultiRewardEnvironment
 
     assert math_env.MathMultiRewardEnvironment is MathMultiRewardEnvironment
-    with pytest.raises(UnsupportedFeatureError, match="EnglishMultichoiceVerifyWorker: not supported yet: multiple"):
-        math_env.EnglishMultichoiceVerifyWorker  # noqa: B018
+    english = math_env.EnglishMultichoiceVerifyWorker.__ray_actor_class__()  # NeMo-RL's multiple-choice verifiers
+    assert english.verify(["Answer: B", "B"], ["B", "B"], return_extracted_answer=True) == ([1.0, 0.0], ["B", None])
 
 
 def test_reward_model_environment_config_shape() -> None:

@@ -118,7 +118,7 @@ def test_load_eval_dataset_rows_become_nemo_rl_prompts(tmp_path):
     ("config", "says"),
     [
         ({"dataset_name": "mmau"}, "data.dataset_name: not supported yet: 'mmau'"),
-        ({"dataset_name": "gpqa_diamond"}, "data.dataset_name: not supported yet: NeMo-RL's 'gpqa_diamond'"),
+        ({"dataset_name": "aime2026"}, "data.dataset_name: not supported yet: NeMo-RL's 'aime2026'"),
         ({"dataset_name": "aime2042"}, "data.dataset_name: unknown dataset 'aime2042' (did you mean 'aime2024'?)"),
         ({"dataset_name": "x.csv", "split": "test"}, "data.split: not supported yet: 'test'"),
         ({}, "data.dataset_name: required"),

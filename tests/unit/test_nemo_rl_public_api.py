@@ -88,8 +88,9 @@ DELIBERATE: dict[str, str] = {
     "(SFTDataConfig); several dataloaders (num_prompts_per_dataloader, custom_dataloader) not built: refused by name",
     "nemo_rl.environments.code_environment.CodeEnvConfig": "scores a program against its tests in one turn, which "
     "ends the episode: terminate_on_evaluation true is accepted, false (multi-turn execution) refused by name",
-    "nemo_rl.environments.math_environment.MathEnvConfig": "stop_strings and verifier_type (multiple-choice "
-    "verifiers) not built: refused by name unless null (verifier_type: also math)",
+    "nemo_rl.environments.math_environment.MathEnvConfig": "stop_strings (stop strings set by the environment) not "
+    "built: refused by name unless null; verifier_type: math, english_multichoice and multilingual_multichoice "
+    "built, NeMo-RL's others refused by name",
     "nemo_rl.models.generation.vllm.vllm_generation.VllmGeneration": "takes the model to serve as its third "
     "argument (NeMo-RL reads config['model_name']); workers_per_node and defer_model_load not built",
     **{f"nemo_rl.models.generation.{c}.prepare_for_generation": _TAGS for c in _GENERATION_CLASSES},

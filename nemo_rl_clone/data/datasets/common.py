@@ -70,12 +70,14 @@ def load_raw_rows(
     data_path: str | None,
     hub_subset: str | None = None,
     file_format: str | None = None,
+    csv_options: Mapping[str, Any] | None = None,
 ) -> datasets.Dataset:
     """Rows of ``hub_id`` (subset ``hub_subset``, split ``hub_split``) from the Hugging Face hub, or of a local
     file in the same format.
 
     ``data_path`` is a ``.json`` (array or JSON Lines), ``.jsonl``, ``.parquet`` or ``.csv`` file, or an http(s)
     URL of one; ``file_format`` (``json``, ``jsonl``, ``parquet``, ``csv``) overrides what the extension says.
+    ``csv_options`` go to the CSV reader (e.g. ``keep_default_na=False``) when the file is a CSV.
     """
     if data_path is not None:
         path = Path(data_path)
@@ -89,8 +91,11 @@ def load_raw_rows(
         remote = data_path.startswith(("http://", "https://"))
         if not remote and not path.is_file():
             raise DatasetLoadError(f"{dataset_name}: data file {data_path!r} does not exist")
+        options = dict(csv_options or {}) if builder == "csv" else {}
         try:
-            return datasets.load_dataset(builder, data_files=data_path if remote else str(path), split="train")
+            return datasets.load_dataset(
+                builder, data_files=data_path if remote else str(path), split="train", **options
+            )
         except (ConnectionError, OSError) as err:  # a URL without network
             raise DatasetLoadError(
                 f"{dataset_name}: could not read {data_path!r}: {type(err).__name__}: {err}"

@@ -1,5 +1,5 @@
-"""NeMo-RL's ``MathDataset`` evaluation class: ``math_500_test`` is MATH-500 (`load_eval_dataset`'s ``math500``);
-the full MATH test set (``math_test``) is refused by name."""
+"""NeMo-RL's ``MathDataset`` evaluation class: ``math_test`` is the full MATH test set (`load_eval_dataset`'s
+``math``: simple-evals' ``math_test.csv``), ``math_500_test`` is MATH-500 (``math500``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,17 @@
-"""NeMo-RL v0.7.0's path of a feature not built here (`facades.REFUSED`): importing it stops with one line."""
+"""NeMo-RL's ``MMLUProDataset`` evaluation class: ``TIGER-Lab/MMLU-Pro`` (split ``test``; `load_eval_dataset`'s
+``mmlu_pro``), as multiple-choice rows with up to ten options (A-J)."""
 
-from nemo_rl_clone.utils.unsupported_modules import refuse_import
+from __future__ import annotations
 
-refuse_import(__name__, "multiple-choice evaluation sets (GPQA, MMLU, MMLU-Pro) and their scoring")
+from nemo_rl_clone.data.datasets.eval_datasets import EvalDataset, load_eval_dataset
+
+
+class MMLUProDataset(EvalDataset):
+    """``rekeyed_ds`` (``question``, ``options`` A-J, ``answer``, ``subject`` = the category), ``task_spec`` from the
+    prompt files (MMLU-Pro's instruction when ``prompt_file`` is None), the ``multichoice_qa_processor``."""
+
+    def __init__(self, prompt_file: str | None, system_prompt_file: str | None = None) -> None:
+        loaded = load_eval_dataset(
+            {"dataset_name": "mmlu_pro", "prompt_file": prompt_file, "system_prompt_file": system_prompt_file}
+        )
+        super().__init__(loaded.rekeyed_ds, loaded.task_spec, loaded.processor)
