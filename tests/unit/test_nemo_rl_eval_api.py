@@ -233,6 +233,13 @@ def test_an_unknown_top_level_key_is_kept_then_refused_in_one_line(tmp_path, no_
         setup(config, object(), prompts(2))
 
 
+def test_the_script_s_own_config_flag_read_back_as_a_key_is_dropped(tmp_path, no_engines):
+    """NeMo-RL's run_eval.py merges OmegaConf.from_cli(), which keeps ``--config=<path>`` as a key."""
+    config = MasterConfig(**nemo_rl_eval_config(problems_file(tmp_path / "p.jsonl")), **{"--config": "eval.yaml"})
+    assert not hasattr(config, "--config")
+    setup(config, object(), prompts(2))
+
+
 def test_run_env_eval_prints_nemo_rl_s_pass_at_k_and_shuts_down(tmp_path, no_engines, monkeypatch, capsys):
     """2 problems x 2 samples in batches of one problem: pass@1 = 1/2 + 1 summed, 0.75 the mean."""
     config = nemo_rl_eval_config(problems_file(tmp_path / "p.jsonl"), num_tests_per_prompt=2, save_path=None)
