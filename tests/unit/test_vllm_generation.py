@@ -281,7 +281,16 @@ def test_prompt_without_room_to_generate_is_refused(generation: VllmGeneration) 
             ValueError,
             "vllm_cfg.expert_parallel_size: not supported yet: 2 > tensor_parallel_size 1",
         ),
-        ({"vllm_cfg": VllmConfig(precision="int4")}, ValueError, "vllm_cfg.precision 'int4' is not one of"),
+        (
+            {"vllm_cfg": VllmConfig(precision="int4")},
+            ValueError,
+            r"vllm_cfg.precision: must be one of \['bf16', 'bfloat16', 'float16', 'float32', 'fp32'\], got 'int4'",
+        ),
+        (
+            {"vllm_cfg": VllmConfig(precision="fp8")},
+            ValueError,
+            r"vllm_cfg.precision: not supported yet: FP8 generation",
+        ),
     ],
 )
 def test_invalid_configs_fail_before_any_engine_starts(
