@@ -121,3 +121,51 @@ def reference_run(model_path: str, batch: BatchedDataDict, steps: int) -> dict[s
 def max_state_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[name].float() - b[name].float()).abs().max().item() for name in a)
+
+
+def spawned_dtensor_worker(
+    model_dir: str, rows: int, dtensor_cfg: dict[str, Any], policy_extra: dict[str, Any] | None = None, **kwargs: Any
+) -> Any:
+    """In a `spawn`ed child: a fresh process group and a `DTensorPolicyWorker` of ``rows`` rows a step (fp32, AdamW
+    with eps 1e-6, clipping at 1, no scheduler, no reference model), ``dtensor_cfg`` and ``policy_extra`` on top.
+    Adam's eps at 1e-6: with 1e-8 the normalised step of a near-zero gradient (a tied embedding's unused rows) turns
+    float noise into ~5e-6 of weight, too close to the layout tests' tolerances."""
+    import os
+
+    from nemo_rl_clone.models.huggingface import load_tokenizer
+    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
+    from nemo_rl_clone.utils.config_validation import validate_config
+
+    policy = {
+        "model_name": model_dir,
+        "precision": "float32",
+        "train_global_batch_size": rows,
+        "train_micro_batch_size": 2,
+        "logprob_batch_size": 3,
+        "max_grad_norm": 1.0,
+        "scheduler": None,
+        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-3, "weight_decay": 0.01, "eps": 1e-6}},
+        "dtensor_cfg": dtensor_cfg,
+        **(policy_extra or {}),
+    }
+    os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)  # a fresh process group per worker
+    config = validate_config(policy, PolicyConfig)
+    return DTensorPolicyWorker(config, load_tokenizer(model_dir), model_dir, init_reference_model=False, **kwargs)
+
+
+def spawned_train_step(worker: Any, data: BatchedDataDict, rows: int) -> dict[str, Any]:
+    """One NLL step of a `spawned_dtensor_worker` on this rank's half of ``data`` (2 ranks): loss, grad norm, the
+    step's metrics, and (rank 0) a copy of the full weights (with one shard per rank the full tensor can be the live
+    parameter itself)."""
+    import os
+
+    from nemo_rl_clone.algorithms.loss import NLLLossFn
+
+    result = worker.train(data.shard_by_batch_size(2)[int(os.environ["RANK"])], NLLLossFn(), gbs=rows)
+    state = worker.get_full_state_dict_for_refit()
+    return {
+        "loss": result["global_loss"].item(),
+        "grad_norm": result["grad_norm"].item(),
+        "metrics": result["all_mb_metrics"],
+        "state": {name: tensor.clone() for name, tensor in state.items()} if state is not None else None,
+    }

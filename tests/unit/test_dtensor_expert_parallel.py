@@ -12,13 +12,13 @@ data-parallel size, a grad-norm gap of 0.027.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
+from tests.unit.policy_reference import spawned_dtensor_worker, spawned_train_step
 from tests.unit.test_megatron_policy import ROWS, make_batches, max_diff, spawn
 
 ATOL = 1e-5
@@ -26,42 +26,14 @@ EXPERTS, TOP_K, LAYERS = 8, 2, 2
 
 
 def _worker(model_dir: str, ep: int, **kwargs: Any) -> Any:
-    from nemo_rl_clone.models.huggingface import load_tokenizer
-    from nemo_rl_clone.models.policy.config import PolicyConfig
-    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
-    from nemo_rl_clone.utils.config_validation import validate_config
-
-    # Adam's eps at 1e-6: with 1e-8 the normalised step of a near-zero gradient (the tied embedding's unused
-    # rows) turns float noise into 4.9e-6 of weight, too close to the tolerance.
-    adamw = {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-3, "weight_decay": 0.01, "eps": 1e-6}}
-    policy = {
-        "model_name": model_dir,
-        "precision": "float32",
-        "train_global_batch_size": ROWS,
-        "train_micro_batch_size": 2,
-        "logprob_batch_size": 3,
-        "max_grad_norm": 1.0,
-        "scheduler": None,
-        "optimizer": adamw,
-        "hf_config_overrides": {"router_aux_loss_coef": 0.01},
-        "router_replay": {"enabled": True},
-        "dtensor_cfg": {"expert_parallel_size": ep},
-    }
-    os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)  # a fresh process group per worker
-    config = validate_config(policy, PolicyConfig)
-    return DTensorPolicyWorker(config, load_tokenizer(model_dir), model_dir, init_reference_model=False, **kwargs)
+    moe = {"hf_config_overrides": {"router_aux_loss_coef": 0.01}, "router_replay": {"enabled": True}}
+    return spawned_dtensor_worker(model_dir, ROWS, {"expert_parallel_size": ep}, moe, **kwargs)
 
 
 def _step(worker: Any, data: Any) -> dict[str, Any]:
-    from nemo_rl_clone.algorithms.loss import NLLLossFn
-
-    result = worker.train(data.shard_by_batch_size(2)[int(os.environ["RANK"])], NLLLossFn(), gbs=ROWS)
-    return {
-        "loss": result["global_loss"].item(),
-        "grad_norm": result["grad_norm"].item(),
-        "router_aux_loss": result["all_mb_metrics"]["router_aux_loss"],
-        "state": worker.get_full_state_dict_for_refit(),
-    }
+    step = spawned_train_step(worker, data, ROWS)
+    step["router_aux_loss"] = step.pop("metrics")["router_aux_loss"]
+    return step
 
 
 def forced_routing(data: Any) -> torch.Tensor:

@@ -9,48 +9,21 @@ on their own half of the batch (no all-reduce across them) would take other Adam
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from tests.unit.policy_reference import spawned_dtensor_worker, spawned_train_step
 from tests.unit.test_megatron_policy import ROWS, make_batches, max_diff, spawn
 
 ATOL = 1e-6
 
 
 def _worker(model_dir: str, replicas: int, **kwargs: Any) -> Any:
-    from nemo_rl_clone.models.huggingface import load_tokenizer
-    from nemo_rl_clone.models.policy.config import PolicyConfig
-    from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
-    from nemo_rl_clone.utils.config_validation import validate_config
-
-    policy = {
-        "model_name": model_dir,
-        "precision": "float32",
-        "train_global_batch_size": ROWS,
-        "train_micro_batch_size": 2,
-        "logprob_batch_size": 3,
-        "max_grad_norm": 1.0,
-        "scheduler": None,
-        "optimizer": {"name": "torch.optim.AdamW", "kwargs": {"lr": 1e-3, "weight_decay": 0.01, "eps": 1e-6}},
-        "dtensor_cfg": {"dp_replicate_size": replicas},
-    }
-    os.environ["MASTER_PORT"] = str(int(os.environ["MASTER_PORT"]) + 1)  # a fresh process group per worker
-    config = validate_config(policy, PolicyConfig)
-    return DTensorPolicyWorker(config, load_tokenizer(model_dir), model_dir, init_reference_model=False, **kwargs)
+    return spawned_dtensor_worker(model_dir, ROWS, {"dp_replicate_size": replicas}, **kwargs)
 
 
 def _step(worker: Any, data: Any) -> dict[str, Any]:
-    from nemo_rl_clone.algorithms.loss import NLLLossFn
-
-    result = worker.train(data.shard_by_batch_size(2)[int(os.environ["RANK"])], NLLLossFn(), gbs=ROWS)
-    state = worker.get_full_state_dict_for_refit()  # rank 0 only
-    return {
-        "loss": result["global_loss"].item(),
-        "grad_norm": result["grad_norm"].item(),
-        # Copied: with one shard per group the full tensor can be the live parameter itself.
-        "state": {name: tensor.clone() for name, tensor in state.items()} if state is not None else None,
-    }
+    return spawned_train_step(worker, data, ROWS)
 
 
 def run_scenarios(model_dir: str, run_dir: str, batches: list) -> dict[str, Any]:
