@@ -111,6 +111,7 @@ _PARTS = {
     "unit": ("tests/unit/",),
 }
 _part_seconds: dict[str, float] = dict.fromkeys(_PARTS, 0.0)
+_module_seconds: dict[str, float] = {}
 
 
 def _part(nodeid: str) -> str:
@@ -120,12 +121,17 @@ def _part(nodeid: str) -> str:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # Under xdist the controller sees every worker's reports here: setup + call + teardown of each test.
     _part_seconds[_part(report.nodeid)] += report.duration
+    module = report.nodeid.split("::")[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if sum(_part_seconds.values()) > 0:  # not after --collect-only
         parts = ", ".join(f"{part} {seconds / 60:.1f} min" for part, seconds in _part_seconds.items())
         terminalreporter.write_line(f"test time by part (summed over workers): {parts}")
+        # Modules are the unit of work (tests/machine_share.py): where a cut of CI time has to come from.
+        heaviest = sorted(_module_seconds.items(), key=lambda item: -item[1])[:25]
+        terminalreporter.write_line("heaviest modules: " + ", ".join(f"{m} {s:.0f} s" for m, s in heaviest))
     for used, nodeid in sorted(_peak_usage, reverse=True)[:5]:
         if used < 2**30 // 10:  # the largest users only: small ones are noise
             break
