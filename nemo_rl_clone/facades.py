@@ -42,17 +42,17 @@ FACADES: dict[str, str] = {
 # so importing it stops with one line, `<module>: not supported yet: <feature>`; nothing inside the package imports one.
 _NEMO_GYM = "NeMo-Gym environments"
 _MULTIMODAL = "vision and audio inputs (vision-language / audio-language models)"
-_DATA_PLANE = "the transfer-queue data plane (rollouts move between actors through Ray's object store)"
+_DATA_PLANE = (
+    "a rollout actor writing rollouts to the data plane (the driver runs the rollouts; the trainer's rows go through "
+    "the data plane: data_plane.enabled)"
+)
 _XTOKEN = "off-policy (cross-tokenizer) distillation from a teacher's stored outputs"
 _OPD = "on-policy distillation inside GRPO (distillation is its own run: examples/run_distillation_math.py)"
 REFUSED: dict[str, str] = {
     "nemo_rl_clone.environments.nemo_gym": _NEMO_GYM,
     "nemo_rl_clone.environments.vlm_environment": _MULTIMODAL,
     "nemo_rl_clone.environments.tools": "the retrieval (BM25) tool environment; tool calls: env.tool_use",
-    "nemo_rl_clone.data_plane": _DATA_PLANE,
     "nemo_rl_clone.experience.sync_rollout_actor": _DATA_PLANE,
-    "nemo_rl_clone.algorithms.grpo_sync": _DATA_PLANE,  # grpo_train_sync: GRPO's trainer over the data plane
-    "nemo_rl_clone.models.policy.tq_policy": _DATA_PLANE,
     "nemo_rl_clone.algorithms.x_token": _XTOKEN,
     "nemo_rl_clone.algorithms.xtoken_off_policy_distillation": _XTOKEN,
     "nemo_rl_clone.data.cross_tokenizer_collate": _XTOKEN,

@@ -1,5 +1,9 @@
-"""NeMo-RL v0.7.0's path of a feature not built here (`facades.REFUSED`): importing it stops with one line."""
+"""The transfer-queue data plane (``data_plane.enabled``): a step's rows live in TransferQueue's storage units (Ray
+actors), the driver and the policy workers exchange keys (`KVBatchMeta`), and the workers read their own rows and
+write their per-token results there. `build_data_plane_client` connects a process; docs/data_plane.md says what
+moves where and what it costs."""
 
-from nemo_rl_clone.utils.unsupported_modules import refuse_import
+from nemo_rl_clone.data_plane.factory import build_data_plane_client
+from nemo_rl_clone.data_plane.interfaces import DataPlaneClient, KVBatchMeta
 
-refuse_import(__name__, "the transfer-queue data plane (rollouts move between actors through Ray's object store)")
+__all__ = ["DataPlaneClient", "KVBatchMeta", "build_data_plane_client"]

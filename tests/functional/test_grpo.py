@@ -181,6 +181,10 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     The same run checks that ``max_num_epochs`` stops after the epoch's last batch (6 prompts, 2 per step: 3 steps)
     and that a checkpoint saved on a step without validation does not rank by an older validation (keep_top_k), and
     replays its step-3 repro bundle (`check_replay`).
+
+    Its logprob passes and training go through the data plane (``data_plane.enabled``: TransferQueue): the replay,
+    which recomputes step 3 in one process from the bundle, checks that the rows, both logprob columns and the
+    update came through it as a plain step computes them (plain runs are every other GRPO test here).
     """
     overrides = [
         *LENGTH_REWARD,
@@ -198,6 +202,7 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
         "checkpointing.keep_top_k=1",
         "++grpo.dump_steps=[3]",  # links step_2, which keep_top_k keeps: no more disk
         "logger.num_val_samples_to_print=2",
+        "++data_plane.enabled=true",
     ]
     proc = run_grpo(tmp_path, *overrides)
     (run_dir,) = run_dirs(tmp_path)

@@ -40,6 +40,7 @@ class EntryScript:
     step_metric: str = ""
     validates: bool = False
     prints: str = ""
+    says: str = ""  # a line a script with steps must also print
 
 
 def openmathinstruct2_file(path: Path, rows: int = 20) -> Path:
@@ -62,7 +63,10 @@ TP2_RECIPE = "configs/recipes/llm/grpo-qwen2.5-7b-instruct-4n4g-fsdp2tp2.v3.yaml
 def grpo_run(workdir: Path) -> EntryScript:
     """``run_grpo.py`` on `TP2_RECIPE` (``grpo_math_1B.yaml`` underneath) at smoke size: the tiny Qwen2 in fp32 on one
     node of 2 devices (both tensor-parallel layouts kept), 2 prompts × 2 generations, one step, no validation, no
-    checkpoint, the recipe's dataset from a local file (its 5% hold-out kept), one math verifier."""
+    checkpoint, the recipe's dataset from a local file (its 5% hold-out kept), one math verifier. With
+    ``data_plane.enabled`` (what the recipe's ``-tq_simple`` variants add): the script picks ``grpo_train_sync`` and
+    builds a ``TQPolicy`` through ``setup``'s policy factory, so the step's rows go through TransferQueue, each rank
+    pair of the TP=2 policy reading its rows and one of them writing their logprobs."""
     data = openmathinstruct2_file(workdir / "openmathinstruct2_mini.jsonl")
     overrides = (
         f"--config={workdir / 'examples' / TP2_RECIPE}",
@@ -94,8 +98,9 @@ def grpo_run(workdir: Path) -> EntryScript:
         "env.math.num_workers=1",
         f"logger.log_dir={workdir / 'logs'}",
         "checkpointing.enabled=false",
+        "data_plane.enabled=true",
     )
-    return EntryScript("run_grpo.py", overrides, "train/loss")
+    return EntryScript("run_grpo.py", overrides, "train/loss", says="Running synchronous GRPO training (TransferQueue)")
 
 
 def squad_file(path: Path, rows: int = 8) -> Path:
@@ -413,6 +418,7 @@ def test_entry_script_runs(name, tmp_path):
     if entry.prints:
         assert re.search(entry.prints, proc.stdout), proc.stdout[-3000:]
         return
+    assert entry.says in proc.stdout, proc.stdout[-3000:]
     (run_dir,) = run_dirs(tmp_path)
     first_step = read_metrics(run_dir)[1]
     assert entry.step_metric in first_step

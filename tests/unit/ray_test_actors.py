@@ -67,3 +67,28 @@ class FailingInitActor:
     def __init__(self) -> None:
         if os.environ["RANK"] == "1":
             raise RuntimeError("constructor of rank 1 failed on purpose")
+
+
+class DataPlaneReader:
+    """The data-plane side of a policy worker (`TQWorkerMixin`) around a stand-in computation: its "logprobs" are
+    the rows' token ids times two, so a test can tell whose rows were read and written."""
+
+    def __init__(self, rank: int) -> None:
+        from nemo_rl_clone.data_plane.worker_mixin import TQWorkerMixin
+
+        class Worker(TQWorkerMixin):
+            def get_logprobs(self, data: Any, micro_batch_size: int | None = None) -> dict[str, Any]:
+                return {"logprobs": data["input_ids"].float() * 2}
+
+        self.worker = Worker()
+        self.worker.rank = rank
+
+    def setup_data_plane(self, cfg: dict[str, Any]) -> None:
+        self.worker.setup_data_plane(cfg)
+
+    def logprobs(self, meta: Any, writer_ranks: list[int]) -> None:
+        self.worker.get_logprobs_presharded(meta, writer_ranks)
+
+    def fetch(self, meta: Any) -> dict[str, Any]:
+        data = self.worker._fetch(meta)
+        return {"columns": dict(data), "plan": data.microbatch_plan}

@@ -205,29 +205,48 @@ class GRPOConfig(RewardedLoopConfig):
 
 @dataclass
 class DataPlaneConfig(SectionReads):
-    """NeMo-RL's ``data_plane`` (a Ray-external transfer queue for rollouts). Off here: rollouts move as Ray objects.
-    The other keys configure that queue and only mean something when it is enabled. NeMo-RL's ``run_grpo.py`` reads
-    it as a dict from the master config ``setup`` returns (``master_config.data_plane.get("enabled")``)."""
+    """NeMo-RL's ``data_plane``: with ``enabled``, the trainer's rows live in TransferQueue's storage units and the
+    driver hands the policy workers keys (docs/data_plane.md). NeMo-RL's ``run_grpo.py`` reads it as a dict from the
+    master config ``setup`` returns (``master_config.data_plane.get("enabled")``)."""
 
     enabled: bool = False
     impl: str = "transfer_queue"
+    # TransferQueue's storage: "simple" (its in-memory storage units) is built; "mooncake_cpu" is refused.
     backend: str = "simple"
     num_storage_units: int = 2
-    storage_capacity: int = 1_000_000
+    storage_capacity: int = 1_000_000  # rows the storage units hold at most, over all units
+    # Mooncake's sizes: read only by the mooncake_cpu backend.
     global_segment_size: int = 512 * 2**30
     local_buffer_size: int = 64 * 2**30
+    # NeMo-RL's poll cadence of a worker claiming rows; here the driver hands each rank its rows, nothing claims.
     claim_meta_poll_interval_s: float = 0.5
 
     def check(self) -> list[tuple[str, str]]:
-        if self.enabled:
-            return [
-                (
-                    "enabled",
-                    "not supported yet: the transfer-queue data plane; rollouts move between actors through Ray's "
-                    "object store; set it to false",
+        problems: list[tuple[str, str]] = []
+        if self.impl != "transfer_queue":
+            problems.append(("impl", f"{self.impl!r} is not a data plane; use transfer_queue"))
+        if self.backend == "mooncake_cpu":
+            if self.enabled:
+                problems.append(
+                    (
+                        "backend",
+                        "not supported yet: TransferQueue's Mooncake store (mooncake_cpu, its transfer engine built "
+                        "for RDMA and CUDA hosts); use simple",
+                    )
                 )
-            ]
-        return []
+        elif self.backend != "simple":
+            problems.append(("backend", f"{self.backend!r} is not a TransferQueue backend; use simple"))
+        for key in ("num_storage_units", "storage_capacity", "global_segment_size", "local_buffer_size"):
+            if getattr(self, key) < 1:
+                problems.append((key, f"must be at least 1, got {getattr(self, key)}"))
+        if self.claim_meta_poll_interval_s != 0.5:
+            problems.append(
+                (
+                    "claim_meta_poll_interval_s",
+                    "not supported yet: workers claiming rows (the driver hands each rank its rows); leave it 0.5",
+                )
+            )
+        return problems
 
 
 @takes_extra_keys

@@ -43,9 +43,9 @@ def setup(
     config; it is validated once, here."""
     if tokenizer is None and dataset is None:
         return build_grpo_run(master_config)
-    _refuse_unbuilt(dataset, policy_factory)
+    _refuse_unbuilt(dataset)
     config = setup_config(master_config, GRPOMasterConfig, ("dataset", dataset), processor)
-    run = build_grpo_run(config, GivenParts(tokenizer, dataset, val_dataset))
+    run = build_grpo_run(config, GivenParts(tokenizer, dataset, val_dataset, policy_factory))
     train_cluster, generation_cluster = run.clusters[0], run.clusters[-1]
     return (
         run.policy,
@@ -139,13 +139,8 @@ def async_grpo_train(
     train_grpo_run(run)
 
 
-def _refuse_unbuilt(dataset: Any, policy_factory: Any) -> None:
+def _refuse_unbuilt(dataset: Any) -> None:
     if isinstance(dataset, Mapping):
         raise UserInputError(
             "dataset: not supported yet: one dataloader per dataset (data.use_multiple_dataloader); pass one dataset"
-        )
-    if policy_factory is not None:
-        raise UserInputError(
-            "policy_factory: not supported yet: a policy class of the caller's (the transfer-queue data plane's "
-            "TQPolicy); leave it None"
         )

@@ -4,6 +4,7 @@ clusters, policy, engines on the shared start `run.setup.setup_run`), checkpoint
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,9 @@ class GivenParts:
     tokenizer: Any
     train: Any
     validation: Any
+    # NeMo-RL's ``setup(..., policy_factory=)``: builds the policy from `Policy`'s keyword arguments (run_grpo.py
+    # passes one that makes a `TQPolicy` when data_plane.enabled)
+    policy_factory: Callable[..., Policy] | None = None
 
 
 def setup_rollout_run(
@@ -73,8 +77,11 @@ def setup_rollout_run(
     start = setup_run(
         config, config.loop.seed, tokenizer, build_data, after_ray=after_ray, log_dir_as_given=given is not None
     )
+    policy_factory = (
+        given.policy_factory if given is not None and given.policy_factory else default_policy_factory(config)
+    )
     policy, generation, clusters, colocated = _setup_workers(
-        config, tokenizer, start, extra_worker_groups, weight_updates_during_generation
+        config, tokenizer, start, extra_worker_groups, weight_updates_during_generation, policy_factory
     )
     return RolloutRun(
         config=config,
@@ -177,12 +184,23 @@ def save_checkpoint(components: RolloutRun[Any], loader_position: Any = None) ->
     return save_run_checkpoint(c.checkpointer, c.policy, position, c.state, c.config)
 
 
+def default_policy_factory(config: RolloutRunConfig) -> Callable[..., Policy]:
+    """`Policy`, or with ``data_plane.enabled`` (GRPO) a `TQPolicy` over the queue that section configures."""
+    data_plane = getattr(config, "data_plane", None)
+    if data_plane is None or not data_plane.enabled:
+        return Policy
+    from nemo_rl_clone.models.policy.tq_policy import TQPolicy
+
+    return functools.partial(TQPolicy, dp_cfg=data_plane)
+
+
 def _setup_workers(
     config: RolloutRunConfig,
     tokenizer: Any,
     start: RunStart[Any],
     extra_worker_groups: int,
     weight_updates_during_generation: bool,
+    policy_factory: Callable[..., Policy],
 ) -> tuple[Policy, GenerationInterface, list[RayVirtualCluster], bool]:
     """The policy workers and the engines (they start while the policy workers load and shard the model), with the
     refit path between them."""
@@ -195,10 +213,10 @@ def _setup_workers(
     # On CPU, colocated groups take turns on the same cores: each may use all of them while it runs.
     shared = colocated or extra_worker_groups > 0
     threads = {} if use_gpus or not shared else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
-    policy = Policy(
-        train_cluster,
-        config.policy,
-        tokenizer,
+    policy = policy_factory(
+        cluster=train_cluster,
+        config=config.policy,
+        tokenizer=tokenizer,
         weights_path=start.weights_path,
         optimizer_path=start.optimizer_path,
         init_reference_model=config.needs_reference_model,

@@ -33,6 +33,7 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
+from nemo_rl_clone.data_plane.worker_mixin import TQWorkerMixin
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.policy.config import PolicyConfig
@@ -71,7 +72,7 @@ def timed(profile: TrainProfile | None, field: str, device: torch.device) -> con
     return profile.timed(field, device) if profile is not None else contextlib.nullcontext()
 
 
-class PolicyWorkerBase(RefitSender):
+class PolicyWorkerBase(TQWorkerMixin, RefitSender):
     """One rank of the policy. Every public method except the ``prepare_*``/``offload_*`` ones is a collective.
 
     Args:

@@ -1,0 +1,1 @@
+"""Data-plane engines: `transfer_queue.TQDataPlaneClient` (TransferQueue, the only one built)."""
