@@ -11,6 +11,9 @@ Modes (each a whole run of ``--steps`` steps, no validation, no checkpoints, sam
 - ``dynamic`` (with ``--packing``): the defaults with dynamic batching in place of sequence packing (each
   microbatch's samples run as one row, no padding), same token budgets; ``train_padding_fraction`` shows what each
   computes in vain, and ``packing_ratio=<dynamic/new step time>`` what packing buys.
+- ``data_plane`` (with ``--data-plane``): the defaults with ``data_plane.enabled`` (the trainer's rows through
+  TransferQueue, docs/data_plane.md): the same computations, so ``data_plane_ratio=<data_plane/new step time>`` and
+  the two startups are what the queue costs on one machine.
 - ``bf16_backward`` (with ``--bf16``): the defaults with the bf16 backward forced (``bfloat16``, not ``auto``): the
   same as ``new`` on a CPU with native bf16, emulated and slower on one without.
 - ``bf16`` (with ``--bf16``): the defaults plus bf16 policy (FSDP2 mixed precision: bf16 compute, fp32 master weights
@@ -23,7 +26,8 @@ process's start to its first step (imports, Ray, engine, policy, data: ``timing/
 over those) last. Runs go one after another, so keep the machine
 otherwise idle; ``--rounds 2`` alternates the modes twice and keeps each mode's faster round.
 
-    uv run --no-sync python benchmarks/grpo_step.py [--steps 6] [--rounds 1] [--packing] [--bf16] [--sampler]
+    uv run --no-sync python benchmarks/grpo_step.py [--steps 6] [--rounds 1] [--packing] [--bf16] [--sampler] [--data-plane]
+        [--modes new,data_plane]
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ MODES = {
     "old": ["policy.generation.vllm_cfg.enforce_eager=true", "policy.generation.vllm_cfg.sampler=vllm"],
     "new": [],
     "inverse_cdf": ["policy.generation.vllm_cfg.sampler=inverse_cdf"],
+    "data_plane": ["++data_plane.enabled=true"],
     "dynamic": DYNAMIC_BATCHING,
     "bf16_backward": ["policy.dtensor_cfg.backward_precision=bfloat16"],
     "bf16": [
@@ -62,7 +67,15 @@ MODES = {
         "policy.dtensor_cfg.attn_implementation=eager",
     ],
 }
-PHASES = ("generation", "policy_training", "weight_sync", "policy_forward", "policy_backward", "policy_optimizer")
+PHASES = (
+    "generation",
+    "policy_and_reference_logprobs",
+    "policy_training",
+    "weight_sync",
+    "policy_forward",
+    "policy_backward",
+    "policy_optimizer",
+)
 
 
 def run(mode: str, steps: int, log_dir: Path) -> dict[str, float]:
@@ -104,8 +117,12 @@ def main() -> None:
     parser.add_argument("--packing", action="store_true", help="also run the dynamic-batching mode")
     parser.add_argument("--bf16", action="store_true", help="also run the bf16 modes")
     parser.add_argument("--sampler", action="store_true", help="also run the defaults with the inverse-CDF sampler")
+    parser.add_argument("--data-plane", action="store_true", help="also run the defaults through the data plane")
+    parser.add_argument("--modes", help="comma-separated modes to run instead (e.g. new,data_plane)")
     args = parser.parse_args()
     modes = ["old", "new", *(["inverse_cdf"] if args.sampler else []), *(["dynamic"] if args.packing else [])]
+    modes += ["data_plane"] if args.data_plane else []
+    modes = args.modes.split(",") if args.modes else modes
     modes += ["bf16_backward", "bf16"] if args.bf16 else []
     best: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="grpo_step_") as tmp:
@@ -118,12 +135,16 @@ def main() -> None:
         print(f"{mode:13s} " + " ".join(f"{key}={value:.4g}" for key, value in best[mode].items()))
     if "dynamic" in best:
         print(f"packing_ratio={best['dynamic']['step'] / best['new']['step']:.2f}")
+    if "data_plane" in best:
+        print(f"data_plane_ratio={best['data_plane']['step'] / best['new']['step']:.2f}")
     if "inverse_cdf" in best:
         print(f"sampler_ratio={best['new']['step'] / best['inverse_cdf']['step']:.2f}")
-    for mode in ("bf16_backward", "bf16"):
-        if mode in best:
-            print(f"{mode}_ratio={best['old']['step'] / best[mode]['step']:.2f}")
-    print(f"ratio={best['old']['step'] / best['new']['step']:.2f}")
+    if "old" in best:
+        for mode in ("bf16_backward", "bf16"):
+            if mode in best:
+                print(f"{mode}_ratio={best['old']['step'] / best[mode]['step']:.2f}")
+        if "new" in best:
+            print(f"ratio={best['old']['step'] / best['new']['step']:.2f}")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from nemo_rl_clone.utils.unsupported_modules import refusing_getattr
 
 Tensor = torch.Tensor  # NeMo-RL's names
 TokenizerType = PreTrainedTokenizerBase
-# NeMo-RL's wire format of message logs between actors, used only by its transfer-queue data plane.
-_DATA_PLANE = "the transfer-queue data plane (rollouts move between actors through Ray's object store)"
+# NeMo-RL's wire format of message logs between actors, used only by its rollout actor's writes to the data plane.
+_DATA_PLANE = "message logs written to the data plane by a rollout actor (the driver runs the rollouts here)"
 __getattr__ = refusing_getattr(
     __name__,
     dict.fromkeys(

@@ -44,16 +44,17 @@ class KVBatchMeta:
             extra_info=dict(self.extra_info),
         )
 
-    def slice(self, start: int, end: int) -> KVBatchMeta:
-        return self.subset(range(start, end))
+    def slice(self, start: int, stop: int) -> KVBatchMeta:
+        return self.subset(range(start, stop))
 
     def stamp_tags(self, scalars: Mapping[str, Any]) -> None:
         """Add ``scalars`` to every row's tag."""
         self.tags = [{**tag, **scalars} for tag in (self.tags or [{} for _ in self.sample_ids])]
 
     @staticmethod
-    def concat(metas: Sequence[KVBatchMeta]) -> KVBatchMeta:
-        """One handle for the rows of ``metas`` (all of one partition), in order."""
+    def concat(*others: KVBatchMeta) -> KVBatchMeta:
+        """One handle for the rows of ``others`` (all of one partition), in order."""
+        metas = others
         partitions = {meta.partition_id for meta in metas}
         if len(partitions) != 1:
             raise ValueError(f"KVBatchMeta.concat: rows of one partition only, got {sorted(partitions)}")

@@ -4,7 +4,6 @@ results back under the same keys, so neither passes through the driver."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -13,8 +12,11 @@ from nemo_rl_clone.data_plane.factory import build_data_plane_client
 from nemo_rl_clone.data_plane.interfaces import DataPlaneClient, KVBatchMeta
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 
-# ``KVBatchMeta.extra_info`` key: the rank's microbatch plan (dynamic batching / sequence packing), made by the driver.
+# ``KVBatchMeta.extra_info`` keys, set by the driver: the rank's microbatch plan (dynamic batching / sequence
+# packing), and the ranks that write a pass's results (one per data-parallel group: its tensor- and
+# pipeline-parallel peers computed the same values).
 MICROBATCH_PLAN = "microbatch_plan"
+WRITER_RANKS = "writer_ranks"
 # The columns the logprob passes write, named as the training batch names them.
 PREV_LOGPROBS = "prev_logprobs"
 REFERENCE_LOGPROBS = "reference_policy_logprobs"
@@ -22,36 +24,40 @@ REFERENCE_LOGPROBS = "reference_policy_logprobs"
 
 class TQWorkerMixin:
     """Mixed into `PolicyWorkerBase`: its ``get_logprobs`` / ``get_reference_policy_logprobs`` / ``train`` fed from
-    the data plane. ``writer_ranks``: the ranks that write a result (one per data-parallel group; its tensor- and
-    pipeline-parallel peers computed the same values)."""
+    the data plane."""
 
     rank: int
-    _data_plane: DataPlaneClient | None = None
+    _dp_client: DataPlaneClient | None = None
 
     def setup_data_plane(self, cfg: Any) -> None:
         """Connect this worker to the queue the driver started."""
-        self._data_plane = build_data_plane_client(cfg, bootstrap=False)
+        self._dp_client = build_data_plane_client(cfg, bootstrap=False)
 
-    def get_logprobs_presharded(
-        self, meta: KVBatchMeta, writer_ranks: Collection[int], micro_batch_size: int | None = None
-    ) -> None:
+    def get_logprobs_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         logprobs = self.get_logprobs(self._fetch(meta), micro_batch_size)["logprobs"]  # type: ignore[attr-defined]
-        self._write_back(meta, writer_ranks, PREV_LOGPROBS, logprobs)
+        self._write_back(meta, PREV_LOGPROBS, logprobs)
 
-    def get_reference_policy_logprobs_presharded(
-        self, meta: KVBatchMeta, writer_ranks: Collection[int], micro_batch_size: int | None = None
-    ) -> None:
+    def get_reference_policy_logprobs_presharded(self, meta: KVBatchMeta, micro_batch_size: int | None = None) -> None:
         data = self._fetch(meta)
         logprobs = self.get_reference_policy_logprobs(data, micro_batch_size)["reference_logprobs"]  # type: ignore[attr-defined]
-        self._write_back(meta, writer_ranks, REFERENCE_LOGPROBS, logprobs)
+        self._write_back(meta, REFERENCE_LOGPROBS, logprobs)
 
-    def train_presharded(self, meta: KVBatchMeta, **train_kwargs: Any) -> dict[str, Any]:
-        return self.train(self._fetch(meta), **train_kwargs)  # type: ignore[attr-defined]
+    def train_presharded(
+        self,
+        meta: KVBatchMeta,
+        loss_fn: Any,
+        eval_mode: bool = False,
+        gbs: int | None = None,
+        mbs: int | None = None,
+        loss_normalization: list[tuple[float, float]] | None = None,
+    ) -> dict[str, Any]:
+        data = self._fetch(meta)
+        return self.train(data, loss_fn, eval_mode, gbs, mbs, loss_normalization)  # type: ignore[attr-defined]
 
     def _client(self) -> DataPlaneClient:
-        if self._data_plane is None:
+        if self._dp_client is None:
             raise RuntimeError("this worker is not connected to a data plane; call setup_data_plane first")
-        return self._data_plane
+        return self._dp_client
 
     def _fetch(self, meta: KVBatchMeta) -> BatchedDataDict:
         """This rank's rows, in the meta's order, with the driver's microbatch plan."""
@@ -59,6 +65,6 @@ class TQWorkerMixin:
         data.microbatch_plan = meta.extra_info.get(MICROBATCH_PLAN)
         return data
 
-    def _write_back(self, meta: KVBatchMeta, writer_ranks: Collection[int], name: str, values: torch.Tensor) -> None:
-        if self.rank in writer_ranks:
+    def _write_back(self, meta: KVBatchMeta, name: str, values: torch.Tensor) -> None:
+        if self.rank in meta.extra_info[WRITER_RANKS]:
             self._client().put_samples(meta.sample_ids, meta.partition_id, {name: values.contiguous()})

@@ -2,4 +2,8 @@
 
 from nemo_rl_clone.utils.unsupported_modules import refuse_import
 
-refuse_import(__name__, "the transfer-queue data plane (rollouts move between actors through Ray's object store)")
+refuse_import(
+    __name__,
+    "a rollout actor writing rollouts to the data plane (the driver runs the rollouts; the trainer's rows go through "
+    "the data plane: data_plane.enabled)",
+)

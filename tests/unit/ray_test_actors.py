@@ -86,8 +86,8 @@ class DataPlaneReader:
     def setup_data_plane(self, cfg: dict[str, Any]) -> None:
         self.worker.setup_data_plane(cfg)
 
-    def logprobs(self, meta: Any, writer_ranks: list[int]) -> None:
-        self.worker.get_logprobs_presharded(meta, writer_ranks)
+    def logprobs(self, meta: Any) -> None:
+        self.worker.get_logprobs_presharded(meta)
 
     def fetch(self, meta: Any) -> dict[str, Any]:
         data = self.worker._fetch(meta)

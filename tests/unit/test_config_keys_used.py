@@ -141,10 +141,16 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         "not supported yet: the KL penalty is a loss term here (reference_policy_kl_penalty); set it to false",
         ("grpo",),
     ),
-    (DataPlaneConfig, "enabled"): Refusal(
-        True,
-        "not supported yet: the transfer-queue data plane; rollouts move between actors through Ray's object store; "
-        "set it to false",
+    (DataPlaneConfig, "backend"): Refusal(
+        "mooncake_cpu",
+        "not supported yet: TransferQueue's Mooncake store (mooncake_cpu, its transfer engine built for RDMA and CUDA "
+        "hosts); use simple",
+        ("grpo",),
+        (("data_plane.enabled", True),),
+    ),
+    (DataPlaneConfig, "claim_meta_poll_interval_s"): Refusal(
+        0.1,
+        "not supported yet: workers claiming rows (the driver hands each rank its rows); leave it 0.5",
         ("grpo",),
     ),
     (GRPOMasterConfig, "on_policy_distillation"): Refusal(

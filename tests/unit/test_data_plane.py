@@ -11,7 +11,7 @@ import torch
 
 from nemo_rl_clone.algorithms.grpo.config import DataPlaneConfig
 from nemo_rl_clone.data_plane import KVBatchMeta, build_data_plane_client
-from nemo_rl_clone.data_plane.worker_mixin import MICROBATCH_PLAN, PREV_LOGPROBS
+from nemo_rl_clone.data_plane.worker_mixin import MICROBATCH_PLAN, PREV_LOGPROBS, WRITER_RANKS
 from nemo_rl_clone.utils.errors import UserInputError
 from tests.unit.ray_test_actors import DataPlaneReader
 
@@ -65,11 +65,12 @@ def test_a_worker_reads_its_rows_and_only_a_writer_rank_writes(queue):
     readers = [reader_class.remote(rank) for rank in (0, 1)]
     ray.get([reader.setup_data_plane.remote(CFG) for reader in readers])
     first, second = meta.subset([0, 1, 2]), meta.subset([5, 4, 3])
-    first.extra_info[MICROBATCH_PLAN] = "plan of rank 0"
+    first.extra_info |= {MICROBATCH_PLAN: "plan of rank 0", WRITER_RANKS: [0]}
+    second.extra_info[WRITER_RANKS] = [0]
     fetched = ray.get(readers[0].fetch.remote(first))
     assert torch.equal(fetched["columns"]["input_ids"], rows["input_ids"][:3]) and fetched["plan"] == "plan of rank 0"
     # rank 1 is not a writer: its computed values must not land
-    ray.get([readers[0].logprobs.remote(first, [0]), readers[1].logprobs.remote(second, [0])])
+    ray.get([readers[0].logprobs.remote(first), readers[1].logprobs.remote(second)])
     written = queue.get_samples(keys[:3], "train", [PREV_LOGPROBS])[PREV_LOGPROBS]
     assert torch.equal(written, rows["input_ids"][:3].float() * 2)
     with pytest.raises(Exception):  # noqa: B017  (rows 3-5 have no such column)
@@ -88,12 +89,12 @@ def test_meta_subsets_keep_keys_lengths_and_tags_together():
     meta = KVBatchMeta("train", "train", ["a", "b", "c"], ["input_ids"], [3, 1, 2], tags=[{"i": 0}, {"i": 1}, {"i": 2}])
     part = meta.subset([2, 0])
     assert (part.sample_ids, part.sequence_lengths, part.tags) == (["c", "a"], [2, 3], [{"i": 2}, {"i": 0}])
-    joined = KVBatchMeta.concat([meta.slice(0, 1), meta.slice(1, 3)])
+    joined = KVBatchMeta.concat(meta.slice(0, 1), meta.slice(1, 3))
     assert joined.sample_ids == meta.sample_ids and joined.sequence_lengths == meta.sequence_lengths
     joined.stamp_tags({"step": 4})
     assert joined.tags[1] == {"i": 1, "step": 4}
     with pytest.raises(ValueError, match="one partition"):
-        KVBatchMeta.concat([meta, KVBatchMeta("val")])
+        KVBatchMeta.concat(meta, KVBatchMeta("val"))
 
 
 @pytest.mark.parametrize(

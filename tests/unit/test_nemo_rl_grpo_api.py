@@ -63,7 +63,6 @@ def test_setup_refuses_what_is_not_built_before_starting_anything(tmp_path):
     cases = [
         ({"dataset": {"math": []}}, "dataset: not supported yet"),
         ({"dataset": [], "processor": object()}, "processor: not supported yet"),
-        ({"dataset": [], "policy_factory": lambda **kw: None}, "policy_factory: not supported yet"),
         ({"dataset": None}, "dataset: required"),
     ]
     for kwargs, message in cases:

@@ -6,7 +6,6 @@ tests/unit/test_vllm_refit.py (engine logprobs equal the trainer's after the wei
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 import typing
 from pathlib import Path
@@ -137,14 +136,16 @@ def test_refit_policy_generation_refuses_fp8_kv_scales_and_a_bad_buffer_size() -
     assert pair.calls == []
 
 
-def test_grpo_train_sync_is_refused_in_one_line_naming_the_data_plane() -> None:
-    code = "from nemo_rl_clone.algorithms.grpo_sync import grpo_train_sync"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 1
-    assert done.stderr.strip() == (
-        "error: nemo_rl_clone.algorithms.grpo_sync: not supported yet: the transfer-queue data plane (rollouts move "
-        "between actors through Ray's object store)"
-    )
+def test_grpo_train_sync_takes_only_a_policy_on_the_data_plane() -> None:
+    """NeMo-RL's run_grpo.py hands grpo_train_sync the TQPolicy its policy factory built (the run itself:
+    test_nemo_rl_entry_scripts.py); a plain policy is named in one line, and validate_sync (NeMo-RL's validation
+    through a rollout actor) is refused by name."""
+    from nemo_rl_clone.algorithms import grpo_sync
+
+    with pytest.raises(UserInputError, match=r"^grpo_train_sync: the policy is a object, not a TQPolicy"):
+        grpo_sync.grpo_train_sync(*([object()] * 12))
+    with pytest.raises(ImportError, match="validate_sync: not supported yet: validation through a rollout actor"):
+        grpo_sync.validate_sync  # noqa: B018
 
 
 def test_get_actor_python_env_returns_each_actor_class_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:

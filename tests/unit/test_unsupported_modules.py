@@ -43,11 +43,12 @@ def test_an_entry_point_reports_it_as_a_user_error(capfd, monkeypatch) -> None:
 
 
 def test_a_users_script_prints_one_line_and_no_traceback(tmp_path: Path) -> None:
-    script = tmp_path / "run_with_data_plane.py"
-    script.write_text("from nemo_rl_clone.data_plane.interfaces import DataPlaneClient\nprint('not reached')\n")
+    script = tmp_path / "run_with_rollout_actor.py"
+    module = "nemo_rl_clone.experience.sync_rollout_actor"
+    script.write_text(f"from {module} import SyncRolloutActor\nprint('not reached')\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr == f"error: nemo_rl_clone.data_plane: not supported yet: {REFUSED['nemo_rl_clone.data_plane']}\n"
+    assert done.stderr == f"error: {module}: not supported yet: {REFUSED[module]}\n"
 
 
 def test_a_built_module_refuses_nemo_rl_names_of_an_unbuilt_feature(monkeypatch) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.data_plane import KVBatchMeta, build_data_plane_client
-from nemo_rl_clone.data_plane.worker_mixin import MICROBATCH_PLAN
+from nemo_rl_clone.data_plane.worker_mixin import MICROBATCH_PLAN, WRITER_RANKS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.distributed.worker_group_dispatch import plan_sharded_call
 from nemo_rl_clone.distributed.worker_groups import MultiWorkerFuture
@@ -67,8 +67,13 @@ class TQPolicy(Policy):
         lengths = data["input_lengths"].tolist() if "input_lengths" in data else []
         return KVBatchMeta(self.tq_partition_id, "train", keys, sorted(columns), lengths)
 
-    def read_from_dataplane(self, meta: KVBatchMeta, *, select_fields: list[str]) -> BatchedDataDict:
-        """The ``select_fields`` columns of ``meta``'s rows, in its order."""
+    def read_from_dataplane(
+        self, meta: KVBatchMeta, *, select_fields: list[str], pad_value_dict: dict[str, Any] | None = None
+    ) -> BatchedDataDict:
+        """The ``select_fields`` columns of ``meta``'s rows, in its order. Rows are written at the batch's padded
+        width and come back at it, so NeMo-RL's ``pad_value_dict`` (padding ragged rows) has nothing to pad."""
+        if pad_value_dict:
+            raise ValueError("read_from_dataplane: pad_value_dict: rows come back at their written (padded) width")
         return BatchedDataDict(self.dp_client.get_samples(meta.sample_ids, meta.partition_id, select_fields))
 
     def write_to_dataplane(self, meta: KVBatchMeta, fields: dict[str, torch.Tensor]) -> None:
@@ -135,10 +140,7 @@ class TQPolicy(Policy):
         with timed(timer, f"{name}/shard_data"):
             shards, _ = self._shard(view, "logprob", allow_uneven_shards=True)
         with timed(timer, f"{name}/submit_logprob_futures"):
-            writers = plan_sharded_call(
-                self.worker_group.sharding_annotations, ["data_parallel"], _REPLICATED, _REPLICATED
-            ).return_ranks
-            self._presharded(method, meta, shards, {"writer_ranks": writers, "micro_batch_size": micro_batch_size})
+            self._presharded(method, meta, shards, {"micro_batch_size": micro_batch_size})
 
     def _planning_view(self, meta: KVBatchMeta) -> BatchedDataDict:
         """The driver's copy of ``meta``'s rows with their row indices: what `Policy` plans shards from."""
@@ -151,10 +153,12 @@ class TQPolicy(Policy):
         self, method: str, meta: KVBatchMeta, shards: list[BatchedDataDict], kwargs: dict[str, Any]
     ) -> list[Any]:
         """Call ``method`` on every rank with the handle of its shard's rows (and the shard's microbatch plan)."""
+        sharding = self.worker_group.sharding_annotations
+        writers = plan_sharded_call(sharding, ["data_parallel"], _REPLICATED, _REPLICATED).return_ranks
         metas = []
         for shard in shards:
             rank_meta = meta.subset(shard[_ROW].tolist())
-            rank_meta.extra_info[MICROBATCH_PLAN] = shard.microbatch_plan
+            rank_meta.extra_info |= {MICROBATCH_PLAN: shard.microbatch_plan, WRITER_RANKS: writers}
             metas.append(rank_meta)
         future: MultiWorkerFuture = self.worker_group.run_all_workers_sharded_data(
             method,
