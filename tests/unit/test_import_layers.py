@@ -28,6 +28,7 @@ PACKAGE_DIR = Path(nemo_rl_clone.__file__).parent
 LAYERS = (
     "utils",
     "distributed",
+    "data_plane",
     "contract",
     "data",
     "models",
