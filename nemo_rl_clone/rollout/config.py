@@ -25,6 +25,9 @@ class RolloutLoopConfig(SectionReads):
     # null (NeMo-RL's NeMo-Gym recipes): every validation row, in one batch.
     max_val_samples: int | None = 256
     val_batch_size: int | None = 256
+    # NeMo-RL's GRPO key: samples per validation prompt. accuracy / mean_reward / avg_length average all of them
+    # (mean@k); pass@k is the share of prompts with a correct one.
+    num_val_generations_per_prompt: int = 1
     seed: int = 42
 
     def check(self) -> list[tuple[str, str]]:
@@ -38,6 +41,7 @@ class RolloutLoopConfig(SectionReads):
             "max_num_steps",
             "max_val_samples",
             "val_batch_size",
+            "num_val_generations_per_prompt",
         )
 
     @property

@@ -72,7 +72,6 @@ UNSUPPORTED_KEYS: dict[str, Unsupported] = {
     # Where the advantages are computed: same numbers either way.
     "grpo.calculate_advantages_on_gpu": Unsupported("", (False, True)),
     # GRPO options of NeMo-RL's NeMo-Gym and agentic recipes.
-    "grpo.num_val_generations_per_prompt": Unsupported("several validation samples per prompt", (1,)),
     "grpo.invalid_tool_call_strategy": Unsupported("penalising invalid tool calls (agentic rollouts)", (None, "")),
     "grpo.penalize_invalid_tool_call": Unsupported("penalising invalid tool calls (agentic rollouts)", (False,)),
     "grpo.penalize_malformed_thinking": Unsupported("penalising malformed thinking blocks", (False,)),

@@ -203,6 +203,7 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
         "++grpo.dump_steps=[3]",  # links step_2, which keep_top_k keeps: no more disk
         "logger.num_val_samples_to_print=2",
         "++data_plane.enabled=true",
+        "grpo.num_val_generations_per_prompt=2",  # validation: mean@2 and pass@2 over two samples per prompt
     ]
     proc = run_grpo(tmp_path, *overrides)
     (run_dir,) = run_dirs(tmp_path)
@@ -228,6 +229,8 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
     for step in range(first_update + 1, 4):
         assert metrics[step]["train/kl_penalty"] > 1e-6, (step, metrics[step]["train/kl_penalty"])
 
+    validation = metrics[2]
+    assert validation["validation/accuracy"] <= validation["validation/pass@2"] <= 2 * validation["validation/accuracy"]
     # Validation ran on step 2 only; step 3's checkpoint carries no accuracy, so keep_top_k=1 keeps step 2 (the best
     # validated one) besides the latest. Had step 3 inherited step 2's accuracy, it would have won the tie.
     ckpt = tmp_path / "ckpt"

@@ -13,6 +13,7 @@ from nemo_rl_clone.algorithms import grpo, ppo, reward_functions
 from nemo_rl_clone.algorithms.grpo.config import AdvEstimatorConfig, AsyncGRPOConfig, GRPOConfig
 from nemo_rl_clone.algorithms.ppo.config import GAEConfig
 from nemo_rl_clone.algorithms.run.rollout import validate as run_validate
+from nemo_rl_clone.algorithms.run.rollout import validation_metrics
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.rollout.config import RewardScalingConfig, RewardShapingConfig
@@ -239,3 +240,15 @@ def test_config_sections_and_state_are_ours() -> None:
     assert grpo.GRPOLoggerConfig is LoggerConfig is ppo.PPOLoggerConfig
     assert ppo.AdvEstimatorConfig is GAEConfig and ppo.PPOSaveState is RunState
     assert ppo.TokenizerType is grpo.TokenizerType and ppo.validate is run_validate
+
+
+# --------------------------------------------------------------------------------------------- validation metrics
+def test_validation_metrics_average_every_sample_and_count_prompts_with_a_correct_one() -> None:
+    """3 prompts × 2 samples (rows prompt-major): verdicts [1 0 | 0 0 | 1 1]. By hand: accuracy (mean@2) 3/6,
+    pass@2 2/3 (prompts 0 and 2), mean reward (0.5 + 0 + 0 + 0 + 1 + 1)/6, length 60 tokens / 6 samples."""
+    correct = torch.tensor([True, False, False, False, True, True])
+    rewards = torch.tensor([0.5, 0.0, 0.0, 0.0, 1.0, 1.0])
+    got = validation_metrics(correct, rewards, 60.0, 2)
+    assert got == pytest.approx({"accuracy": 0.5, "mean_reward": 2.5 / 6, "avg_length": 10.0, "pass@2": 2 / 3})
+    # prompt-major, not sample-major: read as [1 0 0 | 0 1 1] by sample it would give pass@2 = 1
+    assert validation_metrics(correct, rewards, 60.0, 1).keys() == {"accuracy", "mean_reward", "avg_length"}

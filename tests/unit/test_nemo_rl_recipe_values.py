@@ -75,10 +75,11 @@ def test_keys_of_unbuilt_features_are_accepted_off_and_refused_on():
         "policy.generation.vllm_cfg.skip_tokenizer_init: not supported yet: engines without a tokenizer (NeMo-RL's "
         "key, set to True)"
     ]
-    assert problems("++grpo.num_val_generations_per_prompt=4") == [
-        "grpo.num_val_generations_per_prompt: not supported yet: several validation samples per prompt (NeMo-RL's "
-        "key, set to 4)"
+    assert problems("++grpo.penalize_malformed_thinking=true") == [
+        "grpo.penalize_malformed_thinking: not supported yet: penalising malformed thinking blocks (NeMo-RL's "
+        "key, set to True)"
     ]
+    assert grpo("++grpo.num_val_generations_per_prompt=4").grpo.num_val_generations_per_prompt == 4  # built
     assert problems("++grpo.num_val_generation_per_prompt=1")[0].startswith(
         "grpo.num_val_generation_per_prompt: unknown key"  # a typo stays unknown
     )

@@ -279,21 +279,29 @@ def _clusters(config: RolloutRunConfig, use_gpus: bool, extra_worker_groups: int
 
 
 def validate(c: RolloutRun[Any], samples: list[dict[str, Any]] | None = None) -> dict[str, float]:
-    """Roll out the validation prompts once (sampled with fixed per-prompt seeds, so runs compare fairly).
+    """Roll out the validation prompts, ``num_val_generations_per_prompt`` samples each (sampled with fixed seeds per
+    prompt and sample, so runs compare fairly; a prompt's first sample is the one a run with one sample draws).
 
     Returns ``accuracy`` (fraction of responses whose `accuracy_reward` is 1), ``mean_reward`` (what a graded scorer
-    such as a reward model is judged by) and ``avg_length`` (generated tokens). ``samples`` receives the first
-    ``logger.num_val_samples_to_print`` samples as `sample_rows` rows.
+    such as a reward model is judged by) and ``avg_length`` (generated tokens), each over every sample (mean@k, as
+    NeMo-RL averages its repeated prompts); with several samples per prompt also ``pass@<k>`` (the share of prompts
+    with at least one correct sample). ``samples`` receives the first ``logger.num_val_samples_to_print`` samples as
+    `sample_rows` rows.
     """
     cfg, loop = c.config, c.config.loop
     if c.val_dataset is None:
         return {}
     count = min(len(c.val_dataset), loop.max_val_samples or len(c.val_dataset))
     batch_size = loop.val_batch_size or count
+    k = loop.num_val_generations_per_prompt
     rewards, correct, lengths = [], [], []
     for start in range(0, count, batch_size):
         prompts = rl_collate_fn([c.val_dataset[i] for i in range(start, min(count, start + batch_size))])
-        prompts["seeds"] = [loop.seed * 100_003 + start + i for i in range(prompts.size)]
+        seeds = [loop.seed * 100_003 + start + i for i in range(prompts.size)]
+        if k > 1:  # sample j of each prompt draws with the prompt's seed moved by j strides (rows prompt-major)
+            prompts = prompts.repeat_interleave(k)
+            seeds = [seed + j * _VAL_SAMPLE_SEED_STRIDE for seed in seeds for j in range(k)]
+        prompts["seeds"] = seeds
         batch, metrics = roll_out(c, prompts)
         if samples is not None and len(samples) < cfg.logger.num_val_samples_to_print:
             rows = sample_rows(batch, batch["total_reward"])
@@ -301,13 +309,25 @@ def validate(c: RolloutRun[Any], samples: list[dict[str, Any]] | None = None) ->
         rewards.append(batch["total_reward"])
         correct.append(accuracy_reward(batch) == 1.0)
         lengths.append(metrics["mean_generation_length"] * batch.size)
-    all_rewards = torch.cat(rewards)
     c.generation.take_performance_metrics()  # validation's generation is not the next training step's
-    return {
-        "accuracy": torch.cat(correct).float().mean().item(),
-        "mean_reward": all_rewards.float().mean().item(),
-        "avg_length": sum(lengths) / count,
+    return validation_metrics(torch.cat(correct), torch.cat(rewards), sum(lengths), k)
+
+
+def validation_metrics(correct: torch.Tensor, rewards: torch.Tensor, total_length: float, k: int) -> dict[str, float]:
+    """`validate`'s metrics from every sample's verdict and reward (rows prompt-major, ``k`` per prompt) and the
+    generated tokens of all of them."""
+    result = {
+        "accuracy": correct.float().mean().item(),
+        "mean_reward": rewards.float().mean().item(),
+        "avg_length": total_length / correct.numel(),
     }
+    if k > 1:
+        result[f"pass@{k}"] = correct.view(-1, k).any(dim=1).float().mean().item()
+    return result
+
+
+# Far apart from the per-prompt seeds (consecutive integers): a prompt's later samples reuse no other prompt's seed.
+_VAL_SAMPLE_SEED_STRIDE = 1_000_003
 
 
 def log_validation(c: RolloutRun[Any], step: int) -> None:
