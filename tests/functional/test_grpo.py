@@ -203,7 +203,7 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
         "++grpo.dump_steps=[3]",  # links step_2, which keep_top_k keeps: no more disk
         "logger.num_val_samples_to_print=2",
         "++data_plane.enabled=true",
-        "grpo.num_val_generations_per_prompt=2",  # validation: mean@2 and pass@2 over two samples per prompt
+        "++grpo.num_val_generations_per_prompt=2",  # validation: mean@2 and pass@2 over two samples per prompt
     ]
     proc = run_grpo(tmp_path, *overrides)
     (run_dir,) = run_dirs(tmp_path)

@@ -1,7 +1,6 @@
 """The dry run's memory plan against real runs: each worker's planned peak is within 25% of the peak resident memory
 the worker measured (``memory/*_peak_rss_gb``, ``ru_maxrss`` of the worker process) for the main job's config
-(2 steps, so that a refit is in it; no validation; for CI time half its prompts per step and half the global batch,
-with the microbatch token budgets that bound the activations unchanged) and the SFT smoke config; the GRPO smoke run of test_grpo.py
+(2 steps, so that a refit is in it; no validation) and the SFT smoke config; the GRPO smoke run of test_grpo.py
 checks its own through `assert_memory_plan_holds`."""
 
 from __future__ import annotations
@@ -29,14 +28,7 @@ RUNS = {
         "grpo_math",
         "grpo_smollm2_cpu.yaml",
         GRPOMasterConfig,
-        [
-            "grpo.max_num_steps=2",
-            "grpo.val_at_start=false",
-            "grpo.val_period=0",
-            "checkpointing.enabled=false",
-            "grpo.num_prompts_per_step=4",
-            "policy.train_global_batch_size=16",
-        ],
+        ["grpo.max_num_steps=2", "grpo.val_at_start=false", "grpo.val_period=0", "checkpointing.enabled=false"],
     ),
     "sft_smoke": ("sft", "sft_smoke.yaml", SFTMasterConfig, ["checkpointing.enabled=false"]),
 }
