@@ -54,16 +54,15 @@ class KVBatchMeta:
     @staticmethod
     def concat(*others: KVBatchMeta) -> KVBatchMeta:
         """One handle for the rows of ``others`` (all of one partition), in order."""
-        metas = others
-        partitions = {meta.partition_id for meta in metas}
+        partitions = {meta.partition_id for meta in others}
         if len(partitions) != 1:
             raise ValueError(f"KVBatchMeta.concat: rows of one partition only, got {sorted(partitions)}")
-        first = metas[0]
+        first = others[0]
         return dataclasses.replace(
             first,
-            sample_ids=[key for meta in metas for key in meta.sample_ids],
-            sequence_lengths=[n for meta in metas for n in meta.sequence_lengths],
-            tags=[tag for meta in metas for tag in meta.tags],
+            sample_ids=[key for meta in others for key in meta.sample_ids],
+            sequence_lengths=[n for meta in others for n in meta.sequence_lengths],
+            tags=[tag for meta in others for tag in meta.tags],
             extra_info=dict(first.extra_info),
         )
 

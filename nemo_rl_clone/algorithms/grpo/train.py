@@ -16,7 +16,7 @@ from typing import Any
 from nemo_rl_clone.algorithms.grpo.advantages import mask_logprob_mismatch, step_advantages
 from nemo_rl_clone.algorithms.grpo.components import GRPOComponents, GRPOState, setup
 from nemo_rl_clone.algorithms.grpo.config import GRPOConfig, GRPOMasterConfig
-from nemo_rl_clone.algorithms.grpo.data_plane_passes import data_plane_passes
+from nemo_rl_clone.algorithms.grpo.step_rows import step_rows
 from nemo_rl_clone.algorithms.run.loop import Schedule, StepResult, train_loop
 from nemo_rl_clone.algorithms.run.rollout import (
     RolloutAlgorithm,
@@ -25,7 +25,6 @@ from nemo_rl_clone.algorithms.run.rollout import (
     step_performance,
     validate,
 )
-from nemo_rl_clone.models.policy.tq_policy import TQPolicy
 from nemo_rl_clone.models.policy.workers.train_profile import memory_metrics, profile_metrics
 from nemo_rl_clone.rollout.agent_rollouts import expand_agent_samples
 from nemo_rl_clone.rollout.async_rollouts import AsyncRollouts
@@ -93,9 +92,8 @@ class GRPOSteps:
 
         # 6-7. logprobs of the pre-update policy (unless the loss takes them on-policy from the training forward) and
         # of the reference policy (when the KL term is on), then training: the driver hands the workers the batch,
-        # or with data_plane.enabled the keys of its rows in the queue (`data_plane_passes`)
-        passes = data_plane_passes if isinstance(c.policy, TQPolicy) else policy_passes
-        train_results, num_masked = passes(c, step, timer, train_data)
+        # or with data_plane.enabled the keys of its rows in the queue (`step_rows`)
+        train_results, num_masked = policy_passes(c, step, timer, train_data)
         threshold = cfg.grpo.seq_logprob_error_threshold
 
         metrics = aggregate_train_metrics(
@@ -154,27 +152,32 @@ class GRPOSteps:
 
 
 def policy_passes(c: GRPOComponents, step: int, timer: Timer, train_data: Any) -> tuple[dict[str, Any], int]:
-    """GRPO's logprob passes and training with the batch handed to the workers; adds ``prev_logprobs`` and
-    ``reference_policy_logprobs`` to ``train_data``. Returns the training result and how many rows the logprob
-    mismatch masked (``grpo.seq_logprob_error_threshold``)."""
+    """GRPO's logprob passes and training; afterwards ``train_data`` holds ``prev_logprobs`` and
+    ``reference_policy_logprobs`` where they were computed. Returns the training result and how many rows the
+    logprob mismatch masked (``grpo.seq_logprob_error_threshold``)."""
     cfg = c.config
     num_masked = 0
-    phase(step, "logprobs")
-    with timer.time("policy_and_reference_logprobs"):
-        c.policy.prepare_for_lp_inference()
-        threshold = cfg.grpo.seq_logprob_error_threshold
-        if cfg.needs_prev_logprobs:
-            train_data["prev_logprobs"] = c.policy.get_logprobs(train_data)["logprobs"]
-        if threshold is not None:
-            num_masked = mask_logprob_mismatch(train_data, threshold)
-        if cfg.needs_reference_model:
-            reference = c.policy.get_reference_policy_logprobs(train_data)["reference_logprobs"]
-            train_data["reference_policy_logprobs"] = reference
-    phase(step, "training")
-    with timer.time("policy_training"):
-        c.policy.prepare_for_training()
-        train_results = c.policy.train(train_data, c.loss_fn)
-        c.policy.finish_training()
+    rows = step_rows(c.policy, train_data, step)
+    try:
+        phase(step, "logprobs")
+        with timer.time("policy_and_reference_logprobs"):
+            c.policy.prepare_for_lp_inference()
+            threshold = cfg.grpo.seq_logprob_error_threshold
+            if cfg.needs_prev_logprobs:
+                rows.prev_logprobs()
+            if threshold is not None:
+                rows.read_prev_logprobs()
+                num_masked = mask_logprob_mismatch(train_data, threshold)
+                rows.sample_mask_changed()
+            if cfg.needs_reference_model:
+                rows.reference_logprobs()
+        phase(step, "training")
+        with timer.time("policy_training"):
+            c.policy.prepare_for_training()
+            train_results = rows.train(c.loss_fn)
+            c.policy.finish_training()
+    finally:
+        rows.close()
     return train_results, num_masked
 
 
