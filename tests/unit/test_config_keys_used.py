@@ -192,9 +192,12 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     ),
     (DTensorConfig, "sequence_parallel"): Refusal(
         True,
-        "not supported yet with tensor_parallel_size > 1 (activations split along the sequence over the "
-        "tensor-parallel ranks); set it to false",
-        setup=(("policy.dtensor_cfg.tensor_parallel_size", 2), ("teacher.dtensor_cfg.tensor_parallel_size", 2)),
+        "not supported yet with custom_parallel_plan (a custom plan places every activation itself: put the "
+        "sequence-parallel styles in it); set it to false",
+        setup=(
+            ("policy.dtensor_cfg.custom_parallel_plan", "my_plans.llama"),
+            ("teacher.dtensor_cfg.custom_parallel_plan", "my_plans.llama"),
+        ),
     ),
     (MegatronConfig, "enabled"): Refusal(  # with dtensor_cfg off: Megatron is the RM's backend
         True,

@@ -2,7 +2,7 @@
 Hugging Face + AdamW reference (`tests.unit.policy_reference`).
 
 To keep the file fast on 2 cores, each Ray-backed scenario runs once in a module fixture (one Policy each: 2 FSDP
-workers; 1 worker resumed from their checkpoint; dp=2 x tp=2; 2 workers in bf16) and the tests assert on what it
+workers; 1 worker resumed from their checkpoint; dp=2 x tp=2 with sequence parallelism; 2 workers in bf16) and the tests assert on what it
 recorded.
 Tolerances are for fp32: different sharding/microbatching only reorders float sums (~1e-7).
 """
@@ -158,13 +158,16 @@ TP_DYNAMIC_BATCHING = DynamicBatchingConfig(True, train_mb_tokens=32, logprob_mb
 def tensor_parallel(
     two_workers: dict[str, Any], model_path: str, tokenizer: Any, batch: BatchedDataDict
 ) -> dict[str, Any]:
-    """4 workers as dp=2 x tp=2 (FSDP over TP-sharded layers) with activation checkpointing, dynamic batching
+    """4 workers as dp=2 x tp=2 (FSDP over TP-sharded layers) with sequence parallelism (the residual stream split
+    over the tp ranks; plain TP against the unsplit model: tests/unit/test_dtensor_sequence_parallel.py), activation
+    checkpointing, dynamic batching
     (length-sorted microbatches of at most 32/40 padded tokens, truncated to their longest row) and logprobs in
     chunks of 3 positions (``policy.logprob_chunk_size``, in get_logprobs and the loss): logprobs, one step,
     reference logprobs, refit info. Compared with the unchunked data-parallel run and plain HF below."""
     config = policy_config(
         model_path,
         dtensor_tensor_parallel_size=2,
+        dtensor_sequence_parallel=True,
         dtensor_activation_checkpointing=True,
         dynamic_batching=TP_DYNAMIC_BATCHING,
         logprob_chunk_size=3,

@@ -397,12 +397,12 @@ def _check_unsupported_features(config: PolicyConfig) -> list[tuple[str, str]]:
     (``megatron_cfg``'s own: `nemo_rl_clone.models.policy.megatron.config`)."""
     problems = feature_problems(config)
     # Over one tensor-parallel rank there is no sequence to split: true is then a no-op (a notice at start-up).
-    if config.dtensor_cfg.sequence_parallel and config.dtensor_cfg.tensor_parallel_size > 1:
+    if config.dtensor_cfg.sequence_parallel and config.dtensor_cfg.custom_parallel_plan:
         problems.append(
             (
                 "dtensor_cfg.sequence_parallel",
-                "not supported yet with tensor_parallel_size > 1 (activations split along the sequence over the "
-                "tensor-parallel ranks); set it to false",
+                "not supported yet with custom_parallel_plan (a custom plan places every activation itself: put "
+                "the sequence-parallel styles in it); set it to false",
             )
         )
     refused = [

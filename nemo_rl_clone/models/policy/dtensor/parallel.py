@@ -22,11 +22,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 from transformers import PreTrainedModel
@@ -104,6 +107,53 @@ def tensor_parallel_plan(model: nn.Module, custom_parallel_plan: str | None = No
         )
     prefix = model.base_model_prefix
     return {f"{prefix}.{pattern}": _HF_STYLES[style]() for pattern, style in hf_plan.items() if style in _HF_STYLES}
+
+
+# The decoder layer `sequence_parallel_plan` knows: pre-norm attention and MLP blocks with one residual add each.
+_SP_LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+
+
+def sequence_parallel_plan(model: nn.Module, plan: Mapping[str, ParallelStyle]) -> dict[str, ParallelStyle]:
+    """``plan`` with the residual stream split along the sequence over the ``tp`` ranks (Megatron's sequence
+    parallelism, ``dtensor_cfg.sequence_parallel``): each rank keeps 1/tp of the tokens between the attention and
+    MLP blocks, runs the norms on them, and gathers the whole sequence only inside attention and the MLP, whose
+    row-wise outputs are reduce-scattered instead of all-reduced. The final norm gathers it back, so the head sees
+    the plain full sequence. Uneven splits are fine: the stream stays a DTensor that knows its global length.
+
+    Raises ValueError for a decoder layer of another form (e.g. Gemma's extra norms, MoE blocks)."""
+    prefix = str(model.base_model_prefix)
+    layers = getattr(getattr(model, prefix, None), "layers", None)
+    children = {name for name, _ in layers[0].named_children()} if layers else set()
+    if children != _SP_LAYER_CHILDREN:
+        raise ValueError(
+            f"policy.dtensor_cfg.sequence_parallel: {type(model).__name__}'s decoder layers have "
+            f"{sorted(children)}, not the pre-norm form {sorted(_SP_LAYER_CHILDREN)} sequence parallelism splits; "
+            "set it to false"
+        )
+    sequence, whole = Shard(1), Replicate()
+    rowwise_to_sequence = [pattern for pattern, style in plan.items() if isinstance(style, RowwiseParallel)]
+    return {
+        **plan,
+        **{
+            pattern: RowwiseParallel(output_layouts=sequence, use_local_output=False) for pattern in rowwise_to_sequence
+        },
+        f"{prefix}.embed_tokens": PrepareModuleOutput(
+            output_layouts=whole, desired_output_layouts=sequence, use_local_output=False
+        ),
+        f"{prefix}.layers.*.input_layernorm": SequenceParallel(),
+        f"{prefix}.layers.*.post_attention_layernorm": SequenceParallel(),
+        f"{prefix}.layers.*.self_attn": PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": sequence},
+            desired_input_kwarg_layouts={"hidden_states": whole},
+            use_local_output=True,
+        ),
+        f"{prefix}.layers.*.mlp": PrepareModuleInput(
+            input_layouts=(sequence,), desired_input_layouts=(whole,), use_local_output=True
+        ),
+        f"{prefix}.norm": PrepareModuleInput(
+            input_layouts=(sequence,), desired_input_layouts=(whole,), use_local_output=True
+        ),
+    }
 
 
 def check_tensor_parallel_fits(model: nn.Module, tensor_parallel_size: int) -> None:

@@ -94,7 +94,7 @@ class DTensorPolicyWorker(PolicyWorkerBase):
         model = self._load_model(model_path)
         model.config.use_cache = False
         automodel_options.freeze(model, dtensor_cfg.automodel_kwargs.get("freeze_config"), self.rank)
-        if dtensor_cfg.sequence_parallel and self.rank == 0:  # validation: only with tensor_parallel_size 1
+        if dtensor_cfg.sequence_parallel and dtensor_cfg.tensor_parallel_size == 1 and self.rank == 0:
             print(
                 "dtensor_cfg.sequence_parallel: true has no effect with tensor_parallel_size 1",
                 file=sys.stderr,
@@ -110,6 +110,8 @@ class DTensorPolicyWorker(PolicyWorkerBase):
         plan = None
         if self.mesh["tp"].size() > 1:
             plan = dtensor_parallel.tensor_parallel_plan(model, dtensor_cfg.custom_parallel_plan)
+            if dtensor_cfg.sequence_parallel:  # validation: not with a custom plan
+                plan = dtensor_parallel.sequence_parallel_plan(model, plan)
         ep_size = dtensor_cfg.expert_parallel_size
         self.model = dtensor_parallel.parallelize(
             model,
