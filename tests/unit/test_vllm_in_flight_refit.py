@@ -28,13 +28,11 @@ from tests.unit.vllm_test_utils import (
     tiny_config,
 )
 
-# Runs alone (tests/machine_share.py): times a refit against the previous batch's duration.
-pytestmark = pytest.mark.serial
-
 NEW_TOKENS = 288
-# 128 rows × 288 tokens: a batch long enough (~6.5 s on a 2-core EPYC) that a refit issued at a third of it lands
-# before its last quarter even when the refit is slow (1.7 s measured on a busy machine, against a 2.4 s batch of 32
-# rows that it then missed).
+# 128 rows × 288 tokens: a batch long enough (~6.5 s on an idle 2-core EPYC) that a refit issued at a sixth of it
+# lands before its last third even when the refit is slow (1.7 s measured on a busy machine, against a 2.4 s batch
+# of 32 rows that it then missed) and the machine's load changes between the timed batch and the one in flight (a
+# neighbour test ending makes the batch up to ~1.5x faster than timed): so it needs no machine of its own.
 ROWS_PER_PROMPT = 32
 
 
@@ -80,7 +78,7 @@ def test_weights_load_between_steps_of_the_batch_in_flight(cluster: RayVirtualCl
         thread = threading.Thread(target=generate)
         started = time.monotonic()
         thread.start()
-        time.sleep(batch_s / 3)
+        time.sleep(batch_s / 6)  # after the prefill (the batch's first step), well before its last third
         refit_policy_generation(trainer, generation, colocated=False)
         refit_done = time.monotonic()
         thread.join(timeout=600)
@@ -98,7 +96,7 @@ def test_weights_load_between_steps_of_the_batch_in_flight(cluster: RayVirtualCl
         # After it, the new weights decide: logprobs move off the old run's on every row (tokens usually too). Had the
         # update waited for the batch to end, the whole batch would be the old weights' and these would be equal.
         tail = [
-            float((out["logprobs"][r, -NEW_TOKENS // 4 :] - old["logprobs"][r, -NEW_TOKENS // 4 :]).abs().max())
+            float((out["logprobs"][r, -NEW_TOKENS // 3 :] - old["logprobs"][r, -NEW_TOKENS // 3 :]).abs().max())
             for r in range(data.size)
         ]
         assert min(tail) > 1e-3, tail
