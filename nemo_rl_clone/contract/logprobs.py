@@ -174,6 +174,20 @@ def token_logprobs_from_logits(
     return _VocabParallelTokenLogprob.apply(processed.contiguous(), targets, vocab_start, vocab_parallel_group)
 
 
+def target_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_parallel_group: dist.ProcessGroup | None = None,
+    vocab_start: int = 0,
+) -> torch.Tensor:
+    """``log softmax(logits)[targets]`` in fp32, differentiable: ``logits`` ``[B, T, V]`` (this rank's
+    ``[B, T, V / tp]`` shard, starting at id ``vocab_start``, with a group) already aligned with ``targets`` ``[B, T]``."""
+    logits = logits.float()
+    if vocab_parallel_group is None:
+        return logits.log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return _VocabParallelTokenLogprob.apply(logits.contiguous(), targets, vocab_start, vocab_parallel_group)
+
+
 def _unwrap_dtensor(logits: DTensor) -> tuple[torch.Tensor, dist.ProcessGroup | None, int | None]:
     """Local tensor, vocab group and vocab start of a DTensor of logits (1-D mesh only)."""
     mesh = logits.device_mesh

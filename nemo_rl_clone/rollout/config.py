@@ -202,6 +202,15 @@ def clipped_pg_problems(config: Any, section: str) -> list[tuple[str, str]]:
                 f"{section}.num_prompts_per_step * {section}.num_generations_per_prompt ({rollout_batch})",
             )
         )
+    megatron = config.policy.megatron_cfg
+    if megatron.enabled and megatron.use_linear_ce_fusion_loss:
+        problems.append(
+            (
+                "policy.megatron_cfg.use_linear_ce_fusion_loss",
+                f"not supported yet with {section}'s clipped policy-gradient loss (as in NeMo-RL, it serves SFT and "
+                "DPO); set it to false",
+            )
+        )
     return problems
 
 

@@ -219,8 +219,11 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     (MegatronConfig, "use_fused_weighted_squared_relu"): megatron(
         True, f"{_YET}is for squared-ReLU MLPs, and {_SWIGLU_ONLY}; set it to false"
     ),
-    (MegatronConfig, "use_linear_ce_fusion_loss"): megatron(
-        True, f"{_YET}the fused linear cross-entropy loss in the Megatron backend; set it to false"
+    (MegatronConfig, "use_linear_ce_fusion_loss"): Refusal(  # SFT and DPO run it (tests/unit/test_megatron_policy.py)
+        True,
+        "not supported yet with grpo's clipped policy-gradient loss (as in NeMo-RL, it serves SFT and DPO); set it to false",
+        ("grpo",),
+        MEGATRON,
     ),
     (MegatronConfig, "mtp_num_layers"): megatron(
         1, f"{_YET}multi-token prediction in the Megatron backend; set it to 0 (got 1)"
@@ -350,7 +353,6 @@ INERT: dict[tuple[type, str], str] = {
         )
     },
     (MegatronConfig, "moe_hybridep_num_sms"): "configures the flex dispatcher's HybridEP backend, which is refused",
-    (MegatronConfig, "linear_ce_fusion_chunk_size"): "configures the fused linear-CE loss, which is refused",
     (LoraConfig, "use_triton"): "picks NeMo-RL's fused Triton kernel for the same LoRA computation; peft's PyTorch "
     "layers run here",
     (

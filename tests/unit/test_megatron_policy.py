@@ -9,8 +9,9 @@ active, a warming-up LR) on 3 batches of 8 right-padded rows with prompt and sam
   export at init, 3 steps with the refit state dict after each, an HF export after step 1 and a run checkpoint
   (``step_2/policy/{weights,optimizer,tokenizer}``) after step 2.
 - ``tp2`` / ``dp2`` / ``pp2_uneven_recompute`` (1 + 3 layers, full recomputation): two processes, the same 3
-  steps.
-- ``resumed``: two processes at TP=2 loading ``single``'s step-2 checkpoint, taking step 3 and saving its weights
+  steps; ``dp2`` with the fused linear cross-entropy (``use_linear_ce_fusion_loss``).
+- ``resumed``: two processes at TP=2 with sequence parallelism and the fused linear cross-entropy, loading
+  ``single``'s step-2 checkpoint, taking step 3 and saving its weights
   (``step_3/policy/{weights,tokenizer}``).
 - the converter CLI (``examples/converters/convert_megatron_to_hf.py``, one process at TP=1) on that TP=2
   checkpoint.
@@ -315,15 +316,18 @@ def single(model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dic
     return spawn(1, run_single, model_dir, str(run_dir), batches)
 
 
+# The fused linear cross-entropy (use_linear_ce_fusion_loss: token logprobs from hidden states, in chunks of a size
+# that divides no row) runs in dp2 and, under sequence parallelism over TP=2, in the resumed layout.
+LINEAR_CE = {"use_linear_ce_fusion_loss": True, "linear_ce_fusion_chunk_size": 5}
 LAYOUTS: dict[str, tuple[int, int, dict[str, Any]]] = {
     "tp2": (2, 1, {}),
-    "dp2": (1, 1, {}),
+    "dp2": (1, 1, LINEAR_CE),
     # Pipeline parallelism with uneven stages (1 + 3 layers) and full activation recomputation: the same numbers
     # again. (An even split is the default case of the same stage assignment, so it has no run of its own.)
     "pp2_uneven_recompute": (1, 2, {"num_layers_in_first_pipeline_stage": 1, "activation_checkpointing": True}),
 }
 # TP=2 over the 2 processes, with sequence parallelism (the norms' gradients are summed over the TP ranks).
-RESUMED_LAYOUT = (2, 1, {"sequence_parallel": True})
+RESUMED_LAYOUT = (2, 1, {"sequence_parallel": True, **LINEAR_CE, "linear_ce_fusion_chunk_size": 3})
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))

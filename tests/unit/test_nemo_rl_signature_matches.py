@@ -140,16 +140,23 @@ def test_training_sampling_params_is_built_in_nemo_rl_field_order():
     assert (params.top_k, params.top_p, params.temperature) == (50, 0.9, 0.7)
 
 
-def test_fused_linear_ce_and_draft_vocab_maps_are_refused_in_one_line():
+def test_fused_linear_ce_flag_is_taken_and_draft_vocab_maps_are_refused_in_one_line():
     from nemo_rl_clone.algorithms.loss.loss_functions import DPOLossFn, NLLLossFn
     from nemo_rl_clone.algorithms.loss.utils import prepare_loss_input
+    from nemo_rl_clone.contract.loss import TokenLogprobs
     from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
     from nemo_rl_clone.utils.errors import UserInputError
 
-    assert NLLLossFn(use_linear_ce_fusion=False) and DPOLossFn({}, use_linear_ce_fusion=False)
-    for build in (lambda: NLLLossFn(True), lambda: DPOLossFn({}, True)):
-        with pytest.raises(UserInputError, match=r"use_linear_ce_fusion=True\): not supported yet"):
-            build()
+    # The flag names NeMo-RL's fused head; the losses here read the token logprobs a worker hands them either way.
+    batch = BatchedDataDict(
+        input_ids=torch.zeros(2, 4, dtype=torch.long),
+        token_mask=torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1]]),
+        sample_mask=torch.ones(2),
+    )
+    logprobs = TokenLogprobs(-torch.rand(2, 3))
+    losses = [NLLLossFn(flag)(logprobs, batch, torch.tensor(2.0), torch.tensor(5.0))[0] for flag in (False, True)]
+    assert losses[0] == losses[1] == -(logprobs.values * batch["token_mask"][:, 1:]).sum() / 5
+    assert DPOLossFn({}, use_linear_ce_fusion=True).use_linear_ce_fusion
     data = BatchedDataDict(input_ids=torch.zeros(1, 3, dtype=torch.long))
     with pytest.raises(UserInputError, match="d2t: not supported yet"):
         prepare_loss_input(torch.zeros(1, 3, 5), data, NLLLossFn(), d2t=torch.arange(5))

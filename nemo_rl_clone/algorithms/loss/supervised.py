@@ -15,21 +15,12 @@ from nemo_rl_clone.algorithms.loss.configs import DPOLossConfig, as_loss_config
 from nemo_rl_clone.algorithms.utils import masked_mean
 from nemo_rl_clone.contract.loss import LossType, TokenLogprobs
 from nemo_rl_clone.contract.loss_input import policy_logprobs
-from nemo_rl_clone.utils.errors import UserInputError
 
 
 def _sequence_nll(lp: torch.Tensor, mask: torch.Tensor, average: bool) -> torch.Tensor:
     """[B] −Σ_t lp·mask per row, ÷ the row's mask count (at least 1) when ``average``."""
     per_row = -torch.where(mask > 0, lp, 0.0).mul(mask).sum(dim=-1)
     return per_row / mask.sum(dim=-1).clamp(min=1) if average else per_row
-
-
-def refuse_linear_ce_fusion(use_linear_ce_fusion: bool, loss_name: str) -> None:
-    """NeMo-RL's switch to take hidden states and fuse the LM head into the loss; the losses here take logits."""
-    if use_linear_ce_fusion:
-        raise UserInputError(
-            f"{loss_name}(use_linear_ce_fusion=True): not supported yet: the fused linear cross-entropy loss"
-        )
 
 
 class NLLLossFn:
@@ -47,7 +38,9 @@ class NLLLossFn:
     accepts_token_logprobs = True
 
     def __init__(self, use_linear_ce_fusion: bool = False) -> None:
-        refuse_linear_ce_fusion(use_linear_ce_fusion, "NLLLossFn")
+        # NeMo-RL's flag that the Megatron worker fuses the LM head into the loss (megatron_cfg.use_linear_ce_fusion_loss).
+        # Here every worker hands this loss token logprobs either way (TokenLogprobs), so it changes nothing.
+        self.use_linear_ce_fusion = use_linear_ce_fusion
 
     def __call__(
         self,
@@ -185,7 +178,7 @@ class DPOLossFn:
     def __init__(
         self, cfg: Mapping[str, Any] | DPOLossConfig | None = None, use_linear_ce_fusion: bool = False
     ) -> None:
-        refuse_linear_ce_fusion(use_linear_ce_fusion, "DPOLossFn")
+        self.use_linear_ce_fusion = use_linear_ce_fusion  # as NLLLossFn's: changes nothing here
         self.cfg = as_loss_config(DPOLossConfig, cfg, "DPOLossFn")
 
     def __call__(

@@ -9,7 +9,7 @@ Each key is one of three kinds (the table in docs/policy.md#choosing-a-backend l
 - MoE keys (router, dispatcher, expert parallelism): read for MoE models (Qwen3-MoE), where the worker refuses at
   start-up, by name, the values it cannot run (`moe.check`: it needs the model, which validation does not load);
   inert on dense models (Llama, Qwen2, Qwen3), where NeMo-RL's recipes set them and NeMo-RL ignores them too;
-- inert: the sub-keys of refused features (``fp8_cfg.*``, ``peft.*``, ``linear_ce_fusion_chunk_size``).
+- inert: the sub-keys of refused features (``fp8_cfg.*``, ``peft.*``).
 
 The section is checked only when ``enabled`` is true: NeMo-RL's DTensor recipes carry a ``megatron_cfg`` block
 (TE fusions switched on) that nothing reads, and they must keep validating.
@@ -150,8 +150,8 @@ class MegatronConfig(SectionReads):
     gradient_accumulation_fusion: bool = False  # refused
     defer_fp32_logits: bool = False
     use_fused_weighted_squared_relu: bool = False  # refused
-    use_linear_ce_fusion_loss: bool = False  # refused
-    linear_ce_fusion_chunk_size: int | None = None  # inert: configures the refused fused loss
+    use_linear_ce_fusion_loss: bool = False  # training computes token logprobs from hidden states (`linear_ce`)
+    linear_ce_fusion_chunk_size: int | None = None  # positions per chunk of that; null: NeMo-RL's 256
     mtp_num_layers: int = 0  # multi-token prediction: refused when set
     mtp_loss_scaling_factor: float = 0.0
     mtp_use_repeated_layer: bool = False
@@ -191,7 +191,6 @@ _REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
         "layer spec that this backend builds would call; it is not installed"
     ),
     ("", "use_fused_weighted_squared_relu"): f"is for squared-ReLU MLPs, and {_SWIGLU_ONLY}",
-    ("", "use_linear_ce_fusion_loss"): f"the fused linear cross-entropy loss {_NOT_YET}",
     ("", "mtp_num_layers"): f"multi-token prediction {_NOT_YET}",
     ("", "mtp_loss_scaling_factor"): _NO_MTP,
     ("", "mtp_use_repeated_layer"): _NO_MTP,
@@ -262,6 +261,15 @@ def check_megatron_config(cfg: MegatronConfig) -> list[tuple[str, str]]:
     elif cfg.attention_backend not in ATTENTION_BACKENDS:
         problems.append(
             ("attention_backend", f"must be one of {list(ATTENTION_BACKENDS)}, got {cfg.attention_backend!r}")
+        )
+    if cfg.linear_ce_fusion_chunk_size is not None and cfg.linear_ce_fusion_chunk_size < 1:
+        problems.append(("linear_ce_fusion_chunk_size", f"must be >= 1, got {cfg.linear_ce_fusion_chunk_size}"))
+    if cfg.use_linear_ce_fusion_loss and cfg.context_parallel_size > 1:
+        problems.append(
+            (
+                "use_linear_ce_fusion_loss",
+                "not supported with context_parallel_size > 1 (as in NeMo-RL); set it to false",
+            )
         )
     problems += _check_recompute(cfg)
     problems += _check_optimizer_and_scheduler(cfg)

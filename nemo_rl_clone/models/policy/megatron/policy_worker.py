@@ -14,10 +14,11 @@ microbatches and its DDP averages over data-parallel ranks; the loss handed to i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import megatron_cpu_shims
 import torch
@@ -27,12 +28,13 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
+from nemo_rl_clone.contract.loss import TokenLogprobs
 from nemo_rl_clone.contract.loss_input import prepare_loss_input
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import to_checkpoint_layout
 from nemo_rl_clone.models.huggingface import reporting_model_load_errors
-from nemo_rl_clone.models.policy.megatron import converter, moe, optimizer_checkpoint
+from nemo_rl_clone.models.policy.megatron import converter, linear_ce, moe, optimizer_checkpoint
 from nemo_rl_clone.models.policy.megatron import model as mmodel
 from nemo_rl_clone.models.policy.megatron.packing import PackedLayout
 from nemo_rl_clone.models.policy.workers import train_step
@@ -93,6 +95,12 @@ class MegatronPolicyWorker(PolicyWorkerBase):
         if self.cfg.router_replay.enabled:
             shard = (self.tp_rank, self.tp_size) if self.model_config.sequence_parallel else (0, 1)
             self.routing_replay = moe.RoutingReplay(gpt, shard)
+        # Validation: SFT and DPO losses only, no context parallelism; the last stage alone holds the head.
+        self.hidden_head = (
+            linear_ce.HiddenStatesHead(gpt.output_layer)
+            if mcfg.use_linear_ce_fusion_loss and self.is_last_stage
+            else None
+        )
         self.model = mmodel.wrap_model(gpt, self.model_config, mcfg)
 
     def _set_refit_info(self, hf_state: dict[str, torch.Tensor]) -> None:
@@ -232,16 +240,40 @@ class MegatronPolicyWorker(PolicyWorkerBase):
         scale = self.dp_size * len(step.microbatches)
 
         def finish(microbatch: BatchedDataDict, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
-            loss_input, _ = prepare_loss_input(
-                logits, microbatch, loss_fn, chunk_size=self.cfg.logprob_chunk_size, **self._vocab_parallel()
-            )
-            logits_or_logprobs = loss_input.pop("next_token_logits")
+            loss_input: dict[str, Any] = {}
+            if self.hidden_head is not None:  # `logits` are the final hidden states [B, S, H]
+                logits_or_logprobs = cast(torch.Tensor, self._fused_token_logprobs(logits, microbatch, loss_fn))
+            else:
+                loss_input, _ = prepare_loss_input(
+                    logits, microbatch, loss_fn, chunk_size=self.cfg.logprob_chunk_size, **self._vocab_parallel()
+                )
+                logits_or_logprobs = loss_input.pop("next_token_logits")
             loss, metrics = loss_fn(logits_or_logprobs, microbatch, norm.valid_seqs, norm.valid_toks, **loss_input)
             loss, metrics = train_step.scaled_loss(loss, metrics, norm)
             return loss * scale, {"loss_share": loss.detach().double().cpu(), **metrics}
 
-        stored = self._run_schedule(step.microbatches, finish, forward_only=step.eval_mode)
+        head = self.hidden_head.active() if self.hidden_head is not None else contextlib.nullcontext()
+        with head:
+            stored = self._run_schedule(step.microbatches, finish, forward_only=step.eval_mode)
         return [(metrics.pop("loss_share"), metrics) for metrics in stored]  # none but on the last pipeline stage
+
+    def _fused_token_logprobs(self, hidden: torch.Tensor, microbatch: BatchedDataDict, loss_fn: Any) -> TokenLogprobs:
+        """The loss's token logprobs from the final hidden states (`linear_ce`): computed everywhere, as the loss
+        reads them only at its token_mask positions."""
+        sampling = getattr(loss_fn, "sampling_params", None)
+        if not getattr(loss_fn, "accepts_token_logprobs", False) or (sampling is not None and not sampling.is_identity):
+            raise UserInputError(
+                f"policy.megatron_cfg.use_linear_ce_fusion_loss: {type(loss_fn).__name__} does not read plain token "
+                "logprobs; set it to false"
+            )
+        assert self.hidden_head is not None and self.hidden_head.weight is not None
+        weight = self.hidden_head.weight
+        group = parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None
+        chunk = self.cfg.megatron_cfg.linear_ce_fusion_chunk_size or linear_ce.DEFAULT_CHUNK_SIZE
+        input_ids = microbatch["input_ids"]
+        return TokenLogprobs(
+            linear_ce.token_logprobs(hidden, weight, input_ids, chunk, group, self.tp_rank * weight.shape[0])
+        )
 
     def _optimizer_step(self) -> torch.Tensor:
         with megatron_cpu_shims.cuda_redirect():
