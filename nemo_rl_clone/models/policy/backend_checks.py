@@ -141,7 +141,7 @@ def _check_lora(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[str, st
 
 
 def _check_sequence_packing(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[str, str]]:
-    """What packed training supports: a packing backend (DTensor: SDPA attention, no TP), bins that fit a sample."""
+    """What packed training supports: a packing backend (DTensor: SDPA attention), bins that fit a sample."""
     packing = config.sequence_packing
     if not packing.enabled:
         return []
@@ -155,14 +155,6 @@ def _check_sequence_packing(config: PolicyConfig, spec: PolicyBackend) -> list[t
         ]
     problems = []
     dtensor = spec.section == "dtensor_cfg"
-    if dtensor and config.dtensor_cfg.tensor_parallel_size != 1:
-        problems.append(
-            (
-                "sequence_packing.enabled",
-                "sequence packing with dtensor_cfg.tensor_parallel_size > 1 is not supported yet; use "
-                "policy.dynamic_batching",
-            )
-        )
     if dtensor and config.dtensor_cfg.hf_attention != "sdpa":
         problems.append(
             (
