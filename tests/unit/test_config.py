@@ -307,11 +307,6 @@ PACKING_ON = ["policy.sequence_packing.enabled=true"]
     ("overrides", "problem"),
     [
         (
-            ["policy.dtensor_cfg.tensor_parallel_size=2"],
-            "policy.sequence_packing.enabled: sequence packing with dtensor_cfg.tensor_parallel_size > 1 is not "
-            "supported yet; use policy.dynamic_batching",
-        ),
-        (
             ["policy.dtensor_cfg.attn_implementation=eager"],
             "policy.dtensor_cfg.attn_implementation: sequence packing runs SDPA attention per packed sample; set it "
             "to sdpa (got 'eager')",
@@ -332,7 +327,6 @@ PACKING_ON = ["policy.sequence_packing.enabled=true"]
         ),
     ],
     ids=[
-        "tensor_parallel",
         "eager_attention",
         "budget_below_max_length",
         "no_budget",
@@ -348,6 +342,9 @@ def test_sequence_packing_refusals_name_the_key(overrides, problem):
 def test_sequence_packing_validates_on_the_dtensor_backend():
     cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", PACKING_ON, grpo_schema())
     assert cfg.policy.sequence_packing.enabled and cfg.policy.sequence_packing.train_mb_tokens == 512 * 4
+    tensor_parallel = ["policy.dtensor_cfg.tensor_parallel_size=2", "policy.dtensor_cfg.sequence_parallel=true"]
+    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", PACKING_ON + tensor_parallel, grpo_schema())
+    assert cfg.policy.sequence_packing.enabled and cfg.policy.dtensor_cfg.sequence_parallel
 
 
 def test_sequence_packing_and_context_parallelism_validate_on_the_megatron_backend():
@@ -443,18 +440,13 @@ _CP = "policy.dtensor_cfg.context_parallel_size"
     ("config", "overrides", "problem"),
     [
         (
-            "grpo_math_1B.yaml",
-            [f"{_CP}=2", "policy.dtensor_cfg.tensor_parallel_size=2"],
-            f"{_CP}: context parallelism with dtensor_cfg.tensor_parallel_size > 1 is not supported yet",
-        ),
-        (
             "grpo_smollm2_cpu.yaml",
             [f"{_CP}=2"],
             f"{_CP}: context parallelism with sequence_packing (use policy.dynamic_batching) is not supported yet",
         ),
         ("grpo_math_1B.yaml", [f"{_CP}=0"], f"{_CP}: must be >= 1, got 0"),
     ],
-    ids=["tensor_parallel", "packing", "zero"],
+    ids=["packing", "zero"],
 )
 def test_context_parallel_refusals_name_the_key(config, overrides, problem):
     with pytest.raises(ConfigError) as err:
@@ -465,6 +457,9 @@ def test_context_parallel_refusals_name_the_key(config, overrides, problem):
 def test_context_parallel_counts_in_the_model_parallel_size():
     cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", [f"{_CP}=2"], grpo_schema())
     assert cfg.policy.model_parallel_size() == 2
+    both = [f"{_CP}=2", "policy.dtensor_cfg.tensor_parallel_size=2"]  # a replica's cp x tp ranks hold the same rows
+    cfg = load_validated_config(REPO / "configs" / "grpo_math_1B.yaml", both, grpo_schema())
+    assert cfg.policy.model_parallel_size() == 4
 
 
 def test_cli_exits_2_with_one_line_per_problem(capsys):

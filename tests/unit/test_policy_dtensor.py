@@ -232,9 +232,14 @@ def context_parallel_two_workers(
             ("selective", cluster, True),
             ("full_logits", cluster, False),
             ("dp2", four_workers, True),
+            ("tp2_sp", four_workers, True),
         ):
+            tensor_parallel = {"dtensor_tensor_parallel_size": 2, "dtensor_sequence_parallel": True}
             config = policy_config(
-                model_path, dtensor_context_parallel_size=2, dtensor_logits_at_loss_tokens_only=selective
+                model_path,
+                dtensor_context_parallel_size=2,
+                dtensor_logits_at_loss_tokens_only=selective,
+                **(tensor_parallel if layout == "tp2_sp" else {}),
             )
             policy = Policy(on, config, tokenizer, name_prefix=f"policy-cp-{layout}")
             try:
@@ -430,7 +435,7 @@ def test_rows_without_gradient_left_out_of_a_packed_step_change_nothing(
     assert set(metrics["global_valid_toks"]) == {toks.item()} and sum(metrics["num_valid_samples"]) == 4
 
 
-@pytest.mark.parametrize("layout", ["selective", "full_logits", "dp2"])
+@pytest.mark.parametrize("layout", ["selective", "full_logits", "dp2", "tp2_sp"])
 def test_context_parallel_equals_the_unsplit_model(
     context_parallel_two_workers: dict, reference: dict, batch: BatchedDataDict, layout: str
 ) -> None:

@@ -106,7 +106,7 @@ def _check_section(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[str,
 
 
 def _check_context_parallel(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[str, str]]:
-    """Context parallelism splits plain causal-LM sequences: not packed rows, TP-sharded layers or a score head."""
+    """Context parallelism splits plain causal-LM sequences (TP-sharded or not): not packed rows or a score head."""
     size = config.dtensor_cfg.context_parallel_size
     key = "dtensor_cfg.context_parallel_size"
     if size == 1:
@@ -118,7 +118,6 @@ def _check_context_parallel(config: PolicyConfig, spec: PolicyBackend) -> list[t
     if not spec.context_parallel:
         return [(key, f"context parallelism is not supported by the {spec.title} backend yet")]
     unsupported = [
-        (config.dtensor_cfg.tensor_parallel_size > 1, "dtensor_cfg.tensor_parallel_size > 1"),
         (config.sequence_packing.enabled, "sequence_packing (use policy.dynamic_batching)"),
         (config.reward_model_cfg.enabled, "reward models (reward_model_cfg.enabled)"),
     ]

@@ -130,8 +130,7 @@ class ParallelLayout:
 
 
 def parallel_layout(config: PolicyConfig, spec: PolicyBackend) -> ParallelLayout:
-    """The layout ``spec`` reads from its section (DTensor: validation refuses CP together with TP, one of the two
-    is 1; Megatron: TP × CP ranks hold the same samples)."""
+    """The layout ``spec`` reads from its section (TP × CP ranks hold the same samples on either backend)."""
     if spec.section == "megatron_cfg":
         mcfg = config.megatron_cfg
         # Context-parallel ranks hold the same samples, as tensor-parallel ones do (Megatron's order: tp, cp, dp, pp).
@@ -147,7 +146,8 @@ def parallel_layout(config: PolicyConfig, spec: PolicyBackend) -> ParallelLayout
             divisor,
         )
     dtensor, tp_key = config.dtensor_cfg, "dtensor_cfg.tensor_parallel_size"
-    if dtensor.context_parallel_size > 1:
-        cp_key = "dtensor_cfg.context_parallel_size"
-        return ParallelLayout(cp_key, dtensor.context_parallel_size, 1, tp_key, "tensor_parallel_size")
-    return ParallelLayout(tp_key, dtensor.tensor_parallel_size, 1, tp_key, "tensor_parallel_size")
+    tp, cp = dtensor.tensor_parallel_size, dtensor.context_parallel_size
+    if cp > 1:  # the mesh is (dp, cp, tp): a replica's cp x tp ranks are neighbours and hold the same samples
+        inner = "context_parallel_size" if tp == 1 else "tensor_parallel_size * context_parallel_size"
+        return ParallelLayout(f"dtensor_cfg.{inner}", cp * tp, 1, f"dtensor_cfg.{inner}", inner)
+    return ParallelLayout(tp_key, tp, 1, tp_key, "tensor_parallel_size")
