@@ -22,6 +22,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.environments.agent_runner import EpisodeResult, failure_metrics
 from nemo_rl_clone.environments.agent_trajectory import episode_samples, first_context_break
 from nemo_rl_clone.rollout.multi_turn import GENERATION_LOGPROBS
+from nemo_rl_clone.utils import watchdog
 
 EXTRA_SAMPLES = "agent_extra_samples"
 
@@ -90,11 +91,11 @@ def _play_episodes(
     episode_ids = [f"{run}-{i}" for i in range(input_batch.size)]
     infos, indices = input_batch["extra_env_info"], input_batch["idx"]
     rows = [{**dict(info or {}), "idx": int(idx)} for info, idx in zip(infos, indices, strict=True)]
-    results: list[EpisodeResult] = ray.get(
-        agent_env.run_episodes.remote(
-            rows, episode_ids, generation.http_url, len(generation.http_urls), generation.api_key
-        )
+    episodes = agent_env.run_episodes.remote(
+        rows, episode_ids, generation.http_url, len(generation.http_urls), generation.api_key
     )
+    watchdog.track_actor(episodes, agent_env, "run_episodes")
+    results: list[EpisodeResult] = ray.get(episodes)
     return episode_ids, results, generation.take_served_calls(episode_ids)
 
 

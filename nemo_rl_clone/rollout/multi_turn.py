@@ -30,6 +30,7 @@ from nemo_rl_clone.data.llm_message_utils import (
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.environments.interfaces import EnvironmentReturn, reward_component_keys
 from nemo_rl_clone.models.generation.interfaces import GenerationInterface
+from nemo_rl_clone.utils import watchdog
 
 # A sample's environment return: (observation, metadata, next stop strings, reward, done, extracted answer).
 _EnvReturn = tuple[dict[str, Any], Any, Any, torch.Tensor, bool, str | None]
@@ -291,6 +292,8 @@ def _environment_metrics(batch: BatchedDataDict, task_to_env: Mapping[str, Any])
         )
         for task, indices in by_task.items()
     }
+    for task, future in futures.items():
+        watchdog.track_actor(future, task_to_env[task], "global_post_process_and_metrics")
     metrics = {}
     for task, future in futures.items():
         _, env_metrics = ray.get(future)
@@ -312,6 +315,8 @@ def _step_environments(
         )
         for task, indices in by_task.items()
     }
+    for task, future in futures.items():
+        watchdog.track_actor(future, task_to_env[task], "step")
     results: dict[int, _EnvReturn] = {}
     for task, future in futures.items():
         ret = ray.get(future)

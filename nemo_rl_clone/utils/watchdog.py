@@ -7,8 +7,10 @@ and each such worker's stack from py-spy in ``<log_dir>/watchdog/``. Past ``stop
 ``stop_min_s``, the run stops: one line on stderr, exit code `WATCHDOG_EXIT_CODE`, the last complete checkpoint
 kept, and the reaper ends every process the run started. A phase seen for the first time has only the minimums.
 
-Worker calls are those dispatched through `RayWorkerGroup` (engines, policy and reference workers); they are
-tracked only while a watchdog runs.
+Worker calls are those dispatched through `RayWorkerGroup` (engines, policy and reference workers), and the
+environment and agent actors' calls the rollout makes (`track_actor`: named by their Ray actor name or class and
+their pid, which Ray's control store knows even when the actor cannot answer); they are tracked only while a
+watchdog runs.
 """
 
 from __future__ import annotations
@@ -57,16 +59,21 @@ class WatchdogConfig(SectionReads):
         return problems
 
 
+# What a tracked call is: a label with its pid (a worker-group call: ``"vllm_policy-0 (pid 123) generate"``), or an
+# actor's id and the method, named when a stall is reported (`_actor_label`).
+_Call = tuple[str, int | None, str | None]
+
+
 class PendingCalls:
-    """Worker calls in flight: their result refs and what they are (``"vllm_policy-0 (pid 123) generate"``)."""
+    """Calls in flight: their result refs and what they are."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._calls: dict[Any, tuple[str, int | None, float]] = {}
+        self._calls: dict[Any, tuple[_Call, float]] = {}
 
-    def add(self, ref: Any, label: str, pid: int | None) -> None:
+    def add(self, ref: Any, label: str, pid: int | None, actor_id: str | None = None) -> None:
         with self._lock:
-            self._calls[ref] = (label, pid, time.monotonic())
+            self._calls[ref] = ((label, pid, actor_id), time.monotonic())
 
     def waiting(self) -> list[tuple[str, int | None, float]]:
         """The calls not finished yet (label, pid, seconds running), longest first; finished ones are forgotten."""
@@ -82,7 +89,27 @@ class PendingCalls:
             for ref in done:
                 self._calls.pop(ref, None)
             left = list(self._calls.values())
-        return sorted(((label, pid, now - started) for label, pid, started in left), key=lambda c: -c[2])
+        named = [(*_named(call), now - started) for call, started in left]
+        return sorted(named, key=lambda c: -c[2])
+
+
+def _named(call: _Call) -> tuple[str, int | None]:
+    label, pid, actor_id = call
+    return (label, pid) if actor_id is None else _actor_label(actor_id, label)
+
+
+def _actor_label(actor_id: str, method: str) -> tuple[str, int | None]:
+    """``"<actor name or class> (pid P) <method>"`` from Ray's actor table, which the GCS keeps: asking the actor
+    itself would hang on the stalled one. A restarted actor has its current pid there."""
+    import ray
+
+    try:
+        info = ray._private.state.actors(actor_id)  # the public state API needs the dashboard, which runs may lack
+    except Exception:
+        info = {}
+    pid = int(info["Pid"]) if info.get("Pid") else None
+    name = info.get("Name") or info.get("ActorClassName") or f"actor {actor_id[:8]}"
+    return f"{name} (pid {pid}) {method}", pid
 
 
 _pending: PendingCalls | None = None  # set while a watchdog runs
@@ -97,6 +124,14 @@ def track(ref: Any, label: str, pid: int | None) -> None:
     """Note a worker call's result ref (`RayWorkerGroup` does, for every call); nothing without a watchdog."""
     if _pending is not None and hasattr(ref, "hex"):  # an ObjectRef (not a streaming generator)
         _pending.add(ref, label, pid)
+
+
+def track_actor(ref: Any, actor: Any, method: str) -> None:
+    """Note the result ref of a call to a Ray ``actor`` handle outside the worker groups (an environment's step, an
+    agent's episodes); nothing without a watchdog."""
+    if _pending is not None and hasattr(ref, "hex"):
+        actor_id = getattr(actor, "_actor_id", None)  # a Ray actor handle's; anything else is named by method alone
+        _pending.add(ref, method, None, actor_id.hex() if actor_id is not None else None)
 
 
 def at_phase(step: int, name: str) -> None:
@@ -167,7 +202,7 @@ class Watchdog:
         """Which worker calls the driver still waits on, with their stacks saved; or that it waits on none."""
         calls = self.pending.waiting()
         if not calls:
-            return "no worker call pending (the driver itself, or an actor outside the worker groups)"
+            return "no worker call pending (the driver itself)"
         named = []
         for label, pid, running in calls[:4]:
             stack = self._save_stack(step, label, pid)
