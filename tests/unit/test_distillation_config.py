@@ -69,12 +69,14 @@ def test_impossible_combinations_name_their_keys() -> None:
     )
 
 
-def test_megatron_teacher_is_refused_in_one_line() -> None:
+def test_megatron_models_validate_and_the_fused_linear_ce_is_refused_in_one_line() -> None:
     megatron = ("+teacher.megatron_cfg.enabled=true", "teacher.dtensor_cfg.enabled=false")
-    lines = problems(*megatron, "teacher.optimizer=null", "teacher.scheduler=null")
-    assert lines == [
-        "teacher.megatron_cfg.enabled: not supported yet with distillation: the teacher's top-k and the student's "
-        "KL loss run on the DTensor backend (dtensor_cfg.enabled=true)"
+    config = load(*megatron, "teacher.optimizer=null", "teacher.scheduler=null")
+    assert config.teacher.megatron_cfg.enabled  # its top-k: tests/unit/test_megatron_policy.py
+    fused = ("+teacher.megatron_cfg.use_linear_ce_fusion_loss=true", "teacher.optimizer=null", "teacher.scheduler=null")
+    assert problems(*megatron, *fused) == [
+        "teacher.megatron_cfg.use_linear_ce_fusion_loss: not supported yet with distillation's KL loss, which reads "
+        "whole logits (as in NeMo-RL, it serves SFT and DPO); set it to false"
     ]
 
 

@@ -9,7 +9,9 @@ active, a warming-up LR) on 3 batches of 8 right-padded rows with prompt and sam
   export at init, 3 steps with the refit state dict after each, an HF export after step 1 and a run checkpoint
   (``step_2/policy/{weights,optimizer,tokenizer}``) after step 2.
 - ``tp2`` / ``dp2`` / ``pp2_uneven_recompute`` (1 + 3 layers, full recomputation): two processes, the same 3
-  steps; ``dp2`` with the fused linear cross-entropy (``use_linear_ce_fusion_loss``).
+  steps; ``dp2`` with the fused linear cross-entropy (``use_linear_ce_fusion_loss``). Then ``single``, ``tp2`` and
+  ``pp2_uneven_recompute`` give the top-k logits a distillation teacher hands on and take one step of the student's
+  KL loss (whole-vocabulary logits).
 - ``resumed``: two processes at TP=2 with sequence parallelism and the fused linear cross-entropy, loading
   ``single``'s step-2 checkpoint, taking step 3 and saving its weights
   (``step_3/policy/{weights,tokenizer}``).
@@ -124,6 +126,22 @@ def make_batches() -> list[BatchedDataDict]:
     return batches
 
 
+TOPK = 4
+
+
+def distillation_batch(model_dir: str, data: BatchedDataDict) -> BatchedDataDict:
+    """``data`` with a teacher's top-k logits (the initial model's, from Hugging Face) for a distillation step."""
+    from transformers import AutoModelForCausalLM
+
+    from nemo_rl_clone.models.policy.workers.topk_logits import topk_of_logits
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=data["input_ids"]).logits
+    values, indices = topk_of_logits(logits, TOPK, data["input_lengths"], data["input_ids"].shape[1])
+    return BatchedDataDict({**data, "teacher_topk_logits": values, "teacher_topk_indices": indices})
+
+
 def policy_dict(
     model_dir: str, tp: int = 1, pp: int = 1, *, precision: str = "float32", **megatron: Any
 ) -> dict[str, Any]:
@@ -209,15 +227,15 @@ def _megatron_worker(model_dir: str, tp: int, pp: int, megatron: dict[str, Any] 
     return MegatronPolicyWorker(config, load_tokenizer(model_dir), model_dir, **kwargs)
 
 
-def _step(worker: Any, data: BatchedDataDict) -> dict[str, Any]:
-    """One optimizer step on this rank's data-parallel shard of ``data``."""
+def _step(worker: Any, data: BatchedDataDict, loss_fn: Any = None) -> dict[str, Any]:
+    """One optimizer step (NLL unless ``loss_fn``) on this rank's data-parallel shard of ``data``."""
     from megatron.core import parallel_state
 
     from nemo_rl_clone.algorithms.loss import NLLLossFn
 
     dp_size = parallel_state.get_data_parallel_world_size()
     shard = data.shard_by_batch_size(dp_size)[parallel_state.get_data_parallel_rank()] if dp_size > 1 else data
-    result = worker.train(shard, NLLLossFn(), gbs=ROWS)
+    result = worker.train(shard, loss_fn or NLLLossFn(), gbs=ROWS)
     return {
         "loss": result["global_loss"].item(),
         "grad_norm": result["grad_norm"].item(),
@@ -226,7 +244,9 @@ def _step(worker: Any, data: BatchedDataDict) -> dict[str, Any]:
     }
 
 
-def run_single(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
+def run_single(
+    model_dir: str, run_dir: str, batches: list[BatchedDataDict], distill: BatchedDataDict
+) -> dict[str, Any]:
     from nemo_rl_clone.models.huggingface import load_tokenizer
     from nemo_rl_clone.models.policy.dtensor.policy_worker import DTensorPolicyWorker
 
@@ -258,17 +278,34 @@ def run_single(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> 
             )
     result["final_logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
     result["reference_logprobs_after_training"] = worker.get_reference_policy_logprobs(batches[0])["reference_logprobs"]
+    result.update(_topk_and_distillation_step(worker, distill))
     worker.shutdown()
     return result
 
 
+def _topk_and_distillation_step(worker: Any, distill: BatchedDataDict) -> dict[str, Any]:
+    """The top-k a distillation teacher hands on, then one step of the student's KL loss (needs the whole
+    vocabulary's logits: gathered over tensor-parallel ranks)."""
+    from nemo_rl_clone.algorithms.loss.distillation import DistillationLossFn
+
+    topk = worker.get_topk_logits(distill, k=TOPK)
+    return {"topk": dict(topk), "distill": _step(worker, distill, DistillationLossFn())}
+
+
 def run_layout(
-    model_dir: str, batches: list[BatchedDataDict], tp: int, pp: int, megatron: dict[str, Any]
+    model_dir: str,
+    batches: list[BatchedDataDict],
+    distill: BatchedDataDict,
+    tp: int,
+    pp: int,
+    megatron: dict[str, Any],
 ) -> dict[str, Any]:
     worker = _megatron_worker(model_dir, tp, pp, megatron)
     result = {"logprobs": worker.get_logprobs(batches[0])["logprobs"]}
     result["steps"] = [_step(worker, data) for data in batches]
     result["final_logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
+    if not megatron.get("use_linear_ce_fusion_loss"):  # the fused head serves token-logprob losses only
+        result.update(_topk_and_distillation_step(worker, distill))
     worker.shutdown()
     return result
 
@@ -312,8 +349,13 @@ def run_dir(module_tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def single(model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dict[str, Any]:
-    return spawn(1, run_single, model_dir, str(run_dir), batches)
+def distill(model_dir: str, batches: list[BatchedDataDict]) -> BatchedDataDict:
+    return distillation_batch(model_dir, batches[0])
+
+
+@pytest.fixture(scope="module")
+def single(model_dir: str, run_dir: Path, batches: list[BatchedDataDict], distill: BatchedDataDict) -> dict[str, Any]:
+    return spawn(1, run_single, model_dir, str(run_dir), batches, distill)
 
 
 # The fused linear cross-entropy (use_linear_ce_fusion_loss: token logprobs from hidden states, in chunks of a size
@@ -331,8 +373,10 @@ RESUMED_LAYOUT = (2, 1, {"sequence_parallel": True, **LINEAR_CE, "linear_ce_fusi
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
-def layout(request: pytest.FixtureRequest, model_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
-    return spawn(2, run_layout, model_dir, batches, *LAYOUTS[request.param])
+def layout(
+    request: pytest.FixtureRequest, model_dir: str, batches: list[BatchedDataDict], distill: BatchedDataDict
+) -> dict[str, Any]:
+    return spawn(2, run_layout, model_dir, batches, distill, *LAYOUTS[request.param])
 
 
 @pytest.fixture(scope="module")
@@ -355,7 +399,7 @@ def test_logprobs_equal_hf_and_the_dtensor_worker(single: dict, model_dir: str, 
 
 def test_layout_trains_like_one_process(layout: dict, single: dict) -> None:
     """TP=2, PP=2 (also uneven, with activation recomputation) and DP=2 each give TP=PP=DP=1's logprobs, losses,
-    grad norms and weights over 3 steps."""
+    grad norms and weights over 3 steps, then its top-k logits and a distillation step."""
     assert max_diff(layout["logprobs"], single["logprobs"]) <= ATOL
     for got, want in zip(layout["steps"], single["steps"], strict=True):
         assert abs(got["loss"] - want["loss"]) <= ATOL
@@ -364,6 +408,16 @@ def test_layout_trains_like_one_process(layout: dict, single: dict) -> None:
         assert max_diff(got["state"], want["state"]) <= ATOL
     assert max_diff(layout["final_logprobs"], single["final_logprobs"]) <= ATOL
     assert all(step["grad_norm"] > 1.0 for step in single["steps"])  # clip_grad=1.0 really clips
+    # A distillation teacher's top-k (the whole vocabulary's, over TP ranks and from the last pipeline stage), then a
+    # step of the student's KL loss on whole logits.
+    if "topk" not in layout:
+        return
+    assert torch.equal(layout["topk"]["topk_indices"], single["topk"]["topk_indices"])
+    assert max_diff(layout["topk"]["topk_logits"], single["topk"]["topk_logits"]) <= ATOL
+    got, want = layout["distill"], single["distill"]
+    assert want["loss"] > 0 and want["grad_norm"] > 0  # the student is 3 steps away from the teacher
+    assert abs(got["loss"] - want["loss"]) <= ATOL and abs(got["grad_norm"] - want["grad_norm"]) <= ATOL
+    assert max_diff(got["state"], want["state"]) <= ATOL
 
 
 def test_checkpoint_resumes_at_another_layout(resumed: dict, single: dict) -> None:

@@ -67,12 +67,20 @@ class DistillationMasterConfig(SectionReads):
                 problems.append(
                     (
                         f"{who}.{backend_key(section)}",
-                        "not supported yet with distillation: the teacher's top-k and the student's KL loss run on "
-                        "the DTensor backend (dtensor_cfg.enabled=true)",
+                        "not supported yet with distillation: this backend has no top-k logits "
+                        "(Policy.get_topk_logits); the DTensor and Megatron backends have them",
                     )
                 )
             if section.reward_model_cfg.enabled:
                 problems.append((f"{who}.reward_model_cfg.enabled", "must be false: distillation uses language models"))
+            if section.megatron_cfg.enabled and section.megatron_cfg.use_linear_ce_fusion_loss:
+                problems.append(
+                    (
+                        f"{who}.megatron_cfg.use_linear_ce_fusion_loss",
+                        "not supported yet with distillation's KL loss, which reads whole logits (as in NeMo-RL, it "
+                        "serves SFT and DPO); set it to false",
+                    )
+                )
             if section.router_replay.enabled:
                 problems.append((f"{who}.router_replay.enabled", ROUTER_REPLAY_GRPO_ONLY))
         if self.teacher.max_total_sequence_length < self.policy.max_total_sequence_length:

@@ -230,12 +230,12 @@ class Policy(ColocatablePolicyInterface):
         """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}``: the ``k`` largest next-token logits
         at every position (largest first) and their vocab ids, 0 at positions ``>= input_lengths`` (layout:
         `nemo_rl_clone.models.policy.workers.topk_logits`). Needs ``input_ids`` and ``input_lengths``; sharded like
-        `get_logprobs`. A backend without ``topk_logits`` in its table (Megatron) raises NotImplementedError."""
+        `get_logprobs`. A backend without ``topk_logits`` in its table (a plug-in's) raises NotImplementedError."""
         self._require_language_model("get_topk_logits")
         if not self.backend.topk_logits:
             raise NotImplementedError(
                 f"Policy.get_topk_logits is not supported yet with policy.{backend_key(self.cfg)} (a distillation "
-                "teacher needs the DTensor backend: megatron_cfg.enabled=false, dtensor_cfg.enabled=true)"
+                "teacher needs a backend that has it: DTensor or Megatron)"
             )
         check_k(k)
         return self._logprob_call("get_topk_logits", data, micro_batch_size, timer, "topk_logits", k=k)

@@ -34,7 +34,6 @@ from transformers import (
     PreTrainedModel,
 )
 
-from nemo_rl_clone.contract import sampling as logits_sampling_utils
 from nemo_rl_clone.contract.loss import LossFunction, TokenLogprobs
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
@@ -54,7 +53,6 @@ from nemo_rl_clone.models.policy.workers import (
     packed_sequences,
     reward_model,
     token_logprob_head,
-    topk_logits,
     train_step,
     worker_setup,
 )
@@ -298,22 +296,6 @@ class DTensorPolicyWorker(PolicyWorkerBase):
         return train_step.logprobs_within_lengths(
             microbatch, lambda b, wanted: self._token_logprobs(b, wanted, sampling)
         )
-
-    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
-        """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}`` of this rank's shard (layout:
-        `topk_logits`), the logits divided by ``policy.generation.temperature``."""
-        self._require_language_model("get_topk_logits")
-        topk_logits.check_k(k)
-        width, indices = data["input_ids"].shape[1], []
-
-        def topk(batch: BatchedDataDict, forward: Forward) -> torch.Tensor:
-            logits = logits_sampling_utils.scale(forward(), self.sampling)  # ÷ the sampling temperature
-            values, ids = topk_logits.topk_of_logits(logits, k, batch["input_lengths"], width)
-            indices.append(ids)
-            return values
-
-        values = self._inference_pass(data, micro_batch_size, topk)
-        return BatchedDataDict({"topk_logits": values, "topk_indices": torch.cat(indices)})
 
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
         """A reward model's ``{"scores": [B] fp32}`` for this rank's shard, each read at ``input_lengths - 1``; a

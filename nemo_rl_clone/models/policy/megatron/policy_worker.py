@@ -26,6 +26,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
 from nemo_rl_clone.contract.loss import TokenLogprobs
@@ -195,6 +196,13 @@ class MegatronPolicyWorker(PolicyWorkerBase):
     def _half(self) -> bool:
         return self.model_config.bf16 or self.model_config.fp16
 
+    def _whole_vocabulary(self, logits: torch.Tensor) -> torch.Tensor:
+        """This rank's ``[B, S, V / tp]`` logits gathered over the tensor-parallel ranks; differentiable (each rank
+        backpropagates into its own slice: the loss on the gathered logits is the same on every rank)."""
+        if self.tp_size == 1:
+            return logits
+        return gather_from_tensor_model_parallel_region(logits, group=parallel_state.get_tensor_model_parallel_group())
+
     def _vocab_parallel(self) -> dict[str, Any]:
         if self.tp_size == 1:
             return {}
@@ -243,6 +251,11 @@ class MegatronPolicyWorker(PolicyWorkerBase):
             loss_input: dict[str, Any] = {}
             if self.hidden_head is not None:  # `logits` are the final hidden states [B, S, H]
                 logits_or_logprobs = cast(torch.Tensor, self._fused_token_logprobs(logits, microbatch, loss_fn))
+            elif not getattr(loss_fn, "accepts_token_logprobs", False):  # e.g. distillation's KL: whole logits
+                loss_input, _ = prepare_loss_input(
+                    self._whole_vocabulary(logits), microbatch, loss_fn, chunk_size=self.cfg.logprob_chunk_size
+                )
+                logits_or_logprobs = loss_input.pop("next_token_logits")
             else:
                 loss_input, _ = prepare_loss_input(
                     logits, microbatch, loss_fn, chunk_size=self.cfg.logprob_chunk_size, **self._vocab_parallel()

@@ -31,13 +31,14 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+from nemo_rl_clone.contract import sampling as sampling_processing
 from nemo_rl_clone.contract.loss import LossFunction
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data_plane.worker_mixin import TQWorkerMixin
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.policy.config import PolicyConfig
-from nemo_rl_clone.models.policy.workers import reward_model, train_step, worker_setup
+from nemo_rl_clone.models.policy.workers import reward_model, topk_logits, train_step, worker_setup
 from nemo_rl_clone.models.policy.workers.refit_sender import RefitSender
 from nemo_rl_clone.models.policy.workers.train_profile import TrainProfile
 
@@ -239,6 +240,26 @@ class PolicyWorkerBase(TQWorkerMixin, RefitSender):
             return train_step.pad_to_width(lp, data["input_ids"].shape[1]).cpu()
 
         return BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
+
+    def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
+        """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}`` of this rank's shard (layout:
+        `topk_logits`), the logits divided by ``policy.generation.temperature``."""
+        self._require_language_model("get_topk_logits")
+        topk_logits.check_k(k)
+        width = data["input_ids"].shape[1]
+
+        def topk(batch: BatchedDataDict, forward: Forward) -> torch.Tensor:
+            logits = sampling_processing.scale(self._whole_vocabulary(forward()), self.sampling)
+            values, ids = topk_logits.topk_of_logits(logits, k, batch["input_lengths"], width)
+            # One float64 tensor (exact for fp32 values and vocab ids) that the last pipeline stage hands on.
+            return torch.stack([values.double(), ids.double()], dim=-1)
+
+        both = self._inference_pass(data, micro_batch_size, topk)
+        return BatchedDataDict({"topk_logits": both[..., 0].float(), "topk_indices": both[..., 1].long()})
+
+    def _whole_vocabulary(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's logits over the whole vocabulary (a backend whose head splits it gathers them here)."""
+        return logits
 
     @torch.no_grad()
     def get_reference_policy_logprobs(
