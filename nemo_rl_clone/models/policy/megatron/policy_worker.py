@@ -251,14 +251,15 @@ class MegatronPolicyWorker(PolicyWorkerBase):
             loss_input: dict[str, Any] = {}
             if self.hidden_head is not None:  # `logits` are the final hidden states [B, S, H]
                 logits_or_logprobs = cast(torch.Tensor, self._fused_token_logprobs(logits, microbatch, loss_fn))
-            elif not getattr(loss_fn, "accepts_token_logprobs", False):  # e.g. distillation's KL: whole logits
-                loss_input, _ = prepare_loss_input(
-                    self._whole_vocabulary(logits), microbatch, loss_fn, chunk_size=self.cfg.logprob_chunk_size
-                )
-                logits_or_logprobs = loss_input.pop("next_token_logits")
             else:
+                # A loss that reads whole logits (distillation's KL) gets them gathered over the TP ranks.
+                whole = not getattr(loss_fn, "accepts_token_logprobs", False)
                 loss_input, _ = prepare_loss_input(
-                    logits, microbatch, loss_fn, chunk_size=self.cfg.logprob_chunk_size, **self._vocab_parallel()
+                    self._whole_vocabulary(logits) if whole else logits,
+                    microbatch,
+                    loss_fn,
+                    chunk_size=self.cfg.logprob_chunk_size,
+                    **({} if whole else self._vocab_parallel()),
                 )
                 logits_or_logprobs = loss_input.pop("next_token_logits")
             loss, metrics = loss_fn(logits_or_logprobs, microbatch, norm.valid_seqs, norm.valid_toks, **loss_input)
