@@ -60,6 +60,7 @@ class RewardModelSource:
 def resolve_reward_model(cfg: RewardModelEnvConfig) -> RewardModelSource:
     """Find the reward model ``cfg`` names, reading only small files (config.yaml, config.json)."""
     from nemo_rl_clone.models.huggingface import check_model_available, resolve_model_path
+    from nemo_rl_clone.models.policy.backends import policy_backend
 
     if cfg.checkpoint_path is None:
         assert cfg.model_name is not None  # validation requires one of the two
@@ -84,6 +85,12 @@ def resolve_reward_model(cfg: RewardModelEnvConfig) -> RewardModelSource:
     hf_export = step_dir / "policy" / "hf"
     if (hf_export / "config.json").is_file():  # a consolidated export: load it as is
         return RewardModelSource(str(hf_export), tokenizer, None)
+    if policy_backend(policy) != "dtensor":
+        raise RewardModelError(
+            f"{KEY}.checkpoint_path: {step_dir} was trained on the {policy_backend(policy)} backend and holds no "
+            "consolidated Hugging Face export (policy/hf); convert it with examples/converters/convert_megatron_to_hf.py "
+            "and name the result in model_name"
+        )
     return RewardModelSource(resolve_model_path(str(trained_from)), tokenizer, step_dir / "policy" / "weights")
 
 

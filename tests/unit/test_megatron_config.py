@@ -221,9 +221,8 @@ def test_megatron_defaults_validate():
             "megatron_cfg.optimizer.fp16: must be false with policy.precision=bfloat16 (or null: follow it), got true",
         ),
         (
-            {"reward_model_cfg": {"enabled": True}},
-            "megatron_cfg.enabled: reward models (reward_model_cfg.enabled) are not supported by the Megatron backend "
-            "yet; use dtensor_cfg.enabled=true",
+            {"reward_model_cfg": {"enabled": True}, "megatron_cfg": {"use_linear_ce_fusion_loss": True}},
+            "megatron_cfg.use_linear_ce_fusion_loss: must be false: a scalar-head model has no vocabulary",
         ),
     ],
 )

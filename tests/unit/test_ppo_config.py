@@ -182,25 +182,40 @@ def _on_megatron(section: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("overrides", "line"),
+    "overrides",
     [
-        (
-            _on_megatron("policy"),
-            "policy.megatron_cfg.enabled: not supported yet: PPO's actor runs on the DTensor backend",
-        ),
-        # NeMo-RL's Megatron critic (``ppo_math_1B_megatron.yaml``) leaves ``reward_model_cfg`` off: the one line it
-        # gets names the backend, not the head it does not need there.
-        (
-            [*_on_megatron("value"), "value.reward_model_cfg.enabled=false"],
-            "value.megatron_cfg.enabled: not supported yet: the critic runs on the DTensor backend",
-        ),
+        _on_megatron("policy"),
+        # NeMo-RL's Megatron critic (``ppo_math_1B_megatron.yaml``) leaves ``reward_model_cfg`` off: it is a value head
+        # there all the same.
+        [*_on_megatron("value"), "value.reward_model_cfg.enabled=false"],
+        [*_on_megatron("value"), "value.reward_model_cfg.enabled=true"],
     ],
-    ids=["actor", "critic"],
+    ids=["actor", "critic_as_nemo_rl_writes_it", "critic_with_its_head_named"],
 )
-def test_a_megatron_actor_or_critic_gets_one_not_supported_line(overrides: list[str], line: str):
+def test_a_megatron_actor_or_critic_validates(overrides: list[str]):
+    from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig, critic_section
+    from nemo_rl_clone.utils.config import load_validated_config
+
+    config = load_validated_config(REPO / "configs" / "ppo_smoke.yaml", overrides, PPOMasterConfig)
+    critic = critic_section(config.value).reward_model_cfg
+    assert (critic.enabled, critic.reward_model_type) == (True, "regression")
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("value.reward_model_cfg.reward_model_type=bradley_terry", "value.reward_model_cfg"),
+        # with reward_model_cfg off as in NeMo-RL's recipe: a critic all the same, which has no vocabulary to fuse
+        ("+value.megatron_cfg.use_linear_ce_fusion_loss=true", "value.megatron_cfg.use_linear_ce_fusion_loss"),
+    ],
+)
+def test_a_megatron_critic_refuses_what_a_value_head_cannot_be(override: str, key: str):
     from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
     from nemo_rl_clone.utils.config import load_validated_config
 
+    overrides = [*_on_megatron("value"), "value.reward_model_cfg.enabled=false", override]
+    if "bradley_terry" in override:
+        overrides.remove("value.reward_model_cfg.enabled=false")
     with pytest.raises(ConfigError) as raised:
         load_validated_config(REPO / "configs" / "ppo_smoke.yaml", overrides, PPOMasterConfig)
-    assert raised.value.problems == [line]
+    assert [p.split(":")[0] for p in raised.value.problems] == [key]

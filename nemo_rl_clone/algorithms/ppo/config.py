@@ -13,7 +13,7 @@ Refused when set to anything but their inert value (each names what it would swi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from nemo_rl_clone.algorithms.loss.registry import ClippedPGLossSection
@@ -21,6 +21,7 @@ from nemo_rl_clone.data.config import DataConfig
 from nemo_rl_clone.distributed.virtual_cluster import ClusterConfig
 from nemo_rl_clone.environments.config import EnvConfig
 from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.policy.backend_checks import scalar_head_problems
 from nemo_rl_clone.models.policy.backends import backend_key, known_backend_spec
 from nemo_rl_clone.models.policy.config import ROUTER_REPLAY_GRPO_ONLY, PolicyConfig, RewardModelConfig
 from nemo_rl_clone.rollout.config import (
@@ -143,6 +144,12 @@ class PPOConfig(RewardedLoopConfig):
         return step >= self.policy_training_start_step
 
 
+def critic_section(value: PolicyConfig) -> PolicyConfig:
+    """The ``value`` section the critic is built from: a scalar head read at every token, whatever the Megatron
+    section's ``reward_model_cfg`` says (validation requires it on the DTensor backend)."""
+    return replace(value, reward_model_cfg=RewardModelConfig(enabled=True, reward_model_type="regression"))
+
+
 def _value_section() -> PolicyConfig:
     return PolicyConfig(
         reward_model_cfg=RewardModelConfig(enabled=True, reward_model_type="regression"), generation=None
@@ -178,11 +185,20 @@ class PPOMasterConfig(SectionReads):
             problems.append(("env.agent", "not supported yet with PPO; agent runs use examples/run_grpo.py"))
         value, critic_backend = self.value, known_backend_spec(self.value)
         if critic_backend is not None and not critic_backend.value_head:
-            # NeMo-RL's Megatron critic leaves reward_model_cfg off (its head is built another way): this is the
-            # one line such a recipe gets.
             problems.append(
-                (f"value.{backend_key(value)}", "not supported yet: the critic runs on the DTensor backend")
+                (
+                    f"value.{backend_key(value)}",
+                    f"not supported yet: the {critic_backend.title} backend has no scalar head",
+                )
             )
+        elif (
+            critic_backend is not None
+            and critic_backend.section == "megatron_cfg"
+            and not value.reward_model_cfg.enabled
+        ):
+            # NeMo-RL's Megatron value section leaves reward_model_cfg off (its key is the DTensor worker's): the
+            # critic is a value head either way (`critic_section`).
+            problems += [(f"value.{key}", message) for key, message in scalar_head_problems(critic_section(value))]
         elif not (value.reward_model_cfg.enabled and value.reward_model_cfg.reward_model_type == "regression"):
             problems.append(
                 (

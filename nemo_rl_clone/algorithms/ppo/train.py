@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from nemo_rl_clone.algorithms.loss.registry import build_loss
-from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
+from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig, critic_section
 from nemo_rl_clone.algorithms.ppo.gae import compute_advantages_and_returns, last_token_rewards
 from nemo_rl_clone.algorithms.ppo.value_loss import explained_variance
 from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
@@ -87,7 +87,7 @@ def _build_critic(config: PPOMasterConfig, run: RolloutRun[PPOMasterConfig], env
         optimizer = str(optimizer_dir) if optimizer_dir.exists() else None
     return Policy(
         run.clusters[0],
-        config.value,
+        critic_section(config.value),
         run.tokenizer,  # the critic reads the actor's token ids
         name_prefix="value",
         init_reference_model=False,

@@ -67,6 +67,8 @@ def _section_problems(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[s
     if not getattr(config, spec.section).enabled:
         return [(f"{spec.section}.enabled", f"the {spec.title} backend ({key}) reads {spec.section}: set it to true")]
     problems = _check_section(config, spec)
+    if config.reward_model_cfg.enabled and spec.section == "megatron_cfg":
+        problems += scalar_head_problems(config)
     if config.reward_model_cfg.enabled and not spec.value_head:
         # The Megatron converter builds causal LMs (Llama, Qwen2), not the scalar-head sequence classifier.
         problems.append(
@@ -77,6 +79,13 @@ def _section_problems(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[s
             )
         )
     return problems
+
+
+def scalar_head_problems(config: PolicyConfig) -> list[tuple[str, str]]:
+    """What a Megatron scalar-head model (reward model, PPO's critic) cannot use."""
+    if config.megatron_cfg.use_linear_ce_fusion_loss:
+        return [("megatron_cfg.use_linear_ce_fusion_loss", "must be false: a scalar-head model has no vocabulary")]
+    return []
 
 
 def _check_section(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[str, str]]:

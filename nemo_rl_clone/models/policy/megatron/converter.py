@@ -54,6 +54,11 @@ _QKV = "self_attention.linear_qkv"
 _FC1 = "mlp.linear_fc1.weight"
 _DENSE_FC2 = "mlp.linear_fc2.weight"
 _ROUTER = "mlp.router.weight"
+# A sequence-classification model's scalar head (reward models, PPO's critic): replicated over tensor-parallel ranks,
+# in place of the vocabulary projection. Its full Megatron name differs from the vocabulary projection's, so that it
+# is never split; the module (`megatron.value_head.ValueHead`) holds it as ``output_layer.weight``.
+_SCORE_HF = "score.weight"
+SCORE_MEGATRON = "output_layer.score.weight"
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)\.weight$")
 
@@ -91,6 +96,8 @@ def model_shape(hf_config: Any, converter_type: str | None = None) -> ModelShape
     declared = (getattr(hf_config, "architectures", None) or [None])[0] or _MODEL_TYPES.get(
         getattr(hf_config, "model_type", "")
     )
+    if declared:  # a reward model's or critic's export: the same decoder under a scalar head
+        declared = declared.replace("ForSequenceClassification", "ForCausalLM")
     if converter_type and declared and converter_type != declared:
         raise ValueError(
             f"policy.megatron_cfg.converter_type={converter_type!r} but the model is a {declared!r}; set it to "
@@ -154,7 +161,9 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], shape: ModelShape) -> dict[st
         "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
         "decoder.final_layernorm.weight": hf["model.norm.weight"],
     }
-    if not shape.tied_embeddings:
+    if _SCORE_HF in hf:  # a sequence-classification model: its scalar head replaces the vocabulary projection
+        out[SCORE_MEGATRON] = hf[_SCORE_HF]
+    elif not shape.tied_embeddings:
         out["output_layer.weight"] = hf["lm_head.weight"]
     for i in range(shape.num_layers):
         hf_layer, mg_layer = f"model.layers.{i}.", f"decoder.layers.{i}."
@@ -199,6 +208,8 @@ def megatron_to_hf(full: Mapping[str, torch.Tensor], shape: ModelShape) -> dict[
         elif name == "output_layer.weight":
             if not shape.tied_embeddings:
                 out["lm_head.weight"] = tensor
+        elif name == SCORE_MEGATRON:
+            out[_SCORE_HF] = tensor
         elif match := _LAYER.match(name):
             prefix, suffix = f"model.layers.{match.group(1)}.", match.group(2)
             if (expert := _EXPERT.match(suffix)) and shape.is_moe:
@@ -208,6 +219,8 @@ def megatron_to_hf(full: Mapping[str, torch.Tensor], shape: ModelShape) -> dict[
                 _layer_to_hf(out, prefix, suffix, tensor, shape)
         else:
             raise KeyError(f"no Hugging Face name for Megatron parameter {name!r}")
+    if _SCORE_HF in out:  # a scalar-head model ties no vocabulary projection to its embeddings
+        out.pop("lm_head.weight", None)
     for hf_name, by_number in experts.items():
         if sorted(by_number) != list(range(shape.num_experts)):
             raise KeyError(f"{hf_name}: experts {sorted(by_number)} of {shape.num_experts} (gather every EP rank's)")
@@ -379,6 +392,8 @@ def _local_name(name: str, layers: range, pre_process: bool, post_process: bool,
         return name if pre_process else None
     if name in ("decoder.final_layernorm.weight", "output_layer.weight"):
         return name if post_process else None
+    if name == SCORE_MEGATRON:
+        return "output_layer.weight" if post_process else None
     match = _LAYER.match(name)
     assert match is not None, name
     layer, suffix = int(match.group(1)), match.group(2)

@@ -32,6 +32,7 @@ from megatron.core.transformer.transformer_block import (
 )
 
 from nemo_rl_clone.models.policy.megatron import converter, moe
+from nemo_rl_clone.models.policy.megatron import value_head as value_heads
 from nemo_rl_clone.models.policy.megatron.packing import PackedCoreAttention
 from nemo_rl_clone.utils.errors import UserInputError
 
@@ -173,10 +174,15 @@ def _decoder_spec(config: TransformerConfig, shape: converter.ModelShape) -> Mod
 
 
 def build_model(
-    config: TransformerConfig, shape: converter.ModelShape, hf_config: Any, hf_state: dict[str, torch.Tensor]
+    config: TransformerConfig,
+    shape: converter.ModelShape,
+    hf_config: Any,
+    hf_state: dict[str, torch.Tensor],
+    value_head: bool = False,
 ) -> tuple[GPTModel, range]:
     """This rank's GPT model (its pipeline stage, its tensor-parallel shards) holding the Hugging Face weights;
-    also the global layer numbers of the stage."""
+    also the global layer numbers of the stage. ``value_head``: a sequence-classification model's scalar ``score``
+    head in place of the vocabulary projection (`value_head.ValueHead`)."""
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     pp_size = parallel_state.get_pipeline_model_parallel_world_size()
     pre_process, post_process = pp_rank == 0, pp_rank == pp_size - 1
@@ -196,10 +202,12 @@ def build_model(
             pre_process=pre_process,
             post_process=post_process,
             parallel_output=True,  # logits stay split over the vocab: the losses compute vocab-parallel logprobs
-            share_embeddings_and_output_weights=shape.tied_embeddings,
+            share_embeddings_and_output_weights=shape.tied_embeddings and not value_head,
             position_embedding_type="rope",
             rotary_base=converter.rope_theta(hf_config),
         )
+    if value_head and post_process:
+        value_heads.install(model, config)
     if len(model.decoder.layers) != len(layers):
         raise RuntimeError(f"Megatron built {len(model.decoder.layers)} layers for this stage, expected {len(layers)}")
     local = converter.shard_for_rank(
@@ -211,7 +219,7 @@ def build_model(
         post_process,
         _expert_shard(shape),
     )
-    if shape.tied_embeddings and post_process and not pre_process:
+    if shape.tied_embeddings and post_process and not pre_process and not value_head:
         # The last stage holds its own copy of the tied embedding as the output layer.
         local["output_layer.weight"] = converter.shard_for_rank(
             {"output_layer.weight": hf_state["model.embed_tokens.weight"]},
@@ -330,9 +338,13 @@ def gather_hf_state_dict(model: torch.nn.Module, shape: converter.ModelShape, la
     }
     expert_offset = _expert_shard(shape).offset
     stage: dict[str, torch.Tensor] = {}
-    for name, tensor in unwrap(model).state_dict().items():
+    gpt = unwrap(model)
+    value_head = value_heads.is_value_head(gpt)
+    for name, tensor in gpt.state_dict().items():
         if name.endswith("_extra_state") or tensor is None:
             continue
+        if value_head and name == "output_layer.weight":
+            name = converter.SCORE_MEGATRON  # whole on every rank
         tensor, expert = tensor.detach(), converter.is_expert(name)
         group, size = groups[expert]
         if size > 1 and converter.partition_dim(name) is not None:

@@ -27,6 +27,7 @@ from nemo_rl_clone.utils.errors import UserInputError
 # to save; this one reloads at any layout.
 _METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 _CHAIN_PREFIX = re.compile(r"^chained_\d+\.")
+_NEVER_STEPPED = "optimizer_never_stepped"
 
 
 def save_distributed(state: dict[str, Any], path: str) -> None:
@@ -38,8 +39,13 @@ def save_distributed(state: dict[str, Any], path: str) -> None:
 
 
 def save_optimizer(optimizer: Any, scheduler: Any, model_state: dict[str, Any], path: str) -> None:
-    """``model_state``: a fresh ``sharded_state_dict()`` of the model (the optimizer maps its parameters through it)."""
+    """``model_state``: a fresh ``sharded_state_dict()`` of the model (the optimizer maps its parameters through it).
+    An optimizer that has not stepped yet (PPO's actor while its critic warms up) has no state Megatron can write:
+    only the scheduler is saved, marked so, and loading it leaves a fresh optimizer — which is what it was."""
     with megatron_cpu_shims.cuda_redirect():  # gathering the optimizer state calls `.cuda()`
+        if not _has_stepped(optimizer):
+            save_distributed({"scheduler": scheduler.state_dict(), _NEVER_STEPPED: True}, path)
+            return
         state = {
             "optimizer": optimizer.sharded_state_dict(model_state, metadata=_METADATA),
             "scheduler": scheduler.state_dict(),
@@ -47,9 +53,20 @@ def save_optimizer(optimizer: Any, scheduler: Any, model_state: dict[str, Any], 
         save_distributed(state, path)
 
 
+def _has_stepped(optimizer: Any) -> bool:
+    return any(
+        bool(getattr(inner.optimizer, "state", None)) for inner in getattr(optimizer, "chained_optimizers", [optimizer])
+    )
+
+
 def load_optimizer(optimizer: Any, scheduler: Any, model_state: dict[str, Any], path: str) -> None:
     """Loads a `save_optimizer` folder into ``optimizer`` and ``scheduler``, saved at any layout (a collective)."""
     with megatron_cpu_shims.cuda_redirect():
+        common = dist_checkpointing.load_common_state_dict(path)
+        if common.get(_NEVER_STEPPED):
+            optimizer.reload_model_params()  # its main parameters take the loaded weights
+            scheduler.load_state_dict(common["scheduler"])
+            return
         _prepare_optimizer_for_loading(optimizer)
         template = optimizer.sharded_state_dict(model_state, is_loading=True, metadata=_METADATA)
         saved_keys = set(dist_checkpointing.load_tensors_metadata(path))

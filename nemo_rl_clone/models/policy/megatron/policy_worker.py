@@ -27,7 +27,7 @@ from megatron.core import dist_checkpointing, parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PretrainedConfig
 
 from nemo_rl_clone.contract.loss import TokenLogprobs
 from nemo_rl_clone.contract.loss_input import prepare_loss_input
@@ -38,7 +38,7 @@ from nemo_rl_clone.models.huggingface import reporting_model_load_errors
 from nemo_rl_clone.models.policy.megatron import converter, linear_ce, moe, optimizer_checkpoint
 from nemo_rl_clone.models.policy.megatron import model as mmodel
 from nemo_rl_clone.models.policy.megatron.packing import PackedLayout
-from nemo_rl_clone.models.policy.workers import train_step
+from nemo_rl_clone.models.policy.workers import reward_model, train_step
 from nemo_rl_clone.models.policy.workers.base import GlobalBatch, LossShare, MicrobatchCompute, PolicyWorkerBase
 from nemo_rl_clone.models.policy.workers.train_profile import TrainProfile
 from nemo_rl_clone.utils.errors import UserInputError
@@ -56,8 +56,15 @@ class MegatronPolicyWorker(PolicyWorkerBase):
 
     def _build(self, model_path: str) -> None:
         mcfg = self.cfg.megatron_cfg
+        # A reward model or PPO's critic: the decoder under a scalar head (`value_head`), scored like DTensor's.
+        self.is_reward_model = self.cfg.reward_model_cfg.enabled
+        self.scorer = reward_model.scorer_class(self.cfg.reward_model_cfg.reward_model_type)
         with reporting_model_load_errors(model_path):
-            hf_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            hf_model = (
+                reward_model.load_reward_model(model_path, self.tokenizer.pad_token_id)
+                if self.is_reward_model
+                else AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            )
         self.hf_config = hf_model.config
         hf_state = hf_model.state_dict()
         try:
@@ -88,7 +95,9 @@ class MegatronPolicyWorker(PolicyWorkerBase):
         self.dp_group = parallel_state.get_data_parallel_group()
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         self.model_config = mmodel.transformer_config(self.shape, self.hf_config, mcfg, self.cfg.precision, parallelism)
-        gpt, self.layers = mmodel.build_model(self.model_config, self.shape, self.hf_config, hf_state)
+        gpt, self.layers = mmodel.build_model(
+            self.model_config, self.shape, self.hf_config, hf_state, value_head=self.is_reward_model
+        )
         del hf_model, hf_state
         if self.shape.is_moe and mcfg.freeze_moe_router:
             moe.freeze_router(gpt)
@@ -105,7 +114,11 @@ class MegatronPolicyWorker(PolicyWorkerBase):
         self.model = mmodel.wrap_model(gpt, self.model_config, mcfg)
 
     def _set_refit_info(self, hf_state: dict[str, torch.Tensor]) -> None:
-        """Refit sends the names and shapes checkpoints (and vLLM) use; Qwen3-MoE fuses its experts only in memory."""
+        """Refit sends the names and shapes checkpoints (and vLLM) use; Qwen3-MoE fuses its experts only in memory.
+        A scalar-head model is never refitted."""
+        if self.is_reward_model:
+            self.refit_info = {}
+            return
         with torch.device("meta"):
             self._hf_layout = AutoModelForCausalLM.from_config(self.hf_config)
         meta_state = {name: torch.empty_like(tensor, device="meta") for name, tensor in hf_state.items()}
@@ -235,8 +248,22 @@ class MegatronPolicyWorker(PolicyWorkerBase):
     def _after_inference(self) -> None:
         self._empty_cache(level=2)
 
+    def _keeps_reference_weights(self) -> bool:
+        return not self.is_reward_model
+
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
-        raise RuntimeError("the Megatron backend trains causal LMs; reward models (score) need the DTensor backend")
+        """A reward model's ``{"scores": [B] fp32}`` for this rank's shard, read at ``input_lengths - 1``; a critic's
+        (``reward_model_type: regression``) ``[B, S]`` values of every token (`reward_model.TokenValueScorer`)."""
+        if not self.is_reward_model:
+            raise RuntimeError("score needs a reward model (policy.reward_model_cfg.enabled=true); this is a causal LM")
+        reward_model.check_input_lengths(data, "score")
+        width = data["input_ids"].shape[1]
+
+        def scores_of(batch: BatchedDataDict, forward: Any) -> torch.Tensor:
+            scores = self.scorer.from_head(forward().float(), batch["input_lengths"].to(self.device))
+            return self.scorer.reported(scores, width).cpu()
+
+        return BatchedDataDict({"scores": self._inference_pass(data, micro_batch_size, scores_of)})
 
     # ------------------------------------------------------------------ training
     def _zero_grad(self) -> None:
@@ -249,7 +276,9 @@ class MegatronPolicyWorker(PolicyWorkerBase):
 
         def finish(microbatch: BatchedDataDict, logits: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
             loss_input: dict[str, Any] = {}
-            if self.hidden_head is not None:  # `logits` are the final hidden states [B, S, H]
+            if self.is_reward_model:  # `logits` are the head's [B, S, 1] outputs
+                logits_or_logprobs = self.scorer.from_head(logits, microbatch["input_lengths"].to(logits.device))
+            elif self.hidden_head is not None:  # `logits` are the final hidden states [B, S, H]
                 logits_or_logprobs = cast(torch.Tensor, self._fused_token_logprobs(logits, microbatch, loss_fn))
             else:
                 # A loss that reads whole logits (distillation's KL) gets them gathered over the TP ranks.
@@ -317,11 +346,13 @@ class MegatronPolicyWorker(PolicyWorkerBase):
 
     # ------------------------------------------------------------------ weights for refit and export
     def prepare_refit_info(self) -> dict[str, tuple[torch.Size, torch.dtype]]:
+        self._require_language_model("prepare_refit_info")
         return dict(self.refit_info)
 
     def get_full_state_dict_for_refit(self) -> dict[str, torch.Tensor] | None:
         """The full Hugging Face-named state dict (checkpoint layout, what the engines load) in the compute dtype, on
         CPU, on rank 0 (None elsewhere)."""
+        self._require_language_model("get_full_state_dict_for_refit")
         state = mmodel.gather_hf_state_dict(self.model, self.shape, self.layers)
         if state is None:
             return None
@@ -341,7 +372,8 @@ class MegatronPolicyWorker(PolicyWorkerBase):
         full_state = mmodel.gather_hf_state_dict(self.model, self.shape, self.layers)
         if full_state is None:
             return None
-        return {name: tensor.float() for name, tensor in full_state.items()}, self.hf_config, AutoModelForCausalLM
+        model_class = AutoModelForSequenceClassification if self.is_reward_model else AutoModelForCausalLM
+        return {name: tensor.float() for name, tensor in full_state.items()}, self.hf_config, model_class
 
     def _load_weights(self, path: str) -> None:
         gpt = mmodel.unwrap(self.model)

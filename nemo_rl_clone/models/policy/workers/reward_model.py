@@ -96,9 +96,15 @@ class LastTokenScorer:
         self, input_ids: torch.Tensor, input_lengths: torch.Tensor, rows: PaddedRows | PackedRows | None = None
     ) -> torch.Tensor:
         """Scores ``[B, 1]`` of right-padded ``input_ids`` ``[B, S]``, run as ``rows`` lays them out (default: as is)."""
-        return scores_at_last_valid_token(self._head_outputs(input_ids, rows), input_lengths)
+        return self.from_head(self._head_outputs(input_ids, rows), input_lengths)
 
-    def reported(self, scores: torch.Tensor, width: int) -> torch.Tensor:
+    @staticmethod
+    def from_head(token_scores: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
+        """The scores of the head's per-token outputs ``[B, S, 1]`` (also what a backend with its own head uses)."""
+        return scores_at_last_valid_token(token_scores, input_lengths)
+
+    @staticmethod
+    def reported(scores: torch.Tensor, width: int) -> torch.Tensor:
         """What ``score`` hands back for a microbatch's ``scores``: ``[B]``."""
         return scores[:, 0]
 
@@ -108,18 +114,23 @@ class TokenValueScorer(LastTokenScorer):
     right — ``values[:, t]`` is read at position t − 1, i.e. it is the value of the state in which token t is
     generated (0 at t = 0). GAE, the actor's per-token advantages and the value loss then all index tokens alike."""
 
-    def __call__(
-        self, input_ids: torch.Tensor, input_lengths: torch.Tensor, rows: PaddedRows | PackedRows | None = None
-    ) -> torch.Tensor:
-        return torch.nn.functional.pad(self._head_outputs(input_ids, rows)[:, :-1, 0], (1, 0))
+    @staticmethod
+    def from_head(token_scores: torch.Tensor, input_lengths: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(token_scores[:, :-1, 0], (1, 0))
 
-    def reported(self, scores: torch.Tensor, width: int) -> torch.Tensor:
+    @staticmethod
+    def reported(scores: torch.Tensor, width: int) -> torch.Tensor:
         """``[B, width]``: a microbatch cut to its longest row (dynamic batching) is padded back with zeros."""
         return torch.nn.functional.pad(scores, (0, width - scores.shape[1]))
 
 
+def scorer_class(reward_model_type: str) -> type[LastTokenScorer]:
+    """``regression``: a critic's per-token values; ``bradley_terry``: a reward model's last-token score."""
+    return TokenValueScorer if reward_model_type == "regression" else LastTokenScorer
+
+
 def make_scorer(model: nn.Module, reward_model_type: str) -> LastTokenScorer:
-    return TokenValueScorer(model) if reward_model_type == "regression" else LastTokenScorer(model)
+    return scorer_class(reward_model_type)(model)
 
 
 def check_input_lengths(data: Mapping[str, Any], method: str) -> None:
