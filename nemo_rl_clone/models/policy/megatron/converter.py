@@ -109,9 +109,12 @@ def model_shape(hf_config: Any, converter_type: str | None = None) -> ModelShape
             f"the Megatron backend converts {list(SUPPORTED_ARCHITECTURES)}; this model is {architecture!r} "
             "(policy.megatron_cfg.converter_type names the architecture when the config does not)"
         )
-    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"the Megatron backend converts plain RoPE only, not {rope.get('rope_type')!r} scaling")
+    rope_type = rope_scaling_type(hf_config)
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise ValueError(
+            f"the Megatron backend runs RoPE of a fixed frequency table ({', '.join(STATIC_ROPE_TYPES)}), not "
+            f"{rope_type!r} scaling"
+        )
     if getattr(hf_config, "use_sliding_window", False):
         raise ValueError("the Megatron backend does not convert sliding-window attention (use_sliding_window=true)")
     heads = hf_config.num_attention_heads
@@ -145,6 +148,16 @@ def _moe_fields(hf_config: Any) -> dict[str, Any]:
         "moe_topk": hf_config.num_experts_per_tok,
         "norm_topk_prob": bool(hf_config.norm_topk_prob),
     }
+
+
+# RoPE variants whose frequencies do not depend on the sequence: Megatron runs them with Hugging Face's own table
+# (`model.scaled_rope`). "dynamic" and "longrope" rescale with the length and are refused.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def rope_scaling_type(hf_config: Any) -> str:
+    rope = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    return str(rope.get("rope_type") or rope.get("type") or "default")
 
 
 def rope_theta(hf_config: Any) -> float:

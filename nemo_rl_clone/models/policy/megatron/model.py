@@ -8,6 +8,7 @@ with bf16/fp16 the model runs in `Float16Module` and the optimizer keeps fp32 ma
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, cast
 
 import megatron_cpu_shims
@@ -30,6 +31,7 @@ from megatron.core.transformer.transformer_block import (
     TransformerBlockSubmodules,
     get_num_layers_to_build,
 )
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from nemo_rl_clone.models.policy.megatron import converter, moe
 from nemo_rl_clone.models.policy.megatron import value_head as value_heads
@@ -90,10 +92,24 @@ def compute_dtype(mcfg: Any, precision: str) -> torch.dtype:
     return _DTYPES[mcfg.pipeline_dtype or precision]
 
 
+def scaled_rope(hf_config: Any) -> tuple[torch.Tensor, float] | None:
+    """Hugging Face's inverse frequencies and attention factor of a scaled RoPE (``linear``, ``llama3``, ``yarn``;
+    None for plain RoPE): computed by transformers itself, so the trainer rotates exactly as the HF model and the
+    engine do. YaRN's factor multiplies cos and sin for queries and keys alike, i.e. the attention logits by its
+    square: Megatron gets it as the softmax scale."""
+    rope_type = converter.rope_scaling_type(hf_config)
+    if rope_type == "default":
+        return None
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    return inv_freq.float(), float(attention_factor)
+
+
 def transformer_config(
     shape: converter.ModelShape, hf_config: Any, mcfg: Any, precision: str, parallelism: Parallelism
 ) -> TransformerConfig:
     dtype = compute_dtype(mcfg, precision)
+    scaled = scaled_rope(hf_config)
+    softmax_scale = scaled[1] ** 2 / math.sqrt(shape.head_dim) if scaled and scaled[1] != 1.0 else None
     recompute: dict[str, Any] = {}
     if mcfg.activation_checkpointing:
         granularity = mcfg.recompute_granularity
@@ -132,6 +148,7 @@ def transformer_config(
         perform_initialization=True,
         bias_activation_fusion=mcfg.bias_activation_fusion,
         attention_backend=AttnBackend[mcfg.attention_backend],  # the local spec's attention for every accepted value
+        softmax_scale=softmax_scale,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
@@ -208,6 +225,9 @@ def build_model(
         )
     if value_head and post_process:
         value_heads.install(model, config)
+    scaled = scaled_rope(hf_config)
+    if scaled is not None:  # before the first forward: Megatron caches the angles it computes from inv_freq
+        model.rotary_pos_emb.inv_freq = scaled[0].to(model.rotary_pos_emb.inv_freq.device)
     if len(model.decoder.layers) != len(layers):
         raise RuntimeError(f"Megatron built {len(model.decoder.layers)} layers for this stage, expected {len(layers)}")
     local = converter.shard_for_rank(

@@ -34,7 +34,7 @@ from nemo_rl_clone.contract.loss_input import prepare_loss_input
 from nemo_rl_clone.data.interfaces import ROUTED_EXPERTS
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import to_checkpoint_layout
-from nemo_rl_clone.models.huggingface import reporting_model_load_errors
+from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
 from nemo_rl_clone.models.policy.megatron import converter, linear_ce, moe, optimizer_checkpoint
 from nemo_rl_clone.models.policy.megatron import model as mmodel
 from nemo_rl_clone.models.policy.megatron.packing import PackedLayout
@@ -60,10 +60,11 @@ class MegatronPolicyWorker(PolicyWorkerBase):
         self.is_reward_model = self.cfg.reward_model_cfg.enabled
         self.scorer = reward_model.scorer_class(self.cfg.reward_model_cfg.reward_model_type)
         with reporting_model_load_errors(model_path):
+            hf_config = load_hf_config(model_path, self.cfg.hf_config_overrides)
             hf_model = (
-                reward_model.load_reward_model(model_path, self.tokenizer.pad_token_id)
+                reward_model.load_reward_model(model_path, self.tokenizer.pad_token_id, hf_config=hf_config)
                 if self.is_reward_model
-                else AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+                else AutoModelForCausalLM.from_pretrained(model_path, config=hf_config, dtype=torch.float32)
             )
         self.hf_config = hf_model.config
         hf_state = hf_model.state_dict()

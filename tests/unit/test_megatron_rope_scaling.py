@@ -1,0 +1,119 @@
+"""Scaled RoPE on the Megatron backend (``policy.hf_config_overrides.rope_scaling``, as NeMo-RL's YaRN recipes set it,
+and Llama 3's own scaling): the worker's logprobs equal a plain Hugging Face forward of the model with the same
+overrides, to 1e-5 in fp32. One spawned process builds a worker per variant (`test_megatron_policy`'s tiny Llama:
+head_dim 16, rows of 16 tokens, ``original_max_position_embeddings`` 8, so positions reach beyond it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from nemo_rl_clone.models.policy.config import PolicyConfig
+from nemo_rl_clone.utils.config_validation import validate_config
+from tests.unit.test_megatron_policy import (
+    ATOL,
+    build_tiny_llama,
+    free_port,
+    make_batches,
+    max_diff,
+    policy_dict,
+    spawn,
+)
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    # NeMo-RL's YaRN recipe keys; mscale_all_dim 0 makes the attention factor 0.1·ln(4) + 1 ≈ 1.139, not 1
+    "yarn": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 8,
+        "truncate": True,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1,
+        "mscale_all_dim": 0,
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8,
+    },
+}
+
+
+def overridden_config(model_dir: str, rope: dict[str, Any] | None, tp: int = 1) -> PolicyConfig:
+    section = policy_dict(model_dir, tp)
+    if rope is not None:
+        section["hf_config_overrides"] = {"rope_scaling": rope}
+    return validate_config(section, PolicyConfig)
+
+
+def hf_logprobs_with(model_dir: str, rope: dict[str, Any] | None, data: Any) -> torch.Tensor:
+    """[B, S] next-token logprobs of Hugging Face's model built from the overridden config (0 at position 0)."""
+    from transformers import AutoModelForCausalLM
+
+    from nemo_rl_clone.models.huggingface import load_hf_config
+
+    config = load_hf_config(model_dir, {"rope_scaling": rope} if rope else None)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
+    input_ids = data["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits
+    next_token = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    logprobs = torch.cat([torch.zeros(len(input_ids), 1), next_token], dim=1)
+    return torch.where(torch.arange(input_ids.shape[1]) < data["input_lengths"][:, None], logprobs, 0.0)
+
+
+def run_variants(model_dir: str, data: Any) -> dict[str, torch.Tensor]:
+    from nemo_rl_clone.models.huggingface import load_tokenizer
+    from nemo_rl_clone.models.policy.megatron.policy_worker import MegatronPolicyWorker
+
+    out = {}
+    for name, rope in {"plain": None, **VARIANTS}.items():
+        os.environ["MASTER_PORT"] = str(free_port())  # a fresh process group per worker
+        config = overridden_config(model_dir, rope)
+        worker = MegatronPolicyWorker(config, load_tokenizer(model_dir), model_dir, init_optimizer=False)
+        out[name] = worker.get_logprobs(data)["logprobs"]
+        worker.shutdown()
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dir(module_tmp_path: Path) -> str:
+    out = module_tmp_path / "tiny_llama"
+    build_tiny_llama(out)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def megatron_logprobs(model_dir: str) -> dict[str, torch.Tensor]:
+    return spawn(1, run_variants, model_dir, make_batches()[0])
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_scaled_rope_logprobs_equal_hugging_face(megatron_logprobs: dict, model_dir: str, name: str) -> None:
+    data = make_batches()[0]
+    expected = hf_logprobs_with(model_dir, VARIANTS[name], data)
+    assert max_diff(megatron_logprobs[name], expected) <= ATOL
+    # the scaling really changes the model (plain RoPE gives other logprobs)
+    assert max_diff(expected, hf_logprobs_with(model_dir, None, data)) > 1e-3
+    assert max_diff(megatron_logprobs["plain"], hf_logprobs_with(model_dir, None, data)) <= ATOL
+
+
+def test_rope_that_rescales_with_the_length_is_refused() -> None:
+    from transformers import LlamaConfig
+
+    from nemo_rl_clone.models.policy.megatron import converter
+
+    config = LlamaConfig(
+        hidden_size=64, num_attention_heads=4, rope_scaling={"rope_type": "dynamic", "factor": 2.0}, vocab_size=128
+    )
+    with pytest.raises(ValueError, match="not 'dynamic' scaling"):
+        converter.model_shape(config)
