@@ -155,9 +155,9 @@ def test_megatron_defaults_validate():
             "megatron_cfg.recompute_modules: must be from ['core_attn', 'layernorm', 'mlp'], got 'attention'",
         ),
         (
-            {"megatron_cfg": {"optimizer": {"params_dtype": "bfloat16"}}},
-            "megatron_cfg.optimizer.params_dtype: not supported yet: master weights in 'bfloat16'; the optimizer "
-            "keeps them in fp32, set 'float32'",
+            {"precision": "float32", "megatron_cfg": {"optimizer": {"params_dtype": "bfloat16"}}},
+            "megatron_cfg.optimizer.params_dtype: not supported yet: bfloat16 parameters with policy.precision=float32 "
+            "(training them without fp32 main weights); set 'float32' or the precision",
         ),
         (
             {"megatron_cfg": {"optimizer": {"min_lr": 1e-3}}},

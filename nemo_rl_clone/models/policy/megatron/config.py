@@ -45,7 +45,7 @@ class MegatronOptimizerConfig(SectionReads):
     weight_decay: float = 0.01
     bf16: bool | None = None  # null: follow policy.precision; set, it must agree with it
     fp16: bool | None = None
-    params_dtype: str = "float32"  # the master weights; only float32
+    params_dtype: str = "float32"  # the model's parameters: float32, or the half compute dtype (main weights stay fp32)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
@@ -331,14 +331,6 @@ def _check_optimizer_and_scheduler(cfg: MegatronConfig) -> list[tuple[str, str]]
 
 def _check_optimizer(opt: MegatronOptimizerConfig) -> list[tuple[str, str]]:
     problems = []
-    if opt.params_dtype != "float32":
-        problems.append(
-            (
-                "optimizer.params_dtype",
-                f"not supported yet: master weights in {opt.params_dtype!r}; the optimizer keeps them in fp32, set "
-                "'float32'",
-            )
-        )
     if opt.optimizer == "sgd" and opt.use_distributed_optimizer:
         problems.append(
             (
@@ -418,6 +410,16 @@ def check_megatron_against_policy(
             (
                 "pipeline_dtype",
                 f"must equal policy.precision ({precision}) or be null (follow it), got {cfg.pipeline_dtype}",
+            )
+        )
+    # Half-precision parameters are what Megatron's Float16Module makes of fp32 ones anyway, with fp32 main weights in
+    # the optimizer; without a half compute dtype they would be trained directly, with no fp32 copy.
+    if cfg.optimizer.params_dtype not in ("float32", precision):
+        problems.append(
+            (
+                "optimizer.params_dtype",
+                f"not supported yet: {cfg.optimizer.params_dtype} parameters with policy.precision={precision} "
+                "(training them without fp32 main weights); set 'float32' or the precision",
             )
         )
     for name, dtype in (("bf16", "bfloat16"), ("fp16", "float16")):

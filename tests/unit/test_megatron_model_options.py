@@ -1,7 +1,13 @@
-"""Scaled RoPE on the Megatron backend (``policy.hf_config_overrides.rope_scaling``, as NeMo-RL's YaRN recipes set it,
-and Llama 3's own scaling): the worker's logprobs equal a plain Hugging Face forward of the model with the same
-overrides, to 1e-5 in fp32. One spawned process builds a worker per variant (`test_megatron_policy`'s tiny Llama:
-head_dim 16, rows of 16 tokens, ``original_max_position_embeddings`` 8, so positions reach beyond it)."""
+"""Model options of NeMo-RL's Megatron recipes, in one spawned process that builds a worker per variant
+(`test_megatron_policy`'s tiny Llama: head_dim 16, rows of 16 tokens):
+
+- scaled RoPE (``policy.hf_config_overrides.rope_scaling``, as NeMo-RL's YaRN recipes set it, and Llama 3's own
+  scaling; ``original_max_position_embeddings`` 8, so positions reach beyond it): the worker's logprobs equal a plain
+  Hugging Face forward of the model with the same overrides, to 1e-5 in fp32;
+- ``megatron_cfg.optimizer.params_dtype: bfloat16`` with bf16 compute (NeMo-RL's ``sft_openmathinstruct2_megatron``):
+  bit for bit the run of ``float32`` parameters (Float16Module makes those bf16 too; the optimizer's main weights are
+  fp32 either way), over logprobs and two Adam steps.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.config_validation import validate_config
 from tests.unit.test_megatron_policy import (
     ATOL,
+    _step,
     build_tiny_llama,
     free_port,
     make_batches,
@@ -71,16 +78,24 @@ def hf_logprobs_with(model_dir: str, rope: dict[str, Any] | None, data: Any) -> 
     return torch.where(torch.arange(input_ids.shape[1]) < data["input_lengths"][:, None], logprobs, 0.0)
 
 
-def run_variants(model_dir: str, data: Any) -> dict[str, torch.Tensor]:
+def run_variants(model_dir: str, batches: list[Any]) -> dict[str, Any]:
     from nemo_rl_clone.models.huggingface import load_tokenizer
     from nemo_rl_clone.models.policy.megatron.policy_worker import MegatronPolicyWorker
 
-    out = {}
+    tokenizer, data = load_tokenizer(model_dir), batches[0]
+    out: dict[str, Any] = {}
     for name, rope in {"plain": None, **VARIANTS}.items():
         os.environ["MASTER_PORT"] = str(free_port())  # a fresh process group per worker
-        config = overridden_config(model_dir, rope)
-        worker = MegatronPolicyWorker(config, load_tokenizer(model_dir), model_dir, init_optimizer=False)
+        worker = MegatronPolicyWorker(overridden_config(model_dir, rope), tokenizer, model_dir, init_optimizer=False)
         out[name] = worker.get_logprobs(data)["logprobs"]
+        worker.shutdown()
+    for params_dtype in ("float32", "bfloat16"):
+        os.environ["MASTER_PORT"] = str(free_port())
+        section = policy_dict(model_dir, precision="bfloat16")
+        section["megatron_cfg"]["optimizer"]["params_dtype"] = params_dtype
+        worker = MegatronPolicyWorker(validate_config(section, PolicyConfig), tokenizer, model_dir)
+        run = {"logprobs": worker.get_logprobs(data)["logprobs"], "steps": [_step(worker, b) for b in batches[:2]]}
+        out[f"bf16_{params_dtype}_params"] = run
         worker.shutdown()
     return out
 
@@ -93,8 +108,8 @@ def model_dir(module_tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def megatron_logprobs(model_dir: str) -> dict[str, torch.Tensor]:
-    return spawn(1, run_variants, model_dir, make_batches()[0])
+def megatron_logprobs(model_dir: str) -> dict[str, Any]:
+    return spawn(1, run_variants, model_dir, make_batches())
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -117,3 +132,11 @@ def test_rope_that_rescales_with_the_length_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="not 'dynamic' scaling"):
         converter.model_shape(config)
+
+
+def test_bf16_parameters_train_as_fp32_ones_under_bf16_compute(megatron_logprobs: dict) -> None:
+    fp32, bf16 = megatron_logprobs["bf16_float32_params"], megatron_logprobs["bf16_bfloat16_params"]
+    assert torch.equal(fp32["logprobs"], bf16["logprobs"])
+    for want, got in zip(fp32["steps"], bf16["steps"], strict=True):
+        assert (got["loss"], got["grad_norm"]) == (want["loss"], want["grad_norm"])
+        assert all(torch.equal(got["state"][name], want["state"][name]) for name in want["state"])
