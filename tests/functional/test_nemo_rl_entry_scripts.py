@@ -221,8 +221,8 @@ def ppo_run(workdir: Path) -> EntryScript:
     """``run_ppo.py`` on NeMo-RL's ``ppo_math_1B_megatron.yaml`` at smoke size: the tiny model as actor and critic on
     the Megatron backend in fp32 (the CUDA-only overlap options off, the recipe's Qwen2 converter left to the model),
     the actor at TP=2 with the recipe's sequence packing, the critic (the recipe leaves its reward_model_cfg off) on two
-    pipeline stages; 2 prompts × 2 generations, two steps of which the first is the critic's warm-up, saved before the
-    actor ever stepped; no validation; the recipe's DAPO-Math-17k from a local file (a hold-out of it standing in for
+    pipeline stages; 2 prompts × 2 generations, one step that is the critic's warm-up, saved with the actor not yet
+    stepped (its resume: tests/unit/test_megatron_critic.py); no validation; the recipe's DAPO-Math-17k from a local file (a hold-out of it standing in for
     the AIME 2024 validation set). The DTensor PPO run and its resume: tests/functional/test_ppo.py."""
     data = dapo_math_file(workdir / "dapo_math_mini.jsonl")
     sizes = (
@@ -251,7 +251,7 @@ def ppo_run(workdir: Path) -> EntryScript:
         "ppo.num_prompts_per_step=2",
         "ppo.num_generations_per_prompt=2",
         "ppo.ppo_epochs=1",
-        "ppo.max_num_steps=2",
+        "ppo.max_num_steps=1",
         "ppo.policy_training_start_step=1",
         "ppo.val_period=0",
         "ppo.val_at_start=false",

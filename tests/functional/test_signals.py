@@ -172,10 +172,14 @@ def checkpoints(workdir: Path) -> list[str]:
 GRPO = ("grpo_math", "grpo_smoke.yaml")
 
 
-def test_grpo_sigterm_in_generation_saves_then_ctrl_c_in_save(tmp_path):
-    """SIGTERM while step 2 generates: step 1 (not saved by the period) is saved, exit 143. The restart resumes
-    from it; a Ctrl-C (to the whole process group) while it saves step 2 stops it at once and leaves step 1 only."""
-    run = Run(*GRPO[:1], tmp_path, "grpo.max_num_steps=3", "checkpointing.save_period=10", config=GRPO[1])
+def test_grpo_sigterm_in_generation_then_in_save_then_ctrl_c_in_save(tmp_path):
+    """Three runs of one checkpoint folder, each resuming from what the one before left (Ctrl-C to the whole process
+    group during generation: the agent run below):
+
+    1. SIGTERM while step 2 generates: step 1 (not saved by the period) is saved, exit 143.
+    2. SIGTERM while step 2 saves: the save completes and the run stops before step 3 (exit 143, nothing more to save).
+    3. Ctrl-C to the driver alone while step 3 saves: it stops at once (exit 130), the half-written step is gone."""
+    run = Run(*GRPO[:1], tmp_path, "grpo.max_num_steps=4", "checkpointing.save_period=10", config=GRPO[1])
     run.wait_for("step 2: generation")
     code, took = run.wait_exit(run.send(signal.SIGTERM), SIGTERM_BOUND_S)
     assert code == 143 and took < SIGTERM_BOUND_S, run.output[-3000:]
@@ -184,34 +188,24 @@ def test_grpo_sigterm_in_generation_saves_then_ctrl_c_in_save(tmp_path):
     assert checkpoints(tmp_path) == ["step_1"]
     assert_checkpoint(tmp_path / "ckpt" / "step_1")
 
-    run = Run(*GRPO[:1], tmp_path, "grpo.max_num_steps=3", config=GRPO[1], save_pause_s=60)
+    run = Run(*GRPO[:1], tmp_path, "grpo.max_num_steps=4", config=GRPO[1], save_pause_s=3)
     run.wait_for(SAVE_PAUSED)
     assert "step_1 (step 1)" in run.output  # resumed from the checkpoint SIGTERM wrote
-    code, took = run.wait_exit(run.send(signal.SIGINT, group=True), CTRL_C_BOUND_S)
-    assert code == 130 and took < CTRL_C_BOUND_S, run.output[-3000:]
-    assert "Stopped by Ctrl-C" in run.output and "last complete checkpoint:" in run.output, run.output[-3000:]
-    run.assert_nothing_left()
-    assert checkpoints(tmp_path) == ["step_1"]  # the half-written tmp_step_2 is gone
-
-
-def test_grpo_sigterm_in_save_then_ctrl_c_in_generation(tmp_path):
-    """SIGTERM while step 1 saves: the save completes, the run stops before step 2 (exit 143, nothing more to save).
-    The restart resumes at step 2; Ctrl-C to the driver while it generates stops it within the bound."""
-    run = Run(*GRPO[:1], tmp_path, "grpo.max_num_steps=3", config=GRPO[1], save_pause_s=3)
-    run.wait_for(SAVE_PAUSED)
     code, took = run.wait_exit(run.send(signal.SIGTERM), SIGTERM_BOUND_S)
     assert code == 143 and took < SIGTERM_BOUND_S, run.output[-3000:]
     assert "nothing new to save" in run.output, run.output[-3000:]
     run.assert_nothing_left()
-    assert checkpoints(tmp_path) == ["step_1"]
+    assert checkpoints(tmp_path) == ["step_1", "step_2"]
+    assert_checkpoint(tmp_path / "ckpt" / "step_2")
 
-    run = Run(*GRPO[:1], tmp_path, "grpo.max_num_steps=3", config=GRPO[1])
-    run.wait_for("step 2: generation")
-    assert "step_1 (step 1)" in run.output
+    run = Run(*GRPO[:1], tmp_path, "grpo.max_num_steps=4", config=GRPO[1], save_pause_s=60)
+    run.wait_for(SAVE_PAUSED)
+    assert "step_2 (step 2)" in run.output
     code, took = run.wait_exit(run.send(signal.SIGINT), CTRL_C_BOUND_S)
     assert code == 130 and took < CTRL_C_BOUND_S, run.output[-3000:]
+    assert "Stopped by Ctrl-C" in run.output and "last complete checkpoint:" in run.output, run.output[-3000:]
     run.assert_nothing_left()
-    assert checkpoints(tmp_path) == ["step_1"]
+    assert checkpoints(tmp_path) == ["step_1", "step_2"]  # the half-written tmp_step_3 is gone
 
 
 # Two bundles (a CPU each) shared by two policy workers and one engine of two tensor-parallel ranks: the engine's
