@@ -107,6 +107,9 @@ _NO_OFFLOAD = "optimizer CPU offload in the Megatron backend"
 _YET = "not supported yet: "
 
 
+PEFT = (*MEGATRON, ("policy.megatron_cfg.peft.enabled", True))  # Megatron LoRA on: its other keys are read
+
+
 def megatron(value: Any, message: str) -> Refusal:
     return Refusal(value, message, MEGATRON_RUNS, MEGATRON)
 
@@ -224,9 +227,19 @@ REFUSED: dict[tuple[type, str], Refusal] = {
     (MegatronConfig, "mtp_loss_scaling_factor"): megatron(0.1, f"{_YET}{_NO_MTP}; set it to 0.0 (got 0.1)"),
     (MegatronConfig, "mtp_use_repeated_layer"): megatron(True, f"{_YET}{_NO_MTP}; set it to false"),
     (MegatronConfig, "mtp_detach_heads"): megatron(True, f"{_YET}{_NO_MTP}; set it to false"),
-    (MegatronPeftConfig, "enabled"): megatron(
-        True, f"{_YET}LoRA in the Megatron backend (the DTensor backend has it: dtensor_cfg.lora_cfg); set it to false"
-    ),
+    **{
+        (MegatronPeftConfig, key): Refusal(value, f"{_YET}{why}", MEGATRON_RUNS, PEFT)
+        for key, value, why in (
+            ("lora_A_init_method", "kaiming", "lora_A_init_method 'kaiming' (xavier only)"),
+            (
+                "lora_B_init_method",
+                "xavier",
+                "lora_B_init_method 'xavier' (zero only: the run starts as the base model)",
+            ),
+            ("a2a_experimental", True, "all-to-all LoRA of MoE experts"),
+            ("lora_dtype", "bfloat16", "adapters in a dtype of their own (null: the model's)"),
+        )
+    },
     (MegatronFP8Config, "enabled"): megatron(True, f"{_YET}FP8 training {_LOCAL_SPEC}; set it to false"),
     (MegatronOptimizerConfig, "optimizer_cpu_offload"): megatron(True, f"{_YET}{_NO_OFFLOAD}; set it to false"),
     (MegatronOptimizerConfig, "optimizer_offload_fraction"): megatron(
@@ -321,7 +334,6 @@ REFUSED: dict[tuple[type, str], Refusal] = {
 REFUSED_SECTIONS: dict[type, tuple[str, ...]] = {
     DataPlaneConfig: ("grpo",),
     MegatronFP8Config: MEGATRON_RUNS,
-    MegatronPeftConfig: MEGATRON_RUNS,
     MegatronConfig: ("rm", "distillation"),  # distillation: refused for the student and the teacher
     DraftConfig: tuple(MASTERS),
     SwanlabConfig: tuple(MASTERS),  # through logger.swanlab_enabled

@@ -221,6 +221,14 @@ def test_megatron_defaults_validate():
             "megatron_cfg.optimizer.fp16: must be false with policy.precision=bfloat16 (or null: follow it), got true",
         ),
         (
+            {"megatron_cfg": {"tensor_model_parallel_size": 2, "peft": {"enabled": True}}},
+            "megatron_cfg.peft.enabled: not supported yet: LoRA with tensor_model_parallel_size > 1",
+        ),
+        (
+            {"reward_model_cfg": {"enabled": True}, "megatron_cfg": {"peft": {"enabled": True}}},
+            "megatron_cfg.peft.enabled: LoRA for reward models and critics is not supported yet",
+        ),
+        (
             {"reward_model_cfg": {"enabled": True}, "megatron_cfg": {"use_linear_ce_fusion_loss": True}},
             "megatron_cfg.use_linear_ce_fusion_loss: must be false: a scalar-head model has no vocabulary",
         ),

@@ -83,9 +83,14 @@ def _section_problems(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[s
 
 def scalar_head_problems(config: PolicyConfig) -> list[tuple[str, str]]:
     """What a Megatron scalar-head model (reward model, PPO's critic) cannot use."""
+    problems = []
     if config.megatron_cfg.use_linear_ce_fusion_loss:
-        return [("megatron_cfg.use_linear_ce_fusion_loss", "must be false: a scalar-head model has no vocabulary")]
-    return []
+        problems.append(
+            ("megatron_cfg.use_linear_ce_fusion_loss", "must be false: a scalar-head model has no vocabulary")
+        )
+    if config.megatron_cfg.peft.enabled:
+        problems.append(("megatron_cfg.peft.enabled", "LoRA for reward models and critics is not supported yet"))
+    return problems
 
 
 def _check_section(config: PolicyConfig, spec: PolicyBackend) -> list[tuple[str, str]]:

@@ -36,7 +36,7 @@ class LoraTargetError(ValueError):
     """``lora_cfg.target_modules`` / ``exclude_modules`` select no layer, or name one that cannot carry an adapter."""
 
 
-def _matches(name: str, pattern: str) -> bool:
+def matches_pattern(name: str, pattern: str) -> bool:
     """A pattern with wildcards (``*``, ``?``, ``[``) matches the full module name (``model.layers.*.mlp.*``);
     a plain one matches the name or its last dotted parts (``q_proj``, ``self_attn.q_proj``)."""
     if any(char in pattern for char in "*?["):
@@ -59,14 +59,14 @@ def target_module_names(model: nn.Module, config: LoraConfig) -> list[str]:
     examples = sorted({name.rsplit(".", 1)[-1] for name in linear})
     for key in ("target_modules", "exclude_modules"):
         for pattern in getattr(config, key):
-            if not any(_matches(name, pattern) for name in linear):
+            if not any(matches_pattern(name, pattern) for name in linear):
                 raise LoraTargetError(
                     f"policy.dtensor_cfg.lora_cfg.{key}: {pattern!r} matches no linear layer of "
                     f"{type(model).__name__} (the output head excluded); its linear layers end in {examples}"
                 )
     if not config.match_all_linear and config.target_modules:  # none named + exclusions: all but those (Automodel)
-        linear = [name for name in linear if any(_matches(name, p) for p in config.target_modules)]
-    chosen = [name for name in linear if not any(_matches(name, p) for p in config.exclude_modules)]
+        linear = [name for name in linear if any(matches_pattern(name, p) for p in config.target_modules)]
+    chosen = [name for name in linear if not any(matches_pattern(name, p) for p in config.exclude_modules)]
     if not chosen:
         raise LoraTargetError(
             "policy.dtensor_cfg.lora_cfg.exclude_modules: excludes every targeted linear layer; nothing would train"

@@ -100,7 +100,7 @@ class MegatronFP8Config(SectionReads):
 
 @dataclass
 class MegatronPeftConfig(SectionReads):
-    """LoRA; refused through ``enabled``, the other keys do nothing while it is off."""
+    """LoRA on the decoder's linear layers (`megatron.lora`); the other keys do nothing while it is off."""
 
     enabled: bool = False
     target_modules: list[str] = field(default_factory=list)
@@ -195,7 +195,6 @@ _REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
     ("", "mtp_loss_scaling_factor"): _NO_MTP,
     ("", "mtp_use_repeated_layer"): _NO_MTP,
     ("", "mtp_detach_heads"): _NO_MTP,
-    ("peft", "enabled"): "LoRA in the Megatron backend (the DTensor backend has it: dtensor_cfg.lora_cfg)",
     ("fp8_cfg", "enabled"): f"FP8 training {_LOCAL_SPEC}",
     ("optimizer", "optimizer_cpu_offload"): _NO_OFFLOAD,
     ("optimizer", "optimizer_offload_fraction"): _NO_OFFLOAD,
@@ -204,6 +203,28 @@ _REFUSED_UNLESS_DEFAULT: dict[tuple[str, str], str] = {
     ),
     (_DDP, "data_parallel_sharding_strategy"): "only applies to Megatron's custom FSDP",
 }
+
+
+def _check_peft(cfg: MegatronConfig) -> list[tuple[str, str]]:
+    peft = cfg.peft
+    if not peft.enabled:
+        return []
+    problems = [(f"peft.{key}", message) for key, message in check_at_least(peft, 1, "dim")]
+    if not 0.0 <= peft.dropout < 1.0:
+        problems.append(("peft.dropout", f"must be in [0, 1), got {peft.dropout}"))
+    if peft.dropout_position not in ("pre", "post"):
+        problems.append(("peft.dropout_position", f"must be 'pre' or 'post', got {peft.dropout_position!r}"))
+    refused = {
+        "enabled": cfg.tensor_model_parallel_size > 1 and "LoRA with tensor_model_parallel_size > 1",
+        "lora_A_init_method": peft.lora_A_init_method != "xavier"
+        and f"lora_A_init_method {peft.lora_A_init_method!r} (xavier only)",
+        "lora_B_init_method": peft.lora_B_init_method != "zero"
+        and f"lora_B_init_method {peft.lora_B_init_method!r} (zero only: the run starts as the base model)",
+        "a2a_experimental": peft.a2a_experimental and "all-to-all LoRA of MoE experts",
+        "lora_dtype": peft.lora_dtype not in (None, "None") and "adapters in a dtype of their own (null: the model's)",
+    }
+    problems += [(f"peft.{key}", f"not supported yet: {why}") for key, why in refused.items() if why]
+    return problems
 
 
 def local_spec_notes(cfg: MegatronConfig) -> list[str]:
@@ -235,6 +256,7 @@ def check_megatron_config(cfg: MegatronConfig) -> list[tuple[str, str]]:
         "expert_tensor_parallel_size",
     )
     problems += _check_refused(cfg)
+    problems += _check_peft(cfg)
     for name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
         layers = getattr(cfg, name)
         if layers is not None and cfg.pipeline_model_parallel_size <= 1:

@@ -33,7 +33,7 @@ from megatron.core.transformer.transformer_block import (
 )
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from nemo_rl_clone.models.policy.megatron import converter, moe
+from nemo_rl_clone.models.policy.megatron import converter, lora, moe
 from nemo_rl_clone.models.policy.megatron import value_head as value_heads
 from nemo_rl_clone.models.policy.megatron.packing import PackedCoreAttention
 from nemo_rl_clone.utils.errors import UserInputError
@@ -360,9 +360,11 @@ def gather_hf_state_dict(model: torch.nn.Module, shape: converter.ModelShape, la
     stage: dict[str, torch.Tensor] = {}
     gpt = unwrap(model)
     value_head = value_heads.is_value_head(gpt)
+    merged = lora.merged_weights(gpt)  # LoRA: the engines and exports get W + scaling · B @ A
     for name, tensor in gpt.state_dict().items():
-        if name.endswith("_extra_state") or tensor is None:
+        if name.endswith("_extra_state") or tensor is None or lora.is_adapter_key(name):
             continue
+        tensor = merged.get(name, tensor)
         if value_head and name == "output_layer.weight":
             name = converter.SCORE_MEGATRON  # whole on every rank
         tensor, expert = tensor.detach(), converter.is_expert(name)

@@ -36,6 +36,7 @@ from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import to_checkpoint_layout
 from nemo_rl_clone.models.huggingface import load_hf_config, reporting_model_load_errors
 from nemo_rl_clone.models.policy.megatron import converter, linear_ce, moe, optimizer_checkpoint
+from nemo_rl_clone.models.policy.megatron import lora as mlora
 from nemo_rl_clone.models.policy.megatron import model as mmodel
 from nemo_rl_clone.models.policy.megatron.packing import PackedLayout
 from nemo_rl_clone.models.policy.workers import reward_model, train_step
@@ -102,6 +103,9 @@ class MegatronPolicyWorker(PolicyWorkerBase):
         del hf_model, hf_state
         if self.shape.is_moe and mcfg.freeze_moe_router:
             moe.freeze_router(gpt)
+        if mcfg.peft.enabled:  # before DDP: it builds gradient buffers for the adapters only
+            adapted = mlora.apply(gpt, mcfg.peft)
+            logger.info("rank %d: LoRA adapters (dim %d) on %d linear layers", self.rank, mcfg.peft.dim, len(adapted))
         self.routing_replay = None
         if self.cfg.router_replay.enabled:
             shard = (self.tp_rank, self.tp_size) if self.model_config.sequence_parallel else (0, 1)
