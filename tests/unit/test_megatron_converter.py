@@ -208,18 +208,16 @@ def test_model_shape_refuses_unsupported_architectures_and_rope_scaling() -> Non
         "'LlamaForCausalLM' or null"
     )
 
-    scaled = llama_config(
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64,
-        }
-    )
+    # RoPE of a fixed frequency table converts (tests/unit/test_megatron_model_options.py); one that rescales with
+    # the length does not.
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    assert converter.model_shape(llama_config(rope_scaling={**llama3, "original_max_position_embeddings": 64}))
     with pytest.raises(ValueError) as error:
-        converter.model_shape(scaled)
-    assert str(error.value) == "the Megatron backend converts plain RoPE only, not 'llama3' scaling"
+        converter.model_shape(llama_config(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    assert str(error.value) == (
+        "the Megatron backend runs RoPE of a fixed frequency table (default, linear, llama3, yarn), not 'dynamic' "
+        "scaling"
+    )
     with pytest.raises(ValueError, match=r"does not convert sliding-window attention \(use_sliding_window=true\)"):
         converter.model_shape(qwen2_config(use_sliding_window=True))
 

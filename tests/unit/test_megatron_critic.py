@@ -28,7 +28,7 @@ import torch
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.config_validation import validate_config
-from tests.unit.test_megatron_policy import ATOL, ROWS, build_tiny_llama, make_batches, max_diff, policy_dict, spawn
+from tests.unit.test_megatron_policy import ATOL, ROWS, make_batches, max_diff, policy_dict, spawn, tiny_llama_dir
 
 CLIPRANGE = 0.2
 
@@ -166,9 +166,7 @@ def run_pp2_resumed(model_dir: str, run_dir: str, batches: list[BatchedDataDict]
 # ---------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def model_dir(module_tmp_path: Path) -> str:
-    out = module_tmp_path / "tiny_llama"
-    build_tiny_llama(out)
-    return str(out)
+    return tiny_llama_dir(module_tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -28,12 +28,12 @@ from nemo_rl_clone.utils.config_validation import validate_config
 from tests.unit.test_megatron_policy import (
     ATOL,
     _step,
-    build_tiny_llama,
     hf_logprobs,
     make_batches,
     max_diff,
     policy_dict,
     spawn,
+    tiny_llama_dir,
 )
 
 DIM, ALPHA = 4, 8
@@ -74,8 +74,28 @@ def run_single(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> 
             worker.save_checkpoint(str(policy / "weights"), str(policy / "optimizer"))
     result["final_logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
     result["reference_logprobs"] = worker.get_reference_policy_logprobs(batches[0])["reference_logprobs"]
+    result["refusals"] = [_target_refusal(worker, **keys) for keys in BAD_TARGETS]
     worker.shutdown()
     return result
+
+
+# Hugging Face's projection names, and an exclusion of every default target.
+BAD_TARGETS = ({"target_modules": ["q_proj"]}, {"exclude_modules": ["*.linear_*"]})
+
+
+def _target_refusal(worker: Any, **keys: Any) -> str:
+    import dataclasses
+
+    from nemo_rl_clone.models.policy.megatron import lora
+    from nemo_rl_clone.models.policy.megatron import model as mmodel
+    from nemo_rl_clone.utils.errors import UserInputError
+
+    peft = dataclasses.replace(worker.cfg.megatron_cfg.peft, **keys)
+    try:
+        lora.target_module_names(mmodel.unwrap(worker.model), peft)
+    except UserInputError as error:
+        return str(error)
+    return ""
 
 
 def run_pp2_resumed(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
@@ -123,9 +143,7 @@ def nll(model: Any, data: BatchedDataDict) -> torch.Tensor:
 # ---------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def model_dir(module_tmp_path: Path) -> str:
-    out = module_tmp_path / "tiny_llama"
-    build_tiny_llama(out)
-    return str(out)
+    return tiny_llama_dir(module_tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +209,11 @@ def test_checkpoint_resumes_on_two_pipeline_stages(pp2_resumed: dict, single: di
     got, want = pp2_resumed["step"], single["steps"][1]
     assert abs(got["loss"] - want["loss"]) <= ATOL and abs(got["grad_norm"] - want["grad_norm"]) <= ATOL
     assert max_diff(got["state"], want["state"]) <= ATOL
+
+
+def test_targets_that_select_nothing_are_refused_naming_the_key(single: dict) -> None:
+    assert single["refusals"] == [
+        "policy.megatron_cfg.peft.target_modules: 'q_proj' matches no linear layer of the decoder; its linear layers "
+        "end in ['linear_fc1', 'linear_fc2', 'linear_proj', 'linear_qkv']",
+        "policy.megatron_cfg.peft.exclude_modules: excludes every targeted layer; nothing would train",
+    ]

@@ -23,12 +23,13 @@ from nemo_rl_clone.utils.config_validation import validate_config
 from tests.unit.test_megatron_policy import (
     ATOL,
     _step,
-    build_tiny_llama,
     free_port,
+    hf_logprobs,
     make_batches,
     max_diff,
     policy_dict,
     spawn,
+    tiny_llama_dir,
 )
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -69,13 +70,9 @@ def hf_logprobs_with(model_dir: str, rope: dict[str, Any] | None, data: Any) -> 
     from nemo_rl_clone.models.huggingface import load_hf_config
 
     config = load_hf_config(model_dir, {"rope_scaling": rope} if rope else None)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
-    input_ids = data["input_ids"]
-    with torch.no_grad():
-        logits = model(input_ids=input_ids).logits
-    next_token = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    logprobs = torch.cat([torch.zeros(len(input_ids), 1), next_token], dim=1)
-    return torch.where(torch.arange(input_ids.shape[1]) < data["input_lengths"][:, None], logprobs, 0.0)
+    return hf_logprobs(
+        model_dir, data, AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=torch.float32)
+    )
 
 
 def run_variants(model_dir: str, batches: list[Any]) -> dict[str, Any]:
@@ -102,9 +99,7 @@ def run_variants(model_dir: str, batches: list[Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def model_dir(module_tmp_path: Path) -> str:
-    out = module_tmp_path / "tiny_llama"
-    build_tiny_llama(out)
-    return str(out)
+    return tiny_llama_dir(module_tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -120,18 +115,6 @@ def test_scaled_rope_logprobs_equal_hugging_face(megatron_logprobs: dict, model_
     # the scaling really changes the model (plain RoPE gives other logprobs)
     assert max_diff(expected, hf_logprobs_with(model_dir, None, data)) > 1e-3
     assert max_diff(megatron_logprobs["plain"], hf_logprobs_with(model_dir, None, data)) <= ATOL
-
-
-def test_rope_that_rescales_with_the_length_is_refused() -> None:
-    from transformers import LlamaConfig
-
-    from nemo_rl_clone.models.policy.megatron import converter
-
-    config = LlamaConfig(
-        hidden_size=64, num_attention_heads=4, rope_scaling={"rope_type": "dynamic", "factor": 2.0}, vocab_size=128
-    )
-    with pytest.raises(ValueError, match="not 'dynamic' scaling"):
-        converter.model_shape(config)
 
 
 def test_bf16_parameters_train_as_fp32_ones_under_bf16_compute(megatron_logprobs: dict) -> None:

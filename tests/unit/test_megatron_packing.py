@@ -25,7 +25,7 @@ import torch
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.policy.config import PolicyConfig
 from nemo_rl_clone.utils.config_validation import ConfigError, validate_config
-from tests.unit.test_megatron_policy import ROWS, SEQ, build_tiny_llama, make_batches, policy_dict, spawn
+from tests.unit.test_megatron_policy import ROWS, SEQ, make_batches, policy_dict, spawn, tiny_llama_dir
 
 PACKING = {
     "enabled": True,
@@ -92,9 +92,7 @@ SCENARIOS: dict[str, tuple[int, int, int, dict[str, Any]]] = {  # processes, tp,
 
 @pytest.fixture(scope="module")
 def model_dir(module_tmp_path: Path) -> str:
-    out = module_tmp_path / "tiny_llama"
-    build_tiny_llama(out)
-    return str(out)
+    return tiny_llama_dir(module_tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -198,17 +198,25 @@ def dtensor_config(model_dir: str) -> PolicyConfig:
     )
 
 
-def hf_logprobs(model_dir: str, data: BatchedDataDict) -> torch.Tensor:
-    """[B, S] policy-layout logprobs of one plain HF forward (0 at position 0 and on padding)."""
+def hf_logprobs(model_dir: str, data: BatchedDataDict, model: Any = None) -> torch.Tensor:
+    """[B, S] policy-layout logprobs of one plain HF forward (0 at position 0 and on padding); ``model``: an HF
+    model to run instead of ``model_dir``'s."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = model or AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     input_ids = data["input_ids"]
     with torch.no_grad():
-        logits = model(input_ids=input_ids).logits.float()
+        logits = model.eval()(input_ids=input_ids).logits.float()
     next_token = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     logprobs = torch.cat([torch.zeros(len(input_ids), 1), next_token], dim=1)
     return torch.where(torch.arange(input_ids.shape[1]) < data["input_lengths"][:, None], logprobs, 0.0)
+
+
+def tiny_llama_dir(folder: Path) -> str:
+    """`build_tiny_llama` into ``folder / "tiny_llama"`` (a module fixture's folder); its path."""
+    out = folder / "tiny_llama"
+    build_tiny_llama(out)
+    return str(out)
 
 
 def max_diff(a: Any, b: Any) -> float:
@@ -333,9 +341,7 @@ def run_resumed(
 # ---------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def model_dir(module_tmp_path: Path) -> str:
-    out = module_tmp_path / "tiny_llama"
-    build_tiny_llama(out)
-    return str(out)
+    return tiny_llama_dir(module_tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,16 @@ def matches_pattern(name: str, pattern: str) -> bool:
     return name == pattern or name.endswith(f".{pattern}")
 
 
+def unmatched_pattern(names: list[str], config: Any) -> tuple[str, str] | None:
+    """The first ``(key, pattern)`` of ``config.target_modules`` / ``exclude_modules`` that matches none of
+    ``names`` (None: each matches some); `matches_pattern`'s rules. The Megatron backend's peft keys too."""
+    for key in ("target_modules", "exclude_modules"):
+        for pattern in getattr(config, key):
+            if not any(matches_pattern(name, pattern) for name in names):
+                return key, pattern
+    return None
+
+
 def target_module_names(model: nn.Module, config: LoraConfig) -> list[str]:
     """Full names of the ``nn.Linear`` modules that get an adapter: every linear layer except the output head
     (``match_all_linear``, or no ``target_modules`` but some ``exclude_modules``) or those matching
@@ -56,14 +66,13 @@ def target_module_names(model: nn.Module, config: LoraConfig) -> list[str]:
     output_embeddings = getattr(model, "get_output_embeddings", None)
     head = output_embeddings() if callable(output_embeddings) else None
     linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and module is not head]
-    examples = sorted({name.rsplit(".", 1)[-1] for name in linear})
-    for key in ("target_modules", "exclude_modules"):
-        for pattern in getattr(config, key):
-            if not any(matches_pattern(name, pattern) for name in linear):
-                raise LoraTargetError(
-                    f"policy.dtensor_cfg.lora_cfg.{key}: {pattern!r} matches no linear layer of "
-                    f"{type(model).__name__} (the output head excluded); its linear layers end in {examples}"
-                )
+    unmatched = unmatched_pattern(linear, config)
+    if unmatched:
+        examples = sorted({name.rsplit(".", 1)[-1] for name in linear})
+        raise LoraTargetError(
+            f"policy.dtensor_cfg.lora_cfg.{unmatched[0]}: {unmatched[1]!r} matches no linear layer of "
+            f"{type(model).__name__} (the output head excluded); its linear layers end in {examples}"
+        )
     if not config.match_all_linear and config.target_modules:  # none named + exclusions: all but those (Automodel)
         linear = [name for name in linear if any(matches_pattern(name, p) for p in config.target_modules)]
     chosen = [name for name in linear if not any(matches_pattern(name, p) for p in config.exclude_modules)]

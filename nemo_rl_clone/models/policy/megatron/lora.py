@@ -21,7 +21,7 @@ import torch
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from torch import nn
 
-from nemo_rl_clone.models.policy.dtensor.lora import matches_pattern
+from nemo_rl_clone.models.policy.dtensor.lora import matches_pattern, unmatched_pattern
 from nemo_rl_clone.utils.errors import UserInputError
 
 DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")  # Megatron-Bridge's default
@@ -36,14 +36,13 @@ def target_module_names(model: nn.Module, peft: Any) -> list[str]:
         for name, module in model.named_modules()
         if isinstance(module, (ColumnParallelLinear, RowParallelLinear)) and name.startswith("decoder.")
     ]
-    examples = sorted({name.rsplit(".", 1)[-1] for name in linear})
-    for key in ("target_modules", "exclude_modules"):
-        for pattern in getattr(peft, key):
-            if not any(matches_pattern(name, pattern) for name in linear):
-                raise UserInputError(
-                    f"policy.megatron_cfg.peft.{key}: {pattern!r} matches no linear layer of the decoder; its linear "
-                    f"layers end in {examples}"
-                )
+    unmatched = unmatched_pattern(linear, peft)
+    if unmatched:
+        examples = sorted({name.rsplit(".", 1)[-1] for name in linear})
+        raise UserInputError(
+            f"policy.megatron_cfg.peft.{unmatched[0]}: {unmatched[1]!r} matches no linear layer of the decoder; its "
+            f"linear layers end in {examples}"
+        )
     targets = list(peft.target_modules) or list(DEFAULT_TARGETS)
     chosen = [
         name
