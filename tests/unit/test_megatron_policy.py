@@ -70,13 +70,25 @@ def _child(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], a
         torch.save(result, out)
 
 
+# Attempts of a spawn whose process group found its free port taken: beside another xdist worker, a port found free
+# can be bound by someone else before the group listens on it (EADDRINUSE).
+PORT_ATTEMPTS = 3
+
+
 def spawn(world: int, fn: Callable[..., Any], *args: Any, cuda: bool = False) -> Any:
     """Run ``fn(*args)`` in ``world`` fresh processes joined as one process group (on a free port; gloo on CPU, or
-    one GPU each with ``cuda``); rank 0's result."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.pt")
-        mp.spawn(_child, args=(world, free_port(), out, fn, args, cuda), nprocs=world, join=True)
-        return torch.load(out, weights_only=False)
+    one GPU each with ``cuda``); rank 0's result. Run again, on another port, when the port was taken meanwhile."""
+    for attempt in range(PORT_ATTEMPTS):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "result.pt")
+            try:
+                mp.spawn(_child, args=(world, free_port(), out, fn, args, cuda), nprocs=world, join=True)
+            except mp.ProcessRaisedException as error:
+                if "EADDRINUSE" in str(error) and attempt + 1 < PORT_ATTEMPTS:
+                    continue
+                raise
+            return torch.load(out, weights_only=False)
+    raise AssertionError("unreachable")
 
 
 # ---------------------------------------------------------------------------- model, data, config
