@@ -24,7 +24,7 @@ from torch import nn
 from nemo_rl_clone.models.policy.dtensor.lora import matches_pattern, unmatched_pattern
 from nemo_rl_clone.utils.errors import UserInputError
 
-DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")  # Megatron-Bridge's default
+DEFAULT_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")  # every linear layer of a decoder layer
 ADAPTER_INIT_SEED = 1234  # every rank and every rerun starts from the same adapters
 
 
