@@ -47,12 +47,6 @@ UNSUPPORTED_KEYS: dict[str, Unsupported] = {
     ),
     "policy.megatron_cfg.track_moe_metrics": Unsupported("MoE router metrics in the Megatron backend", (False,)),
     # Megatron training-loop options of Megatron-Bridge that NeMo-RL passes through.
-    "policy.megatron_cfg.train_iters": Unsupported(
-        "Megatron's own iteration count (steps come from the algorithm)", (None,)
-    ),
-    "policy.megatron_cfg.scheduler.override_opt_param_scheduler": Unsupported(
-        "replacing a resumed checkpoint's schedule by the config's", (False, None)
-    ),
     "policy.megatron_cfg.distributed_data_parallel_config.average_in_collective": Unsupported(
         "averaging inside the gradient all-reduce (gradients are summed, then scaled)", (False,)
     ),

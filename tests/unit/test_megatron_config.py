@@ -5,6 +5,7 @@ tests/unit/test_config_keys_used.py's REFUSED are checked there; these are the r
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from pathlib import Path
 from typing import Any
@@ -177,8 +178,8 @@ def test_megatron_defaults_validate():
             "has no keys for yet; use 'constant', 'linear', 'cosine' or 'inverse-square-root'",
         ),
         (
-            {"megatron_cfg": {"scheduler": {"lr_decay_style": "cosine", "lr_decay_iters": None}}},
-            "megatron_cfg.scheduler.lr_decay_iters: required with lr_decay_style 'cosine'",
+            {"megatron_cfg": {"train_iters": 0}},
+            "megatron_cfg.train_iters: must be >= 1 (or null: the run's step count), got 0",
         ),
         (
             {"megatron_cfg": {"scheduler": {"lr_decay_iters": 10, "lr_warmup_iters": 10}}},
@@ -528,3 +529,103 @@ def test_the_schedule_sets_the_weight_decay_as_in_megatron():
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], weight_decay=megatron.optimizer.weight_decay)
     build_scheduler(optimizer, megatron)
     assert optimizer.param_groups[0]["weight_decay"] == 0.1
+
+
+def _stepped_schedule(steps: int, **megatron_cfg: Any) -> tuple[Any, Any]:
+    """(optimizer, scheduler) built from a policy section with ``megatron_cfg``, after ``steps`` steps."""
+    import torch
+
+    from nemo_rl_clone.models.policy.megatron.model import build_scheduler
+
+    megatron = validate_config(_policy(megatron_cfg=megatron_cfg), PolicyConfig).megatron_cfg
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    scheduler = build_scheduler(optimizer, megatron)
+    scheduler.step(increment=steps)
+    return optimizer, scheduler
+
+
+def test_train_iters_spans_the_lr_decay_and_the_weight_decay_ramp_as_in_megatron():
+    """Megatron decays the LR over ``lr_decay_iters`` or, when null, ``train_iters``, and ramps the weight decay over
+    ``train_iters`` (not over the LR's decay): the values at a few steps against the formulas, by hand."""
+    lr, min_lr, warmup, train_iters = 1e-3, 1e-4, 2, 10
+    schedule = {
+        "train_iters": train_iters,
+        "optimizer": {"lr": lr, "min_lr": min_lr},
+        "scheduler": {
+            "lr_warmup_iters": warmup,
+            "lr_warmup_init": 0.0,
+            "lr_decay_style": "cosine",
+            "lr_decay_iters": None,
+            "weight_decay_incr_style": "linear",
+            "start_weight_decay": 0.0,
+            "end_weight_decay": 0.1,
+        },
+    }
+    for step in (1, 4, 7, 10):
+        optimizer, _ = _stepped_schedule(step, **schedule)
+        group = optimizer.param_groups[0]
+        if step <= warmup:
+            expected_lr = lr * step / warmup
+        else:
+            expected_lr = min_lr + 0.5 * (lr - min_lr) * (
+                1 + math.cos(math.pi * (step - warmup) / (train_iters - warmup))
+            )
+        assert group["lr"] == pytest.approx(expected_lr, rel=1e-12), step
+        assert group["weight_decay"] == pytest.approx(0.1 * step / train_iters, rel=1e-12), step
+    # the weight decay still ramps over train_iters when the LR decays over its own lr_decay_iters
+    schedule["scheduler"] = {**schedule["scheduler"], "lr_decay_iters": 5}
+    optimizer, _ = _stepped_schedule(4, **schedule)
+    assert optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.1 * 4 / train_iters, rel=1e-12)
+
+
+def test_a_resumed_schedule_keeps_the_checkpoints_values_unless_overridden():
+    """Without ``override_opt_param_scheduler`` a resume keeps the saved LR and says which config values it did not
+    take; with it the config's LR acts from the saved step on. Either way the step count is the checkpoint's."""
+    from nemo_rl_clone.models.policy.megatron.optimizer_checkpoint import load_schedule
+
+    constant = {"lr_warmup_iters": 0, "lr_decay_style": "constant"}
+    _, saved = _stepped_schedule(3, optimizer={"lr": 1e-5, "min_lr": 0.0}, scheduler=constant)
+    state = saved.state_dict()
+
+    optimizer, kept = _stepped_schedule(0, optimizer={"lr": 2e-5, "min_lr": 0.0}, scheduler=constant)
+    notice = load_schedule(kept, state)
+    assert kept.num_steps == 3 and optimizer.param_groups[0]["lr"] == 1e-5
+    assert notice == (
+        "Resumed LR schedule at step 3: the checkpoint's values are kept where the config differs "
+        "(policy.megatron_cfg.scheduler.override_opt_param_scheduler=true takes the config's): "
+        "policy.megatron_cfg.optimizer.lr: checkpoint 1e-05, config 2e-05"
+    )
+
+    override = {**constant, "override_opt_param_scheduler": True}
+    optimizer, taken = _stepped_schedule(0, optimizer={"lr": 2e-5, "min_lr": 0.0}, scheduler=override)
+    notice = load_schedule(taken, state)
+    assert taken.num_steps == 3 and optimizer.param_groups[0]["lr"] == 2e-5
+    assert notice is not None and "the config's values replace the checkpoint's" in notice
+
+    _, same = _stepped_schedule(0, optimizer={"lr": 1e-5, "min_lr": 0.0}, scheduler=constant)
+    assert load_schedule(same, state) is None and same.num_steps == 3
+
+
+def test_the_algorithms_give_megatron_the_runs_step_count():
+    """NeMo-RL's rule: min(max_num_steps, max_num_epochs × batches per epoch) × train calls per step; SFT's -1 is no
+    limit; a value the config sets is kept; a DTensor policy is left alone."""
+    from types import SimpleNamespace
+
+    from nemo_rl_clone.algorithms.run.setup import give_megatron_its_steps
+
+    def steps(max_num_steps: int, max_num_epochs: int, batches: int, calls: int = 1, **megatron_cfg: Any) -> Any:
+        policy = validate_config(_policy(megatron_cfg=megatron_cfg), PolicyConfig)
+        give_megatron_its_steps(
+            policy, SimpleNamespace(max_num_steps=max_num_steps, max_num_epochs=max_num_epochs), batches, calls
+        )
+        return policy.megatron_cfg.train_iters
+
+    assert steps(100, 2, 30) == 60
+    assert steps(20, 2, 30) == 20
+    assert steps(-1, 3, 7) == 21
+    assert steps(5, 1, 30, calls=4) == 20
+    assert steps(5, 1, 30, train_iters=1000) == 1000
+    dtensor = validate_config(_policy(), PolicyConfig)
+    dtensor.megatron_cfg.enabled = False  # as a DTensor policy's section is
+    give_megatron_its_steps(dtensor, SimpleNamespace(max_num_steps=5, max_num_epochs=1), 30)
+    assert dtensor.megatron_cfg.train_iters is None

@@ -38,6 +38,7 @@ from nemo_rl_clone.algorithms.ppo.value_loss import explained_variance
 from nemo_rl_clone.algorithms.run.loop import StepResult, train_loop
 from nemo_rl_clone.algorithms.run.rollout import GivenParts, RolloutAlgorithm, clipped_pg_loss
 from nemo_rl_clone.algorithms.run.second_model import SyncRolloutSteps, setup_with_model
+from nemo_rl_clone.algorithms.run.setup import give_megatron_its_steps
 from nemo_rl_clone.algorithms.run.state import save_run_checkpoint
 from nemo_rl_clone.algorithms.utils import reduce_train_results
 from nemo_rl_clone.contract.loss import LossFunction
@@ -85,9 +86,11 @@ def _build_critic(config: PPOMasterConfig, run: RolloutRun[PPOMasterConfig], env
         weights = str(latest / VALUE_DIR / "weights")
         optimizer_dir = latest / VALUE_DIR / "optimizer"
         optimizer = str(optimizer_dir) if optimizer_dir.exists() else None
+    critic = critic_section(config.value)
+    give_megatron_its_steps(critic, config.ppo, run.dataloader.batches_per_epoch, config.ppo.ppo_epochs)
     return Policy(
         run.clusters[0],
-        critic_section(config.value),
+        critic,
         run.tokenizer,  # the critic reads the actor's token ids
         name_prefix="value",
         init_reference_model=False,

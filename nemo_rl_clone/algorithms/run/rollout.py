@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset
 
 from nemo_rl_clone.algorithms.interfaces import Algorithm
 from nemo_rl_clone.algorithms.loss.registry import build_loss
-from nemo_rl_clone.algorithms.run.setup import RunStart, ray_cluster, setup_run
+from nemo_rl_clone.algorithms.run.setup import RunStart, give_megatron_its_steps, ray_cluster, setup_run
 from nemo_rl_clone.algorithms.run.state import run_validation, save_run_checkpoint
 from nemo_rl_clone.contract.sampling import TrainingSamplingParams
 from nemo_rl_clone.data.collate_fn import rl_collate_fn
@@ -213,6 +213,9 @@ def _setup_workers(
     # On CPU, colocated groups take turns on the same cores: each may use all of them while it runs.
     shared = colocated or extra_worker_groups > 0
     threads = {} if use_gpus or not shared else {"OMP_NUM_THREADS": str(os.cpu_count() or 1)}
+    give_megatron_its_steps(
+        config.policy, config.loop, start.dataloader.batches_per_epoch, getattr(config.loop, "ppo_epochs", 1)
+    )
     policy = policy_factory(
         cluster=train_cluster,
         config=config.policy,

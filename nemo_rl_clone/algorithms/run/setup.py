@@ -4,6 +4,7 @@ checkpoint."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,18 @@ def setup_run(
     services = after_ray() if after_ray is not None else None
     state, weights_path, optimizer_path = restore_run_state(checkpointer, dataloader, model)
     return RunStart(log_dir, run_logger, dataloader, data, checkpointer, state, weights_path, optimizer_path, services)
+
+
+def give_megatron_its_steps(policy: Any, loop: Any, batches_per_epoch: int, train_calls_per_step: int = 1) -> None:
+    """As NeMo-RL's algorithms do, a Megatron policy learns the run's optimizer-step count as
+    ``megatron_cfg.train_iters`` (the length of its weight-decay ramp, and of its LR decay where
+    ``scheduler.lr_decay_iters`` is null): ``min(max_num_steps, max_num_epochs × batches per epoch)`` steps of
+    ``train_calls_per_step`` `train` calls each. A value the config gives is kept (NeMo-RL overwrites it)."""
+    megatron = getattr(policy, "megatron_cfg", None)
+    if megatron is None or not megatron.enabled or megatron.train_iters is not None:
+        return
+    max_steps = math.inf if loop.max_num_steps == -1 else loop.max_num_steps  # SFT's -1: no limit
+    megatron.train_iters = int(min(max_steps, loop.max_num_epochs * batches_per_epoch)) * train_calls_per_step
 
 
 def ray_cluster(

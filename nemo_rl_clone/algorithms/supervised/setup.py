@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nemo_rl_clone.algorithms.run.setup import RunStart, ray_cluster, setup_run
+from nemo_rl_clone.algorithms.run.setup import RunStart, give_megatron_its_steps, ray_cluster, setup_run
 from nemo_rl_clone.algorithms.run.state import RunState
 from nemo_rl_clone.algorithms.supervised.config import PreferenceAlgorithm, SupervisedAlgorithm, SupervisedLoopConfig
 from nemo_rl_clone.data.dataloader import IndexedDataset, StatefulPromptLoader
@@ -106,6 +106,7 @@ def _build_policy(
     cluster = ray_cluster(section, f"{algorithm.section}_cluster", use_gpus, section.gpus_per_node, section.num_nodes)
     # Ray gives CPU actors one thread by default; without a generation engine the workers own all the cores.
     threads = {} if use_gpus else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
+    give_megatron_its_steps(config.policy, getattr(config, algorithm.section), start.dataloader.batches_per_epoch)
     policy = Policy(
         cluster,
         config.policy,

@@ -71,9 +71,12 @@ class MegatronSchedulerConfig(SectionReads):
     end_weight_decay: float = 0.01
     weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "constant"
-    lr_decay_iters: int | None = 1000  # null: only with lr_decay_style constant (no decay)
+    lr_decay_iters: int | None = 1000  # null: train_iters (Megatron's rule)
     lr_warmup_iters: int = 13
     lr_warmup_init: float = 5e-7
+    # On resume: false keeps the checkpoint's schedule (a notice names what the config would change); true takes
+    # the config's values and keeps only the checkpoint's step count (Megatron's flag of that name).
+    override_opt_param_scheduler: bool = False
 
 
 @dataclass
@@ -125,6 +128,9 @@ class MegatronConfig(SectionReads):
     # The HF → Megatron conversion always runs in memory at start-up (there is no converted-weights cache), so
     # every start is a fresh conversion whatever this says.
     force_reconvert_from_hf: bool = False
+    # Optimizer steps the schedule spans, as Megatron reads it: the weight-decay ramp's length, and the LR decay's
+    # when scheduler.lr_decay_iters is null. null: the run's step count, which the algorithms fill in (as NeMo-RL's).
+    train_iters: int | None = None
     env_vars: dict[str, str] | None = field(default_factory=dict)  # set in each worker; null: none
     empty_unused_memory_level: int = 1  # 0, 1 or 2: how often the worker empties the CUDA cache (NeMo-RL's levels)
     activation_checkpointing: bool = False
@@ -348,7 +354,7 @@ def _check_recompute(cfg: MegatronConfig) -> list[tuple[str, str]]:
 
 def _check_optimizer_and_scheduler(cfg: MegatronConfig) -> list[tuple[str, str]]:
     """Megatron's own asserts (``OptimizerParamScheduler``), reported at validation instead of at start-up."""
-    return _check_optimizer(cfg.optimizer) + _check_scheduler(cfg.scheduler, cfg.optimizer.lr)
+    return _check_optimizer(cfg.optimizer) + _check_scheduler(cfg.scheduler, cfg.optimizer.lr, cfg.train_iters)
 
 
 def _check_optimizer(opt: MegatronOptimizerConfig) -> list[tuple[str, str]]:
@@ -372,8 +378,10 @@ def _check_optimizer(opt: MegatronOptimizerConfig) -> list[tuple[str, str]]:
     return problems
 
 
-def _check_scheduler(sched: MegatronSchedulerConfig, lr: float) -> list[tuple[str, str]]:
+def _check_scheduler(sched: MegatronSchedulerConfig, lr: float, train_iters: int | None) -> list[tuple[str, str]]:
     problems = []
+    if train_iters is not None and train_iters < 1:
+        problems.append(("train_iters", f"must be >= 1 (or null: the run's step count), got {train_iters}"))
     if not 0 <= sched.lr_warmup_init <= lr:
         problems.append(
             ("scheduler.lr_warmup_init", f"must be between 0 and optimizer.lr ({lr}), got {sched.lr_warmup_init}")
@@ -388,9 +396,7 @@ def _check_scheduler(sched: MegatronSchedulerConfig, lr: float) -> list[tuple[st
                 "'linear', 'cosine' or 'inverse-square-root'",
             )
         )
-    if sched.lr_decay_iters is None and sched.lr_decay_style != "constant":
-        problems.append(("scheduler.lr_decay_iters", f"required with lr_decay_style {sched.lr_decay_style!r}"))
-    elif sched.lr_decay_iters is not None and sched.lr_decay_iters <= max(sched.lr_warmup_iters, 0):
+    if sched.lr_decay_iters is not None and sched.lr_decay_iters <= max(sched.lr_warmup_iters, 0):
         problems.append(
             (
                 "scheduler.lr_decay_iters",

@@ -297,9 +297,18 @@ def build_optimizer(model: DistributedDataParallel, config: TransformerConfig, m
 
 
 def build_scheduler(optimizer: Any, mcfg: Any) -> OptimizerParamScheduler:
-    """Megatron's LR / weight-decay schedule, stepped once per `train` call (NeMo-RL's convention)."""
+    """Megatron's LR / weight-decay schedule, stepped once per `train` call (NeMo-RL's convention). As in Megatron,
+    the LR decays over ``lr_decay_iters`` (null: ``train_iters``) and the weight decay ramps over ``train_iters``."""
     sched, opt = mcfg.scheduler, mcfg.optimizer
-    decay_iters = sched.lr_decay_iters or max(sched.lr_warmup_iters + 1, 1)
+    decay_iters = sched.lr_decay_iters or mcfg.train_iters
+    if sched.lr_decay_style == "constant":  # the LR never decays: any length past the warm-up will do
+        decay_iters = max(decay_iters or 0, sched.lr_warmup_iters + 1)
+    elif decay_iters is None or decay_iters <= sched.lr_warmup_iters:
+        raise UserInputError(
+            f"policy.megatron_cfg.scheduler: lr_decay_style {sched.lr_decay_style!r} decays over lr_decay_iters, or "
+            f"train_iters when that is null ({decay_iters}), which must be more than lr_warmup_iters="
+            f"{sched.lr_warmup_iters}"
+        )
     return OptimizerParamScheduler(
         optimizer,
         init_lr=sched.lr_warmup_init,
@@ -310,8 +319,10 @@ def build_scheduler(optimizer: Any, mcfg: Any) -> OptimizerParamScheduler:
         lr_decay_style=sched.lr_decay_style,
         start_wd=sched.start_weight_decay,
         end_wd=sched.end_weight_decay,
-        wd_incr_steps=decay_iters,
+        wd_incr_steps=mcfg.train_iters or decay_iters,
         wd_incr_style=sched.weight_decay_incr_style,
+        override_opt_param_scheduler=sched.override_opt_param_scheduler,
+        use_checkpoint_opt_param_scheduler=not sched.override_opt_param_scheduler,
     )
 
 

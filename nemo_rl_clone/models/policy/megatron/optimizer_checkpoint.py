@@ -28,6 +28,18 @@ from nemo_rl_clone.utils.errors import UserInputError
 _METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 _CHAIN_PREFIX = re.compile(r"^chained_\d+\.")
 _NEVER_STEPPED = "optimizer_never_stepped"
+# The schedule values Megatron saves and checks on load, and the `policy.megatron_cfg` keys they come from.
+_SCHEDULE_KEYS = {
+    "max_lr": "optimizer.lr",
+    "min_lr": "optimizer.min_lr",
+    "lr_warmup_steps": "scheduler.lr_warmup_iters",
+    "lr_decay_steps": "scheduler.lr_decay_iters",
+    "lr_decay_style": "scheduler.lr_decay_style",
+    "start_wd": "scheduler.start_weight_decay",
+    "end_wd": "scheduler.end_weight_decay",
+    "wd_incr_steps": "train_iters",
+    "wd_incr_style": "scheduler.weight_decay_incr_style",
+}
 
 
 def save_distributed(state: dict[str, Any], path: str) -> None:
@@ -65,7 +77,7 @@ def load_optimizer(optimizer: Any, scheduler: Any, model_state: dict[str, Any], 
         common = dist_checkpointing.load_common_state_dict(path)
         if common.get(_NEVER_STEPPED):
             optimizer.reload_model_params()  # its main parameters take the loaded weights
-            scheduler.load_state_dict(common["scheduler"])
+            load_schedule(scheduler, common["scheduler"])
             return
         _prepare_optimizer_for_loading(optimizer)
         template = optimizer.sharded_state_dict(model_state, is_loading=True, metadata=_METADATA)
@@ -76,7 +88,35 @@ def load_optimizer(optimizer: Any, scheduler: Any, model_state: dict[str, Any], 
         else:
             state = _load_across_chains(optimizer, template, path, saved_keys)
         _unshare_adam_steps(optimizer)
-        scheduler.load_state_dict(state["scheduler"])
+        load_schedule(scheduler, state["scheduler"])
+
+
+def load_schedule(scheduler: Any, saved: dict[str, Any]) -> str | None:
+    """Loads a saved schedule: its step count always, its values unless the scheduler was built with
+    ``override_opt_param_scheduler``. Returns (and rank 0 prints) one line naming the values where config and
+    checkpoint differ and which of them now acts; None where they agree."""
+    override = scheduler.override_opt_param_scheduler
+    differ = [
+        f"policy.megatron_cfg.{key}: checkpoint {saved[name]!r}, config {getattr(scheduler, name)!r}"
+        for name, key in _SCHEDULE_KEYS.items()
+        if name in saved and saved[name] != getattr(scheduler, name)
+    ]
+    scheduler.load_state_dict(saved)
+    if not differ:
+        return None
+    notice = (
+        f"Resumed LR schedule at step {scheduler.num_steps}: "
+        + (
+            "the config's values replace the checkpoint's (override_opt_param_scheduler): "
+            if override
+            else "the checkpoint's values are kept where the config differs "
+            "(policy.megatron_cfg.scheduler.override_opt_param_scheduler=true takes the config's): "
+        )
+        + "; ".join(differ)
+    )
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(notice, flush=True)
+    return notice
 
 
 def _load_across_chains(optimizer: Any, template: dict, path: str, saved_keys: set[str]) -> dict[str, Any]:
