@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.functional.supervised_runs import REPO, entry_point_args, read_metrics, run_entry_point
+from tests.functional.supervised_runs import REPO, entry_point_args, read_metrics, run_entry_point, shared_ray_env
 
 
 @pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
@@ -216,7 +216,7 @@ def test_grpo_with_a_remote_multi_turn_environment(tmp_path: Path) -> None:
         )
         args = entry_point_args("grpo_math", tmp_path)
         args[args.index("--config") + 1] = str(config)
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=shared_ray_env())
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     finally:
         httpd.shutdown()
