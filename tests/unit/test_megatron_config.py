@@ -222,8 +222,9 @@ def test_megatron_defaults_validate():
             "megatron_cfg.optimizer.fp16: must be false with policy.precision=bfloat16 (or null: follow it), got true",
         ),
         (
-            {"megatron_cfg": {"tensor_model_parallel_size": 2, "peft": {"enabled": True}}},
-            "megatron_cfg.peft.enabled: not supported yet: LoRA with tensor_model_parallel_size > 1",
+            {"megatron_cfg": {"tensor_model_parallel_size": 2, "peft": {"enabled": True, "dropout": 0.1}}},
+            "megatron_cfg.peft.dropout: not supported yet: adapter dropout with tensor_model_parallel_size > 1 (each "
+            "rank would drop other entries)",
         ),
         (
             {"reward_model_cfg": {"enabled": True}, "megatron_cfg": {"peft": {"enabled": True}}},

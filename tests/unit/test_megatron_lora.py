@@ -5,8 +5,10 @@ Face's model with the same adapters added by hand.
 layers. Scenarios, one spawn each:
 
 - ``single`` (one process): logprobs at the start; two NLL steps, with the merged weights the engines would get and
-  the adapters after each; logprobs and reference logprobs after training; a run checkpoint after step 1.
-- ``pp2_resumed`` (two pipeline stages): loads that checkpoint and takes step 2.
+  the adapters after each; logprobs and reference logprobs after training.
+- ``tp2`` (two tensor-parallel ranks, sequence parallel): the same two steps from the same start (adapters sharded
+  as their layers); a run checkpoint after step 1.
+- ``pp2_resumed`` (two pipeline stages): loads that checkpoint (saved at TP 2) and takes step 2.
 
 Megatron fuses Q, K and V (interleaved per query group) and gate and up into one layer each, so its adapter on such
 a layer is one ``A`` shared by the parts and one ``B`` whose rows split as the weight's do: the reference adds
@@ -40,8 +42,10 @@ DIM, ALPHA = 4, 8
 SCALING = ALPHA / DIM
 
 
-def lora_config(model_dir: str, pp: int = 1) -> PolicyConfig:
-    section = policy_dict(model_dir, 1, pp, peft={"enabled": True, "dim": DIM, "alpha": ALPHA})
+def lora_config(model_dir: str, pp: int = 1, tp: int = 1) -> PolicyConfig:
+    section = policy_dict(
+        model_dir, tp, pp, peft={"enabled": True, "dim": DIM, "alpha": ALPHA}, sequence_parallel=tp > 1
+    )
     return validate_config(section, PolicyConfig)
 
 
@@ -55,23 +59,20 @@ def adapters(worker: Any) -> dict[str, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------- scenarios (run in the children)
-def _worker(model_dir: str, pp: int = 1, **kwargs: Any) -> Any:
+def _worker(model_dir: str, pp: int = 1, tp: int = 1, **kwargs: Any) -> Any:
     from nemo_rl_clone.models.huggingface import load_tokenizer
     from nemo_rl_clone.models.policy.megatron.policy_worker import MegatronPolicyWorker
 
-    return MegatronPolicyWorker(lora_config(model_dir, pp), load_tokenizer(model_dir), model_dir, **kwargs)
+    return MegatronPolicyWorker(lora_config(model_dir, pp, tp), load_tokenizer(model_dir), model_dir, **kwargs)
 
 
 def run_single(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
     worker = _worker(model_dir)
     result: dict[str, Any] = {"logprobs": worker.get_logprobs(batches[0])["logprobs"], "adapters": [adapters(worker)]}
     result["steps"] = []
-    for index, data in enumerate(batches[:2]):
+    for data in batches[:2]:
         result["steps"].append(_step(worker, data))
         result["adapters"].append(adapters(worker))
-        if index == 0:
-            policy = Path(run_dir) / "step_1" / "policy"
-            worker.save_checkpoint(str(policy / "weights"), str(policy / "optimizer"))
     result["final_logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
     result["reference_logprobs"] = worker.get_reference_policy_logprobs(batches[0])["reference_logprobs"]
     result["refusals"] = [_target_refusal(worker, **keys) for keys in BAD_TARGETS]
@@ -96,6 +97,19 @@ def _target_refusal(worker: Any, **keys: Any) -> str:
     except UserInputError as error:
         return str(error)
     return ""
+
+
+def run_tp2(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
+    worker = _worker(model_dir, tp=2)
+    result: dict[str, Any] = {"steps": []}
+    for index, data in enumerate(batches[:2]):
+        result["steps"].append(_step(worker, data))
+        if index == 0:
+            policy = Path(run_dir) / "step_1" / "policy"
+            worker.save_checkpoint(str(policy / "weights"), str(policy / "optimizer"))
+    result["final_logprobs"] = worker.get_logprobs(batches[0])["logprobs"]
+    worker.shutdown()
+    return result
 
 
 def run_pp2_resumed(model_dir: str, run_dir: str, batches: list[BatchedDataDict]) -> dict[str, Any]:
@@ -162,7 +176,12 @@ def single(model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dic
 
 
 @pytest.fixture(scope="module")
-def pp2_resumed(single: dict, model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dict[str, Any]:
+def tp2(model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dict[str, Any]:
+    return spawn(2, run_tp2, model_dir, str(run_dir), batches)
+
+
+@pytest.fixture(scope="module")
+def pp2_resumed(tp2: dict, model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dict[str, Any]:
     return spawn(2, run_pp2_resumed, model_dir, str(run_dir), batches)
 
 
@@ -205,7 +224,18 @@ def test_merged_weights_are_what_the_adapters_compute(single: dict, model_dir: s
         assert frozen and all(torch.equal(step["state"][name], base[name]) for name in frozen)
 
 
+def test_two_tensor_parallel_ranks_train_like_one_process(tp2: dict, single: dict) -> None:
+    """Sharded adapters under sequence parallelism: the same losses, gradient norms (every adapter counted once),
+    merged weights and logprobs after two steps as one process."""
+    for got, want in zip(tp2["steps"], single["steps"], strict=True):
+        assert abs(got["loss"] - want["loss"]) <= ATOL and abs(got["grad_norm"] - want["grad_norm"]) <= ATOL
+        assert max_diff(got["state"], want["state"]) <= ATOL
+    assert max_diff(tp2["final_logprobs"], single["final_logprobs"]) <= ATOL
+
+
 def test_checkpoint_resumes_on_two_pipeline_stages(pp2_resumed: dict, single: dict) -> None:
+    """Saved at two tensor-parallel ranks, loaded on two pipeline stages: the adapters and their optimizer state
+    reshard."""
     got, want = pp2_resumed["step"], single["steps"][1]
     assert abs(got["loss"] - want["loss"]) <= ATOL and abs(got["grad_norm"] - want["grad_norm"]) <= ATOL
     assert max_diff(got["state"], want["state"]) <= ATOL

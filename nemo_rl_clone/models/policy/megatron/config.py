@@ -221,7 +221,9 @@ def _check_peft(cfg: MegatronConfig) -> list[tuple[str, str]]:
     if peft.dropout_position not in ("pre", "post"):
         problems.append(("peft.dropout_position", f"must be 'pre' or 'post', got {peft.dropout_position!r}"))
     refused = {
-        "enabled": cfg.tensor_model_parallel_size > 1 and "LoRA with tensor_model_parallel_size > 1",
+        "dropout": cfg.tensor_model_parallel_size > 1
+        and peft.dropout > 0
+        and "adapter dropout with tensor_model_parallel_size > 1 (each rank would drop other entries)",
         "lora_A_init_method": peft.lora_A_init_method != "xavier"
         and f"lora_A_init_method {peft.lora_A_init_method!r} (xavier only)",
         "lora_B_init_method": peft.lora_B_init_method != "zero"
