@@ -68,7 +68,10 @@ REFUSED: dict[str, str] = {
     "nemo_rl_clone.algorithms.opd": _OPD,
     "nemo_rl_clone.models.policy.teacher_worker_group": _OPD,
     "nemo_rl_clone.models.generation.sglang": "the SGLang generation backend; use policy.generation.backend: vllm",
-    "nemo_rl_clone.models.generation.megatron": "the Megatron generation backend; use policy.generation.backend: vllm",
+    # NeMo-RL's Megatron-Core inference engine inside the worker; here the policy worker's `generate` samples
+    "nemo_rl_clone.models.generation.megatron.megatron_worker": "Megatron-Core's inference engine (the Megatron "
+    "generation backend samples through the policy worker's own forward pass)",
+    "nemo_rl_clone.models.generation.megatron.utils": "GPU memory logging of Megatron-Core's inference engine",
     "nemo_rl_clone.models.generation.vllm.quantization": "FP8 generation kernels",
     "nemo_rl_clone.models.generation.vllm.reasoning_parsers": "vLLM reasoning-parser plugins",
     "nemo_rl_clone.models.automodel": "NeMo Automodel (models load through Hugging Face transformers)",

@@ -73,7 +73,14 @@ class EvalGenerationConfig(GenerationConfig):
             problems.append(
                 ("num_prompts_per_step", f"must be >= 1, or -1 for all prompts, got {self.num_prompts_per_step}")
             )
-        if not self.colocated.enabled:
+        if self.backend == "megatron":
+            problems.append(
+                (
+                    "backend",
+                    "not supported yet in evaluation: megatron (it samples with a trained policy's workers); use vllm",
+                )
+            )
+        elif not self.colocated.enabled:
             problems.append(
                 (
                     "colocated.enabled",

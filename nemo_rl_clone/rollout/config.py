@@ -161,6 +161,13 @@ def rollout_problems(config: RolloutRunConfig, section: str, title: str) -> list
         )
     if config.policy.generation is None:
         problems.append(("policy.generation", f"{title} needs a generation section"))
+    elif config.policy.generation.backend == "megatron" and not config.policy.megatron_cfg.enabled:
+        problems.append(
+            (
+                "policy.generation.backend",
+                "megatron samples with the Megatron policy's workers: set policy.megatron_cfg.enabled=true",
+            )
+        )
     if config.data.max_input_seq_length > config.policy.max_total_sequence_length:
         problems.append(
             (

@@ -55,7 +55,14 @@ class RefitSourcePolicy(Protocol):
 
 def prepare_refit(policy: RefitSourcePolicy, generation: GenerationInterface) -> None:
     """Tell the engines what the policy will send; raises `RefitError` if it does not fit their model."""
+    if _samples_with_policy_weights(generation):
+        return
     generation.prepare_refit_info(policy.prepare_refit_info())
+
+
+def _samples_with_policy_weights(generation: GenerationInterface) -> bool:
+    """A backend whose workers are the policy's (``backend: megatron``): there is nothing to send."""
+    return bool(getattr(generation, "shares_policy_weights", False))
 
 
 def init_refit_collective(
@@ -65,6 +72,8 @@ def init_refit_collective(
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Build the transfer group: train rank 0 (member 0, hosting the store on its node) + every engine."""
+    if _samples_with_policy_weights(generation):
+        return
     address, port = train_cluster.get_master_address_and_port()
     world_size = 1 + generation.dp_size
     futures = policy.init_collective(address, port, world_size, timeout_s=timeout_s)
@@ -86,6 +95,8 @@ def refit_policy_generation(
         RefitError: the weights were refused or did not arrive; the engines still serve the previous ones.
     """
     start = time.perf_counter()
+    if _samples_with_policy_weights(generation):
+        return 0.0
     if timer is not None:
         timer.start(TIMER_LABEL)
     try:

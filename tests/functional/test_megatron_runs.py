@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nemo_rl_clone.evals.checkpoint import resolve_eval_model
-from nemo_rl_clone.models.huggingface import TINY_QWEN2, TINY_QWEN3_MOE
+from nemo_rl_clone.models.huggingface import TINY_LLAMA, TINY_QWEN2, TINY_QWEN3_MOE
 from tests.functional.supervised_runs import (
     REPO,
     pair_overrides,
@@ -45,6 +45,58 @@ def assert_megatron_checkpoint(step_dir):
 
 # NeMo-RL's own Megatron GRPO recipe: Qwen2.5-1.5B in bf16 with sequence packing (MFFD bins, rows rounded to 64).
 MEGATRON_RECIPE = EXAMPLES / "configs" / "grpo_math_1B_megatron.yaml"
+
+
+# NeMo-RL's recipe that generates with the Megatron policy itself (policy.generation.backend: megatron).
+MEGATRON_GENERATION_RECIPE = EXAMPLES / "configs/recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron_generation.yaml"
+
+
+@pytest.mark.slow
+def test_nemo_rl_megatron_generation_recipe_samples_with_the_policys_own_workers(tmp_path):
+    """``grpo-llama3.2-1b-instruct-1n8g-megatron_generation.yaml`` scaled down (the tiny Llama in fp32, one worker,
+    2 steps of 2 prompts x 4 answers, sampled at T = 1): no engine starts and no weights move, and the trainer's
+    logprobs of the sampled tokens are the sampler's own (`token_mult_prob_error` 1 within 1e-5 at every step)."""
+    if not MEGATRON_GENERATION_RECIPE.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"NeMo-RL v0.7.0's examples must be at {EXAMPLES} under CI")
+        pytest.skip(f"NeMo-RL v0.7.0's examples are not at {EXAMPLES}")
+    data = openmathinstruct2_file(tmp_path / "openmathinstruct2_mini.jsonl")
+    proc = run_entry_point(
+        "grpo_math",
+        tmp_path,
+        f"policy.model_name={TINY_LLAMA}",
+        f"policy.tokenizer.name={TINY_LLAMA}",
+        "policy.precision=float32",
+        "policy.megatron_cfg.optimizer.bf16=false",
+        "policy.megatron_cfg.scheduler.lr_warmup_iters=1",
+        "policy.megatron_cfg.distributed_data_parallel_config.overlap_grad_reduce=false",
+        "policy.megatron_cfg.distributed_data_parallel_config.overlap_param_gather=false",
+        "policy.train_global_batch_size=8",
+        "policy.train_micro_batch_size=4",
+        "policy.logprob_batch_size=4",
+        "policy.max_total_sequence_length=96",
+        "policy.generation.max_new_tokens=12",
+        "data.max_input_seq_length=80",
+        f"++data.train.data_path={data}",
+        f"data.default.prompt_file={REPO / 'examples' / 'prompts' / 'cot.txt'}",
+        "env.math.num_workers=1",
+        "grpo.num_prompts_per_step=2",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.max_num_steps=2",
+        "grpo.val_period=0",
+        "grpo.val_at_start=false",
+        "logger.wandb_enabled=false",
+        "logger.tensorboard_enabled=false",
+        "cluster.gpus_per_node=1",
+        config=str(MEGATRON_GENERATION_RECIPE),
+    )
+    assert "the policy's workers sample (1 data-parallel rank(s); no refit)" in proc.stdout
+    assert "vLLM engine" not in proc.stdout
+    (run_dir,) = run_dirs(tmp_path)
+    metrics = read_metrics(run_dir)
+    for step in (1, 2):
+        assert abs(metrics[step]["train/token_mult_prob_error"] - 1.0) <= 1e-5, metrics[step]
+        assert "timing/train/weight_sync" not in metrics[step]
 
 
 @pytest.mark.slow

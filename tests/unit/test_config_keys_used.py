@@ -253,7 +253,9 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         "no_shard",
         f"{_YET}only applies to Megatron's custom FSDP; set it to 'optim_grads_params' (got 'no_shard')",
     ),
-    (GenerationConfig, "backend"): Refusal("hf", "the 'hf' generation backend is not supported yet; use 'vllm'"),
+    (GenerationConfig, "backend"): Refusal(
+        "hf", "the 'hf' generation backend is not supported yet; use 'megatron' or 'vllm'"
+    ),
     # One value is implemented; the key exists so that NeMo-RL configs naming it validate.
     (RewardModelConfig, "reward_model_type"): Refusal(
         "pairwise", "must be one of ['bradley_terry', 'regression'], got 'pairwise'"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nemo_rl_clone.models.generation.config import GenerationConfig
+from nemo_rl_clone.models.generation.config import ColocatedConfig, GenerationConfig
 from nemo_rl_clone.models.generation.factory import GENERATION_BACKENDS, build_generation
 
 
@@ -26,9 +26,27 @@ def registered() -> Iterator[None]:
 
 
 def test_vllm_is_the_registered_default() -> None:
-    assert GENERATION_BACKENDS.names() == ["vllm"]
+    assert GENERATION_BACKENDS.names() == ["megatron", "vllm"]
     assert GENERATION_BACKENDS.resolve("vllm").__name__ == "VllmGeneration"
+    assert GENERATION_BACKENDS.resolve("megatron").__name__ == "MegatronGeneration"
     assert GenerationConfig().backend == "vllm"
+
+
+def test_megatron_generation_is_built_from_the_policy_and_refused_without_one() -> None:
+    from types import SimpleNamespace
+
+    from nemo_rl_clone.utils.unsupported_modules import UnsupportedFeatureError
+
+    config = GenerationConfig(backend="megatron")
+    policy = SimpleNamespace(dp_size=3)
+    built = build_generation("cluster", config, "model", policy=policy)  # type: ignore[arg-type]
+    assert built.policy is policy and built.dp_size == 3  # type: ignore[attr-defined]
+    with pytest.raises(UnsupportedFeatureError, match="a Megatron generation cluster of its own"):
+        build_generation("cluster", config, "model")  # type: ignore[arg-type]
+    stand_alone = GenerationConfig(backend="megatron", colocated=ColocatedConfig(enabled=False), stop_strings=["x"])
+    problems = dict(stand_alone.check())
+    assert problems["colocated.enabled"].startswith("not supported yet with backend megatron")
+    assert problems["stop_strings"].startswith("not supported yet with backend megatron")
 
 
 def test_builds_the_configured_backend_with_the_callers_arguments(registered: None) -> None:
@@ -48,14 +66,18 @@ def test_builds_the_configured_backend_with_the_callers_arguments(registered: No
 
 
 def test_validation_names_the_registered_backends() -> None:
-    assert ("backend", "the 'hf' generation backend is not supported yet; use 'vllm'") in GenerationConfig(
-        backend="hf"
-    ).check()
+    assert ("backend", "the 'hf' generation backend is not supported yet; use 'megatron' or 'vllm'") in (
+        GenerationConfig(backend="hf").check()
+    )
+    assert not [key for key, _ in GenerationConfig(backend="megatron").check() if key == "backend"]
     GENERATION_BACKENDS.register("sglang", "some.module:SglangGeneration")
     try:
         assert not [key for key, _ in GenerationConfig(backend="sglang").check() if key == "backend"]
-        problems = dict(GenerationConfig(backend="megatron").check())
-        assert problems["backend"] == "the 'megatron' generation backend is not supported yet; use 'sglang' or 'vllm'"
+        problems = dict(GenerationConfig(backend="hf").check())
+        assert (
+            problems["backend"]
+            == "the 'hf' generation backend is not supported yet; use 'megatron', 'sglang' or 'vllm'"
+        )
     finally:
         GENERATION_BACKENDS.unregister("sglang")
     # Any other value: a registered name or an import path, named in one line.

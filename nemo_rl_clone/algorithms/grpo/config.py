@@ -300,6 +300,14 @@ class GRPOMasterConfig(SectionReads):
                     "return (env.math_multi_reward does); use 'grpo'",
                 )
             )
+        generation = self.policy.generation
+        if generation is not None and generation.backend == "megatron":
+            for key, why in (
+                ("grpo.async_grpo.enabled", self.grpo.async_grpo.enabled),
+                ("env.agent", "agent" in self.env),
+            ):
+                if why:
+                    problems.append((key, "not supported yet with policy.generation.backend megatron (it needs vLLM)"))
         if self.grpo.async_grpo.enabled:
             problems += self._check_async()
         if "agent" in self.env:

@@ -235,6 +235,7 @@ def _setup_workers(
         weight_updates_during_generation=weight_updates_during_generation,
         hf_config_overrides=config.policy.hf_config_overrides,
         record_routing=config.policy.router_replay.enabled,
+        policy=policy,  # backend megatron: the policy's workers sample
     )
     policy.wait_until_ready()
     prepare_refit(policy, generation)

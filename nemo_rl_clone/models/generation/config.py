@@ -220,9 +220,32 @@ class GenerationConfig(SectionReads):
             problems.append(("top_p", f"must be in (0, 1], got {self.top_p}"))
         if self.top_k is not None and self.top_k < 1 and self.top_k != -1:
             problems.append(("top_k", f"must be >= 1 (or -1/null for no limit), got {self.top_k}"))
+        if self.backend == "megatron":
+            problems += self._check_megatron_backend()
         if self.backend in NEMO_RL_GENERATION_BACKENDS and self.backend not in GENERATION_BACKENDS:
-            names = " or ".join(repr(name) for name in GENERATION_BACKENDS)
+            *others, last = [repr(name) for name in GENERATION_BACKENDS]
+            names = f"{', '.join(others)} or {last}" if others else last
             problems.append(("backend", f"the {self.backend!r} generation backend is not supported yet; use {names}"))
         elif problem := GENERATION_BACKENDS.problem(self.backend, "backend"):
             problems.append(("backend", problem.partition(": ")[2]))
+        return problems
+
+    def _check_megatron_backend(self) -> list[tuple[str, str]]:
+        """The policy's own workers sample (`MegatronGeneration`): colocated, stopping on token ids."""
+        problems = []
+        if not self.colocated.enabled:
+            problems.append(
+                (
+                    "colocated.enabled",
+                    "not supported yet with backend megatron: a Megatron generation cluster of its own; the "
+                    "policy's workers generate (set it to true)",
+                )
+            )
+        if self.stop_strings:
+            problems.append(
+                (
+                    "stop_strings",
+                    "not supported yet with backend megatron (it stops on token ids: stop_token_ids)",
+                )
+            )
         return problems

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 # Backend name -> its `GenerationInterface` class.
 GENERATION_BACKENDS: Registry[Any] = Registry("generation backend", "generation.backend")
 GENERATION_BACKENDS.register("vllm", "nemo_rl_clone.models.generation.vllm.vllm_generation:VllmGeneration")
+# The policy's own workers sample: built from the policy (``policy=``), not from a cluster of its own.
+GENERATION_BACKENDS.register(
+    "megatron", "nemo_rl_clone.models.generation.megatron.megatron_generation:MegatronGeneration"
+)
 
 
 def build_generation(
@@ -35,15 +39,19 @@ def build_generation(
     weight_updates_during_generation: bool = False,
     hf_config_overrides: Mapping[str, Any] | None = None,
     record_routing: bool = False,
+    policy: Any = None,
 ) -> GenerationInterface:
     """Start the workers of the ``config.backend`` backend on ``cluster``, serving ``model_name``.
 
     ``config`` was validated where it was loaded, which refuses a backend neither in `GENERATION_BACKENDS` nor an
     import path.
     ``name_prefix``: Ray actor names ``{name_prefix}-{rank}`` (None: the backend's default). The other arguments
-    are the backend's, see `VllmGeneration`.
+    are the backend's, see `VllmGeneration`. ``policy``: the trained policy, which ``backend: megatron`` generates
+    with (its workers sample; ``cluster`` and the engine arguments are then unused).
     """
     backend = GENERATION_BACKENDS.resolve(config.backend)
+    if config.backend == "megatron":
+        return backend(config, policy=policy)
     named = {} if name_prefix is None else {"name_prefix": name_prefix}
     generation: GenerationInterface = backend(
         cluster,

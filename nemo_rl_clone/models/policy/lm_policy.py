@@ -214,7 +214,7 @@ class Policy(ColocatablePolicyInterface):
         ``timer``: times ``get_logprobs/shard_data`` and ``get_logprobs/submit_logprob_futures`` (NeMo-RL's labels;
         the second here until the results are back)."""
         self._require_language_model("get_logprobs")
-        return self._logprob_call("get_logprobs", data, micro_batch_size, timer, "logprob")
+        return self.sharded_call("get_logprobs", data, micro_batch_size, timer, "logprob")
 
     def get_reference_policy_logprobs(
         self, data: BatchedDataDict, micro_batch_size: int | None = None, timer: Timer | None = None
@@ -222,7 +222,7 @@ class Policy(ColocatablePolicyInterface):
         """``{"reference_logprobs": [B, S] fp32}`` under the initial weights (see `get_logprobs`)."""
         self._require_language_model("get_reference_policy_logprobs")
         method = "get_reference_policy_logprobs"
-        return self._logprob_call(method, data, micro_batch_size, timer, "reference_policy_logprob")
+        return self.sharded_call(method, data, micro_batch_size, timer, "reference_policy_logprob")
 
     def get_topk_logits(
         self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None, timer: Timer | None = None
@@ -238,7 +238,7 @@ class Policy(ColocatablePolicyInterface):
                 "teacher needs a backend that has it: DTensor or Megatron)"
             )
         check_k(k)
-        return self._logprob_call("get_topk_logits", data, micro_batch_size, timer, "topk_logits", k=k)
+        return self.sharded_call("get_topk_logits", data, micro_batch_size, timer, "topk_logits", k=k)
 
     def score(self, data: BatchedDataDict, micro_batch_size: int | None = None) -> BatchedDataDict:
         """A reward model's ``{"scores": [B] fp32}`` (inference): the head at each row's ``input_lengths - 1``; with
@@ -246,16 +246,15 @@ class Policy(ColocatablePolicyInterface):
         token t is generated (the head at position t − 1; 0 at t = 0).
 
         Needs ``input_ids`` (right-padded) and ``input_lengths``; sharded over DP ranks like `get_logprobs`
-        (dynamic batching included), microbatches of ``micro_batch_size`` (default ``logprob_batch_size``).
-        """
+        (dynamic batching included), microbatches of ``micro_batch_size`` (default ``logprob_batch_size``)."""
         if not self.is_reward_model:
             raise RuntimeError(
                 "Policy.score needs a reward model (policy.reward_model_cfg.enabled=true); this policy is a causal "
                 "LM: use get_logprobs"
             )
-        return self._logprob_call("score", data, micro_batch_size)
+        return self.sharded_call("score", data, micro_batch_size)
 
-    def _logprob_call(
+    def sharded_call(
         self,
         method: str,
         data: BatchedDataDict,
@@ -264,6 +263,7 @@ class Policy(ColocatablePolicyInterface):
         futures_name: str = "",
         **kwargs: Any,
     ) -> BatchedDataDict:
+        """The workers' ``method`` over ``data`` split by data-parallel rank (any ``B``), merged in ``data``'s order."""
         self._check_batch(data, ("input_ids", "input_lengths"), method)
         if self.is_reward_model:
             check_input_lengths(data, method)

@@ -1,5 +1,2 @@
-"""NeMo-RL v0.7.0's path of a feature not built here (`facades.REFUSED`): importing it stops with one line."""
-
-from nemo_rl_clone.utils.unsupported_modules import refuse_import
-
-refuse_import(__name__, "the Megatron generation backend; use policy.generation.backend: vllm")
+"""The Megatron generation backend (``policy.generation.backend: megatron``): the Megatron policy's workers sample
+with their own model (`megatron_generation.MegatronGeneration`)."""

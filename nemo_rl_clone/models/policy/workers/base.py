@@ -38,7 +38,7 @@ from nemo_rl_clone.data_plane.worker_mixin import TQWorkerMixin
 from nemo_rl_clone.distributed.batched_data_dict import BatchedDataDict
 from nemo_rl_clone.models.hf_export import save_consolidated_hf
 from nemo_rl_clone.models.policy.config import PolicyConfig
-from nemo_rl_clone.models.policy.workers import reward_model, topk_logits, train_step, worker_setup
+from nemo_rl_clone.models.policy.workers import reward_model, self_generation, topk_logits, train_step, worker_setup
 from nemo_rl_clone.models.policy.workers.refit_sender import RefitSender
 from nemo_rl_clone.models.policy.workers.train_profile import TrainProfile
 
@@ -240,6 +240,13 @@ class PolicyWorkerBase(TQWorkerMixin, RefitSender):
             return train_step.pad_to_width(lp, data["input_ids"].shape[1]).cpu()
 
         return BatchedDataDict({"logprobs": self._inference_pass(data, micro_batch_size, logprobs)})
+
+    def generate(
+        self, data: BatchedDataDict, micro_batch_size: int | None = None, greedy: bool = False
+    ) -> BatchedDataDict:
+        """Samples for this rank's shard with the policy's own model (`self_generation`)."""
+        self._require_language_model("generate")
+        return self_generation.generate(self, data, micro_batch_size, greedy)
 
     def get_topk_logits(self, data: BatchedDataDict, k: int, micro_batch_size: int | None = None) -> BatchedDataDict:
         """``{"topk_logits": [B, S, k] fp32, "topk_indices": [B, S, k] int64}`` of this rank's shard (layout:

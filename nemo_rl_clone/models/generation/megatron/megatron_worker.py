@@ -1,0 +1,9 @@
+"""NeMo-RL v0.7.0's path of a feature not built here (`facades.REFUSED`): importing it stops with one line."""
+
+from nemo_rl_clone.utils.unsupported_modules import refuse_import
+
+refuse_import(
+    __name__,
+    "Megatron-Core's inference engine (the Megatron generation backend samples through the policy worker's own "
+    "forward pass)",
+)
