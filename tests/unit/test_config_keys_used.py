@@ -126,10 +126,16 @@ REFUSED: dict[tuple[type, str], Refusal] = {
         (("grpo.async_grpo.enabled", True),),
     ),
     (GRPOConfig, "invalid_tool_call_advantage"): Refusal(
-        -1.0, "not supported yet: a fixed advantage for samples with an invalid tool call; set it to null", ("grpo",)
+        -1.0,
+        "not supported yet: a fixed advantage for messages with an invalid tool call (NeMo-Gym's message flags); set it "
+        "to null",
+        ("grpo",),
     ),
     (GRPOConfig, "malformed_thinking_advantage"): Refusal(
-        -1.0, "not supported yet: a fixed advantage for samples with malformed thinking; set it to null", ("grpo",)
+        -1.0,
+        "not supported yet: a fixed advantage for messages with malformed thinking (NeMo-Gym's message flags); set it "
+        "to null",
+        ("grpo",),
     ),
     (AdvEstimatorConfig, "minus_baseline"): Refusal(
         False,

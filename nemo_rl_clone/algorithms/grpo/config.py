@@ -173,12 +173,14 @@ class GRPOConfig(RewardedLoopConfig):
         low, high = self.advantage_clip_low, self.advantage_clip_high
         if low is not None and high is not None and low > high:
             problems.append(("advantage_clip_low", f"must be <= advantage_clip_high ({low} > {high})"))
+        # NeMo-RL sets these advantages on messages NeMo-Gym flagged (is_invalid_tool_call, has_malformed_thinking)
+        # and refuses them without NeMo-Gym, which only sets the flags.
         for key, what in (
-            ("invalid_tool_call_advantage", "a fixed advantage for samples with an invalid tool call"),
-            ("malformed_thinking_advantage", "a fixed advantage for samples with malformed thinking"),
+            ("invalid_tool_call_advantage", "a fixed advantage for messages with an invalid tool call"),
+            ("malformed_thinking_advantage", "a fixed advantage for messages with malformed thinking"),
         ):
             if getattr(self, key) is not None:
-                problems.append((key, f"not supported yet: {what}; set it to null"))
+                problems.append((key, f"not supported yet: {what} (NeMo-Gym's message flags); set it to null"))
         threshold = self.seq_logprob_error_threshold
         if threshold is not None and threshold < 1:
             problems.append(("seq_logprob_error_threshold", f"must be >= 1 (1 is exact agreement), got {threshold}"))
