@@ -1,5 +1,6 @@
-"""The progress watchdog on a real run: an engine stopped with SIGSTOP in step 2 is named within the bound, the run stops with
-exit code 124, and nothing it started is left running."""
+"""The progress watchdog on a real run. The environment actor, then the policy worker, is stopped with SIGSTOP until
+the watchdog's warning names it (by actor, pid and call), then resumed: the run goes on. Then the engine is stopped
+for good: it is named within the bound, the run stops with exit code 124, and nothing it started is left running."""
 
 from __future__ import annotations
 
@@ -24,12 +25,37 @@ BOUNDS = (
 )
 
 
-def test_a_stopped_engine_is_named_then_the_run_stops(tmp_path):
+def _one(tree: list[psutil.Process], title: str) -> psutil.Process:
+    (process,) = [p for p in tree if " ".join(p.cmdline()).startswith(f"ray::{title}")]
+    return process
+
+
+def _named_while_stopped(run: LiveRun, process: psutil.Process) -> str:
+    """Stop ``process`` until a watchdog warning names it, then let it go on; that warning."""
+    process.send_signal(signal.SIGSTOP)
+    try:
+        while f"(pid {process.pid})" not in (line := run.wait_for_line("watchdog: step ", timeout_s=60)):
+            pass
+    finally:
+        process.send_signal(signal.SIGCONT)
+    return line
+
+
+def test_stalled_workers_are_named_and_a_stopped_engine_stops_the_run(tmp_path):
     run = LiveRun(grpo_args(tmp_path, "grpo.max_num_steps=10", "grpo.val_period=100", *BOUNDS), tmp_path)
     try:
         run.wait_for_line("step 1: saved checkpoint", timeout_s=300)  # step 2 starts next
         tree = psutil.Process(run.proc.pid).children(recursive=True)
-        (engine,) = [p for p in tree if "VllmGenerationWorker" in " ".join(p.cmdline())]
+        environment, policy = _one(tree, "ReasoningGymEnvironment"), _one(tree, "DTensorPolicyWorker")
+        # the driver's step call to the environment actor waits (step 2's rollout)
+        env_warning = _named_while_stopped(run, environment)
+        run.wait_for_line("step 3: saved checkpoint", timeout_s=120)
+        # step 4's first call to the policy worker waits (its weight sync: the smoke run's samples rarely train)
+        policy_warning = _named_while_stopped(run, policy)
+        saved = run.wait_for_line("step ", timeout_s=120)
+        while ": saved checkpoint" not in saved:
+            saved = run.wait_for_line("step ", timeout_s=120)
+        engine = _one(tree, "VllmGenerationWorker")
         engine.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         code = run.wait_for_exit(timeout_s=120)
@@ -55,4 +81,6 @@ def test_a_stopped_engine_is_named_then_the_run_stops(tmp_path):
     with open(stack.group(1)) as dump:  # py-spy's dump of the stopped engine: its Python threads
         assert f"Process {engine.pid}:" in (text := dump.read()) and "Thread " in text, text[:2000]
     assert "Traceback" not in errors, errors[-3000:]
-    print(f"stopped {took:.1f} s after SIGSTOP:\n{warning}{verdict}")
+    assert re.search(rf"waiting on \S*ReasoningGymEnvironment\S* \(pid {environment.pid}\) step for \d+ s", env_warning)
+    assert re.search(rf"waiting on lm_policy-0 \(pid {policy.pid}\) \w+ for \d+ s", policy_warning), policy_warning
+    print(f"stopped {took:.1f} s after SIGSTOP:\n{env_warning}{policy_warning}{warning}{verdict}")
