@@ -52,7 +52,8 @@ class TokenizerConfig(SectionReads):
 class OptimizerConfig(SectionReads):
     """A torch optimizer by class path, built as ``cls(params, **kwargs)``."""
 
-    name: str = "torch.optim.AdamW"
+    name: str = "torch.optim.AdamW"  # the optimizer class's import path
+    # Its constructor's keyword arguments (lr, weight_decay, betas, eps, ...); lists become what the class expects.
     kwargs: dict[str, Any] = field(
         default_factory=lambda: {"lr": 5e-6, "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8}
     )
@@ -98,15 +99,15 @@ class LoraConfig(SectionReads):
     """``policy.dtensor_cfg.lora_cfg``: LoRA adapters (peft) on linear layers; only the adapters train and are
     checkpointed, and the engines receive merged weights (see `nemo_rl_clone.models.policy.dtensor.lora`)."""
 
-    enabled: bool = False
+    enabled: bool = False  # true: train LoRA adapters only (the base weights stay frozen)
     # Which linear layers get an adapter: all but the output head (match_all_linear), or those matching
     # target_modules (a plain name matches the last parts of a module name, e.g. "q_proj"; wildcards the full name).
     match_all_linear: bool = True
-    target_modules: list[str] = field(default_factory=list)
+    target_modules: list[str] = field(default_factory=list)  # with match_all_linear false: the layers to adapt
     exclude_modules: list[str] = field(default_factory=list)  # same matching; removed from the targets
     dim: int = 8  # the rank r
     alpha: int = 32  # the update is scaled by alpha / dim
-    dropout: float = 0.0
+    dropout: float = 0.0  # dropout probability on the adapter, in [0, 1)
     dropout_position: Literal["pre", "post"] = "post"  # on the adapter's input or output; "post" needs dropout 0
     lora_A_init: Literal["xavier", "kaiming"] = "xavier"  # lora_B starts at zero either way
     # NeMo-RL's fused Triton kernel for the same computation; accepted at any value, peft's PyTorch layers run.
@@ -151,12 +152,14 @@ class LoraConfig(SectionReads):
 
 @dataclass
 class DTensorConfig(SectionReads):
-    enabled: bool = True
+    enabled: bool = True  # the DTensor (FSDP2) backend; false with megatron_cfg.enabled true
+    # FSDP2 keeps sharded parameters, gradients and optimizer state in CPU memory (a no-op on CPU-only machines).
     cpu_offload: bool = False
-    sequence_parallel: bool = False
-    activation_checkpointing: bool = False
-    tensor_parallel_size: int = 1
-    context_parallel_size: int = 1
+    sequence_parallel: bool = False  # with tensor_parallel_size > 1: norms hold 1/TP of the tokens (Megatron's SP)
+    activation_checkpointing: bool = False  # recompute each layer's activations in the backward pass
+    tensor_parallel_size: int = 1  # each layer's weights split over this many ranks (the model's TP plan)
+    context_parallel_size: int = 1  # each sequence split over this many ranks (ring attention)
+    # Import path of a TP plan dict (module pattern → ParallelStyle) or a callable (model) -> dict; null: the model's.
     custom_parallel_plan: str | None = None
     # Project onto the vocabulary only where a loss reads a logprob (`token_mask`) or, for logprobs, where a row
     # has tokens, chunked (``policy.logprob_chunk_size``); false: full [B, S, V] logits (also the TP > 1 path).
@@ -225,10 +228,10 @@ class DTensorConfig(SectionReads):
 class DynamicBatchingConfig(SectionReads):
     """Token-budgeted microbatches of length-sorted samples (less padding)."""
 
-    enabled: bool = False
-    train_mb_tokens: int | None = None
+    enabled: bool = False  # instead of fixed-size microbatches (train_micro_batch_size, logprob_batch_size)
+    train_mb_tokens: int | None = None  # token budget of a training microbatch (padded length × rows)
     logprob_mb_tokens: int | None = None  # null: train_mb_tokens (NeMo-RL's SFT recipes leave it unset)
-    sequence_length_round: int = 64
+    sequence_length_round: int = 64  # a microbatch is padded to its longest sample rounded up to a multiple of this
 
     def check(self) -> list[tuple[str, str]]:
         if self.enabled and self.train_mb_tokens is None:
@@ -244,8 +247,8 @@ class SequencePackingConfig(SectionReads):
     """Bin-pack samples into microbatches of at most ``*_mb_tokens`` tokens, each run as one row without padding
     (DTensor backend, see `nemo_rl_clone.models.policy.workers.packed_sequences`)."""
 
-    enabled: bool = False
-    train_mb_tokens: int | None = None
+    enabled: bool = False  # instead of padded microbatches; not with dynamic_batching
+    train_mb_tokens: int | None = None  # tokens per packed training microbatch (at least one longest sample)
     logprob_mb_tokens: int | None = None  # null: train_mb_tokens (NeMo-RL's SFT recipes leave it unset)
     # Checked only when enabled (NeMo-RL reads it only then): its two other packers are not built here.
     algorithm: str = "modified_first_fit_decreasing"
@@ -280,10 +283,10 @@ class DraftConfig(SectionReads):
     ``enabled`` (the other keys configure it and do nothing while it is off)."""
 
     enabled: bool = False
-    model_name: str | None = None
-    loss_weight: float = 0.1
-    num_layers: int | None = None
-    aux_layer_indices: list[int] | None = None
+    model_name: str | None = None  # inert: the draft model
+    loss_weight: float = 0.1  # inert: the draft loss's weight
+    num_layers: int | None = None  # inert: the draft's layers
+    aux_layer_indices: list[int] | None = None  # inert: policy layers whose hidden states feed the draft
 
     def check(self) -> list[tuple[str, str]]:
         if self.enabled:
@@ -299,7 +302,7 @@ class RouterReplayConfig(SectionReads):
     """``policy.router_replay``: MoE routing replay. The engine records the experts it routes each token to and
     every trainer forward of those samples routes them to the same experts (docs/moe.md#router-replay)."""
 
-    enabled: bool = False
+    enabled: bool = False  # GRPO with MoE models only; refused elsewhere
 
 
 # bradley_terry: a reward model scored at each row's last token (RM training, reward environments); regression: a
@@ -311,7 +314,7 @@ REWARD_MODEL_TYPES = ("bradley_terry", "regression")
 class RewardModelConfig(SectionReads):
     """``policy.reward_model_cfg``: train a scalar-head (sequence-classification, 1 label) model instead of an LM."""
 
-    enabled: bool = False
+    enabled: bool = False  # true: the scalar-head model (RM training; PPO's value model)
     reward_model_type: str = "bradley_terry"  # what the head is read as: REWARD_MODEL_TYPES
 
     def check(self) -> list[tuple[str, str]]:
@@ -322,17 +325,19 @@ class RewardModelConfig(SectionReads):
 
 @dataclass
 class PolicyConfig(SectionReads):
-    model_name: str = "Qwen/Qwen2.5-1.5B"
+    model_name: str = "Qwen/Qwen2.5-1.5B"  # a Hugging Face hub id, a local HF folder or a built-in name
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    train_global_batch_size: int = 512
-    train_micro_batch_size: int = 4
-    logprob_batch_size: int = 4
-    max_total_sequence_length: int = 512
-    precision: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    max_grad_norm: float | None = 1.0
+    train_global_batch_size: int = 512  # rows per optimizer step, over all data-parallel ranks
+    train_micro_batch_size: int = 4  # rows per forward/backward on one rank; a step accumulates gbs/dp/mbs of them
+    logprob_batch_size: int = 4  # rows per microbatch of the logprob passes (policy and reference)
+    max_total_sequence_length: int = 512  # the longest row, prompt and response tokens, the policy trains or generates
+    precision: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # both backends' compute dtype
+    max_grad_norm: float | None = 1.0  # DTensor backend: clip the global gradient norm to this; null: no clipping
+    # Log-softmax over this many positions at a time, so the fp32 [B, S, V] never exists whole; null: all at once
+    # from full logits (the token-logprob head, logits_at_loss_tokens_only, uses 1,024).
     logprob_chunk_size: int | None = None
-    make_sequence_length_divisible_by: int = 1
-    refit_buffer_size_gb: float | None = None
+    make_sequence_length_divisible_by: int = 1  # collated rows are padded to a multiple of this length
+    refit_buffer_size_gb: float | None = None  # bucket size of the weight sync to the engines; null: 0.25 GiB
     # The DTensor backend's torch optimizer and LR scheduler; the Megatron backend builds its own from
     # megatron_cfg.optimizer / megatron_cfg.scheduler, and these must then be null.
     optimizer: OptimizerConfig | None = field(default_factory=OptimizerConfig)
@@ -356,8 +361,8 @@ class PolicyConfig(SectionReads):
     offload_optimizer_for_logprob: bool = False
     # Refused when set: see _check_unsupported_features.
     activation_checkpointing_enabled: bool = False
-    dequantize_base_checkpoint: bool = False
-    quant_cfg: str | None = None
+    dequantize_base_checkpoint: bool = False  # dequantize an FP8-quantized base checkpoint on load
+    quant_cfg: str | None = None  # ModelOpt quantized training
     # Ours: the policy backend by registry name or "package.module:ATTRIBUTE" (a `PolicyBackend`); null derives it
     # from dtensor_cfg.enabled / megatron_cfg.enabled as NeMo-RL does (see `nemo_rl_clone.models.policy.backends`).
     backend: str | None = None

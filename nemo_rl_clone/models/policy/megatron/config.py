@@ -39,17 +39,17 @@ _LOCAL_SPEC = "needs Transformer Engine, and this backend builds Megatron's loca
 class MegatronOptimizerConfig(SectionReads):
     """Megatron's optimizer: Adam with decoupled weight decay (AdamW) or SGD, over fp32 master weights."""
 
-    optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = 5e-6
+    optimizer: Literal["adam", "sgd"] = "adam"  # adam: AdamW (decoupled weight decay); sgd: with momentum
+    lr: float = 5e-6  # the peak learning rate: the scheduler warms up to it, then decays to min_lr
     min_lr: float = 5e-7  # the floor of the decaying lr_decay_styles
-    weight_decay: float = 0.01
+    weight_decay: float = 0.01  # the scheduler's start/end_weight_decay set each step's decay (Megatron's rule)
     bf16: bool | None = None  # null: follow policy.precision; set, it must agree with it
-    fp16: bool | None = None
+    fp16: bool | None = None  # as bf16, for float16
     params_dtype: str = "float32"  # the model's parameters: float32, or the half compute dtype (main weights stay fp32)
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    sgd_momentum: float = 0.9
+    adam_beta1: float = 0.9  # Adam's first-moment decay, in [0, 1)
+    adam_beta2: float = 0.999  # Adam's second-moment decay, in [0, 1)
+    adam_eps: float = 1e-8  # added to Adam's denominator
+    sgd_momentum: float = 0.9  # optimizer: sgd only
     use_distributed_optimizer: bool = True  # optimizer state sharded over data-parallel ranks
     # TE's FusedAdam with master weights/moments in chosen dtypes; at the default fp32 dtypes the same update as
     # Megatron's distributed Adam, which runs instead here (no TE): accepted, noted in the log (`local_spec_notes`).
@@ -84,9 +84,9 @@ class MegatronDDPConfig(SectionReads):
     """Megatron DDP (``DistributedDataParallelConfig``). The two overlaps need CUDA streams: the worker refuses
     them at start-up on a machine without CUDA."""
 
-    grad_reduce_in_fp32: bool = False
-    overlap_grad_reduce: bool = False
-    overlap_param_gather: bool = False
+    grad_reduce_in_fp32: bool = False  # gradients kept and reduced over DP ranks in fp32 (else the compute dtype)
+    overlap_grad_reduce: bool = False  # the gradient reduce overlaps the backward pass (CUDA only)
+    overlap_param_gather: bool = False  # the distributed optimizer's all-gather overlaps the forward (CUDA only)
     use_custom_fsdp: bool = False  # refused
     data_parallel_sharding_strategy: str = "optim_grads_params"  # custom FSDP's only: the default alone
 
@@ -96,9 +96,9 @@ class MegatronFP8Config(SectionReads):
     """Refused through ``enabled``; the other keys configure FP8 training and do nothing while it is off."""
 
     enabled: bool = False
-    fp8: str = "e4m3"
-    fp8_recipe: str = "blockwise"
-    fp8_param: bool = False
+    fp8: str = "e4m3"  # inert: the FP8 format
+    fp8_recipe: str = "blockwise"  # inert: the FP8 scaling recipe
+    fp8_param: bool = False  # inert: parameters kept in FP8
 
 
 @dataclass
@@ -106,15 +106,15 @@ class MegatronPeftConfig(SectionReads):
     """LoRA on the decoder's linear layers (`megatron.lora`); the other keys do nothing while it is off."""
 
     enabled: bool = False
-    target_modules: list[str] = field(default_factory=list)
-    exclude_modules: list[str] = field(default_factory=list)
-    dim: int = 8
-    alpha: int = 32
-    dropout: float = 0.0
-    dropout_position: str = "post"
-    lora_A_init_method: str = "xavier"
-    lora_B_init_method: str = "zero"
-    a2a_experimental: bool = False
+    target_modules: list[str] = field(default_factory=list)  # layer name patterns; empty: every decoder linear layer
+    exclude_modules: list[str] = field(default_factory=list)  # patterns of targeted layers to leave out
+    dim: int = 8  # the adapters' rank
+    alpha: int = 32  # the update is scaled by alpha / dim
+    dropout: float = 0.0  # in [0, 1); > 0 refused with tensor_model_parallel_size > 1
+    dropout_position: str = "post"  # "pre": dropout on the adapter's input; "post": on its update
+    lora_A_init_method: str = "xavier"  # only "xavier"
+    lora_B_init_method: str = "zero"  # only "zero": the run starts as the base model
+    a2a_experimental: bool = False  # all-to-all LoRA of MoE experts: refused
     lora_dtype: str | None = None  # NeMo-RL's recipes write the string "None"
 
 
@@ -124,7 +124,7 @@ class MegatronConfig(SectionReads):
     policy with Megatron Core: TP × PP × DP, Megatron DDP and distributed optimizer, HF weights converted in memory
     at start-up."""
 
-    enabled: bool = False
+    enabled: bool = False  # true: train with Megatron Core (dtensor_cfg.enabled must be false)
     # The HF → Megatron conversion always runs in memory at start-up (there is no converted-weights cache), so
     # every start is a fresh conversion whatever this says.
     force_reconvert_from_hf: bool = False
@@ -133,14 +133,14 @@ class MegatronConfig(SectionReads):
     train_iters: int | None = None
     env_vars: dict[str, str] | None = field(default_factory=dict)  # set in each worker; null: none
     empty_unused_memory_level: int = 1  # 0, 1 or 2: how often the worker empties the CUDA cache (NeMo-RL's levels)
-    activation_checkpointing: bool = False
-    recompute_granularity: Literal["full", "selective"] = "full"
+    activation_checkpointing: bool = False  # recompute activations in the backward pass (recompute_granularity)
+    recompute_granularity: Literal["full", "selective"] = "full"  # full: whole layers; selective: recompute_modules
     recompute_modules: list[str] | None = None  # selective only; null: Megatron's ["core_attn"]
     converter_type: str | None = None  # null: the model's config.json architectures[0]
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
+    tensor_model_parallel_size: int = 1  # TP: each layer's weights split over this many ranks
+    pipeline_model_parallel_size: int = 1  # PP: the layers split into this many stages
     num_layers_in_first_pipeline_stage: int | None = None  # null: layers split evenly over the stages
-    num_layers_in_last_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None  # null: layers split evenly over the stages
     context_parallel_size: int = 1  # each sample split over this many ranks; needs policy.sequence_packing
     # MoE models: each expert's MLP split over this many ranks (Megatron keeps it apart from the attention's TP).
     expert_tensor_parallel_size: int = 1
@@ -148,36 +148,36 @@ class MegatronConfig(SectionReads):
     pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # null: policy.precision
     # With tensor_model_parallel_size > 1: norms and residuals hold 1/TP of the tokens (Megatron needs it for MoE).
     sequence_parallel: bool = False
-    attention_backend: str = "auto"
+    attention_backend: str = "auto"  # auto, local or unfused (the local spec's attention); flash/fused refused (TE)
     apply_rope_fusion: bool = (
         False  # a fused-kernel speed option: RoPE runs unfused in the local spec (`local_spec_notes`)
     )
-    bias_activation_fusion: bool = True
+    bias_activation_fusion: bool = True  # Megatron's fused SwiGLU in the MLPs
     gradient_accumulation_fusion: bool = False  # refused
-    defer_fp32_logits: bool = False
+    defer_fp32_logits: bool = False  # half precision: the model returns logits in its dtype, not cast to fp32
     use_fused_weighted_squared_relu: bool = False  # refused
     use_linear_ce_fusion_loss: bool = False  # training computes token logprobs from hidden states (`linear_ce`)
     linear_ce_fusion_chunk_size: int | None = None  # positions per chunk of that; null: NeMo-RL's 256
     mtp_num_layers: int = 0  # multi-token prediction: refused when set
-    mtp_loss_scaling_factor: float = 0.0
-    mtp_use_repeated_layer: bool = False
-    mtp_detach_heads: bool = False
+    mtp_loss_scaling_factor: float = 0.0  # MTP only: refused when set
+    mtp_use_repeated_layer: bool = False  # MTP only: refused when set
+    mtp_detach_heads: bool = False  # MTP only: refused when set
     # MoE keys: read for MoE models (`moe.py` says which values run), inert on dense ones. NeMo-RL's defaults;
     # null: Megatron's own.
     freeze_moe_router: bool = True  # the routers keep their initial weights
     moe_aux_loss_coeff: float = 0.0  # the load-balancing loss's weight (moe_router_load_balancing_type)
-    moe_router_dtype: str | None = "fp64"
-    moe_router_load_balancing_type: str = "none"
-    moe_router_bias_update_rate: float = 0.0
-    moe_router_enable_expert_bias: bool | None = None
-    moe_token_dispatcher_type: str = "alltoall"
-    moe_permute_fusion: bool = True
-    moe_grouped_gemm: bool | None = None
-    moe_enable_deepep: bool = False
-    moe_shared_expert_overlap: bool = False
-    moe_per_layer_logging: bool = False
-    moe_flex_dispatcher_backend: str | None = None
-    moe_hybridep_num_sms: int | None = None
+    moe_router_dtype: str | None = "fp64"  # the router's softmax and top-k: fp32, fp64 or null
+    moe_router_load_balancing_type: str = "none"  # none, aux_loss, seq_aux_loss or global_aux_loss
+    moe_router_bias_update_rate: float = 0.0  # passed to Megatron; acts only with the (refused) expert bias
+    moe_router_enable_expert_bias: bool | None = None  # aux-loss-free expert bias: refused (softmax routers)
+    moe_token_dispatcher_type: str = "alltoall"  # alltoall (needs CUDA) or allgather
+    moe_permute_fusion: bool = True  # accepted, logged: tokens are permuted unfused (no TE)
+    moe_grouped_gemm: bool | None = None  # refused: experts run one by one (SequentialMLP)
+    moe_enable_deepep: bool = False  # DeepEP token dispatch: refused
+    moe_shared_expert_overlap: bool = False  # refused: Qwen3-MoE has no shared experts
+    moe_per_layer_logging: bool = False  # per-layer MoE metrics: refused
+    moe_flex_dispatcher_backend: str | None = None  # the flex dispatcher (DeepEP/HybridEP): refused
+    moe_hybridep_num_sms: int | None = None  # inert: the refused HybridEP backend's SMs
     peft: MegatronPeftConfig = field(default_factory=MegatronPeftConfig)
     fp8_cfg: MegatronFP8Config = field(default_factory=MegatronFP8Config)
     optimizer: MegatronOptimizerConfig = field(default_factory=MegatronOptimizerConfig)
