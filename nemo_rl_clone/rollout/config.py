@@ -14,21 +14,21 @@ from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least
 class RolloutLoopConfig(SectionReads):
     """The step loop's keys every rollout-based algorithm has (its section composes this class)."""
 
-    num_prompts_per_step: int = 32
-    num_generations_per_prompt: int = 16
-    max_rollout_turns: int = 1
-    max_num_epochs: int = 1
-    max_num_steps: int = 1000000
-    val_period: int = 10
-    val_at_start: bool = False
-    val_at_end: bool = False
+    num_prompts_per_step: int = 32  # prompts each step draws
+    num_generations_per_prompt: int = 16  # responses sampled per prompt (a group)
+    max_rollout_turns: int = 1  # an episode ends after this many generate + environment turns
+    max_num_epochs: int = 1  # passes over the training prompts; the run stops at this or max_num_steps
+    max_num_steps: int = 1000000  # training steps; the run stops at this or max_num_epochs
+    val_period: int = 10  # validate every this many steps; 0: never (val_at_start too)
+    val_at_start: bool = False  # validate before the first step (with val_period > 0)
+    val_at_end: bool = False  # validate after the last step
     # null (NeMo-RL's NeMo-Gym recipes): every validation row, in one batch.
     max_val_samples: int | None = 256
-    val_batch_size: int | None = 256
+    val_batch_size: int | None = 256  # validation prompts per generation batch; null: all in one
     # NeMo-RL's GRPO key: samples per validation prompt. accuracy / mean_reward / avg_length average all of them
     # (mean@k); pass@k is the share of prompts with a correct one.
     num_val_generations_per_prompt: int = 1
-    seed: int = 42
+    seed: int = 42  # seeds torch/numpy/random, the prompt shuffling and every sample's generation seed
 
     def check(self) -> list[tuple[str, str]]:
         return check_at_least(
@@ -63,9 +63,9 @@ class RewardShapingConfig(SectionReads):
     NeMo-RL, where the coefficient takes precedence over the overlong keys."""
 
     enabled: bool = False
-    overlong_buffer_length: int = 128
+    overlong_buffer_length: int = 128  # the penalty grows linearly over the last this many tokens before the limit
     overlong_buffer_penalty: float = 1.0
-    max_response_length: int | None = None
+    max_response_length: int | None = None  # DAPO's limit in response tokens (required for its penalty)
     stop_properly_penalty_coef: float | None = None
 
     def check(self) -> list[tuple[str, str]]:
@@ -82,11 +82,11 @@ class RewardShapingConfig(SectionReads):
 class RewardScalingConfig(SectionReads):
     """Linear map of rewards from [source_min, source_max] to [target_min, target_max] (clamped)."""
 
-    enabled: bool = False
-    source_min: float = 0.0
-    source_max: float = 1.0
-    target_min: float = 0.0
-    target_max: float = 1.0
+    enabled: bool = False  # scale each sample's environment reward before shaping and advantages
+    source_min: float = 0.0  # rewards below are clamped to it first
+    source_max: float = 1.0  # rewards above are clamped to it first
+    target_min: float = 0.0  # what source_min maps to
+    target_max: float = 1.0  # what source_max maps to
 
     def check(self) -> list[tuple[str, str]]:
         if self.enabled and self.source_max <= self.source_min:
@@ -99,9 +99,10 @@ class RewardedLoopConfig(RolloutLoopConfig):
     """The keys of a loop that trains on rewards (``grpo``, ``ppo``): sample filtering, DAPO's dynamic sampling, the
     reference pass, reward scaling and shaping."""
 
-    overlong_filtering: bool = False
+    overlong_filtering: bool = False  # truncated responses train nothing (sample_mask 0)
+    # DAPO's dynamic sampling: a step trains only prompt groups whose rewards differ, generating more batches to fill.
     use_dynamic_sampling: bool = False
-    dynamic_sampling_max_gen_batches: int = 10
+    dynamic_sampling_max_gen_batches: int = 10  # generation batches per step before dynamic sampling gives up
     # With dynamic sampling, each generation batch draws int(num_prompts_per_step * batch_multiplier) prompts, so
     # that enough groups with signal remain after filtering (NeMo-RL's key; without dynamic sampling it must be 1).
     batch_multiplier: float = 1.0

@@ -45,7 +45,7 @@ class AdvEstimatorConfig(SectionReads):
     ``normalize_rewards`` / ``use_leave_one_out_baseline`` default to the flat ``grpo.*`` keys and override them
     when set; ``minus_baseline`` is REINFORCE++'s; ``std`` (ours) picks the std GRPO divides by."""
 
-    name: str = "grpo"
+    name: str = "grpo"  # grpo, rloo, reinforce_plus_plus, gdpo, or a class path package.module.Class
     minus_baseline: bool = True
     normalize_rewards: bool | None = None
     use_leave_one_out_baseline: bool | None = None
@@ -98,10 +98,10 @@ class AsyncGRPOConfig(SectionReads):
     """Async GRPO (`nemo_rl_clone.rollout.async_rollouts`): the engines generate the next steps' rollouts while the
     trainer trains, on rollouts at most ``max_trajectory_age_steps`` training steps old."""
 
-    enabled: bool = False
+    enabled: bool = False  # the engines generate ahead while the trainer trains
     max_trajectory_age_steps: int = 1
-    in_flight_weight_updates: bool = False
-    recompute_kv_cache_after_weight_updates: bool = False
+    in_flight_weight_updates: bool = False  # refit the engines while requests run (they go on with the new weights)
+    recompute_kv_cache_after_weight_updates: bool = False  # refused: running requests keep their KV cache
 
     def check(self) -> list[tuple[str, str]]:
         if not self.enabled:
@@ -130,16 +130,16 @@ class AsyncGRPOConfig(SectionReads):
 class GRPOConfig(RewardedLoopConfig):
     """``grpo``: the shared loop keys (`RewardedLoopConfig`) and GRPO's own."""
 
-    normalize_rewards: bool = True
-    use_leave_one_out_baseline: bool = True
+    normalize_rewards: bool = True  # divide advantages by the group's reward std (adv_estimator.std)
+    use_leave_one_out_baseline: bool = True  # baseline: the mean of the group's other samples, not of all
     # Ours, not NeMo-RL's: when dynamic sampling finds too few groups with signal in time, fill the batch with groups
     # that train nothing instead of stopping the run (NeMo-RL's behaviour, the default).
     dynamic_sampling_fill_without_signal: bool = False
     # Advantages are clamped into [advantage_clip_low, advantage_clip_high] (null: that side is open).
     advantage_clip_low: float | None = None
-    advantage_clip_high: float | None = None
-    invalid_tool_call_advantage: float | None = None
-    malformed_thinking_advantage: float | None = None
+    advantage_clip_high: float | None = None  # the clamp's upper bound
+    invalid_tool_call_advantage: float | None = None  # NeMo-Gym's flagged messages' fixed advantage: only null
+    malformed_thinking_advantage: float | None = None  # NeMo-Gym's flagged messages' fixed advantage: only null
     # Samples whose mean per-token exp|lp_gen − lp_prev| (the token_mult_prob_error of that sequence) exceeds this
     # train nothing (sample_mask 0); null keeps every sample.
     seq_logprob_error_threshold: float | None = None

