@@ -53,11 +53,11 @@ DEFAULT_MASTER_PORT_RANGE_HIGH = 28000
 class ClusterConfig(SectionReads):
     """``cluster`` section of the run config (NeMo-RL's keys). On CPU machines a "GPU" is one CPU worker slot."""
 
-    gpus_per_node: int = 1
-    num_nodes: int = 1
+    gpus_per_node: int = 1  # worker slots per node (GPUs; on CPU machines, CPU worker slots)
+    num_nodes: int = 1  # nodes the training cluster spans (checked against the Ray cluster's)
     # The ports the worker groups' torch.distributed rendezvous (MASTER_PORT) may use; null: NeMo-RL's 25000-28000.
     master_port_range_low: int | None = None
-    master_port_range_high: int | None = None
+    master_port_range_high: int | None = None  # the range's last port
     # Nodes per NVLink-domain segment (`segment_topology`): the run's nodes are taken in whole segments of one
     # domain each. Null: placement ignores domains. Whether num_nodes divides into segments is checked at start-up,
     # and only when the nodes report domains (a CPU machine never does), as NeMo-RL does.

@@ -12,7 +12,7 @@ from nemo_rl_clone.utils.config_validation import SectionReads
 class EntropyMonitorConfig(SectionReads):
     """Entropy collapse: ``train/approx_entropy`` below ``min_ratio`` × its early-run value."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: this monitor neither logs nor warns
     min_ratio: float = 0.3
 
     def check(self) -> list[tuple[str, str]]:
@@ -26,7 +26,7 @@ class SpikeMonitorConfig(SectionReads):
     """A spike: the statistic above ``factor`` × its recent median and above ``floor`` (below the floor nothing is a
     spike, however small the median), or above ``bound`` at any time (null: no absolute bound)."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: this monitor neither logs nor warns
     factor: float = 5.0
     floor: float = 0.05
     bound: float | None = None
@@ -68,9 +68,9 @@ class LengthMonitorConfig(SectionReads):
     """Length drift: the mean response length outside [min_ratio, max_ratio] × its early-run value, or more than
     ``max_truncation_rate`` of the responses cut at the token limit."""
 
-    enabled: bool = True
-    min_ratio: float = 0.3
-    max_ratio: float = 3.0
+    enabled: bool = True  # false: this monitor neither logs nor warns
+    min_ratio: float = 0.3  # warn when the mean response length falls below this × its early-run value
+    max_ratio: float = 3.0  # or rises above this × it
     max_truncation_rate: float = 0.5
 
     def check(self) -> list[tuple[str, str]]:
@@ -91,7 +91,7 @@ class ZeroVarianceMonitorConfig(SectionReads):
     Judged on a mean over steps because one step holds few groups (the main job: 8), so a single step's share
     jumps by 1/8 at a time and would flip the alert on and off."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: this monitor neither logs nor warns
     max_fraction: float = 0.8
     num_steps: int = 5
 
@@ -111,10 +111,10 @@ class RewardValidationMonitorConfig(SectionReads):
     """Over the last ``num_validations`` validations the training reward rose while ``validation/<metric>`` fell
     by more than ``min_drop``."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: this monitor neither logs nor warns
     num_validations: int = 3
     min_drop: float = 0.02
-    metric: str = "accuracy"
+    metric: str = "accuracy"  # the validation/<metric> compared with the training reward
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
@@ -131,7 +131,7 @@ class MonitorsConfig(SectionReads):
     its mean over the first that many steps; ``window``: a spike is measured against the median of that many
     previous steps. Relative thresholds act once ``baseline_steps`` steps are seen."""
 
-    enabled: bool = True
+    enabled: bool = True  # false: no monitor runs, and no monitor/* metrics are logged
     baseline_steps: int = 3
     window: int = 10
     entropy: EntropyMonitorConfig = field(default_factory=EntropyMonitorConfig)

@@ -77,12 +77,12 @@ class CheckpointingConfig(SectionReads):
     ``safetensors`` (``model.safetensors``) or ``torch_save`` (``pytorch_model.bin``).
     """
 
-    enabled: bool = True
-    checkpoint_dir: str = "results/grpo"
+    enabled: bool = True  # false: no checkpoints saved or resumed from
+    checkpoint_dir: str = "results/grpo"  # holds step_N folders; a run resumes from its latest
     metric_name: str | None = "val:accuracy"
-    higher_is_better: bool = True
-    keep_top_k: int | None = 3
-    save_period: int = 10
+    higher_is_better: bool = True  # how keep_top_k ranks metric_name
+    keep_top_k: int | None = 3  # keep the k best by metric_name (no metric: the k latest) and the latest; null: all
+    save_period: int = 10  # save every this many steps
     checkpoint_must_save_by: str | None = None
     # null (NeMo-RL's value for DCP-only and Megatron checkpoints): no consolidated folder, so no format to pick.
     model_save_format: str | None = "safetensors"

@@ -58,8 +58,8 @@ METRICS_FILENAME = "metrics.jsonl"
 
 @dataclass
 class WandbConfig(SectionReads):
-    project: str = "nemo-rl-clone"
-    name: str = "run"
+    project: str = "nemo-rl-clone"  # the wandb project
+    name: str = "run"  # the wandb run's name
     mode: str = "offline"  # online | offline | disabled
     entity: str | None = None  # the wandb team or user the run goes under (None: wandb's default)
 
@@ -74,8 +74,8 @@ class TensorboardConfig(SectionReads):
 class SwanlabConfig(SectionReads):
     """SwanLab's run naming; refused through ``logger.swanlab_enabled`` (the swanlab package is not a dependency)."""
 
-    project: str = "nemo-rl-clone"
-    name: str = "run"
+    project: str = "nemo-rl-clone"  # inert: SwanLab's project
+    name: str = "run"  # inert: SwanLab's run name
 
 
 @dataclass
@@ -96,8 +96,8 @@ GPUMonitoringConfig = GpuMonitoringConfig  # NeMo-RL's spelling
 
 @dataclass
 class MLflowConfig(SectionReads):
-    experiment_name: str = "nemo-rl-clone"
-    run_name: str = "run"
+    experiment_name: str = "nemo-rl-clone"  # the MLflow experiment (created if missing)
+    run_name: str = "run"  # a new MLflow run's name
     tracking_uri: str | None = None  # None -> file store at <log_dir>/mlruns
     run_id: str | None = None  # an existing run to log into (resuming it) instead of a new one
     artifact_location: str | None = None  # where a new experiment stores its artifacts (None: the server's default)
@@ -105,12 +105,12 @@ class MLflowConfig(SectionReads):
 
 @dataclass
 class LoggerConfig(SectionReads):
-    log_dir: str = "logs"
-    num_val_samples_to_print: int = 0
-    wandb_enabled: bool = False
-    tensorboard_enabled: bool = False
-    mlflow_enabled: bool = False
-    monitor_gpus: bool = True
+    log_dir: str = "logs"  # each run logs into a fresh log_dir/exp_N
+    num_val_samples_to_print: int = 0  # validation samples printed per validation (RL runs; others: only 0)
+    wandb_enabled: bool = False  # log to wandb (logger.wandb), into exp_N/wandb
+    tensorboard_enabled: bool = False  # write TensorBoard event files (logger.tensorboard)
+    mlflow_enabled: bool = False  # log to MLflow (logger.mlflow)
+    monitor_gpus: bool = True  # on GPU nodes: log each GPU's utilisation and memory (logger.gpu_monitoring)
     swanlab_enabled: bool = False  # refused when true
     wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard: TensorboardConfig = field(default_factory=TensorboardConfig)

@@ -39,12 +39,12 @@ class WatchdogConfig(SectionReads):
     """The ``watchdog`` section. The defaults never fire on a healthy run: a first compile or a first save can take
     minutes, so the minimums are generous; tests and impatient users lower them."""
 
-    enabled: bool = True
-    warn_factor: float = 5.0
-    warn_min_s: float = 300.0
-    stop_factor: float = 20.0
-    stop_min_s: float = 1800.0
-    poll_s: float = 1.0
+    enabled: bool = True  # false: no watchdog
+    warn_factor: float = 5.0  # warn once when a phase runs longer than this × its median so far
+    warn_min_s: float = 300.0  # and at least this many seconds
+    stop_factor: float = 20.0  # stop the run (exit code 124) past this × the median
+    stop_min_s: float = 1800.0  # and at least this many seconds
+    poll_s: float = 1.0  # seconds between two checks of the bounds
 
     def check(self) -> list[tuple[str, str]]:
         problems = [

@@ -31,10 +31,10 @@ class DPOConfig(SupervisedLoopConfig):
     max_num_steps: int = 150
     val_period: int = 25
     reference_policy_kl_penalty: float = 0.05
-    preference_average_log_probs: bool = False
-    sft_average_log_probs: bool = False
-    preference_loss_weight: float = 1.0
-    sft_loss_weight: float = 0.0
+    preference_average_log_probs: bool = False  # each row's reward is its token mean of lp − lp_ref, not the sum
+    sft_average_log_probs: bool = False  # the NLL term is the chosen row's token mean, not the sum
+    preference_loss_weight: float = 1.0  # the DPO term's weight
+    sft_loss_weight: float = 0.0  # the weight of an NLL term on the chosen responses
 
     def loss_config(self) -> DPOLossConfig:
         return DPOLossConfig(**{key: getattr(self, key) for key in _LOSS_KEYS})

@@ -15,31 +15,33 @@ from nemo_rl_clone.utils.config_validation import ConfigError, SectionReads, as_
 class ClippedPGLossConfig(SectionReads):
     """`loss_fn` section of a GRPO config (NeMo-RL's keys and defaults)."""
 
-    reference_policy_kl_penalty: float = 0.01
-    reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"
+    reference_policy_kl_penalty: float = 0.01  # β of the KL-to-reference term; 0: no term and no reference pass
+    reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"  # the KL estimator of d = lp_ref − lp
     # Bounds on |log π_ref − log π| before the KL estimator and on the estimator's value (null: unbounded).
     kl_input_clamp_value: float | None = 20.0
-    kl_output_clamp_value: float | None = 10.0
-    ratio_clip_min: float = 0.2
-    ratio_clip_max: float = 0.2
+    kl_output_clamp_value: float | None = 10.0  # bound on the estimate (the clamp above's second half)
+    ratio_clip_min: float = 0.2  # the ratio is clipped at 1 − ratio_clip_min below
+    ratio_clip_max: float = 0.2  # and at 1 + ratio_clip_max above (DAPO's clip-higher: larger)
+    # Dual clip: a negative-advantage token's loss is at most −A·c (c > 1); null: off.
     ratio_clip_c: float | None = None
+    # The KL term's weight is exp(lp − lp_gen) (the tokens came from the generator), not exactly 1.
     use_on_policy_kl_approximation: bool = False
-    use_importance_sampling_correction: bool = False
-    truncated_importance_sampling_ratio: float | None = None
+    use_importance_sampling_correction: bool = False  # each token's loss × exp(lp_prev − lp_gen), detached
+    truncated_importance_sampling_ratio: float | None = None  # the upper bound on that weight; null: none
     # What the truncation does with weights outside [ratio_min, ratio]: "tis" clamps above; "icepop" zeroes tokens;
     # "seq-mask-tis" zeroes whole sequences by their geometric-mean weight. null means "tis".
     truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
-    truncated_importance_sampling_ratio_min: float | None = None
-    sequence_level_importance_ratios: bool = False
-    token_level_loss: bool = True
-    disable_ppo_ratio: bool = False
+    truncated_importance_sampling_ratio_min: float | None = None  # the lower bound of icepop / seq-mask-tis
+    sequence_level_importance_ratios: bool = False  # GSPO: one ratio per sequence (needs token_level_loss false)
+    token_level_loss: bool = True  # the mean over the batch's tokens; false: each sequence's token mean, averaged
+    disable_ppo_ratio: bool = False  # REINFORCE / RLOO: L = −A·lp, no ratio or clipping
     # lp_prev := stop-grad(lp). Exact when each rollout batch gets one optimizer step (on-policy), and it spares the
     # trainer a logprob pass per step; `prev_logprobs` is then not needed.
     force_on_policy_ratio: bool = False
     # CISPO (MiniMax-M1): L = −sg(clip(r, 1 − ratio_clip_min, 1 + ratio_clip_max))·A·lp.
     use_cispo: bool = False
-    positive_example_nll_weight: float = 0.0
-    use_kl_in_reward: bool = False
+    positive_example_nll_weight: float = 0.0  # VAPO's NLL term on positive examples: only 0
+    use_kl_in_reward: bool = False  # the KL as a reward penalty: only false (it is a loss term here)
     # Ours: the training pass leaves out samples whose every term is zero (advantage 0 on all their tokens, or
     # sample_mask 0) while dividing by the whole batch's counts, so the gradient is unchanged. Only without a KL term,
     # whose gradient does not vanish with the advantage; false trains every sample (docs/grpo.md).
@@ -140,10 +142,10 @@ class DPOLossConfig:
     """`dpo` loss keys of a DPO config (NeMo-RL's names and defaults)."""
 
     reference_policy_kl_penalty: float = 0.05
-    preference_loss_weight: float = 1.0
-    sft_loss_weight: float = 0.0
-    preference_average_log_probs: bool = False
-    sft_average_log_probs: bool = False
+    preference_loss_weight: float = 1.0  # the DPO term's weight
+    sft_loss_weight: float = 0.0  # the weight of an NLL term on the chosen responses
+    preference_average_log_probs: bool = False  # each row's reward is its token mean of lp − lp_ref, not the sum
+    sft_average_log_probs: bool = False  # the NLL term is the chosen row's token mean, not the sum
 
     def check(self) -> list[tuple[str, str]]:
         """(key, message) for every impossible value; types are checked by `validate_config`."""

@@ -52,9 +52,9 @@ LOG_INFINITESIMAL = -100.0
 class DistillationLossConfig(SectionReads):
     """`loss_fn` section of a distillation config (NeMo-RL's keys and its recipe's defaults)."""
 
-    kl_type: Literal["forward", "reverse", "mixed"] = "forward"
-    mixed_kl_weight: float = 0.5
-    zero_outside_topk: bool = False
+    kl_type: Literal["forward", "reverse", "mixed"] = "forward"  # forward KL(teacher || student), reverse, or both
+    mixed_kl_weight: float = 0.5  # mixed: the forward KL's weight, in [0, 1]
+    zero_outside_topk: bool = False  # the student's full softmax read at the teacher's top k, not renormalised there
 
     def check(self) -> list[tuple[str, str]]:
         if not 0.0 <= self.mixed_kl_weight <= 1.0:

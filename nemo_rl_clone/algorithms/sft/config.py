@@ -22,7 +22,7 @@ from nemo_rl_clone.utils.watchdog import WatchdogConfig
 class SFTConfig(SupervisedLoopConfig):
     """The ``sft`` section: the shared loop keys (NeMo-RL's names and defaults)."""
 
-    only_unmask_final: bool = False
+    only_unmask_final: bool = False  # train on the final assistant turn only: refused (every assistant turn trains)
 
     def check(self) -> list[tuple[str, str]]:
         problems = super().check()

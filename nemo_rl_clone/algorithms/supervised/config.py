@@ -37,9 +37,9 @@ class SupervisedLoopConfig(SectionReads):
     val_batches: int = 8
     val_global_batch_size: int = 32
     val_micro_batch_size: int = 1
-    val_at_start: bool = True
+    val_at_start: bool = True  # validate before the first step
     val_at_end: bool = False
-    seed: int = 42
+    seed: int = 42  # seeds torch/numpy/random, the data shuffling and the validation hold-out split
 
     @property
     def step_limit(self) -> float:
