@@ -14,12 +14,12 @@ from nemo_rl_clone.utils.config_validation import SectionReads, check_at_least
 class ReasoningGymDataConfig(SectionReads):
     """``data.reasoning_gym``: a procedural task generated offline (see ``data/datasets/reasoning_gym.py``)."""
 
-    task: str = "basic_arithmetic"
-    task_kwargs: dict[str, Any] = field(default_factory=dict)
-    train_size: int = 1000
-    val_size: int = 100
-    seed: int = 42
-    one_shot_example: bool = False
+    task: str = "basic_arithmetic"  # a reasoning-gym dataset name
+    task_kwargs: dict[str, Any] = field(default_factory=dict)  # the task's config fields, e.g. {min_terms: 2}
+    train_size: int = 1000  # training rows (questions may repeat in small task spaces)
+    val_size: int = 100  # validation rows: distinct questions, none among the training rows
+    seed: int = 42  # the generation's seed
+    one_shot_example: bool = False  # prefix every question with one solved example in the <answer> format
 
     def check(self) -> list[tuple[str, str]]:
         return check_at_least(self, 1, "train_size") + check_at_least(self, 0, "val_size")
@@ -29,9 +29,9 @@ class ReasoningGymDataConfig(SectionReads):
 class SlidingPuzzleDataConfig(SectionReads):
     """``data.sliding_puzzle``: how many games to generate; the boards follow ``env.sliding_puzzle_game.cfg``."""
 
-    train_size: int = 1000
-    val_size: int = 32
-    seed: int = 42
+    train_size: int = 1000  # training games
+    val_size: int = 32  # validation games
+    seed: int = 42  # the boards' seed
 
     def check(self) -> list[tuple[str, str]]:
         return check_at_least(self, 1, "train_size") + check_at_least(self, 0, "val_size")
@@ -48,8 +48,8 @@ class DataTrainConfig(SectionReads):
     split_validation_size: float | None = None
     seed: int | None = None
     data_path: str | None = None
-    max_samples: int | None = None
-    output_key: str | None = None
+    max_samples: int | None = None  # a cap on the training rows: only null
+    output_key: str | None = None  # the answer column: null or "generated_solution" (each dataset reads its own)
 
     def check(self) -> list[tuple[str, str]]:
         problems = []
@@ -76,7 +76,7 @@ class DataValidationConfig(SectionReads):
     each validation prompt appears this many times (GRPO; each copy is sampled with its own seed)."""
 
     dataset_name: str | None = None
-    split: str | None = None
+    split: str | None = None  # null, "validation" or "test": the dataset's own validation rows
     data_path: str | None = None
     repeat: int = 1
 
@@ -99,10 +99,10 @@ class DataDefaultsConfig(SectionReads):
     onto the flat key of the same name. ``processor`` names NeMo-RL's row processor; the equivalent one here is
     picked by the dataset (math prompts for math sets, chat rows for SFT)."""
 
-    env_name: str | None = None
+    env_name: str | None = None  # the flat data.env_name: the environment that scores every row (GRPO)
     processor: str | None = None
-    prompt_file: str | None = None
-    system_prompt_file: str | None = None
+    prompt_file: str | None = None  # the flat data.prompt_file
+    system_prompt_file: str | None = None  # the flat data.system_prompt_file
 
     def check(self) -> list[tuple[str, str]]:
         if self.processor not in _EQUIVALENT_PROCESSORS:
@@ -130,7 +130,7 @@ class NeMoRLDataLayout(SectionReads):
     train: DataTrainConfig | None = None
     validation: DataValidationConfig | None = None
     default: DataDefaultsConfig | None = None
-    use_multiple_dataloader: bool = False
+    use_multiple_dataloader: bool = False  # one loader per dataset: only false (one dataset trains per run)
 
     def __post_init__(self) -> None:
         flat: dict[str, Any] = {}
@@ -186,12 +186,12 @@ DATASET_ENVIRONMENTS = {"reasoning_gym": "reasoning_gym", "sliding_puzzle": "sli
 
 @dataclass
 class DataConfig(NeMoRLDataLayout):
-    dataset_name: str = "OpenMathInstruct-2"
-    prompt_file: str | None = "examples/prompts/cot.txt"
-    system_prompt_file: str | None = None
-    max_input_seq_length: int = 512
-    shuffle: bool = True
-    num_workers: int = 1
+    dataset_name: str = "OpenMathInstruct-2"  # the prompts' dataset (data/datasets); a near-miss name is refused
+    prompt_file: str | None = "examples/prompts/cot.txt"  # a str.format template, {} for the problem; null: as is
+    system_prompt_file: str | None = None  # a file whose text is the system message; null: none
+    max_input_seq_length: int = 512  # longer prompts are cut to it and train nothing (loss_multiplier 0)
+    shuffle: bool = True  # a seeded reshuffle of the training prompts every epoch
+    num_workers: int = 1  # accepted; no effect here (NeMo-RL's DataLoader processes; rows load in the driver)
     # A local file (json/jsonl/parquet/csv) in the dataset's hub format, used instead of the hub.
     data_path: str | None = None
     # A local validation file; replaces the dataset's default validation source.
@@ -242,12 +242,12 @@ class SupervisedDataConfig(NeMoRLDataLayout):
     """The ``data`` keys SFT, DPO and reward models share; ``prompt_file`` (a ``{}`` template for the first user
     message) and ``system_prompt_file`` apply to rows that have no system message of their own."""
 
-    dataset_name: str = "champ"
+    dataset_name: str = "champ"  # the dataset (names in data/datasets); a near-miss name is refused
     data_path: str | None = None
     val_data_path: str | None = None
-    max_input_seq_length: int = 1024
-    shuffle: bool = True
-    num_workers: int = 1
+    max_input_seq_length: int = 1024  # longer rows are kept truncated and train nothing (see drop_overlong)
+    shuffle: bool = True  # a seeded reshuffle of the training rows every epoch
+    num_workers: int = 1  # accepted; no effect here (NeMo-RL's DataLoader processes; rows load in the driver)
     # Fraction of the training rows (champ: of the problems) held out for validation; null = the dataset's default.
     split_validation_size: float | None = None
     prompt_file: str | None = None
@@ -293,7 +293,7 @@ class SFTDataConfig(SupervisedDataConfig):
     # Start / end each conversation with the tokenizer's BOS / EOS token where the chat template did not (NeMo-RL's
     # sft.yaml sets both true; false keeps the template's text as is).
     add_bos: bool = False
-    add_eos: bool = False
+    add_eos: bool = False  # as add_bos, for the EOS token at the end
     # True: the assistant header before each reply counts as prompt (not trained); false: as the reply's start.
     add_generation_prompt: bool = False
 

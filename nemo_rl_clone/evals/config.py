@@ -36,8 +36,8 @@ class EvalConfig(SectionReads):
 
     metric: Literal["pass@k", "cons@k"] = "pass@k"
     num_tests_per_prompt: int = 1
-    seed: int = 42
-    k_value: int = 1
+    seed: int = 42  # sample j of problem p draws with seed (seed · 1000003 + p) · n + j; also choice shuffles
+    k_value: int = 1  # the k of pass@k / cons@k, at most num_tests_per_prompt
     save_path: str | None = None
 
     def check(self) -> list[tuple[str, str]]:
@@ -113,7 +113,7 @@ class EvalDataConfig(SectionReads):
     # NeMo-RL's form of a local set: ``dataset_name`` is the file's path or http(s) URL, read as ``file_format``
     # (null: by its extension); a file has one split, ``train``.
     split: str | None = None
-    file_format: str | None = None
+    file_format: str | None = None  # csv, json, jsonl or parquet (dataset_name "local" only); null: by extension
 
     def __post_init__(self) -> None:
         if self.dataset_name not in EVAL_DATASET_NAMES and self.data_path is None and is_data_file(self.dataset_name):

@@ -30,7 +30,7 @@ class DistillationConfig(RolloutLoopConfig):
     val_period: int = 20
     max_val_samples: int | None = 512
     val_batch_size: int | None = 64
-    topk_logits_k: int = 64
+    topk_logits_k: int = 64  # the teacher returns its k largest logits (and their ids) at every position
 
     def check(self) -> list[tuple[str, str]]:
         return super().check() + check_at_least(self, 1, "topk_logits_k")

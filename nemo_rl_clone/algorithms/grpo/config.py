@@ -212,14 +212,14 @@ class DataPlaneConfig(SectionReads):
     master config ``setup`` returns (``master_config.data_plane.get("enabled")``)."""
 
     enabled: bool = False
-    impl: str = "transfer_queue"
+    impl: str = "transfer_queue"  # the data plane's engine: only transfer_queue
     # TransferQueue's storage: "simple" (its in-memory storage units) is built; "mooncake_cpu" is refused.
     backend: str = "simple"
-    num_storage_units: int = 2
+    num_storage_units: int = 2  # storage actors, spread round-robin over the cluster's nodes
     storage_capacity: int = 1_000_000  # rows the storage units hold at most, over all units
     # Mooncake's sizes: read only by the mooncake_cpu backend.
     global_segment_size: int = 512 * 2**30
-    local_buffer_size: int = 64 * 2**30
+    local_buffer_size: int = 64 * 2**30  # bytes; Mooncake's too
     # NeMo-RL's poll cadence of a worker claiming rows; here the driver hands each rank its rows, nothing claims.
     claim_meta_poll_interval_s: float = 0.5
 
@@ -260,7 +260,7 @@ class GRPOMasterConfig(SectionReads):
     loss_fn: ClippedPGLossSection = field(default_factory=ClippedPGLossSection)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)  # one section per environment (keyed by the rows' task_name)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
@@ -268,7 +268,7 @@ class GRPOMasterConfig(SectionReads):
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
     # Not a NeMo-RL section: collapse warnings and monitor/* metrics (docs/monitors.md).
     monitors: MonitorsConfig = field(default_factory=MonitorsConfig)
-    on_policy_distillation: Any = None
+    on_policy_distillation: Any = None  # NeMo-RL's section: only null (examples/run_distillation_math.py runs it)
 
     @property
     def loop(self) -> RolloutLoopConfig:

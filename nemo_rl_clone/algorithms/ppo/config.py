@@ -56,10 +56,10 @@ class GAEConfig(SectionReads):
     1 − 1/(α·l), l the sample's response length (0 when α·l ≤ 1).
     """
 
-    name: Literal["gae", "raw_reward"] = "gae"
+    name: Literal["gae", "raw_reward"] = "gae"  # "gae"; raw_reward (the reward as advantage, no critic): refused
     gae_lambda: float = 0.95
-    gae_gamma: float = 1.0
-    normalize_advantages: bool = True
+    gae_gamma: float = 1.0  # the discount γ per response token, in [0, 1]
+    normalize_advantages: bool = True  # whiten the advantages over every response token of the batch
     gae_lambda_value: float | None = None
     gae_lambda_policy: float | None = None
     length_adaptive_alpha: float = 0.0
@@ -90,7 +90,7 @@ class MseValueLossConfig(SectionReads):
     """``value_loss_fn`` (NeMo-RL's name and defaults): L = scale · ½ · token mean of the (clipped) squared error.
     ``cliprange`` null or 0 disables the clip (NeMo-RL's ``MseValueLossFn`` clips only when it is > 0)."""
 
-    scale: float = 1.0
+    scale: float = 1.0  # the value loss's weight, >= 0
     cliprange: float | None = None
 
     def check(self) -> list[tuple[str, str]]:

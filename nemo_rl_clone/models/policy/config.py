@@ -341,6 +341,7 @@ class PolicyConfig(SectionReads):
     # The DTensor backend's torch optimizer and LR scheduler; the Megatron backend builds its own from
     # megatron_cfg.optimizer / megatron_cfg.scheduler, and these must then be null.
     optimizer: OptimizerConfig | None = field(default_factory=OptimizerConfig)
+    # torch LR schedulers, each {name, kwargs}, chained by one {milestones: [...]} entry; stepped once per train() call.
     scheduler: list[dict[str, Any]] | None = field(default_factory=_default_scheduler)
     dtensor_cfg: DTensorConfig = field(default_factory=DTensorConfig)
     megatron_cfg: MegatronConfig = field(default_factory=MegatronConfig)

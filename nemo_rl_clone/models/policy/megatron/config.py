@@ -105,7 +105,7 @@ class MegatronFP8Config(SectionReads):
 class MegatronPeftConfig(SectionReads):
     """LoRA on the decoder's linear layers (`megatron.lora`); the other keys do nothing while it is off."""
 
-    enabled: bool = False
+    enabled: bool = False  # train LoRA adapters only, the base weights frozen
     target_modules: list[str] = field(default_factory=list)  # layer name patterns; empty: every decoder linear layer
     exclude_modules: list[str] = field(default_factory=list)  # patterns of targeted layers to leave out
     dim: int = 8  # the adapters' rank
