@@ -302,7 +302,7 @@ class RouterReplayConfig(SectionReads):
     """``policy.router_replay``: MoE routing replay. The engine records the experts it routes each token to and
     every trainer forward of those samples routes them to the same experts (docs/moe.md#router-replay)."""
 
-    enabled: bool = False  # GRPO with MoE models only; refused elsewhere
+    enabled: bool = False  # GRPO with the in-process engine only; refused elsewhere
 
 
 # bradley_terry: a reward model scored at each row's last token (RM training, reward environments); regression: a

@@ -40,7 +40,7 @@ class MegatronOptimizerConfig(SectionReads):
     """Megatron's optimizer: Adam with decoupled weight decay (AdamW) or SGD, over fp32 master weights."""
 
     optimizer: Literal["adam", "sgd"] = "adam"  # adam: AdamW (decoupled weight decay); sgd: with momentum
-    lr: float = 5e-6  # the peak learning rate: the scheduler warms up to it, then decays to min_lr
+    lr: float = 5e-6  # the peak learning rate: the scheduler warms up to it, then lr_decay_style moves it to min_lr
     min_lr: float = 5e-7  # the floor of the decaying lr_decay_styles
     weight_decay: float = 0.01  # the scheduler's start/end_weight_decay set each step's decay (Megatron's rule)
     bf16: bool | None = None  # null: follow policy.precision; set, it must agree with it
