@@ -12,7 +12,8 @@ refitted engine's weights can be saved and given here). The engine first generat
 forward pass. Compared in forward order: the embeddings, then per decoder layer its input norm, attention, second
 norm, MLP and output (vLLM keeps the residual apart: its layer output is hidden + residual), the final norm and the
 logits. A difference counts when ``max |engine - trainer| / max |trainer|`` exceeds ``--tolerance`` (fp32 engines
-agree to ~1e-6 here). Llama-style decoders (Llama, Qwen2/3, Mistral: the module names both libraries share).
+agree to ~1e-6 here). Llama-style decoders (Llama, Qwen2, Qwen3 and Qwen3-MoE: the module names both libraries
+share).
 """
 
 from __future__ import annotations
