@@ -67,9 +67,9 @@ UNSUPPORTED_KEYS: dict[str, Unsupported] = {
     "grpo.calculate_advantages_on_gpu": Unsupported("", (False, True)),
     # GRPO options of NeMo-RL's NeMo-Gym and agentic recipes.
     # NeMo-Gym flags the messages these act on; NeMo-RL refuses them without NeMo-Gym.
-    "grpo.invalid_tool_call_strategy": Unsupported(f"penalising invalid tool calls ({_NEMO_GYM}' flags)", (None, "")),
-    "grpo.penalize_invalid_tool_call": Unsupported(f"penalising invalid tool calls ({_NEMO_GYM}' flags)", (False,)),
-    "grpo.penalize_malformed_thinking": Unsupported(f"penalising malformed thinking ({_NEMO_GYM}' flags)", (False,)),
+    "grpo.invalid_tool_call_strategy": Unsupported(f"penalising invalid tool calls flagged by {_NEMO_GYM}", (None, "")),
+    "grpo.penalize_invalid_tool_call": Unsupported(f"penalising invalid tool calls flagged by {_NEMO_GYM}", (False,)),
+    "grpo.penalize_malformed_thinking": Unsupported(f"penalising malformed thinking flagged by {_NEMO_GYM}", (False,)),
     "data.default.dataset_name": Unsupported(f"a default dataset for every split ({_NEMO_GYM})", (None,)),
     # Multiple datasets per run.
     "data.num_prompts_per_dataloader": Unsupported("several training dataloaders in one run"),

@@ -76,8 +76,8 @@ def test_keys_of_unbuilt_features_are_accepted_off_and_refused_on():
         "key, set to True)"
     ]
     assert problems("++grpo.penalize_malformed_thinking=true") == [
-        "grpo.penalize_malformed_thinking: not supported yet: penalising malformed thinking blocks (NeMo-RL's "
-        "key, set to True)"
+        "grpo.penalize_malformed_thinking: not supported yet: penalising malformed thinking flagged by NeMo-Gym "
+        "environments (NeMo-RL's key, set to True)"
     ]
     assert grpo("++grpo.num_val_generations_per_prompt=4").grpo.num_val_generations_per_prompt == 4  # built
     assert problems("++grpo.num_val_generation_per_prompt=1")[0].startswith(
