@@ -27,27 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from nemo_rl_clone.algorithms.distillation.config import DistillationMasterConfig
-from nemo_rl_clone.algorithms.dpo import DPOMasterConfig
-from nemo_rl_clone.algorithms.grpo.config import GRPOMasterConfig
-from nemo_rl_clone.algorithms.ppo.config import PPOMasterConfig
-from nemo_rl_clone.algorithms.rm import RMMasterConfig
-from nemo_rl_clone.algorithms.sft import SFTMasterConfig
+from nemo_rl_clone.algorithms.registry import algorithm_names, config_class
 from nemo_rl_clone.evals.config import EvalMasterConfig
 from nemo_rl_clone.utils.unsupported_keys import UNSUPPORTED_KEYS
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "config_reference.md"
 _NO_COMMENT = "(no description of its own"
-# The run each master config is read by (its algorithm section's name).
-MASTERS: dict[str, type] = {
-    "grpo": GRPOMasterConfig,
-    "ppo": PPOMasterConfig,
-    "distillation": DistillationMasterConfig,
-    "sft": SFTMasterConfig,
-    "dpo": DPOMasterConfig,
-    "rm": RMMasterConfig,
-    "eval": EvalMasterConfig,
-}
+# The run each master config is read by (its algorithm section's name): the registered algorithms, and evaluation.
+MASTERS: dict[str, type] = {**{name: config_class(name) for name in algorithm_names()}, "eval": EvalMasterConfig}
 
 
 @dataclass
