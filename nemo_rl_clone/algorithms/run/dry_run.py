@@ -1,12 +1,14 @@
-"""``--dry-run``: everything a run would check before training, and a memory plan, with no Ray, vLLM or directory.
+"""``--dry-run``: everything a run would check before training, a memory plan and a time plan, with no Ray, no
+engine and no run directory.
 
     uv run examples/run_grpo_math.py --dry-run [--config ...] [overrides ...]
 
 In order: the config (validated by the CLI already), `preflight` (model and data sources, directories writable,
 cluster.* against this machine or the running Ray cluster, optimizer), the tokenizer and the data (train and
 validation sizes, the first rows templated against ``max_input_seq_length``), the chat template's append-only
-property for multi-turn rollouts, and the memory each worker will hold at its peak against this machine's RAM (or
-the GPU's memory). Prints the plan and returns; every failure is one line (`UserInputError`: exit code 2).
+property for multi-turn rollouts, the memory each worker will hold at its peak against this machine's RAM (or
+the GPU's memory), and for GRPO-style runs a step's time per phase (`time_plan`: this machine's rates, probed and
+cached in ``~/.cache/nemo_rl_clone``, the one file a dry run may write). Prints the plan and returns; every failure is one line (`UserInputError`: exit code 2).
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ class Plan:
     workers: list[WorkerMemory] = field(default_factory=list)
     memory_name: str = ""
     memory_bytes: int = 0
+    prompt_tokens: float | None = None  # the first rows' mean templated length
+    val_rows: int | None = None
+    times: list[tuple[str, str, dict[str, float]]] = field(default_factory=list)  # (layout, assumption, phases)
+    time_source: str = ""
 
 
 def dry_run(config: Any) -> Plan:
@@ -58,6 +64,7 @@ def dry_run(config: Any) -> Plan:
         _data(config, tokenizer, plan)
         _chat_template(config, tokenizer, plan)
     plan_memory(config, plan)
+    _plan_time(config, plan)
     print_plan(plan)
     if plan.problems:
         raise UserInputError(*plan.problems)
@@ -89,10 +96,13 @@ def _data(config: Any, tokenizer: Any, plan: Plan) -> None:
     if train is None:
         return
     plan.facts.append(("data", f"{len(train)} training rows, {len(validation) if validation else 0} validation rows"))
+    max_val = getattr(getattr(config, "loop", None), "max_val_samples", None)
+    plan.val_rows = min(len(validation), max_val or len(validation)) if validation else 0
     rows = [train[i] for i in range(min(FIRST_ROWS, len(train)))]  # templates them, as the first step will
     lengths = [int(row["length"]) for row in rows if "length" in row]
     if not lengths:
         return
+    plan.prompt_tokens = sum(lengths) / len(lengths)
     plan.facts.append(("first rows", f"{len(rows)} templated, longest {max(lengths)} tokens (limit {max_length})"))
     truncated = sum(float(row.get("loss_multiplier", 1.0)) == 0.0 for row in rows)
     if truncated:
@@ -185,6 +195,13 @@ def plan_memory(config: Any, plan: Plan) -> None:
     _fits(config, plan, on_gpu)
 
 
+def _plan_time(config: Any, plan: Plan) -> None:
+    from nemo_rl_clone.algorithms.run.time_plan import has_time_plan, plan_time
+
+    if getattr(config, "policy", None) is not None and has_time_plan(config):
+        plan_time(config, plan, plan.prompt_tokens, plan.val_rows)
+
+
 def _eval_model(config: Any) -> str | None:
     """An evaluation's model when it is a model (not a training checkpoint, exported only when the run starts)."""
     model = config.generation.model_name
@@ -274,7 +291,30 @@ def print_plan(plan: Plan) -> None:
             table.add_row(column.replace("_", " "), *(f"{w.parts[column] / 1e9:.2f}" for w in plan.workers))
         table.add_row("total", *(f"{w.total / 1e9:.2f}" for w in plan.workers), style="bold")
         console.print(table)
+    if plan.times:
+        _print_times(console, plan)
     for warning in plan.warnings:
         console.print(f"[yellow]warning: {warning}")
     if not plan.problems:
-        console.print("[green]dry run: no problems found; nothing was started or written")
+        console.print("[green]dry run: no problems found; nothing was started, no run directory written")
+
+
+def _print_times(console: Any, plan: Plan) -> None:
+    """One column per layout and length assumption, one row per phase (fits an 80-column terminal)."""
+    from rich.table import Table
+
+    from nemo_rl_clone.models.time_estimate import PHASES
+
+    table = Table(title="Planned step time, s")
+    table.add_column("")
+    for index, (_, assumption, _) in enumerate(plan.times):
+        table.add_column(f"{chr(ord('A') + index // 2)}: {assumption}", justify="right")
+    for phase in (*PHASES, "step", "validation_share"):
+        style = "bold" if phase == "step" else None
+        table.add_row(phase.replace("_", " "), *(f"{times[phase]:.1f}" for _, _, times in plan.times), style=style)
+    console.print(table)
+    for index, layout in enumerate(dict.fromkeys(name for name, _, _ in plan.times)):
+        console.print(f"{chr(ord('A') + index)}: {layout}" + (" (this config)" if index == 0 else ""))
+    console.print(
+        f"bound: every response at max_new_tokens, every sample trained; half: half of each. Rates: {plan.time_source}"
+    )
