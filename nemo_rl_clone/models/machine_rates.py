@@ -12,8 +12,8 @@ The probe times the primitives a GRPO step is made of, at the model's own shapes
   load (on CPU vLLM prepacks them for oneDNN);
 - ``adam_s_per_param``: one fused AdamW step per fp32 parameter.
 
-On a GPU the same probe runs on the device. Results are cached in ``~/.cache/nemo_rl_clone/machine_rates.json``
-(``NRL_CACHE_DIR`` moves it) per device, thread count and shapes; an entry is re-measured when it is a day old, or
+On a GPU the same probe runs on the device. Results are cached in ``machine_rates.json`` beside the built-in models
+(``~/.cache/nemo_rl_clone``, or ``$NRL_CACHE_DIR``) per device, thread count and shapes; an entry is re-measured when it is a day old, or
 when a quick matmul (`quick_gflops`, ~0.1 s, run on every use) differs from the one stored with it by more than 20%
 (another machine behind the same home directory, or a busy one).
 """
@@ -33,10 +33,13 @@ from nemo_rl_clone.models.memory_estimate import PRECISION_BYTES, ModelShape
 
 MAX_AGE_S = 24 * 3600
 MAX_DRIFT = 0.2
-PROBE_VERSION = 2
+PROBE_VERSION = 4
 # Enough distinct weights to stream from memory rather than a cache, little enough to allocate in a second.
-DECODE_WEIGHT_BUDGET_BYTES = 512 * 2**20
-TRAIN_PROBE_WIDTH = 8192  # the head's width is probed at most this wide: the rate, not the whole product, is wanted
+DECODE_WEIGHT_BUDGET_BYTES = 256 * 2**20
+# Matrices are probed at most this wide (a large model's layer, a 150k vocabulary): the rate is what is wanted, and
+# a decode step's time, proportional to the weights it streams, is scaled up from the probed ones.
+PROBE_WIDTH = 4096
+HEAD_PROBE_WIDTH = 32768
 STREAM_BYTES = 256 * 2**20
 ADAM_PROBE_PARAMS = 8 * 2**20
 
@@ -76,7 +79,9 @@ class MachineRates:
 
 
 def cache_path() -> Path:
-    return Path(os.environ.get("NRL_CACHE_DIR", "~/.cache/nemo_rl_clone")).expanduser() / "machine_rates.json"
+    from nemo_rl_clone.models.huggingface import cache_dir
+
+    return cache_dir() / "machine_rates.json"
 
 
 def machine_rates(
@@ -132,9 +137,8 @@ def probe(
     engine_dtype = _dtype(engine_precision)
     with torch.no_grad():
         train = _train_gflops(shape, train_tokens, train_dtype, on)
-        one_row, _ = _decode_linear_s(shape, 1, engine_dtype, on)
         many = max(rows, 2)
-        many_rows, prepare = _decode_linear_s(shape, many, engine_dtype, on)
+        (one_row, many_rows), prepare = _decode_linear_s(shape, (1, many), engine_dtype, on)
         linear_per_row = max(many_rows - one_row, 0.0) / (many - 1)
         sampler_per_row = _sampler_s(shape.vocab_size, many, on) / many
         memory = _memory_gbps(on)
@@ -222,8 +226,8 @@ def _layer_widths(shape: ModelShape) -> list[tuple[int, int]]:
 def _train_gflops(shape: ModelShape, tokens: int, dtype: Any, on: str) -> float:
     import torch
 
-    tokens = max(16, min(tokens, 4096))
-    widths = {(h, o) for h, o in _layer_widths(shape)} | {(shape.hidden_size, min(shape.vocab_size, TRAIN_PROBE_WIDTH))}
+    tokens = max(16, min(tokens, 2048))
+    widths = {(min(h, PROBE_WIDTH), min(o, PROBE_WIDTH)) for h, o in _layer_widths(shape)}
     flops = seconds = 0.0
     for fan_in, fan_out in widths:
         x = torch.randn(tokens, fan_in, dtype=dtype, device=on)
@@ -235,35 +239,47 @@ def _train_gflops(shape: ModelShape, tokens: int, dtype: Any, on: str) -> float:
     return flops / seconds / 1e9
 
 
-def _decode_linear_s(shape: ModelShape, rows: int, dtype: Any, on: str) -> tuple[float, float]:
-    """One decode step's linear layers at ``rows`` rows (as many layers' own weights as the budget holds, scaled to
+def _decode_linear_s(
+    shape: ModelShape, row_counts: tuple[int, ...], dtype: Any, on: str
+) -> tuple[tuple[float, ...], float]:
+    """One decode step's linear layers at each of ``row_counts`` rows (as many layers' own weights as the budget holds, scaled to
     all layers, plus the head), and the seconds per weight the engine takes to prepare its weights for its GEMM. On
     CPU through vLLM's own GEMM (oneDNN, the weights prepacked, as its engine runs them) when vLLM is installed,
     else torch's (nothing to prepare)."""
     import torch
 
-    widths = _layer_widths(shape)
+    true_widths = _layer_widths(shape)
+    widths = [(min(i, PROBE_WIDTH), min(o, PROBE_WIDTH)) for i, o in true_widths]
+    layer_scale = sum(i * o for i, o in true_widths) / sum(i * o for i, o in widths)
     itemsize = torch.empty(0, dtype=dtype).element_size()
     layer_bytes = sum(i * o for i, o in widths) * itemsize
     copies = max(1, min(shape.num_layers, DECODE_WEIGHT_BUDGET_BYTES // max(layer_bytes, 1)))
     linear = _engine_linear(on)
     raw = [[torch.randn(o, i, dtype=dtype, device=on) for i, o in widths] for _ in range(copies)]
-    raw_head = torch.randn(shape.vocab_size, shape.hidden_size, dtype=dtype, device=on)
+    hidden = min(shape.hidden_size, PROBE_WIDTH)
+    vocab = min(shape.vocab_size, HEAD_PROBE_WIDTH)
+    head_scale = shape.vocab_size * shape.hidden_size / (vocab * hidden)
+    raw_head = torch.randn(vocab, hidden, dtype=dtype, device=on)
     start = time.perf_counter()  # the engine prepares its weights so after every load (a refit too)
     layers = [[linear(w) for w in layer] for layer in raw]
     head = linear(raw_head)
     prepare_s = time.perf_counter() - start
     weights = sum(w.numel() for layer in raw for w in layer) + raw_head.numel()
-    inputs = {i: torch.randn(rows, i, dtype=dtype, device=on) for i, _ in widths}
 
-    def decoder() -> None:
-        for layer in layers:
-            for (fan_in, _), apply in zip(widths, layer, strict=True):
-                apply(inputs[fan_in])
+    def step_s(rows: int) -> float:
+        inputs = {i: torch.randn(rows, i, dtype=dtype, device=on) for i, _ in widths} | {
+            hidden: torch.randn(rows, hidden, dtype=dtype, device=on)
+        }
 
-    per_layer = _best_s(decoder, on) / copies
-    step = per_layer * shape.num_layers + _best_s(lambda: head(inputs[shape.hidden_size]), on)
-    return step, prepare_s / weights
+        def decoder() -> None:
+            for layer in layers:
+                for (fan_in, _), apply in zip(widths, layer, strict=True):
+                    apply(inputs[fan_in])
+
+        per_layer = _best_s(decoder, on) / copies * layer_scale
+        return per_layer * shape.num_layers + _best_s(lambda: head(inputs[hidden]), on) * head_scale
+
+    return tuple(step_s(rows) for rows in row_counts), prepare_s / weights
 
 
 def _engine_linear(on: str) -> Callable[[Any], Callable[[Any], Any]]:

@@ -57,6 +57,11 @@ def test_main_job_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
     for row in ("parameters", "gradients", "optimizer", "activations", "logits", "kv cache", "runtime", "total"):
         assert row in out, row
     assert "policy worker ×1/node" in out and "generation engine ×1/node" in out
+    assert "Planned step time, s" in out  # the time plan: colocated (this config) and split, bound and half
+    for row in ("generation", "logprobs", "training", "weight sync", "step", "validation share"):
+        assert row in out, row
+    assert "A: colocated (this config)" in out and "B: split: " in out
+    assert "Rates: cpu:" in out
     assert "dry run: no problems found" in out
     assert list(tmp_path.iterdir()) == []  # no log or checkpoint directory
     import ray

@@ -115,6 +115,8 @@ TINY = ModelShape(
 def test_rates_are_probed_once_then_cached_until_old_or_drifted(tmp_path, monkeypatch):
     monkeypatch.setenv("NRL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(mr, "quick_gflops", lambda: 100.0)  # a steady machine: drift is planted below
+    monkeypatch.setattr(mr, "STREAM_BYTES", 2**20)
+    monkeypatch.setattr(mr, "ADAM_PROBE_PARAMS", 2**16)
     rates, source = mr.machine_rates(TINY, "float32", "float32", 64, 4)
     assert source.startswith("probed now (no cached entry")
     assert rates.train_gflops > 0 and rates.decode_fixed_s > 0 and rates.decode_row_s > 0
