@@ -4,6 +4,7 @@ module whose output differs beyond a tolerance, with the size of the difference 
 
     uv run examples/diagnose_mismatch.py --trainer MODEL_DIR [--engine MODEL_DIR] [--engine-dtype bfloat16]
         [--prompt TEXT] [--new-tokens 16] [--tolerance 1e-4]
+        [--temperature T] [--top-k K] [--top-p P] [--tie-rule keep_all|lowest_index]
 
 ``--trainer``: the trainer's weights in Hugging Face form (a model folder, a built-in name, or a checkpoint's
 ``policy/hf`` export, which both backends write). ``--engine``: what the engine serves (default: the same folder; a
@@ -12,7 +13,11 @@ refitted engine's weights can be saved and given here). The engine first generat
 forward pass. Compared in forward order: the embeddings, then per decoder layer its input norm, attention, second
 norm, MLP and output (vLLM keeps the residual apart: its layer output is hidden + residual), the final norm and the
 logits. A difference counts when ``max |engine - trainer| / max |trainer|`` exceeds ``--tolerance`` (fp32 engines
-agree to ~1e-6 here). Llama-style decoders (Llama, Qwen2, Qwen3 and Qwen3-MoE: the module names both libraries
+agree to ~1e-6 here). With sampling settings (``--temperature``/``--top-k``/``--top-p``) the engine samples instead
+(seeded) and reports each sampled token's processed logprob; the last stage, ``sampler``, compares those with the
+trainer's processing of its own logits (`contract.sampling.processed_logits`, under ``--tie-rule``: which tokens
+tied at the top-k / top-p boundary stay), so a processing rule that differs shows there while every tensor before it
+agrees. Llama-style decoders (Llama, Qwen2, Qwen3 and Qwen3-MoE: the module names both libraries
 share).
 """
 
@@ -47,12 +52,50 @@ class Divergence:
         )
 
 
-def order(num_layers: int) -> list[str]:
+def order(num_layers: int, sampler: bool = False) -> list[str]:
     """The compared outputs, in forward order."""
     names = ["embed_tokens"]
     for i in range(num_layers):
         names += [f"layers.{i}.{sub}" for sub in SUBMODULES] + [f"layers.{i}"]
-    return [*names, "norm", "logits"]
+    return [*names, "norm", "logits", *(["sampler"] if sampler else [])]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The engine's sampling settings and the trainer's rule for ties at the top-k / top-p boundary."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    tie_rule: str = "keep_all"
+
+    def vllm(self, max_tokens: int) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k or 0,
+            top_p=self.top_p,
+            logprobs=0,
+            seed=0,
+            detokenize=False,
+        )
+
+    def describe(self) -> str:
+        return f"temperature {self.temperature:g}, top-k {self.top_k}, top-p {self.top_p:g}; trainer's tie rule {self.tie_rule}"
+
+
+def trainer_sampled_logprobs(
+    logits: torch.Tensor, token_ids: list[int], prompt_len: int, sampling: Sampling
+) -> torch.Tensor:
+    """The trainer's processed logprob of each generated token (positions from ``prompt_len``), from its logits."""
+    from nemo_rl_clone.contract.sampling import TrainingSamplingParams, processed_logits
+
+    params = TrainingSamplingParams(sampling.top_k, sampling.top_p, sampling.temperature, sampling.tie_rule)  # type: ignore[arg-type]
+    targets = torch.tensor(token_ids[prompt_len:])
+    rows = logits[prompt_len - 1 : len(token_ids) - 1].float()
+    return processed_logits(rows, targets, params).log_softmax(-1).gather(-1, targets[:, None])
 
 
 def _hooks(model: Any, captured: dict[str, torch.Tensor], engine: bool) -> list[Any]:
@@ -123,15 +166,16 @@ def _engine_in_this_process() -> Iterator[None]:
 
 
 def engine_tokens_and_activations(
-    model_dir: str, prompt_ids: list[int], new_tokens: int, dtype: str
+    model_dir: str, prompt_ids: list[int], new_tokens: int, dtype: str, sampling: Sampling | None = None
 ) -> tuple[list[int], dict[str, torch.Tensor]]:
-    """The engine's greedy continuation of ``prompt_ids`` and its outputs over the whole sequence."""
+    """The engine's continuation of ``prompt_ids`` (greedy, or sampled under ``sampling``: then ``captured``'s
+    ``"sampler"`` holds each sampled token's processed logprob) and its outputs over the whole sequence."""
     with _engine_in_this_process():
-        return _run_engine(model_dir, prompt_ids, new_tokens, dtype)
+        return _run_engine(model_dir, prompt_ids, new_tokens, dtype, sampling)
 
 
 def _run_engine(
-    model_dir: str, prompt_ids: list[int], new_tokens: int, dtype: str
+    model_dir: str, prompt_ids: list[int], new_tokens: int, dtype: str, sampling: Sampling | None
 ) -> tuple[list[int], dict[str, torch.Tensor]]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -144,16 +188,29 @@ def _run_engine(
         max_model_len=len(prompt_ids) + new_tokens + 8,
         kv_cache_memory_bytes=64 << 20,
         seed=0,
+        logprobs_mode="processed_logprobs",  # a sampled token's logprob under temperature, top-k and top-p
     )
     token_ids = list(prompt_ids)
+    sampled: list[float] = []
     if new_tokens:
-        greedy = SamplingParams(max_tokens=new_tokens, temperature=0.0, detokenize=False)
-        out = llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), greedy, use_tqdm=False)
-        token_ids += out[0].outputs[0].token_ids
+        params = (
+            sampling.vllm(new_tokens)
+            if sampling is not None
+            else SamplingParams(max_tokens=new_tokens, temperature=0.0, detokenize=False)
+        )
+        out = llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, use_tqdm=False)
+        completion = out[0].outputs[0]
+        token_ids += completion.token_ids
+        if sampling is not None:
+            sampled = [
+                step[token].logprob for step, token in zip(completion.logprobs, completion.token_ids, strict=True)
+            ]
     llm.collective_rpc(_engine_capture, args=(len(token_ids),))  # hooks on, from the next pass
     one = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
     llm.generate(TokensPrompt(prompt_token_ids=token_ids), one, use_tqdm=False)
     (captured,) = llm.collective_rpc(_engine_capture, args=(len(token_ids),))
+    if sampled:
+        captured["sampler"] = torch.tensor(sampled)[:, None]
     del llm
     gc.collect()
     return token_ids, captured
@@ -163,7 +220,7 @@ def first_divergence(
     trainer: dict[str, torch.Tensor], engine: dict[str, torch.Tensor], model: Any, tolerance: float
 ) -> Divergence | None:
     """The first output (forward order) where the engine differs from the trainer beyond ``tolerance``."""
-    for name in order(model.config.num_hidden_layers):
+    for name in order(model.config.num_hidden_layers, sampler="sampler" in engine):
         reference, got = trainer[name], engine[name]
         scale = float(reference.abs().max()) or 1.0
         max_abs = float((got - reference).abs().max())
@@ -173,6 +230,8 @@ def first_divergence(
 
 
 def _parameters(model: Any, name: str) -> list[str]:
+    if name == "sampler":
+        return []  # a processing rule, not weights
     prefix = "lm_head" if name == "logits" else f"model.{name}"
     own = [n for n, _ in model.named_parameters() if n.startswith(f"{prefix}.")]
     if name.startswith("layers.") and name.count(".") == 1:
@@ -180,19 +239,31 @@ def _parameters(model: Any, name: str) -> list[str]:
     return own
 
 
-def diagnose(trainer_dir: str, engine_dir: str, prompt: str, new_tokens: int, dtype: str, tolerance: float) -> str:
+def diagnose(
+    trainer_dir: str,
+    engine_dir: str,
+    prompt: str,
+    new_tokens: int,
+    dtype: str,
+    tolerance: float,
+    sampling: Sampling | None = None,
+) -> str:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(trainer_dir)
     prompt_ids = tokenizer(prompt)["input_ids"]
-    token_ids, engine = engine_tokens_and_activations(engine_dir, prompt_ids, new_tokens, dtype)
+    token_ids, engine = engine_tokens_and_activations(engine_dir, prompt_ids, new_tokens, dtype, sampling)
     trainer, model = trainer_activations(trainer_dir, token_ids)
+    if sampling is not None:
+        trainer["sampler"] = trainer_sampled_logprobs(trainer["logits"], token_ids, len(prompt_ids), sampling)
     found = first_divergence(trainer, engine, model, tolerance)
     header = f"{len(token_ids)} tokens ({len(prompt_ids)} prompt), engine dtype {dtype}, tolerance {tolerance:g}"
+    if sampling is not None:
+        header += f"\nsampled: {sampling.describe()}"
     if found is None:
         worst = max(
             float((engine[n] - trainer[n]).abs().max()) / (float(trainer[n].abs().max()) or 1.0)
-            for n in order(model.config.num_hidden_layers)
+            for n in order(model.config.num_hidden_layers, sampler=sampling is not None)
         )
         return f"{header}\nno divergence: every output agrees (largest relative difference {worst:.3g})"
     return f"{header}\n{found.describe()}"
@@ -206,12 +277,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt", default="The capital of France is")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--tolerance", type=float, default=1e-4)
+    parser.add_argument("--temperature", type=float, help="sample (seeded) instead of greedy; adds the sampler stage")
+    parser.add_argument("--top-k", type=int)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--tie-rule", default="keep_all", choices=("keep_all", "lowest_index"))
     args = parser.parse_args(argv)
+    sampling = None
+    if args.temperature is not None or args.top_k is not None or args.top_p is not None:
+        sampling = Sampling(
+            1.0 if args.temperature is None else args.temperature, args.top_k, args.top_p or 1.0, args.tie_rule
+        )
     from nemo_rl_clone.models.huggingface import resolve_model_path
 
     trainer = resolve_model_path(args.trainer)
     engine = resolve_model_path(args.engine) if args.engine else trainer
-    print(diagnose(trainer, engine, args.prompt, args.new_tokens, args.engine_dtype, args.tolerance))
+    print(diagnose(trainer, engine, args.prompt, args.new_tokens, args.engine_dtype, args.tolerance, sampling))
 
 
 if __name__ == "__main__":

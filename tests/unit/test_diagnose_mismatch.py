@@ -92,3 +92,41 @@ def test_a_bf16_engine_diverges_at_its_first_rounded_tensor(original: str, engin
     trainer, model = tool.trainer_activations(original, token_ids[: len(prompt_ids)])
     found = tool.first_divergence(trainer, bf16, model, TOLERANCE)
     assert found is not None and found.name == "embed_tokens", found  # the bf16 embedding table
+
+
+def _head_with_ties(original: str, folder: Path) -> str:
+    """An untied copy whose head keeps two vocabulary rows and zeroes the rest: every other logit is exactly 0, so
+    the 3rd largest value at each position is a tie among ~49,000 tokens (at most two logits are positive)."""
+    shutil.copytree(original, folder)
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "tie_word_embeddings": False}))
+    (weights,) = folder.glob("*.safetensors")
+    state = load_file(weights)
+    embedding = state["model.embed_tokens.weight"]
+    head = torch.zeros_like(embedding)
+    head[[17, 4242]] = embedding[[17, 4242]] * 8
+    state["lm_head.weight"] = head
+    save_file(state, weights, metadata={"format": "pt"})
+    return str(folder)
+
+
+def test_a_top_k_tie_rule_difference_is_located_at_the_sampler(original: str, tmp_path: Path) -> None:
+    """The engine samples at top-k 3 with the tie at the boundary: vLLM's CPU sampler keeps every tied token, as the
+    trainer's default rule does (nothing diverges); a trainer keeping only the lowest ids ("lowest_index") agrees on
+    every tensor and differs at the sampler."""
+    from transformers import AutoTokenizer
+
+    model = _head_with_ties(original, tmp_path / "ties")
+    prompt_ids = AutoTokenizer.from_pretrained(model)("The capital of France is")["input_ids"]
+    sampling = tool.Sampling(temperature=1.0, top_k=3)
+    token_ids, engine = tool.engine_tokens_and_activations(model, prompt_ids, 6, "float32", sampling)
+    trainer, hf = tool.trainer_activations(model, token_ids)
+    for rule, diverges in (("keep_all", False), ("lowest_index", True)):
+        rule_sampling = tool.Sampling(temperature=1.0, top_k=3, tie_rule=rule)
+        trainer["sampler"] = tool.trainer_sampled_logprobs(trainer["logits"], token_ids, len(prompt_ids), rule_sampling)
+        found = tool.first_divergence(trainer, engine, hf, TOLERANCE)
+        if diverges:
+            assert found is not None and found.name == "sampler", found
+            assert found.parameters == [] and "its parameters: none of its own" in found.describe()
+        else:
+            assert found is None, found
