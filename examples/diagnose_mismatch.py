@@ -2,6 +2,7 @@
 a policy exports) and through a vLLM engine, records every layer's activations on both sides, and prints the first
 module whose output differs beyond a tolerance, with the size of the difference and the module's parameters.
 
+    uv run examples/diagnose_mismatch.py --bundle LOG_DIR/repro/step_N [--sample 0] [--trainer-backend megatron]
     uv run examples/diagnose_mismatch.py --trainer MODEL_DIR [--engine MODEL_DIR] [--engine-dtype bfloat16]
         [--prompt TEXT] [--new-tokens 16] [--tolerance 1e-4]
         [--temperature T] [--top-k K] [--top-p P] [--tie-rule keep_all|lowest_index]
@@ -12,7 +13,8 @@ refitted engine's weights can be saved and given here). The engine first generat
 ``--prompt``, so the sequence is one the engine would produce; then both sides run that whole sequence in one
 forward pass. Compared in forward order: the embeddings, then per decoder layer its input norm, attention, second
 norm, MLP and output (vLLM keeps the residual apart: its layer output is hidden + residual), the final norm and the
-logits. A difference counts when ``max |engine - trainer| / max |trainer|`` exceeds ``--tolerance`` (fp32 engines
+logits (an MoE layer adds its router's logits before its MLP, and a divergence there says how many tokens the two
+routers send to other experts). A difference counts when ``max |engine - trainer| / max |trainer|`` exceeds ``--tolerance`` (fp32 engines
 agree to ~1e-6 here). With sampling settings (``--temperature``/``--top-k``/``--top-p``) the engine samples instead
 (seeded) and reports each sampled token's processed logprob; the last stage, ``sampler``, compares those with the
 trainer's processing of its own logits (`contract.sampling.processed_logits`, under ``--tie-rule``: which tokens
@@ -43,21 +45,32 @@ class Divergence:
     max_abs: float
     relative: float
     parameters: list[str]
+    note: str = ""  # a router's: how many tokens the two sides send to other experts
 
     def describe(self) -> str:
         params = ", ".join(self.parameters) or "none of its own"
         return (
             f"first divergence: {self.name}: max |engine - trainer| = {self.max_abs:.3g} "
             f"({self.relative:.3g} of the trainer's largest value); its parameters: {params}"
+            + (f"; {self.note}" if self.note else "")
         )
 
 
-def order(num_layers: int, sampler: bool = False) -> list[str]:
-    """The compared outputs, in forward order."""
+def order(num_layers: int, sampler: bool = False, routed: frozenset[int] = frozenset()) -> list[str]:
+    """The compared outputs, in forward order; an MoE layer (in ``routed``) adds its router's logits before its MLP."""
     names = ["embed_tokens"]
     for i in range(num_layers):
-        names += [f"layers.{i}.{sub}" for sub in SUBMODULES] + [f"layers.{i}"]
+        subs = [f"layers.{i}.{sub}" for sub in SUBMODULES]
+        if i in routed:
+            subs.insert(-1, f"layers.{i}.mlp.gate")
+        names += [*subs, f"layers.{i}"]
     return [*names, "norm", "logits", *(["sampler"] if sampler else [])]
+
+
+def routed_layers(model: Any) -> frozenset[int]:
+    """The decoder layers whose MLP is a routed mixture of experts (a ``gate`` router; a dense MLP has
+    ``gate_proj``)."""
+    return frozenset(i for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate"))
 
 
 @dataclass(frozen=True)
@@ -87,14 +100,14 @@ class Sampling:
 
 
 def trainer_sampled_logprobs(
-    logits: torch.Tensor, token_ids: list[int], prompt_len: int, sampling: Sampling
+    logits: torch.Tensor, token_ids: list[int], positions: list[int], sampling: Sampling
 ) -> torch.Tensor:
-    """The trainer's processed logprob of each generated token (positions from ``prompt_len``), from its logits."""
+    """The trainer's processed logprob of the token at each of ``positions`` (generated ones), from its logits."""
     from nemo_rl_clone.contract.sampling import TrainingSamplingParams, processed_logits
 
     params = TrainingSamplingParams(sampling.top_k, sampling.top_p, sampling.temperature, sampling.tie_rule)  # type: ignore[arg-type]
-    targets = torch.tensor(token_ids[prompt_len:])
-    rows = logits[prompt_len - 1 : len(token_ids) - 1].float()
+    targets = torch.tensor([token_ids[p] for p in positions])
+    rows = logits[[p - 1 for p in positions]].float()
     return processed_logits(rows, targets, params).log_softmax(-1).gather(-1, targets[:, None])
 
 
@@ -107,7 +120,9 @@ def _hooks(model: Any, captured: dict[str, torch.Tensor], engine: bool) -> list[
         def hook(module: Any, args: Any, output: Any) -> None:
             if isinstance(output, tuple):
                 output = output[0] + output[1] if engine and is_layer else output[0]
-            captured[name] = output.detach().float().reshape(-1, output.shape[-1]).cpu()
+            captured[name] = (
+                output.detach().float().reshape(-1, output.shape[-1]).cpu().clone()
+            )  # later ops write in place
 
         return hook
 
@@ -116,6 +131,8 @@ def _hooks(model: Any, captured: dict[str, torch.Tensor], engine: bool) -> list[
         handles.append(layer.register_forward_hook(keep(f"layers.{i}", True)))
         for sub in SUBMODULES:
             handles.append(getattr(layer, sub).register_forward_hook(keep(f"layers.{i}.{sub}", False)))
+        if hasattr(layer.mlp, "gate"):  # an MoE router: its logits first in both libraries' outputs
+            handles.append(layer.mlp.gate.register_forward_hook(keep(f"layers.{i}.mlp.gate", False)))
     handles.append(model.norm.register_forward_hook(keep("norm", False)))
     return handles
 
@@ -132,6 +149,93 @@ def trainer_activations(model_dir: str, token_ids: list[int]) -> tuple[dict[str,
     for handle in handles:
         handle.remove()
     return captured, model
+
+
+# Megatron Core's module for each compared output (its local layer spec; attention and MLP return (output, bias)).
+MEGATRON_SUBMODULES = {
+    "input_layernorm": "input_layernorm",
+    "self_attn": "self_attention",
+    "post_attention_layernorm": "pre_mlp_layernorm",
+    "mlp": "mlp",
+}
+
+
+def megatron_trainer_activations(model_dir: str, token_ids: list[int]) -> tuple[dict[str, torch.Tensor], Any]:
+    """The Megatron backend's outputs for ``token_ids``: the model built as its policy worker builds it (local spec,
+    fp32, one rank) from the Hugging Face weights, in a child process (its process group and CPU shims stay there);
+    and a weightless Hugging Face model for the parameter names (those of the export, which both backends write)."""
+    import subprocess
+    import tempfile
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory(prefix="diagnose_megatron_") as tmp:
+        out = os.path.join(tmp, "captured.pt")
+        command = [sys.executable, __file__, "--megatron-capture", out, "--trainer", model_dir]
+        command += ["--token-ids", ",".join(map(str, token_ids))]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the Megatron model failed to run: {done.stderr.strip().splitlines()[-1:]}")
+        captured = torch.load(out)
+    with torch.device("meta"):
+        names = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return captured, names
+
+
+def _megatron_capture(model_dir: str, token_ids: list[int], out: str) -> None:
+    """Runs in the child process of `megatron_trainer_activations`."""
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from nemo_rl_clone.models.policy.megatron import converter
+    from nemo_rl_clone.models.policy.megatron import model as mmodel
+    from nemo_rl_clone.models.policy.megatron.config import MegatronConfig
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    shape = converter.model_shape(hf_config)
+    parallelism = mmodel.Parallelism(tensor=1, pipeline=1)
+    mmodel.init_model_parallel(parallelism)
+    config = mmodel.transformer_config(shape, hf_config, MegatronConfig(), "float32", parallelism)
+    state: dict[str, torch.Tensor] = {}
+    for name in sorted(os.listdir(model_dir)):
+        if name.endswith(".safetensors"):
+            state.update(load_file(os.path.join(model_dir, name)))
+    gpt, _ = mmodel.build_model(config, shape, hf_config, state)
+    gpt.eval()
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Callable[..., None]:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            output = output[0] if isinstance(output, tuple) else output
+            captured[name] = (
+                output.detach().float().reshape(-1, output.shape[-1]).cpu().clone()
+            )  # later ops write in place
+
+        return hook
+
+    gpt.embedding.register_forward_hook(keep("embed_tokens"))
+    for i, layer in enumerate(gpt.decoder.layers):
+        layer.register_forward_hook(keep(f"layers.{i}"))
+        for ours, theirs in MEGATRON_SUBMODULES.items():
+            getattr(layer, theirs).register_forward_hook(keep(f"layers.{i}.{ours}"))
+    gpt.decoder.final_layernorm.register_forward_hook(keep("norm"))
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        captured["logits"] = gpt(ids, torch.arange(len(token_ids))[None], None)[0].float()
+    torch.save(captured, out)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _engine_capture(worker: Any, token_count: int) -> dict[str, torch.Tensor]:
@@ -220,13 +324,22 @@ def first_divergence(
     trainer: dict[str, torch.Tensor], engine: dict[str, torch.Tensor], model: Any, tolerance: float
 ) -> Divergence | None:
     """The first output (forward order) where the engine differs from the trainer beyond ``tolerance``."""
-    for name in order(model.config.num_hidden_layers, sampler="sampler" in engine):
+    for name in order(model.config.num_hidden_layers, "sampler" in engine, routed_layers(model)):
         reference, got = trainer[name], engine[name]
         scale = float(reference.abs().max()) or 1.0
         max_abs = float((got - reference).abs().max())
         if max_abs / scale > tolerance:
-            return Divergence(name, max_abs, max_abs / scale, _parameters(model, name))
+            note = _routing_note(reference, got, model.config) if name.endswith(".mlp.gate") else ""
+            return Divergence(name, max_abs, max_abs / scale, _parameters(model, name), note)
     return None
+
+
+def _routing_note(trainer_logits: torch.Tensor, engine_logits: torch.Tensor, config: Any) -> str:
+    """How many tokens the two routers send to a different set of experts (top ``num_experts_per_tok``)."""
+    k = int(getattr(config, "num_experts_per_tok", 1))
+    chosen = [logits.topk(k, dim=-1).indices.sort(dim=-1).values for logits in (trainer_logits, engine_logits)]
+    differ = int((chosen[0] != chosen[1]).any(dim=-1).sum())
+    return f"{differ} of {trainer_logits.shape[0]} tokens routed to other experts (top {k})"
 
 
 def _parameters(model: Any, name: str) -> list[str]:
@@ -247,23 +360,76 @@ def diagnose(
     dtype: str,
     tolerance: float,
     sampling: Sampling | None = None,
+    backend: str = "huggingface",
 ) -> str:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(trainer_dir)
     prompt_ids = tokenizer(prompt)["input_ids"]
     token_ids, engine = engine_tokens_and_activations(engine_dir, prompt_ids, new_tokens, dtype, sampling)
-    trainer, model = trainer_activations(trainer_dir, token_ids)
+    positions = list(range(len(prompt_ids), len(token_ids)))
+    header = f"{len(token_ids)} tokens ({len(prompt_ids)} prompt)"
+    return _compare(trainer_dir, token_ids, positions, engine, dtype, tolerance, sampling, backend, header)
+
+
+def diagnose_bundle(
+    path: str, sample: int, dtype: str, tolerance: float, tie_rule: str = "keep_all", backend: str = "huggingface"
+) -> str:
+    """A repro bundle's sample: its tokens through the start weights on both sides, and at the sampler the engine's
+    logprobs the run recorded (``generation_logprobs``) against the trainer's processing under the run's settings."""
+    from nemo_rl_clone.evals.checkpoint import resolve_eval_model
+    from nemo_rl_clone.rollout import replay
+
+    bundle = replay.load_bundle(path)
+    kind = bundle.start.get("kind")
+    if kind == "checkpoint":
+        weights = resolve_eval_model(str(bundle.path / "checkpoint")).model_path
+    elif kind == "initial_model":
+        weights = bundle.config["policy"]["model_name"]
+    else:
+        raise replay.ReplayError(f"{path}: the weights step {bundle.step} started from were not saved ({kind})")
+    from nemo_rl_clone.models.huggingface import resolve_model_path
+
+    weights = resolve_model_path(weights)
+    length = int(bundle.batch["input_lengths"][sample])
+    token_ids = bundle.batch["input_ids"][sample][:length].tolist()
+    positions = torch.nonzero(bundle.batch["token_mask"][sample][:length]).flatten().tolist()
+    generation = bundle.config["policy"].get("generation") or {}
+    sampling = Sampling(
+        float(generation.get("temperature") or 1.0),
+        generation.get("top_k") if (generation.get("top_k") or 0) > 0 else None,
+        float(generation.get("top_p") or 1.0),
+        tie_rule,
+    )
+    _, engine = engine_tokens_and_activations(weights, token_ids, 0, dtype)
+    engine["sampler"] = bundle.batch["generation_logprobs"][sample][positions].float()[:, None]
+    header = f"bundle {path}, sample {sample}: {length} tokens ({len(positions)} generated)"
+    return _compare(weights, token_ids, positions, engine, dtype, tolerance, sampling, backend, header)
+
+
+def _compare(
+    trainer_dir: str,
+    token_ids: list[int],
+    positions: list[int],
+    engine: dict[str, torch.Tensor],
+    dtype: str,
+    tolerance: float,
+    sampling: Sampling | None,
+    backend: str,
+    header: str,
+) -> str:
+    capture = megatron_trainer_activations if backend == "megatron" else trainer_activations
+    trainer, model = capture(trainer_dir, token_ids)
     if sampling is not None:
-        trainer["sampler"] = trainer_sampled_logprobs(trainer["logits"], token_ids, len(prompt_ids), sampling)
+        trainer["sampler"] = trainer_sampled_logprobs(trainer["logits"], token_ids, positions, sampling)
     found = first_divergence(trainer, engine, model, tolerance)
-    header = f"{len(token_ids)} tokens ({len(prompt_ids)} prompt), engine dtype {dtype}, tolerance {tolerance:g}"
+    header += f", trainer {backend}, engine dtype {dtype}, tolerance {tolerance:g}"
     if sampling is not None:
         header += f"\nsampled: {sampling.describe()}"
     if found is None:
         worst = max(
             float((engine[n] - trainer[n]).abs().max()) / (float(trainer[n].abs().max()) or 1.0)
-            for n in order(model.config.num_hidden_layers, sampler=sampling is not None)
+            for n in order(model.config.num_hidden_layers, sampling is not None, routed_layers(model))
         )
         return f"{header}\nno divergence: every output agrees (largest relative difference {worst:.3g})"
     return f"{header}\n{found.describe()}"
@@ -271,7 +437,9 @@ def diagnose(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trainer", required=True, help="the trainer's weights, Hugging Face form")
+    parser.add_argument("--trainer", help="the trainer's weights, Hugging Face form")
+    parser.add_argument("--bundle", help="a repro bundle (<log_dir>/repro/step_N): its weights, tokens and settings")
+    parser.add_argument("--sample", type=int, default=0, help="the bundle's sample to compare")
     parser.add_argument("--engine", help="the engine's weights (default: --trainer)")
     parser.add_argument("--engine-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--prompt", default="The capital of France is")
@@ -281,17 +449,51 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top-k", type=int)
     parser.add_argument("--top-p", type=float)
     parser.add_argument("--tie-rule", default="keep_all", choices=("keep_all", "lowest_index"))
+    parser.add_argument(
+        "--trainer-backend",
+        default="huggingface",
+        choices=("huggingface", "megatron"),
+        help="the trainer's model: Hugging Face's (the DTensor backend's) or Megatron Core's",
+    )
+    parser.add_argument("--megatron-capture", help=argparse.SUPPRESS)  # the child process's output file
+    parser.add_argument("--token-ids", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.megatron_capture:
+        _megatron_capture(args.trainer, [int(t) for t in args.token_ids.split(",")], args.megatron_capture)
+        return
     sampling = None
     if args.temperature is not None or args.top_k is not None or args.top_p is not None:
         sampling = Sampling(
             1.0 if args.temperature is None else args.temperature, args.top_k, args.top_p or 1.0, args.tie_rule
         )
+    if args.bundle:
+        from nemo_rl_clone.utils.errors import reporting_user_errors
+
+        with reporting_user_errors():
+            print(
+                diagnose_bundle(
+                    args.bundle, args.sample, args.engine_dtype, args.tolerance, args.tie_rule, args.trainer_backend
+                )
+            )
+        return
+    if not args.trainer:
+        parser.error("give --trainer (a model) or --bundle (a repro bundle)")
     from nemo_rl_clone.models.huggingface import resolve_model_path
 
     trainer = resolve_model_path(args.trainer)
     engine = resolve_model_path(args.engine) if args.engine else trainer
-    print(diagnose(trainer, engine, args.prompt, args.new_tokens, args.engine_dtype, args.tolerance, sampling))
+    print(
+        diagnose(
+            trainer,
+            engine,
+            args.prompt,
+            args.new_tokens,
+            args.engine_dtype,
+            args.tolerance,
+            sampling,
+            args.trainer_backend,
+        )
+    )
 
 
 if __name__ == "__main__":
