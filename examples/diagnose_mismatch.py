@@ -7,8 +7,8 @@ module whose output differs beyond a tolerance, with the size of the difference 
         [--prompt TEXT] [--new-tokens 16] [--tolerance 1e-4]
         [--temperature T] [--top-k K] [--top-p P] [--tie-rule keep_all|lowest_index]
 
-``--trainer``: the trainer's weights in Hugging Face form (a model folder, a built-in name, or a checkpoint's
-``policy/hf`` export, which both backends write). ``--engine``: what the engine serves (default: the same folder; a
+``--trainer``: the trainer's weights (a model folder, a built-in name, or a run's checkpoint folder, its latest step
+or ``step_N``, converted to Hugging Face form as evaluation converts one, from either backend). ``--engine``: what the engine serves (default: the same folder; a
 refitted engine's weights can be saved and given here). The engine first generates ``--new-tokens`` greedily after
 ``--prompt``, so the sequence is one the engine would produce; then both sides run that whole sequence in one
 forward pass. Compared in forward order: the embeddings, then per decoder layer its input norm, attention, second
@@ -437,7 +437,7 @@ def _compare(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trainer", help="the trainer's weights, Hugging Face form")
+    parser.add_argument("--trainer", help="the trainer's weights: a model, or a run's checkpoint (latest, or step_N)")
     parser.add_argument("--bundle", help="a repro bundle (<log_dir>/repro/step_N): its weights, tokens and settings")
     parser.add_argument("--sample", type=int, default=0, help="the bundle's sample to compare")
     parser.add_argument("--engine", help="the engine's weights (default: --trainer)")
@@ -470,30 +470,24 @@ def main(argv: list[str] | None = None) -> None:
         from nemo_rl_clone.utils.errors import reporting_user_errors
 
         with reporting_user_errors():
-            print(
-                diagnose_bundle(
-                    args.bundle, args.sample, args.engine_dtype, args.tolerance, args.tie_rule, args.trainer_backend
-                )
-            )
+            dtype, tolerance, backend = args.engine_dtype, args.tolerance, args.trainer_backend
+            print(diagnose_bundle(args.bundle, args.sample, dtype, tolerance, args.tie_rule, backend))
         return
     if not args.trainer:
         parser.error("give --trainer (a model) or --bundle (a repro bundle)")
+    trainer = _weights(args.trainer)
+    engine = _weights(args.engine) if args.engine else trainer
+    settings = (args.engine_dtype, args.tolerance, sampling, args.trainer_backend)
+    print(diagnose(trainer, engine, args.prompt, args.new_tokens, *settings))
+
+
+def _weights(name: str) -> str:
+    """A model folder, a built-in name, or a run's checkpoint (its latest step, or step_N): converted to Hugging
+    Face form as evaluation converts one."""
+    from nemo_rl_clone.evals.checkpoint import resolve_eval_model
     from nemo_rl_clone.models.huggingface import resolve_model_path
 
-    trainer = resolve_model_path(args.trainer)
-    engine = resolve_model_path(args.engine) if args.engine else trainer
-    print(
-        diagnose(
-            trainer,
-            engine,
-            args.prompt,
-            args.new_tokens,
-            args.engine_dtype,
-            args.tolerance,
-            sampling,
-            args.trainer_backend,
-        )
-    )
+    return resolve_model_path(resolve_eval_model(name).model_path)
 
 
 if __name__ == "__main__":
