@@ -2,10 +2,11 @@
 # The GPU checks, on a machine with Python 3, torch (CUDA) and transformers but no Ray and no uv environment:
 # the worker-level `gpu` tests (DTensor and Megatron Core on CUDA, bf16 against fp32), vLLM's top-k/top-p kernel
 # against the trainer's "lowest_index" tie rule, a vLLM engine of tensor_parallel_size 2 refit over NCCL (needs two
-# GPUs, Ray and vLLM: it skips and says which is missing otherwise), the kernel's tie counts, and the ~0.5B training
+# GPUs, Ray and vLLM: it skips and says which is missing otherwise), the kernel's tie counts, the time plan's probe
+# (measured rates beside the published peak), and the ~0.5B training
 # throughput / MFU benchmark. Needs `.gpu_kit/` (made by tools/gpu_kit.py) in the repository root.
 #   bash tools/gpu_checks.sh OUT_DIR [extra benchmark arguments]
-# Writes OUT_DIR/{env.txt,gpu_tests.log,tp2_engine.log,kernel_ties.json,kernel_ties.log,train_mfu.log}; exits
+# Writes OUT_DIR/{env.txt,gpu_tests.log,tp2_engine.log,kernel_ties.json,kernel_ties.log,time_probe.log,train_mfu.log}; exits
 # non-zero if a test, the tie count or the benchmark failed. About 6 minutes on an H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,5 +37,6 @@ python3 -m pytest -v -rs -p no:cacheprovider -o addopts="" tests/unit/test_vllm_
 case ${PIPESTATUS[0]} in 0 | 5) ;; *) status=1 ;; esac
 # Not a pass/fail check: how the CUDA kernel keeps ties at the boundary, row counts per rule (docs/gpu.md).
 python3 tools/gpu_kernel_ties.py "$out/kernel_ties.json" 2>&1 | tee "$out/kernel_ties.log" || status=1
+python3 tools/gpu_time_probe.py 2>&1 | tee "$out/time_probe.log" || status=1
 python3 benchmarks/train_mfu.py "$@" 2>&1 | tee "$out/train_mfu.log" || status=1
 exit $status
