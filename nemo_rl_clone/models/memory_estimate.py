@@ -84,6 +84,7 @@ class ModelShape:
     num_key_value_heads: int = 0
     head_dim: int = 0
     tied_embeddings: bool = False  # the head is the embedding table (counted once in `num_parameters`)
+    active_expert_fraction: float = 1.0  # MoE: the share of the routed experts each token runs (top-k / experts)
 
     @classmethod
     def of(cls, model_path: str, overrides: Any = None) -> ModelShape:
@@ -109,7 +110,21 @@ class ModelShape:
             num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
             head_dim=getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else 0),
             tied_embeddings=head is not None and head.weight is model.get_input_embeddings().weight,
+            active_expert_fraction=_active_expert_fraction(text),
         )
+
+
+def _active_expert_fraction(text_config: Any) -> float:
+    experts = next(
+        (
+            getattr(text_config, key)
+            for key in ("num_experts", "num_local_experts", "n_routed_experts")
+            if getattr(text_config, key, None)
+        ),
+        None,
+    )
+    per_token = getattr(text_config, "num_experts_per_tok", None)
+    return float(per_token) / float(experts) if experts and per_token else 1.0
 
 
 @dataclass(frozen=True)

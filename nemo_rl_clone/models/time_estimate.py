@@ -81,9 +81,11 @@ def forward_flops_per_token(shape: ModelShape, context: float) -> float:
     attention = h * heads * head_dim * 2 + h * kv * 2
     dense_mlp = 3 * h * shape.intermediate_size
     per_layer = attention + dense_mlp
-    linear = per_layer * shape.num_layers
-    if shape.num_expert_parameters:  # MoE: the routed experts' share that a token uses is not in the shape; count all
-        linear = shape.num_parameters - shape.vocab_size * h * (1 if shape.tied_embeddings else 2)
+    linear = float(per_layer * shape.num_layers)
+    if shape.num_expert_parameters:  # MoE: everything but the embeddings, the routed experts at the share a token runs
+        heads_and_embeddings = shape.vocab_size * h * (1 if shape.tied_embeddings else 2)
+        dense = shape.num_parameters - heads_and_embeddings - shape.num_expert_parameters
+        linear = dense + shape.num_expert_parameters * shape.active_expert_fraction
     return 2.0 * linear + 4.0 * shape.num_layers * heads * head_dim * context
 
 

@@ -136,3 +136,14 @@ def test_rates_are_probed_once_then_cached_until_old_or_drifted(tmp_path, monkey
     _, source = mr.machine_rates(TINY, "float32", "bfloat16", 64, 4)  # other shapes or precisions: their own entry
     assert source.startswith("probed now (no cached entry")
     assert len(json.loads(mr.cache_path().read_text())) == 2
+
+
+def test_an_moe_token_runs_its_share_of_the_routed_experts():
+    """Qwen3-MoE style: 8 experts, top 2 — a token's forward counts the dense weights and a quarter of the experts'."""
+    moe = dataclasses.replace(
+        SHAPE, num_parameters=1000 + 32 * 8 + 4096, num_expert_parameters=4096, active_expert_fraction=0.25
+    )
+    from nemo_rl_clone.models.time_estimate import forward_flops_per_token
+
+    dense = 1000  # all parameters but the (tied) 32 x 8 embedding table and the experts
+    assert forward_flops_per_token(moe, 0) == pytest.approx(2 * (dense + 4096 * 0.25))
