@@ -131,26 +131,35 @@ def _refit_colocated(policy: RefitSourcePolicy, generation: GenerationInterface)
 
 def _wait_all(futures: list[ray.ObjectRef], what: str) -> None:
     """Wait for every future; on the first failure, let the others finish (receivers abort promptly when the
-    source fails) and raise it, as `RefitError` when no weights were loaded."""
+    source fails) and raise it, as `RefitError` when no weights were loaded, caused by a member that died when one
+    did (so the run's stop names the dead worker, not the transfer error its peers saw)."""
     pending = list(futures)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1)
         try:
             ray.get(ready[0])
         except (RefitError, WeightTransferError) as error:
-            _drain(pending)
-            raise RefitError(f"{what} failed; the engines keep the previous weights: {error}") from error
-        except Exception:
-            _drain(pending)
+            died = _drain(pending)
+            # A member that died is the cause; the others' transfer errors are what its death did to them.
+            raise RefitError(f"{what} failed; the engines keep the previous weights: {error}") from (died or error)
+        except Exception as error:
+            died = _drain(pending)
+            if died is not None and not isinstance(error, ray.exceptions.RayActorError):
+                raise RefitError(f"{what} failed: a member died") from died
             raise
 
 
-def _drain(pending: list[ray.ObjectRef]) -> None:
+def _drain(pending: list[ray.ObjectRef]) -> ray.exceptions.RayActorError | None:
+    """Let the other members finish (bounded); the first of them that died, if one did."""
+    died = None
     done, still = ray.wait(pending, num_returns=len(pending), timeout=_DRAIN_AFTER_FAILURE_S)
     for ref in done:
         try:
             ray.get(ref)
+        except ray.exceptions.RayActorError as error:
+            died = died or error
         except Exception as error:  # already reporting the first failure
             logger.warning("refit: another member failed too: %s", str(error).splitlines()[0] if str(error) else error)
     if still:
         logger.warning("refit: %d members still busy %.0f s after the failure", len(still), _DRAIN_AFTER_FAILURE_S)
+    return died
