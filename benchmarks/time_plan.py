@@ -72,7 +72,7 @@ def main() -> None:
 
     from nemo_rl_clone.algorithms import registry
     from nemo_rl_clone.algorithms.run.time_plan import Planner, layouts, step_work
-    from nemo_rl_clone.models.time_estimate import PHASES, Rollout, StepWork
+    from nemo_rl_clone.models.time_estimate import PHASES, Rollout, StepWork, step_total
     from nemo_rl_clone.utils.config import load_validated_config
 
     with tempfile.TemporaryDirectory(prefix="time_plan_") as tmp:
@@ -100,10 +100,7 @@ def main() -> None:
             StepWork(Rollout(rows, prompt, trained_response, max_new, turns), samples, 0), layout
         )
         times["training"] = training["training"] if samples else 0.0
-        trainer = times["logprobs"] + times["training"]
-        times["step"] = (
-            max(times["generation"], trainer) if layout.overlap else times["generation"] + trainer
-        ) + times["weight_sync"]
+        times["step"] = step_total(times, layout)
         quiet = "timing/validation/total_validation_time" not in metrics and "timing/train/checkpointing" not in metrics
         for phase, key in MEASURED.items():
             if key in metrics:

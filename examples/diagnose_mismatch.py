@@ -175,7 +175,8 @@ def megatron_trainer_activations(model_dir: str, token_ids: list[int]) -> tuple[
         command += ["--token-ids", ",".join(map(str, token_ids))]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"the Megatron model failed to run: {done.stderr.strip().splitlines()[-1:]}")
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"error: --trainer-backend megatron: the Megatron model failed to run: {last}")
         captured = torch.load(out)
     with torch.device("meta"):
         names = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))

@@ -143,6 +143,13 @@ def logprobs_s(shape: ModelShape, rollout: Rollout, rates: MachineRates, head_at
     return flops / (rates.train_gflops * 1e9)
 
 
+def step_total(times: dict[str, float], layout: Layout) -> float:
+    """A step from its phases: generation then the trainer's passes, or beside them (async), then the weight sync."""
+    trainer = times["logprobs"] + times["training"]
+    generation = times["generation"]
+    return (max(generation, trainer) if layout.overlap else generation + trainer) + times["weight_sync"]
+
+
 def step_time(
     shape: ModelShape,
     work: StepWork,
@@ -184,11 +191,7 @@ def step_time(
         "weight_sync": 2.0 * shape.num_parameters * PRECISION_BYTES.get(engine_precision, 2) / (wide.copy_gbps * 1e9)
         + shape.num_parameters * wide.engine_prepare_s_per_param,
     }
-    trainer = times["logprobs"] + times["training"]
-    if layout.overlap:
-        times["step"] = max(times["generation"], trainer) + times["weight_sync"]
-    else:
-        times["step"] = times["generation"] + trainer + times["weight_sync"]
+    times["step"] = step_total(times, layout)
     validation = 0.0
     if work.validation is not None and work.val_period > 0:
         val = work.validation
