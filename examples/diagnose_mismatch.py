@@ -175,7 +175,8 @@ def megatron_trainer_activations(model_dir: str, token_ids: list[int]) -> tuple[
         command += ["--token-ids", ",".join(map(str, token_ids))]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            lines = done.stderr.strip().splitlines() or ["no output"]
+            last = next((line for line in reversed(lines) if "Error" in line), lines[-1]).strip()
             raise SystemExit(f"error: --trainer-backend megatron: the Megatron model failed to run: {last}")
         captured = torch.load(out)
     with torch.device("meta"):
