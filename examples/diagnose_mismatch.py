@@ -175,9 +175,9 @@ def megatron_trainer_activations(model_dir: str, token_ids: list[int]) -> tuple[
         command += ["--token-ids", ",".join(map(str, token_ids))]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            lines = done.stderr.strip().splitlines() or ["no output"]
-            last = next((line for line in reversed(lines) if "Error" in line), lines[-1]).strip()
-            raise SystemExit(f"error: --trainer-backend megatron: the Megatron model failed to run: {last}")
+            errors = [line.strip() for line in done.stderr.splitlines() if "Error" in line]
+            why = errors[-1] if errors else f"exit code {done.returncode} (negative: killed by that signal)"
+            raise SystemExit(f"error: --trainer-backend megatron: the Megatron model failed to run: {why}")
         captured = torch.load(out)
     with torch.device("meta"):
         names = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
