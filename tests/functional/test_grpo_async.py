@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 
+from nemo_rl_clone.data.dataloader import StatefulPromptLoader
 from tests.functional.supervised_runs import LiveRun, read_metrics, run_dirs
 from tests.functional.test_grpo import grpo_args, run_grpo
 
@@ -48,33 +49,40 @@ def check_async_metrics(
     return ages
 
 
+def loader_order(prompts: int, per_step: int, steps: int, seed: int = 42) -> dict[int, list[int]]:
+    """The prompt rows (``idx``) of steps 1..``steps`` as the run's seeded loader hands them out, read from the loader
+    itself over row numbers: the order a run that is never stopped trains in."""
+    loader = StatefulPromptLoader(list(range(prompts)), per_step, lambda rows: rows, shuffle=True, seed=seed)
+    batches = iter(loader)
+    return {step: next(batches) for step in range(1, steps + 1)}
+
+
 def test_async_run_overlaps_bounds_age_and_resumes_without_repeating_prompts(tmp_path):
-    """4 steps straight; then the same run stopped by checkpointing.checkpoint_must_save_by after step 1 (the
-    collector is generating ahead at that moment) and resumed: the same prompts in the same order at every step."""
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    straight.mkdir(), resumed.mkdir()
+    """A run stopped by checkpointing.checkpoint_must_save_by after step 1 (the collector is generating ahead at that
+    moment) and resumed: steps 1-4 train on the prompts of the seeded loader's first four batches, none repeated
+    or skipped; later steps train on rollouts generated while the step before trained."""
     common = (*ASYNC, "grpo.max_num_steps=4", "grpo.val_period=2")
-    run_grpo(straight, *common)
-    (run_dir,) = run_dirs(straight)
-    metrics = read_metrics(run_dir)
-    ages = check_async_metrics(metrics, range(1, 5), max_age=1)
-    assert ages[0] == 0  # step 1 trains on rollouts of the initial weights
-    assert max(ages[1:]) == 1  # later steps train on rollouts generated while the step before trained
+    # The deadline is already past after step 1: save it and stop, with the collector a batch ahead.
+    first = run_grpo(tmp_path, *common, "checkpointing.checkpoint_must_save_by=00:00:00:01")
+    assert "checkpoint_must_save_by reached: saved and stopping at step 1" in first.stdout
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1"]
+    second = run_grpo(tmp_path, *common)
+    assert "Resuming from checkpoint" in second.stdout
+    before, after = run_dirs(tmp_path)
+    assert check_async_metrics(read_metrics(before), range(1, 2), max_age=1) == [0]  # the initial weights' rollouts
+    metrics = read_metrics(after)
+    assert sorted(s for s, m in metrics.items() if "train/loss" in m) == [2, 3, 4]
+    ages = check_async_metrics(metrics, range(2, 5), max_age=1)
+    # The resumed engines start from the checkpoint's weights (refit before the first rollout): step 2's age is 0;
+    # then the collector generates a step ahead of the trainer.
+    assert ages[0] == 0 and max(ages[1:]) == 1, ages
     # Validation pauses the collector between rollout batches and runs on engines holding the step's weights.
     assert [s for s in metrics if "validation/accuracy" in metrics[s]] == [2, 4]
-
-    # The deadline is already past after step 1: save it and stop, with the collector a batch ahead.
-    first = run_grpo(resumed, *common, "checkpointing.checkpoint_must_save_by=00:00:00:01")
-    assert "checkpoint_must_save_by reached: saved and stopping at step 1" in first.stdout
-    assert sorted(p.name for p in (resumed / "ckpt").iterdir()) == ["step_1"]
-    second = run_grpo(resumed, *common)
-    assert "Resuming from checkpoint" in second.stdout
-    before, after = run_dirs(resumed)
-    assert sorted(s for s, m in read_metrics(after).items() if "train/loss" in m) == [2, 3, 4]
     got = {1: prompt_ids(before, 1), **{step: prompt_ids(after, step) for step in (2, 3, 4)}}
-    assert got == {step: prompt_ids(run_dir, step) for step in range(1, 5)}
-    # The resumed engines start from the checkpoint's weights (refit before the first rollout): step 2's age is 0.
-    assert read_metrics(after)[2]["async/trajectory_age_max"] == 0
+    # 32 prompts (the smoke config's train_size), 4 a step (num_prompts_per_step) with 2 samples each, shuffled by
+    # grpo.seed
+    expected = loader_order(prompts=32, per_step=4, steps=4)
+    assert {step: sorted(ids) for step, ids in got.items()} == {step: sorted(ids * 2) for step, ids in expected.items()}
 
 
 def test_async_run_with_in_flight_updates_stops_at_the_end_of_data(tmp_path):
