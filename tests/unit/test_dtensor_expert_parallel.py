@@ -98,7 +98,7 @@ def test_expert_parallel_trains_checkpoints_and_exports_like_ep1(tmp_path: Path)
     from nemo_rl_clone.models.huggingface import TINY_QWEN3_MOE, resolve_model_path
 
     model_dir = resolve_model_path(TINY_QWEN3_MOE)
-    record = spawn(2, run_scenarios, model_dir, str(tmp_path), make_batches())
+    record = spawn(2, run_scenarios, model_dir, str(tmp_path), make_batches(), writes=tmp_path)
     ep2, ep1 = record["ep2"], record["ep1"]
     assert record["ep2_local_experts"] == EXPERTS // 2
     # The refit state is whole and per expert, named as on disk (and as vLLM loads it), bit-identical at init.

@@ -49,7 +49,7 @@ def run_scenarios(model_dir: str, run_dir: str, batches: list) -> dict[str, Any]
 def test_hsdp_trains_and_checkpoints_like_fsdp(tmp_path: Path) -> None:
     from nemo_rl_clone.models.huggingface import TINY_LLAMA, resolve_model_path
 
-    record = spawn(2, run_scenarios, resolve_model_path(TINY_LLAMA), str(tmp_path), make_batches())
+    record = spawn(2, run_scenarios, resolve_model_path(TINY_LLAMA), str(tmp_path), make_batches(), writes=tmp_path)
     # Replicated over the 2 groups, sharded over each group's 1 rank: every rank holds the whole weight.
     assert record["hsdp_layout"] == ((2, 1), ["R", "S(0)"])
     assert record["hsdp_local_equals_full"]

@@ -181,7 +181,7 @@ def run_dir(module_tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def single(model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dict[str, Any]:
-    return spawn(1, run_single, model_dir, str(run_dir), batches)
+    return spawn(1, run_single, model_dir, str(run_dir), batches, writes=run_dir)
 
 
 @pytest.fixture(scope="module")

@@ -177,7 +177,7 @@ def single(model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dic
 
 @pytest.fixture(scope="module")
 def tp2(model_dir: str, run_dir: Path, batches: list[BatchedDataDict]) -> dict[str, Any]:
-    return spawn(2, run_tp2, model_dir, str(run_dir), batches)
+    return spawn(2, run_tp2, model_dir, str(run_dir), batches, writes=run_dir / "step_1")
 
 
 @pytest.fixture(scope="module")

@@ -316,7 +316,7 @@ def run_dir(module_tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def record(model_dir: str, run_dir: Path, batches: list) -> dict[str, Any]:
-    return spawn(2, run_scenarios, model_dir, str(run_dir), batches)
+    return spawn(2, run_scenarios, model_dir, str(run_dir), batches, writes=run_dir)
 
 
 def _checkpoint_tensors(model_dir: str) -> dict[str, torch.Tensor]:

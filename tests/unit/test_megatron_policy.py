@@ -24,6 +24,7 @@ Tolerances are for fp32: the layouts only reorder float sums (measured ≤ 2e-6,
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -75,10 +76,15 @@ def _child(rank: int, world: int, port: int, out: str, fn: Callable[..., Any], a
 PORT_ATTEMPTS = 3
 
 
-def spawn(world: int, fn: Callable[..., Any], *args: Any, cuda: bool = False) -> Any:
+def spawn(world: int, fn: Callable[..., Any], *args: Any, cuda: bool = False, writes: str | Path | None = None) -> Any:
     """Run ``fn(*args)`` in ``world`` fresh processes joined as one process group (on a free port; gloo on CPU, or
-    one GPU each with ``cuda``); rank 0's result. Run again, on another port, when the port was taken meanwhile."""
+    one GPU each with ``cuda``); rank 0's result. Run again, on another port, when the port was taken meanwhile;
+    ``writes``, the folder ``fn`` writes its checkpoints to, is removed first so the second attempt does not meet
+    the first one's files (an HF export refuses a non-empty folder)."""
     for attempt in range(PORT_ATTEMPTS):
+        if attempt and writes is not None:
+            shutil.rmtree(writes, ignore_errors=True)
+            Path(writes).mkdir(parents=True)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "result.pt")
             try:
@@ -373,7 +379,7 @@ def distill(model_dir: str, batches: list[BatchedDataDict]) -> BatchedDataDict:
 
 @pytest.fixture(scope="module")
 def single(model_dir: str, run_dir: Path, batches: list[BatchedDataDict], distill: BatchedDataDict) -> dict[str, Any]:
-    return spawn(1, run_single, model_dir, str(run_dir), batches, distill)
+    return spawn(1, run_single, model_dir, str(run_dir), batches, distill, writes=run_dir)
 
 
 # The fused linear cross-entropy (use_linear_ce_fusion_loss: token logprobs from hidden states, in chunks of a size
