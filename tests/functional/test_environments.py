@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +13,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.functional.supervised_runs import REPO, entry_point_args, read_metrics, run_entry_point, shared_ray_env
+from tests.functional.supervised_runs import (
+    REPO,
+    entry_point_args,
+    read_metrics,
+    run_entry_point,
+    run_script,
+    shared_ray_env,
+)
 
 
 @pytest.mark.xdist_group("memory")  # SmolLM2 in a policy and an engine
@@ -115,7 +121,7 @@ def test_users_own_environment_named_only_in_yaml(tmp_path: Path) -> None:
     args = entry_point_args("grpo_math", tmp_path)
     args[args.index("--config") + 1] = str(config)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'user_code'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    proc = run_script(args, tmp_path, env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     records = [json.loads(line) for line in calls.read_text().splitlines()]
     assert all(r["pid"] != os.getpid() for r in records)  # it ran as its own actor
@@ -216,7 +222,7 @@ def test_grpo_with_a_remote_multi_turn_environment(tmp_path: Path) -> None:
         )
         args = entry_point_args("grpo_math", tmp_path)
         args[args.index("--config") + 1] = str(config)
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=shared_ray_env())
+        proc = run_script(args, tmp_path, shared_ray_env(), timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     finally:
         httpd.shutdown()

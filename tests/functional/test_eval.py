@@ -22,7 +22,7 @@ import yaml
 from nemo_rl_clone.evals.config import EvalMasterConfig
 from nemo_rl_clone.evals.eval import run_evaluation, score_problems
 from nemo_rl_clone.utils.config import load_validated_config
-from tests.functional.supervised_runs import shared_ray_env
+from tests.functional.supervised_runs import run_script, shared_ray_env
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "run_eval.py"
@@ -37,7 +37,7 @@ PROBLEMS = [  # easy enough for SmolLM2-135M-Instruct to get some right greedily
 
 def run_cli(tmp_path: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
     args = [sys.executable, str(SCRIPT), "--config", str(SMOKE), *overrides]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=shared_ray_env())
+    return run_script(args, tmp_path, shared_ray_env(), timeout)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -29,6 +29,7 @@ from tests.functional.supervised_runs import (
     read_metrics,
     run_dirs,
     run_entry_point,
+    run_script,
     shared_ray_env,
     small_llama,
 )
@@ -418,7 +419,7 @@ def test_a_disk_that_fills_during_a_save_stops_the_run_in_one_line(tmp_path):
     try:
         args = grpo_args(tmp_path, "grpo.max_num_steps=1", f"checkpointing.checkpoint_dir={disk}")
         # the run ends by itself: it may attach to this test worker's Ray cluster (`shared_ray_env`)
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=shared_ray_env())
+        proc = run_script(args, tmp_path, shared_ray_env(), timeout=600)
         assert proc.returncode == SAVE_FAILED_EXIT_CODE, proc.stdout[-3000:] + proc.stderr[-3000:]
         # The verdict is on stderr alone (a Slurm user's .err file), not among the progress lines on stdout.
         assert "Stopped after step 1: " not in proc.stdout

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from nemo_rl_clone.models.huggingface import TINY_LLAMA, TINY_QWEN2
-from tests.functional.supervised_runs import REPO, read_metrics, run_dirs, shared_ray_env
+from tests.functional.supervised_runs import REPO, read_metrics, run_dirs, run_script, shared_ray_env
 
 EXAMPLES = REPO.parent / "shared" / "nemo-rl-v0.7.0-examples" / "examples"
 # ``import nemo_rl...`` / ``from nemo_rl... import``, at any indentation (some scripts import inside functions).
@@ -433,14 +432,7 @@ def test_import_rewrite_touches_imports_only():
 def test_entry_script_runs(name, tmp_path):
     entry = ENTRY_SCRIPTS[name](tmp_path)
     script = copy_with_clone_imports(examples_folder(), entry.path, tmp_path)
-    proc = subprocess.run(
-        [sys.executable, str(script), *entry.overrides],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env=shared_ray_env(),
-    )
+    proc = run_script([sys.executable, str(script), *entry.overrides], tmp_path, shared_ray_env(), timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     if entry.prints:
         assert re.search(entry.prints, proc.stdout), proc.stdout[-3000:]
