@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 _READY_LOG_INTERVAL_S = 60.0
 # How long `shutdown` waits for each killed actor to be gone before warning.
 _KILL_WAIT_S = 60.0
+# Starts of a group whose rendezvous port was bound by someone else between the cluster's probe and rank 0's listen.
+_PORT_ATTEMPTS = 3
 
 
 def import_class(fqn: str) -> type:
@@ -204,13 +206,16 @@ class RayWorkerGroup:
         self.sharding_annotations = checked_sharding(sharding_annotations, len(slots), self.name)
         self.dp_leader_worker_indices = dp_leaders(self.sharding_annotations, dp_leader_worker_indices)
         self.worker_metadata: list[WorkerMetadata] = assign_ranks(slots)
-        self.master_address, self.master_port = cluster.get_master_address_and_port(
-            slots[0].placement_group_index, slots[0].bundle_index
-        )
+        self._env_vars = env_vars
+        self.master_address, self.master_port = self._new_rendezvous_port()
         self._pids: list[int] | None = None
         self._workers: list[ActorHandle] = self._start_workers(env_vars)
         if wait:
             self.wait_until_constructed()
+
+    def _new_rendezvous_port(self) -> tuple[str, int]:
+        first = self.worker_metadata[0]  # rank 0 listens
+        return self.cluster.get_master_address_and_port(first.placement_group_index, first.bundle_index)
 
     def _start_workers(self, env_vars: dict[str, str] | None) -> list[ActorHandle]:
         """One actor per rank in its bundle (returns at once; `wait_until_constructed` waits for them)."""
@@ -442,16 +447,36 @@ class RayWorkerGroup:
 
     def wait_until_constructed(self) -> None:
         """Block until every actor's constructor has returned (the constructor does it unless ``wait=False``, which
-        lets a caller start another group meanwhile); a failed start shuts the group down and raises."""
-        refs: list[ray.ObjectRef] = [worker.__ray_ready__.remote() for worker in self._workers]
+        lets a caller start another group meanwhile); a failed start shuts the group down and raises.
+
+        A port found free can be bound by another process before rank 0 listens on it (EADDRINUSE): the group is
+        then started again on another port, up to ``_PORT_ATTEMPTS`` times in all."""
         label = f"worker group {self.name!r} constructing {self.builder.ray_actor_class_fqn}"
-        try:
-            get_fail_fast(refs, list(range(len(refs))), label, log_pending_every_s=_READY_LOG_INTERVAL_S)
-            # for the watchdog, which names a stalled worker by its pid (a stalled actor cannot be asked then)
-            self._pids = ray.get([worker.__ray_call__.remote(_actor_pid) for worker in self._workers])
-        except ray.exceptions.RayError as error:
-            self.shutdown()
-            raise RuntimeError(f"{label}: an actor failed to start (see the cause below)") from error
+        for attempt in range(_PORT_ATTEMPTS):
+            refs: list[ray.ObjectRef] = [worker.__ray_ready__.remote() for worker in self._workers]
+            try:
+                get_fail_fast(refs, list(range(len(refs))), label, log_pending_every_s=_READY_LOG_INTERVAL_S)
+                # for the watchdog, which names a stalled worker by its pid (a stalled actor cannot be asked then)
+                self._pids = ray.get([worker.__ray_call__.remote(_actor_pid) for worker in self._workers])
+                return
+            except ray.exceptions.RayError as error:
+                self.shutdown()
+                if not _port_was_taken(error) or attempt + 1 == _PORT_ATTEMPTS:
+                    raise RuntimeError(f"{label}: an actor failed to start (see the cause below)") from error
+                taken = self.master_port
+                self.master_address, self.master_port = self._new_rendezvous_port()
+                logger.warning(
+                    "%s: rendezvous port %d was taken before rank 0 could listen on it; starting again on port %d",
+                    label,
+                    taken,
+                    self.master_port,
+                )
+                self._workers = self._start_workers(self._env_vars)
+
+
+def _port_was_taken(error: BaseException) -> bool:
+    """Whether a worker failed because its rendezvous port was in use (torch's DistNetworkError, EADDRINUSE)."""
+    return "EADDRINUSE" in str(error)
 
 
 def _actor_pid(actor: Any) -> int:

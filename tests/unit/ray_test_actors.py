@@ -69,6 +69,27 @@ class FailingInitActor:
             raise RuntimeError("constructor of rank 1 failed on purpose")
 
 
+class PortTakenOnceActor:
+    """Joins a gloo process group on the group's rendezvous port; on the first start another socket takes that port
+    before rank 0 listens (what a process beside the run can do between the port probe and the listen)."""
+
+    def __init__(self, marker_dir: str) -> None:
+        import socket
+
+        import torch.distributed as dist
+
+        marker = Path(marker_dir, "taken")
+        if os.environ["RANK"] == "0" and not marker.exists():
+            marker.write_text(os.environ["MASTER_PORT"])
+            self.squatter = socket.create_server(("", int(os.environ["MASTER_PORT"])))
+        dist.init_process_group("gloo")
+
+    def world_size(self) -> int:
+        import torch.distributed as dist
+
+        return dist.get_world_size()
+
+
 class DataPlaneReader:
     """The data-plane side of a policy worker (`TQWorkerMixin`) around a stand-in computation: its "logprobs" are
     the rows' token ids times two, so a test can tell whose rows were read and written."""

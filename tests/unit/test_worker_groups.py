@@ -306,6 +306,19 @@ def test_failures_surface_with_the_failing_rank(ray_local, tmp_path):
         cluster.shutdown()
 
 
+def test_a_rendezvous_port_taken_meanwhile_starts_the_group_again(ray_local, tmp_path, caplog):
+    cluster = RayVirtualCluster([2], use_gpus=False)
+    try:
+        group = RayWorkerGroup(cluster, RayWorkerBuilder(f"{MODULE}.PortTakenOnceActor", str(tmp_path)))
+        taken = int((tmp_path / "taken").read_text())
+        assert group.master_port != taken
+        assert ray.get(group.run_all_workers_single_data("world_size")) == [2, 2]
+        assert f"rendezvous port {taken} was taken before rank 0 could listen on it" in caplog.text
+        group.shutdown()
+    finally:
+        cluster.shutdown()
+
+
 def test_shutdown_runs_cleanup_then_kills_workers(ray_local, tmp_path):
     cluster = RayVirtualCluster([2], use_gpus=False)
     try:
