@@ -293,7 +293,10 @@ def _engine_linear(on: str) -> Callable[[Any], Callable[[Any], Any]]:
             if ops._supports_onednn:
 
                 def prepacked(w: Any) -> Callable[[Any], Any]:
-                    handler = ops.create_onednn_mm(w.t(), 32)
+                    try:
+                        handler = ops.create_onednn_mm(w.t(), 32)
+                    except RuntimeError:  # e.g. bf16 on a CPU without AVX-512: vLLM falls back to torch's linear
+                        return lambda x: F.linear(x, w)
                     return lambda x: ops.onednn_mm(handler, x, None)
 
                 return prepacked
