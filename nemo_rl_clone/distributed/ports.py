@@ -39,6 +39,11 @@ def pick_free_port(low: int | None = None, high: int | None = None, excluded: Co
     raise RuntimeError(f"no free TCP port {where} on {socket.gethostname()} besides {len(excluded)} already taken")
 
 
+def port_was_taken(error: BaseException) -> bool:
+    """Whether a process failed because its rendezvous port was in use (torch's DistNetworkError, EADDRINUSE)."""
+    return "EADDRINUSE" in str(error)
+
+
 def check_ray_port_free() -> str | None:
     """One line if ``RAY_GCS_SERVER_PORT`` (the port Ray's head binds when it starts here) is taken or invalid."""
     value = os.environ.get("RAY_GCS_SERVER_PORT")

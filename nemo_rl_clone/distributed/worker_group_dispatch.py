@@ -7,6 +7,7 @@ object refs.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 import ray
 
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
+from nemo_rl_clone.utils import watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -216,3 +218,21 @@ def get_fail_fast(
                 error.add_note(f"raised by worker rank {ranks[position[ref]]} in {label}")
                 raise
     return results
+
+
+def actor_pid(actor: Any) -> int:
+    """The pid of the actor it runs in (called with ``__ray_call__``)."""
+    return os.getpid()
+
+
+class WatchedMethod:
+    """An actor method whose calls the watchdog sees (`utils.watchdog.track`) while one runs."""
+
+    def __init__(self, bound: Any, label: str, pid: int | None) -> None:
+        self.bound, self.label, self.pid = bound, label, pid
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        ref = self.bound.remote(*args, **kwargs)
+        for one in ref if isinstance(ref, list) else [ref]:
+            watchdog.track(one, self.label, self.pid)
+        return ref

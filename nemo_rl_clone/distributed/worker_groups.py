@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -24,11 +23,14 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nemo_rl_clone.distributed.named_sharding import NamedSharding
+from nemo_rl_clone.distributed.ports import port_was_taken
 from nemo_rl_clone.distributed.ray_actor_environment import get_actor_python_executable
 from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster
 from nemo_rl_clone.distributed.worker_group_dispatch import (
     MultiWorkerFuture,
     ShardedDispatchPlan,
+    WatchedMethod,
+    actor_pid,
     check_nesting,
     get_fail_fast,
     piece_at,
@@ -443,7 +445,7 @@ class RayWorkerGroup:
             return bound
         name = f"{self.name_prefix}-{rank}" if self.name_prefix else f"{self.name}[{rank}]"
         pid = self._pids[rank] if self._pids else None
-        return _WatchedMethod(bound, f"{name} (pid {pid}) {method}", pid)
+        return WatchedMethod(bound, f"{name} (pid {pid}) {method}", pid)
 
     def wait_until_constructed(self) -> None:
         """Block until every actor's constructor has returned (the constructor does it unless ``wait=False``, which
@@ -457,11 +459,11 @@ class RayWorkerGroup:
             try:
                 get_fail_fast(refs, list(range(len(refs))), label, log_pending_every_s=_READY_LOG_INTERVAL_S)
                 # for the watchdog, which names a stalled worker by its pid (a stalled actor cannot be asked then)
-                self._pids = ray.get([worker.__ray_call__.remote(_actor_pid) for worker in self._workers])
+                self._pids = ray.get([worker.__ray_call__.remote(actor_pid) for worker in self._workers])
                 return
             except ray.exceptions.RayError as error:
                 self.shutdown()
-                if not _port_was_taken(error) or attempt + 1 == _PORT_ATTEMPTS:
+                if not port_was_taken(error) or attempt + 1 == _PORT_ATTEMPTS:
                     raise RuntimeError(f"{label}: an actor failed to start (see the cause below)") from error
                 taken = self.master_port
                 self.master_address, self.master_port = self._new_rendezvous_port()
@@ -472,28 +474,6 @@ class RayWorkerGroup:
                     self.master_port,
                 )
                 self._workers = self._start_workers(self._env_vars)
-
-
-def _port_was_taken(error: BaseException) -> bool:
-    """Whether a worker failed because its rendezvous port was in use (torch's DistNetworkError, EADDRINUSE)."""
-    return "EADDRINUSE" in str(error)
-
-
-def _actor_pid(actor: Any) -> int:
-    return os.getpid()
-
-
-class _WatchedMethod:
-    """An actor method whose calls the watchdog sees (`utils.watchdog.track`) while one runs."""
-
-    def __init__(self, bound: Any, label: str, pid: int | None) -> None:
-        self.bound, self.label, self.pid = bound, label, pid
-
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        ref = self.bound.remote(*args, **kwargs)
-        for one in ref if isinstance(ref, list) else [ref]:
-            watchdog.track(one, self.label, self.pid)
-        return ref
 
 
 def _wait_until_dead(actor: Any, timeout_s: float) -> None:
