@@ -153,6 +153,7 @@ class RayVirtualCluster:
         segment_size: int | None = None,
         node_resource_constraints: list[dict[str, float]] | None = None,
         ready_timeout_s: float = 180.0,
+        collective_timeout_s: float | None = None,
     ) -> None:
         _check_cluster_args(
             bundle_ct_per_node_list,
@@ -180,6 +181,7 @@ class RayVirtualCluster:
         self.placement_group_strategy = placement_group_strategy
         self.segment_size = segment_size
         self.ready_timeout_s = ready_timeout_s
+        self.collective_timeout_s = collective_timeout_s  # its worker groups' process-group timeout (None: torch's)
         self.bundle_resources: dict[str, float] = {"GPU": 1, "CPU": 1} if use_gpus else {"CPU": 1}
         init_ray()
         self._placement_groups = self._reserve()

@@ -229,7 +229,14 @@ class RayWorkerGroup:
                 meta.bundle_index,
                 num_cpus=resources["num_cpus"],
                 num_gpus=resources["num_gpus"],
-                env_vars=worker_env(meta, self.world_size, self.master_address, self.master_port, env_vars),
+                env_vars=worker_env(
+                    meta,
+                    self.world_size,
+                    self.master_address,
+                    self.master_port,
+                    env_vars,
+                    self.cluster.collective_timeout_s,
+                ),
                 name=f"{self.name_prefix}-{meta.rank}" if self.name_prefix else None,
             )
             for meta in self.worker_metadata

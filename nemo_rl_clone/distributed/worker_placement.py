@@ -6,7 +6,9 @@ starts and calls actors.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import numpy as np
 
@@ -14,6 +16,14 @@ from nemo_rl_clone.distributed.named_sharding import NamedSharding
 from nemo_rl_clone.distributed.virtual_cluster import BundleSlot, RayVirtualCluster
 
 DISTRIBUTED_ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+# The cluster's collective timeout (``watchdog.collective_timeout_s``), for the process groups a worker makes.
+COLLECTIVE_TIMEOUT_ENV = "NRL_COLLECTIVE_TIMEOUT_S"
+
+
+def collective_timeout() -> timedelta | None:
+    """This worker's process-group timeout (`COLLECTIVE_TIMEOUT_ENV`); None: torch's default."""
+    value = os.environ.get(COLLECTIVE_TIMEOUT_ENV)
+    return timedelta(seconds=float(value)) if value else None
 
 
 @dataclass(frozen=True)
@@ -35,11 +45,18 @@ def check_extra_env_vars(env_vars: dict[str, str] | None) -> None:
 
 
 def worker_env(
-    meta: WorkerMetadata, world_size: int, master_addr: str, master_port: int, env_vars: dict[str, str] | None
+    meta: WorkerMetadata,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    env_vars: dict[str, str] | None,
+    collective_timeout_s: float | None = None,
 ) -> dict[str, str]:
-    """``env_vars`` plus the torch.distributed variables of worker ``meta``."""
+    """``env_vars`` plus the torch.distributed variables of worker ``meta`` (and its collective timeout, if any)."""
+    timeout = {} if collective_timeout_s is None else {COLLECTIVE_TIMEOUT_ENV: str(collective_timeout_s)}
     return {
         **(env_vars or {}),
+        **timeout,
         "RANK": str(meta.rank),
         "LOCAL_RANK": str(meta.local_rank),
         "WORLD_SIZE": str(world_size),

@@ -136,6 +136,7 @@ class RolloutRunConfig(Protocol):
     logger: Any
     checkpointing: Any
     cluster: Any
+    watchdog: Any
 
     @property
     def loop(self) -> RolloutLoopConfig: ...

@@ -45,6 +45,9 @@ class WatchdogConfig(SectionReads):
     stop_factor: float = 20.0  # stop the run (exit code 124) past this × the median
     stop_min_s: float = 1800.0  # and at least this many seconds
     poll_s: float = 1.0  # seconds between two checks of the bounds
+    # Seconds a trainer rank waits in one torch.distributed collective (its process groups' timeout) before it fails
+    # and the run stops naming it; null: torch's default (gloo 30 min, NCCL 10 min).
+    collective_timeout_s: float | None = None
 
     def check(self) -> list[tuple[str, str]]:
         problems = [
@@ -52,6 +55,8 @@ class WatchdogConfig(SectionReads):
             for key in ("warn_factor", "warn_min_s", "stop_factor", "stop_min_s", "poll_s")
             if not getattr(self, key) > 0
         ]
+        if self.collective_timeout_s is not None and not self.collective_timeout_s > 0:
+            problems.append(("collective_timeout_s", f"must be > 0 or null, got {self.collective_timeout_s}"))
         if not problems and self.stop_min_s < self.warn_min_s:
             problems.append(("stop_min_s", f"must be >= warn_min_s ({self.warn_min_s}), got {self.stop_min_s}"))
         if not problems and self.stop_factor < self.warn_factor:

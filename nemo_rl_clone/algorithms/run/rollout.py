@@ -260,6 +260,7 @@ def _clusters(config: RolloutRunConfig, use_gpus: bool, extra_worker_groups: int
         config.cluster.num_nodes,
         max_colocated_worker_groups=(2 if colocated else 1) + extra_worker_groups,
         placement=placement,
+        collective_timeout_s=config.watchdog.collective_timeout_s,
     )
     if colocated:
         return [train_cluster]

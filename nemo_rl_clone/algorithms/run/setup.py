@@ -104,12 +104,13 @@ def ray_cluster(
     placement: SegmentPlacement | None = None,
     role: str = "training",
     nodes_key: str = "cluster.num_nodes",
+    collective_timeout_s: float | None = None,
 ) -> RayVirtualCluster:
     """A `RayVirtualCluster` of ``num_nodes`` bundles of ``gpus_per_node``, on the ports of the run's ``cluster``
     section and, with ``cluster.segment_size``, on whole NVLink-domain segments. Every cluster a run builds from its
     ``cluster`` section is made here. A run with several clusters passes them one ``placement``, so that each takes
     its segments from the nodes the earlier ones left; ``role`` and ``nodes_key`` (the key of ``num_nodes``) name the
-    cluster in its messages."""
+    cluster in its messages; ``collective_timeout_s`` is the run's ``watchdog.collective_timeout_s``."""
     from nemo_rl_clone.distributed.segment_topology import SegmentPlacement
     from nemo_rl_clone.distributed.virtual_cluster import RayVirtualCluster, init_ray
 
@@ -126,4 +127,5 @@ def ray_cluster(
         port_range_high=cluster.master_port_range_high,
         segment_size=cluster.segment_size,
         node_resource_constraints=placement.take(num_nodes, role, nodes_key),
+        collective_timeout_s=collective_timeout_s,
     )

@@ -5,8 +5,9 @@
 
 - Ctrl-C: the step in flight is abandoned; debris of a save it cut is removed; one line names the last complete
   checkpoint and the command that resumes; the process exits with 130.
-- A Ray worker dies (an engine, a trainer rank, an environment): one line names it, the last complete checkpoint
-  and the command that resumes; exit code 1.
+- A Ray worker dies (an engine, a trainer rank, an environment), or a trainer rank's collective outlives
+  ``watchdog.collective_timeout_s`` (a peer never joined it): one line names it, the last complete checkpoint and the
+  command that resumes; exit code 1.
 - A checkpoint the disk cannot hold, with ``checkpointing.on_save_failure: stop`` (`save_guard`): one line naming
   the directory, the reason and the last complete checkpoint; exit code 74.
 - A phase that makes no progress past the watchdog's stop bound (`utils.watchdog`): one line names the phase and
@@ -107,6 +108,32 @@ def worker_death(error: BaseException) -> str | None:
     return line + oom_cause(text)
 
 
+# What gloo and NCCL say when a collective outlives its group's timeout (``watchdog.collective_timeout_s``).
+_COLLECTIVE_TIMEOUT = re.compile(
+    r"Timed out waiting \d+ ?ms for \w+ operation[^\n]*|collective operation timeout[^\n]*"
+)
+
+
+def collective_timeout(error: BaseException) -> str | None:
+    """One line for a worker whose torch.distributed collective timed out (a peer rank never joined it): which
+    worker call (the note `get_fail_fast` adds) and torch's own words; None when ``error`` is something else."""
+    found = None
+    while error is not None and found is None:  # the worker's error may be the cause of the one raised here
+        found = _COLLECTIVE_TIMEOUT.search(str(error))
+        if found is None:
+            error = error.__cause__  # type: ignore[assignment]
+    if found is None:
+        return None
+    where = next((note for note in getattr(error, "__notes__", []) if note.startswith("raised by ")), "")
+    who = f" ({where})" if where else ""
+    return f"a collective timed out{who}: {found.group(0).strip()} (watchdog.collective_timeout_s)"
+
+
+def stopped_worker(error: BaseException) -> str | None:
+    """`worker_death` or `collective_timeout`: the line a worker fault ends the run with."""
+    return worker_death(error) or collective_timeout(error)
+
+
 @contextmanager
 def stop_on_worker_death(during: str) -> Iterator[None]:
     """A worker that dies in the block (e.g. while the run starts) ends the run in one line and exit code 1."""
@@ -114,7 +141,7 @@ def stop_on_worker_death(during: str) -> Iterator[None]:
     try:
         yield
     except Exception as error:
-        died = worker_death(error)
+        died = stopped_worker(error)
         if died is None or find_user_input_error(error) is not None:  # bad input: `reporting_user_errors` says it
             raise
         report_fault(f"Stopped during {during}: {died}. Resume: {resume_command()}")
@@ -177,7 +204,7 @@ def stop_on_signals(
             report_fault(f"Stopped after step {state.step}: {failed}. Resume: {resume_command()}")
             raise SystemExit(SAVE_FAILED_EXIT_CODE) from None
         except Exception as error:
-            died = worker_death(error)
+            died = stopped_worker(error)
             if died is None:
                 raise
             remove_save_debris(checkpointer.checkpoint_dir)

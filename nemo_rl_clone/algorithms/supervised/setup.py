@@ -103,7 +103,14 @@ def _build_policy(
     use_gpus = torch.cuda.is_available()
     workers = config.cluster.gpus_per_node * config.cluster.num_nodes
     section = config.cluster
-    cluster = ray_cluster(section, f"{algorithm.section}_cluster", use_gpus, section.gpus_per_node, section.num_nodes)
+    cluster = ray_cluster(
+        section,
+        f"{algorithm.section}_cluster",
+        use_gpus,
+        section.gpus_per_node,
+        section.num_nodes,
+        collective_timeout_s=config.watchdog.collective_timeout_s,
+    )
     # Ray gives CPU actors one thread by default; without a generation engine the workers own all the cores.
     threads = {} if use_gpus else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // workers))}
     give_megatron_its_steps(config.policy, getattr(config, algorithm.section), start.dataloader.batches_per_epoch)

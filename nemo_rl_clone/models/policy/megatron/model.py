@@ -33,6 +33,7 @@ from megatron.core.transformer.transformer_block import (
 )
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from nemo_rl_clone.distributed.worker_placement import collective_timeout
 from nemo_rl_clone.models.policy.megatron import converter, lora, moe
 from nemo_rl_clone.models.policy.megatron import value_head as value_heads
 from nemo_rl_clone.models.policy.megatron.packing import PackedCoreAttention
@@ -64,8 +65,15 @@ def init_model_parallel(parallelism: Parallelism, seed: int = 1234) -> None:
             context_parallel_size=parallelism.context,
             expert_model_parallel_size=parallelism.expert,
             expert_tensor_parallel_size=parallelism.expert_tensor,
+            **_timeout_minutes(),
         )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def _timeout_minutes() -> dict[str, float]:
+    """Megatron's groups get the cluster's collective timeout (they set their own, 30 min, otherwise)."""
+    timeout = collective_timeout()
+    return {} if timeout is None else {"distributed_timeout_minutes": timeout.total_seconds() / 60}
 
 
 def check_runtime_support(mcfg: Any) -> None:

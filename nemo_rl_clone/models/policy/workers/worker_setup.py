@@ -10,6 +10,7 @@ import socket
 import torch
 import torch.distributed as dist
 
+from nemo_rl_clone.distributed.worker_placement import collective_timeout
 from nemo_rl_clone.utils.platform import cpu_has_native_bf16
 
 PRECISION_DTYPES: dict[str, torch.dtype] = {
@@ -37,6 +38,7 @@ def init_distributed() -> torch.device:
     """Join the process group described by ``RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT``; return this rank's device.
 
     CPU: gloo. GPU: NCCL for CUDA tensors plus gloo for the CPU tensors some collectives (object gathers) use.
+    Every group's timeout is the cluster's collective timeout when it has one (`collective_timeout`).
     Ray gives each GPU actor its own ``CUDA_VISIBLE_DEVICES``, so the device is always ``cuda:0``.
     """
     if torch.cuda.is_available():
@@ -46,8 +48,15 @@ def init_distributed() -> torch.device:
     else:
         device = torch.device("cpu")
         backend = "gloo"
+    timeout = collective_timeout()
+    if timeout is not None:
+        # Groups torch makes without a timeout of their own (a DeviceMesh's sub-groups) take these defaults.
+        dist.distributed_c10d.default_pg_timeout = timeout
+        dist.distributed_c10d.default_pg_nccl_timeout = timeout
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        dist.init_process_group(
+            backend=backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout
+        )
     return device
 
 
