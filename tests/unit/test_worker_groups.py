@@ -32,7 +32,7 @@ from nemo_rl_clone.distributed.worker_groups import (
     RayWorkerGroup,
     plan_sharded_dispatch,
 )
-from nemo_rl_clone.distributed.worker_placement import DISTRIBUTED_ENV_VARS
+from nemo_rl_clone.distributed.worker_placement import COLLECTIVE_TIMEOUT_ENV, DISTRIBUTED_ENV_VARS
 from tests.unit.ray_test_actors import MODULE
 
 ECHO = f"{MODULE}.RankEchoActor"
@@ -320,9 +320,14 @@ def test_a_rendezvous_port_taken_meanwhile_starts_the_group_again(ray_local, tmp
 
 
 def test_shutdown_runs_cleanup_then_kills_workers(ray_local, tmp_path):
-    cluster = RayVirtualCluster([2], use_gpus=False)
+    cluster = RayVirtualCluster([2], use_gpus=False, collective_timeout_s=90.0)
     try:
         group = RayWorkerGroup(cluster, RayWorkerBuilder(ECHO, tag="bye", marker_dir=str(tmp_path)))
+        # the cluster's collective timeout (watchdog.collective_timeout_s) reaches every worker
+        assert (
+            ray.get(group.run_all_workers_single_data("get_env", [COLLECTIVE_TIMEOUT_ENV]))
+            == [{COLLECTIVE_TIMEOUT_ENV: "90.0"}] * 2
+        )
         workers = group.workers
         assert group.shutdown(cleanup_method="cleanup") is True
         assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"cleanup-0": "bye", "cleanup-1": "bye"}
