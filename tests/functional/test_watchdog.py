@@ -11,7 +11,7 @@ import time
 import psutil
 
 from nemo_rl_clone.utils.watchdog import WATCHDOG_EXIT_CODE
-from tests.functional.supervised_runs import LiveRun
+from tests.functional.supervised_runs import LiveRun, entry_point_args
 from tests.functional.test_grpo import grpo_args
 
 # Tiny-model phases take about a second: warn after 5 s, stop after 20 s (or 3x / 10x a phase's median if longer);
@@ -84,3 +84,35 @@ def test_stalled_workers_are_named_and_a_stopped_engine_stops_the_run(tmp_path):
     assert re.search(rf"waiting on \S*ReasoningGymEnvironment\S* \(pid {environment.pid}\) step for \d+ s", env_warning)
     assert re.search(rf"waiting on lm_policy-0 \(pid {policy.pid}\) \w+ for \d+ s", policy_warning), policy_warning
     print(f"stopped {took:.1f} s after SIGSTOP:\n{env_warning}{policy_warning}{warning}{verdict}")
+
+
+def test_a_trainer_rank_whose_peer_is_stopped_times_out_in_its_collective(tmp_path):
+    """SFT on two policy workers with a 5 s collective timeout (`watchdog.collective_timeout_s`): one rank stopped
+    during training leaves the other waiting in FSDP's collectives. That rank fails once the timeout passes, long
+    before the watchdog's bounds, and the run stops with one line on stderr naming the call and gloo's words (exit
+    code 1), leaving nothing running — the stopped rank included."""
+    overrides = ("sft.max_num_steps=50", "sft.val_period=0", "checkpointing.save_period=100", "cluster.gpus_per_node=2")
+    args = entry_point_args("sft", tmp_path, *overrides, "watchdog.collective_timeout_s=5", config="sft_smoke.yaml")
+    run = LiveRun(args, tmp_path)
+    try:
+        while "step 2: training" not in run.wait_for_line("", timeout_s=300):  # a log line, after its time
+            pass
+        tree = psutil.Process(run.proc.pid).children(recursive=True)
+        ranks = [p for p in tree if " ".join(p.cmdline()).startswith("ray::DTensorPolicyWorker")]
+        assert len(ranks) == 2, ranks
+        ranks[1].send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        code = run.wait_for_exit(timeout_s=180)
+        print(f"exit {code} {time.monotonic() - stopped_at:.1f} s after SIGSTOP")
+        _, alive = psutil.wait_procs(tree, timeout=60)
+        assert not alive, f"left running: {[p.pid for p in alive]}"
+    finally:
+        run.kill()
+    assert code == 1, "".join(run.lines)[-3000:]
+    (verdict,) = [line for line in run.err_lines if line.startswith("Stopped during step ")]
+    timed_out = (
+        r"a collective timed out \(raised by worker rank 0 in \S+\): Timed out waiting 5000 ?ms for \w+ operation"
+    )
+    assert re.search(timed_out, verdict), verdict
+    assert "Resume: uv run" in verdict, verdict
+    assert "Traceback" not in "".join(run.err_lines), "".join(run.err_lines)[-3000:]

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from nemo_rl_clone.distributed.oom import oom_cause, remember_oom_kills
 from nemo_rl_clone.distributed.reaper import register_checkpoint_dir
 from nemo_rl_clone.utils.checkpoint import CheckpointManager, remove_save_debris
 from nemo_rl_clone.utils.errors import find_user_input_error, report_fault
-from nemo_rl_clone.utils.signals import EXIT_CODE, StopRequested, handle_stop_signals
+from nemo_rl_clone.utils.signals import EXIT_CODE, StopRequested, force_exit, handle_stop_signals
 from nemo_rl_clone.utils.watchdog import WatchdogConfig, watching
 
 # Before any save has been timed, assume one takes this long (a SmolLM2-sized save on CPU takes a few seconds).
@@ -134,6 +134,16 @@ def stopped_worker(error: BaseException) -> str | None:
     return worker_death(error) or collective_timeout(error)
 
 
+def stop_for_worker_fault(error: BaseException, line: str) -> NoReturn:
+    """End the run on a worker fault, with ``line`` on stderr and exit code 1. A collective that timed out leaves its
+    peer stuck, not dead: a graceful shutdown would wait on it (a cleanup call, then Ray's kill: ~90 s), so the run
+    exits at once and the reaper ends its processes, as on the watchdog's stop."""
+    if worker_death(error) is None and collective_timeout(error) is not None:
+        force_exit(1, line)
+    report_fault(line)
+    raise SystemExit(1) from None
+
+
 @contextmanager
 def stop_on_worker_death(during: str) -> Iterator[None]:
     """A worker that dies in the block (e.g. while the run starts) ends the run in one line and exit code 1."""
@@ -144,8 +154,7 @@ def stop_on_worker_death(during: str) -> Iterator[None]:
         died = stopped_worker(error)
         if died is None or find_user_input_error(error) is not None:  # bad input: `reporting_user_errors` says it
             raise
-        report_fault(f"Stopped during {during}: {died}. Resume: {resume_command()}")
-        raise SystemExit(1) from None
+        stop_for_worker_fault(error, f"Stopped during {during}: {died}. Resume: {resume_command()}")
 
 
 def resume_command() -> str:
@@ -208,5 +217,4 @@ def stop_on_signals(
             if died is None:
                 raise
             remove_save_debris(checkpointer.checkpoint_dir)
-            report_fault(f"Stopped during step {state.step + 1}: {died}; {describe()}")
-            raise SystemExit(1) from None
+            stop_for_worker_fault(error, f"Stopped during step {state.step + 1}: {died}; {describe()}")
