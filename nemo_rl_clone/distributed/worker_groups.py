@@ -42,6 +42,7 @@ from nemo_rl_clone.distributed.worker_placement import (
     assign_ranks,
     check_extra_env_vars,
     checked_sharding,
+    collective_timeout_env,
     dp_leaders,
     select_slots,
     worker_env,
@@ -208,10 +209,11 @@ class RayWorkerGroup:
         self.sharding_annotations = checked_sharding(sharding_annotations, len(slots), self.name)
         self.dp_leader_worker_indices = dp_leaders(self.sharding_annotations, dp_leader_worker_indices)
         self.worker_metadata: list[WorkerMetadata] = assign_ranks(slots)
-        self._env_vars = env_vars
+        # every worker's extra environment, the cluster's collective timeout included: given again on a restart
+        self._env_vars = {**(env_vars or {}), **collective_timeout_env(cluster.collective_timeout_s)}
         self.master_address, self.master_port = self._new_rendezvous_port()
         self._pids: list[int] | None = None
-        self._workers: list[ActorHandle] = self._start_workers(env_vars)
+        self._workers: list[ActorHandle] = self._start_workers(self._env_vars)
         if wait:
             self.wait_until_constructed()
 
@@ -219,7 +221,7 @@ class RayWorkerGroup:
         first = self.worker_metadata[0]  # rank 0 listens
         return self.cluster.get_master_address_and_port(first.placement_group_index, first.bundle_index)
 
-    def _start_workers(self, env_vars: dict[str, str] | None) -> list[ActorHandle]:
+    def _start_workers(self, env_vars: dict[str, str]) -> list[ActorHandle]:
         """One actor per rank in its bundle (returns at once; `wait_until_constructed` waits for them)."""
         resources = self.cluster.resources_per_worker()
         placement_groups = self.cluster.get_placement_groups()
@@ -229,14 +231,7 @@ class RayWorkerGroup:
                 meta.bundle_index,
                 num_cpus=resources["num_cpus"],
                 num_gpus=resources["num_gpus"],
-                env_vars=worker_env(
-                    meta,
-                    self.world_size,
-                    self.master_address,
-                    self.master_port,
-                    env_vars,
-                    self.cluster.collective_timeout_s,
-                ),
+                env_vars=worker_env(meta, self.world_size, self.master_address, self.master_port, env_vars),
                 name=f"{self.name_prefix}-{meta.rank}" if self.name_prefix else None,
             )
             for meta in self.worker_metadata
@@ -472,14 +467,9 @@ class RayWorkerGroup:
                 self.shutdown()
                 if not port_was_taken(error) or attempt + 1 == _PORT_ATTEMPTS:
                     raise RuntimeError(f"{label}: an actor failed to start (see the cause below)") from error
-                taken = self.master_port
-                self.master_address, self.master_port = self._new_rendezvous_port()
-                logger.warning(
-                    "%s: rendezvous port %d was taken before rank 0 could listen on it; starting again on port %d",
-                    label,
-                    taken,
-                    self.master_port,
-                )
+                taken, (self.master_address, self.master_port) = self.master_port, self._new_rendezvous_port()
+                note = "was taken before rank 0 could listen on it; starting again on port"
+                logger.warning("%s: rendezvous port %d %s %d", label, taken, note, self.master_port)
                 self._workers = self._start_workers(self._env_vars)
 
 

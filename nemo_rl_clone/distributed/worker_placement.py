@@ -44,19 +44,17 @@ def check_extra_env_vars(env_vars: dict[str, str] | None) -> None:
         raise ValueError(f"env_vars may not set {reserved}: RayWorkerGroup sets them for each worker")
 
 
+def collective_timeout_env(seconds: float | None) -> dict[str, str]:
+    """A cluster's collective timeout as a worker's environment (`collective_timeout` reads it); none for None."""
+    return {} if seconds is None else {COLLECTIVE_TIMEOUT_ENV: str(seconds)}
+
+
 def worker_env(
-    meta: WorkerMetadata,
-    world_size: int,
-    master_addr: str,
-    master_port: int,
-    env_vars: dict[str, str] | None,
-    collective_timeout_s: float | None = None,
+    meta: WorkerMetadata, world_size: int, master_addr: str, master_port: int, env_vars: dict[str, str] | None
 ) -> dict[str, str]:
-    """``env_vars`` plus the torch.distributed variables of worker ``meta`` (and its collective timeout, if any)."""
-    timeout = {} if collective_timeout_s is None else {COLLECTIVE_TIMEOUT_ENV: str(collective_timeout_s)}
+    """``env_vars`` plus the torch.distributed variables of worker ``meta``."""
     return {
         **(env_vars or {}),
-        **timeout,
         "RANK": str(meta.rank),
         "LOCAL_RANK": str(meta.local_rank),
         "WORLD_SIZE": str(world_size),

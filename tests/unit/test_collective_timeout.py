@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_rl_clone.algorithms.run.stop import collective_timeout, stopped_worker
-from nemo_rl_clone.distributed.worker_placement import COLLECTIVE_TIMEOUT_ENV, worker_env
+from nemo_rl_clone.distributed.worker_placement import COLLECTIVE_TIMEOUT_ENV, collective_timeout_env
 from nemo_rl_clone.utils.watchdog import WatchdogConfig
 from tests.unit.test_megatron_policy import spawn
 
@@ -76,10 +76,7 @@ def test_a_collective_whose_peer_never_joins_fails_after_the_timeout(kind, monke
 
 
 def test_the_timeout_reaches_every_worker_and_is_checked():
-    from nemo_rl_clone.distributed.worker_placement import WorkerMetadata
-
-    meta = WorkerMetadata(rank=1, node_rank=0, local_rank=1, placement_group_index=0, bundle_index=1)
-    assert worker_env(meta, 2, "10.0.0.1", 25001, {"A": "1"}, 2.5)[COLLECTIVE_TIMEOUT_ENV] == "2.5"
-    assert COLLECTIVE_TIMEOUT_ENV not in worker_env(meta, 2, "10.0.0.1", 25001, None)
+    # what a worker group adds to each worker's environment (the worker-group test checks it arrives)
+    assert collective_timeout_env(2.5) == {COLLECTIVE_TIMEOUT_ENV: "2.5"} and collective_timeout_env(None) == {}
     assert WatchdogConfig(collective_timeout_s=0).check() == [("collective_timeout_s", "must be > 0 or null, got 0")]
     assert WatchdogConfig().check() == [] and collective_timeout(RuntimeError("connection reset by peer")) is None
