@@ -16,6 +16,9 @@ import contextlib
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +167,36 @@ def _ray_session_shutdown() -> Iterator[None]:
     import ray
 
     ray.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_worker_zygote() -> Iterator[None]:
+    """Every Ray worker this test process's drivers start is forked from one zygote that has imported torch,
+    transformers and vLLM (`nemo_rl_clone.distributed.worker_zygote`; docs/testing.md). ``NRL_TEST_WORKER_ZYGOTE=0``
+    starts them as plain processes."""
+    from nemo_rl_clone.distributed import worker_zygote
+
+    if os.environ.get("NRL_TEST_WORKER_ZYGOTE") == "0" or worker_zygote.SOCKET_ENV in os.environ:
+        yield
+        return
+    path = f"/tmp/nrl-zygote-{os.getpid()}.sock"  # short: unix socket paths allow 107 characters
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    command = [sys.executable, "-m", "nemo_rl_clone.distributed.worker_zygote", "serve", path]
+    zygote = subprocess.Popen(command, env=env, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path) and zygote.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # it binds before importing anything heavy
+    os.environ[worker_zygote.SOCKET_ENV] = path
+    os.environ["RAY_RUNTIME_ENV_HOOK"] = worker_zygote.HOOK
+    try:
+        yield
+    finally:
+        os.environ.pop(worker_zygote.SOCKET_ENV, None)
+        os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
+        zygote.terminate()
+        zygote.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -129,6 +129,18 @@ def run_entry_point(
     return proc
 
 
+def plain_worker_processes(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a run whose Ray workers must be its own descendants (a test searches its process tree, signals or
+    kills them): not forked from the test worker's zygote (`_ray_worker_zygote` in tests/conftest.py)."""
+    from nemo_rl_clone.distributed.worker_zygote import HOOK, SOCKET_ENV
+
+    env = dict(env)
+    env.pop(SOCKET_ENV, None)
+    if env.get("RAY_RUNTIME_ENV_HOOK") == HOOK:
+        del env["RAY_RUNTIME_ENV_HOOK"]
+    return env
+
+
 class LiveRun:
     """A run started in its own process group, its stdout and stderr read line by line as they come, so a test can
     act on a line the run printed (a handshake) and then kill the run with everything it started. ``lines`` holds
@@ -142,7 +154,7 @@ class LiveRun:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            env=plain_worker_processes({**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}),
         )
         self.lines: list[str] = []
         self.err_lines: list[str] = []

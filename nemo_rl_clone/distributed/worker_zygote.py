@@ -1,0 +1,227 @@
+"""Ray worker processes forked from a zygote that has imported torch, transformers and vLLM once.
+
+A development option for machines where process starts dominate (the CPU test suite: a vLLM worker spends ~7-20
+CPU-seconds importing before it does anything). Off unless ``NRL_RAY_WORKER_ZYGOTE`` names the unix socket of a
+running zygote (``python -m nemo_rl_clone.distributed.worker_zygote serve SOCKET``) and ``RAY_RUNTIME_ENV_HOOK`` is
+``nemo_rl_clone.distributed.worker_zygote.runtime_env_hook`` in the driver. The hook makes Ray start each worker
+through the launcher (``... worker_zygote launch SOCKET default_worker.py ARGS``), which hands its arguments,
+environment, folder and standard streams to the zygote and waits; the zygote forks a child that becomes the worker.
+
+What Ray sees stays true: the worker registers with the child's pid (Ray kills that pid), the launcher exits with
+the child's status and passes on the signals it gets, and a child whose launcher is gone is killed. Never with CUDA
+(a forked process cannot use a CUDA context of its parent; the zygote imports but never initializes CUDA, and the
+option is for CPU machines). An actor that names its own interpreter (`ray_actor_environment`) keeps it.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+
+SOCKET_ENV = "NRL_RAY_WORKER_ZYGOTE"
+HOOK = "nemo_rl_clone.distributed.worker_zygote.runtime_env_hook"  # for RAY_RUNTIME_ENV_HOOK
+PRELOAD = ("torch", "transformers", "vllm")  # ~all of a worker's import time; `vllm` also imports ray
+_HEADER = struct.Struct("!I")
+
+
+def runtime_env_hook(runtime_env: dict | None) -> dict | None:
+    """Ray's ``RAY_RUNTIME_ENV_HOOK``: the job's workers start through the launcher when a zygote is named."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        return runtime_env
+    runtime_env = dict(runtime_env or {})
+    runtime_env.setdefault("py_executable", f"{sys.executable} -m {__name__} launch {path}")
+    return runtime_env
+
+
+# ---------------------------------------------------------------------------------------------------- the launcher
+
+
+def _send_request(sock: socket.socket, argv: list[str], watch_fd: int) -> None:
+    body = json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    fds = array.array("i", [0, 1, 2, watch_fd])
+    sock.sendmsg([_HEADER.pack(len(body)), body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+
+
+def launch(path: str, argv: list[str]) -> None:
+    """Become ``python argv...`` as Ray started it, run by a child of the zygote; exit with the child's status."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as error:
+        print(f"worker_zygote: no zygote at {path} ({error}); starting the worker as a plain process", file=sys.stderr)
+        os.execv(sys.executable, [sys.executable, *argv])
+    watch, _keep_open = os.pipe()  # the child's read end sees EOF when this process is gone, however it died
+    _send_request(sock, argv, watch_fd=watch)
+    os.close(watch)
+    reader = sock.makefile("r")
+    child = int(reader.readline())
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, lambda s, _f: os.kill(child, s))
+    line = reader.readline()  # the zygote writes the child's wait status when it is reaped
+    if not line:  # the zygote is gone: the child must not outlive this process
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        sys.exit(1)
+    status = int(line)
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        if signum != signal.SIGKILL:
+            signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
+
+
+# ------------------------------------------------------------------------------------------------------ the zygote
+
+
+def _receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    fds = array.array("i")
+    data, ancdata, _, _ = conn.recvmsg(65536, socket.CMSG_SPACE(4 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    (size,) = _HEADER.unpack(data[: _HEADER.size])
+    body = data[_HEADER.size :]
+    while len(body) < size:
+        more = conn.recv(size - len(body))
+        if not more:
+            raise ConnectionError("the launcher closed its connection mid-request")
+        body += more
+    return json.loads(body), list(fds)
+
+
+def _become_worker(request: dict, fds: list[int], base_path: list[str]) -> None:
+    """In the forked child: Ray's worker command as if run by a fresh interpreter. Never returns."""
+    for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.set_wakeup_fd(-1)
+    os.setpgid(0, 0)  # its own process group, as a worker started by the raylet has
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+    watch = fds[3]
+    for fd in fds[:3]:
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    argv = request["argv"]
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *extra, *base_path]
+    sys.argv = list(argv)
+    import importlib
+
+    importlib.invalidate_caches()
+    # OpenMP read the zygote's environment when torch loaded: apply the worker's, or OpenMP's default (all cores).
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    import torch
+
+    torch.set_num_threads(int(threads) if threads.isdigit() else len(os.sched_getaffinity(0)))
+    _watch_launcher(watch)
+    import runpy
+
+    runpy.run_path(argv[0], run_name="__main__")
+    sys.exit(0)
+
+
+def _watch_launcher(fd: int) -> None:
+    """Exit at once when the launcher is gone (its end of the pipe closes however it died)."""
+    import threading
+
+    def wait() -> None:
+        while os.read(fd, 1):
+            pass
+        os._exit(1)
+
+    threading.Thread(target=wait, name="zygote-launcher-watch", daemon=True).start()
+
+
+def serve(path: str) -> None:
+    """Listen on ``path`` at once (launchers queue), import `PRELOAD`, then fork a worker per launcher."""
+    server_pid = os.getpid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    zygote_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base_path = [p for p in sys.path[1:] if p not in zygote_path]
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    launchers: dict[int, socket.socket] = {}  # child pid -> its launcher's connection
+    try:
+        while True:
+            by_fd = {conn.fileno(): pid for pid, conn in launchers.items()}
+            ready, _, _ = select.select([listener, wake_r, *launchers.values()], [], [])
+            for item in ready:
+                if item is listener:
+                    conn, _ = listener.accept()
+                    request, fds = _receive_request(conn)
+                    pid = os.fork()
+                    if pid == 0:
+                        for fd in (wake_r, wake_w):
+                            os.close(fd)
+                        listener.close()
+                        conn.close()
+                        for other in launchers.values():
+                            other.close()
+                        _become_worker(request, fds, base_path)
+                    for fd in fds:
+                        os.close(fd)
+                    conn.sendall(f"{pid}\n".encode())
+                    launchers[pid] = conn
+                elif item is wake_r:
+                    os.read(wake_r, 4096)
+                elif by_fd.get(item.fileno()) is not None and not item.recv(1):  # its launcher is gone
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(by_fd[item.fileno()], signal.SIGKILL)
+            _reap(launchers)
+    finally:
+        if os.getpid() == server_pid:
+            for pid in launchers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            os.unlink(path)
+
+
+def _reap(launchers: dict[int, socket.socket]) -> None:
+    while launchers:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = launchers.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.sendall(f"{status}\n".encode())
+            conn.close()
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) >= 2 and argv[0] == "serve":
+        serve(argv[1])
+    elif len(argv) >= 3 and argv[0] == "launch":
+        launch(argv[1], argv[2:])
+    else:
+        sys.exit(
+            "usage: python -m nemo_rl_clone.distributed.worker_zygote serve SOCKET | launch SOCKET SCRIPT [ARG...]"
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
