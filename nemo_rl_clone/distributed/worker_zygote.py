@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import array
 import contextlib
+import io
 import json
 import os
-import select
+import selectors
 import signal
 import socket
 import struct
@@ -71,11 +72,11 @@ def launch(path: str, argv: list[str]) -> None:
             os.kill(child, signal.SIGKILL)
         sys.exit(1)
     status = int(line)
-    if os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
-        if signum != signal.SIGKILL:
-            signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+    if os.WIFSIGNALED(status):  # die of the same signal, as Ray would have seen the worker die
+        fatal = os.WTERMSIG(status)
+        if fatal != signal.SIGKILL:
+            signal.signal(fatal, signal.SIG_DFL)
+        os.kill(os.getpid(), fatal)
     sys.exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 1)
 
 
@@ -120,6 +121,13 @@ def _become_worker(request: dict, fds: list[int], base_path: list[str]) -> None:
     import importlib
 
     importlib.invalidate_caches()
+    if os.environ.get("PYTHONUNBUFFERED"):  # the streams were set up by the zygote's interpreter from its environment
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, io.TextIOWrapper):
+                stream.reconfigure(write_through=True)
+    import numpy
+
+    numpy.random.seed()  # a fresh interpreter seeds numpy's global generator from the OS; forks would share one
     # OpenMP read the zygote's environment when torch loaded: apply the worker's, or OpenMP's default (all cores).
     threads = os.environ.get("OMP_NUM_THREADS", "")
     import torch
@@ -162,33 +170,37 @@ def serve(path: str) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     launchers: dict[int, socket.socket] = {}  # child pid -> its launcher's connection
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
     try:
         while True:
-            by_fd = {conn.fileno(): pid for pid, conn in launchers.items()}
-            ready, _, _ = select.select([listener, wake_r, *launchers.values()], [], [])
-            for item in ready:
-                if item is listener:
+            for key, _ in selector.select():
+                if key.fileobj is listener:
                     conn, _ = listener.accept()
                     request, fds = _receive_request(conn)
+                    sys.stdout.flush()  # or the child writes the zygote's buffered text into the worker's log
+                    sys.stderr.flush()
                     pid = os.fork()
                     if pid == 0:
+                        selector.close()
                         for fd in (wake_r, wake_w):
                             os.close(fd)
-                        listener.close()
-                        conn.close()
-                        for other in launchers.values():
-                            other.close()
+                        for open_socket in (listener, conn, *launchers.values()):
+                            open_socket.close()
                         _become_worker(request, fds, base_path)
                     for fd in fds:
                         os.close(fd)
                     conn.sendall(f"{pid}\n".encode())
                     launchers[pid] = conn
-                elif item is wake_r:
+                    selector.register(conn, selectors.EVENT_READ, data=pid)
+                elif key.fileobj == wake_r:
                     os.read(wake_r, 4096)
-                elif by_fd.get(item.fileno()) is not None and not item.recv(1):  # its launcher is gone
+                elif isinstance(key.fileobj, socket.socket) and not key.fileobj.recv(1):  # its launcher is gone
+                    selector.unregister(key.fileobj)
                     with contextlib.suppress(ProcessLookupError):
-                        os.kill(by_fd[item.fileno()], signal.SIGKILL)
-            _reap(launchers)
+                        os.kill(key.data, signal.SIGKILL)
+            _reap(launchers, selector)
     finally:
         if os.getpid() == server_pid:
             for pid in launchers:
@@ -197,7 +209,7 @@ def serve(path: str) -> None:
             os.unlink(path)
 
 
-def _reap(launchers: dict[int, socket.socket]) -> None:
+def _reap(launchers: dict[int, socket.socket], selector: selectors.BaseSelector) -> None:
     while launchers:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -207,6 +219,8 @@ def _reap(launchers: dict[int, socket.socket]) -> None:
             return
         conn = launchers.pop(pid, None)
         if conn is not None:
+            with contextlib.suppress(KeyError):  # unregistered already when its launcher went first
+                selector.unregister(conn)
             with contextlib.suppress(OSError):
                 conn.sendall(f"{status}\n".encode())
             conn.close()
