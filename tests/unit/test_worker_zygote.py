@@ -19,11 +19,11 @@ import ray
 from nemo_rl_clone.distributed.worker_zygote import SOCKET_ENV
 
 
-
 @pytest.fixture(autouse=True)
 def _needs_the_zygote() -> None:
     if SOCKET_ENV not in os.environ:  # set by the session fixture, after collection
         pytest.skip("NRL_TEST_WORKER_ZYGOTE=0: the suite started no zygote")
+
 
 SCRIPT = textwrap.dedent(
     """
