@@ -29,7 +29,13 @@ import sys
 SOCKET_ENV = "NRL_RAY_WORKER_ZYGOTE"
 HOOK = "nemo_rl_clone.distributed.worker_zygote.runtime_env_hook"  # for RAY_RUNTIME_ENV_HOOK
 PRELOAD = ("torch", "transformers", "vllm")  # ~all of a worker's import time; `vllm` also imports ray
+PRELOAD_ENV = "NRL_RAY_WORKER_ZYGOTE_PRELOAD"  # comma-separated modules instead of PRELOAD (e.g. a test's light set)
 _HEADER = struct.Struct("!I")
+
+
+def launcher_command(path: str) -> str:
+    """Ray's ``py_executable`` for a worker forked from the zygote at ``path``."""
+    return f"{sys.executable} -m nemo_rl_clone.distributed.worker_zygote launch {path}"
 
 
 def runtime_env_hook(runtime_env: dict | None) -> dict | None:
@@ -38,7 +44,7 @@ def runtime_env_hook(runtime_env: dict | None) -> dict | None:
     if not path:
         return runtime_env
     runtime_env = dict(runtime_env or {})
-    runtime_env.setdefault("py_executable", f"{sys.executable} -m {__name__} launch {path}")
+    runtime_env.setdefault("py_executable", launcher_command(path))
     return runtime_env
 
 
@@ -162,7 +168,8 @@ def serve(path: str) -> None:
     base_path = [p for p in sys.path[1:] if p not in zygote_path]
     import importlib
 
-    for name in PRELOAD:
+    preload = os.environ.get(PRELOAD_ENV)
+    for name in preload.split(",") if preload else PRELOAD:
         importlib.import_module(name)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

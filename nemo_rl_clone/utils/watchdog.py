@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from nemo_rl_clone.utils.config_validation import SectionReads
 from nemo_rl_clone.utils.errors import report_fault
 
@@ -121,6 +123,28 @@ _pending: PendingCalls | None = None  # set while a watchdog runs
 _current: Watchdog | None = None
 
 
+def _children(pid: int | None) -> list[int]:
+    """The worker's descendant processes on this machine (an engine's rank processes), or none."""
+    if pid is None:
+        return []
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:  # gone, or not a process of this machine's
+        return []
+
+
+def _stopped_children(pid: int | None) -> str:
+    """``" (its process P (title) is stopped)"`` for each descendant stopped by a signal: the rank that holds the rest."""
+    stopped = []
+    for child in _children(pid):
+        try:
+            if psutil.Process(child).status() == psutil.STATUS_STOPPED:
+                stopped.append(f"{child} ({' '.join(psutil.Process(child).cmdline())[:40].strip()})")
+        except psutil.Error:
+            continue
+    return f" (its process {', '.join(stopped)} is stopped)" if stopped else ""
+
+
 def running() -> bool:
     return _pending is not None
 
@@ -211,23 +235,31 @@ class Watchdog:
         named = []
         for label, pid, running in calls[:4]:
             stack = self._save_stack(step, label, pid)
-            named.append(f"{label} for {running:.0f} s" + (f" (stack: {stack})" if stack else ""))
+            named.append(
+                f"{label} for {running:.0f} s{_stopped_children(pid)}" + (f" (stack: {stack})" if stack else "")
+            )
         more = f" and {len(calls) - 4} more" if len(calls) > 4 else ""
         return "waiting on " + "; ".join(named) + more
 
     def _save_stack(self, step: int, label: str, pid: int | None) -> Path | None:
+        """py-spy's dump of the worker and of its child processes (an engine's ranks), in one file."""
         py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
         if pid is None or py_spy is None:
             return None
-        try:  # --nonblocking: a stopped or stuck process is read without pausing it
-            dump = subprocess.run(
-                [py_spy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True, timeout=20
-            )
-        except (OSError, subprocess.TimeoutExpired):
+        dumps = []
+        for each in [pid, *_children(pid)][:8]:
+            try:  # --nonblocking: a stopped or stuck process is read without pausing it
+                dump = subprocess.run(
+                    [py_spy, "dump", "--pid", str(each), "--nonblocking"], capture_output=True, text=True, timeout=20
+                )
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            dumps.append(dump.stdout + dump.stderr)
+        if not dumps:
             return None
         self.stacks_dir.mkdir(parents=True, exist_ok=True)
         path = self.stacks_dir / f"step_{step}_{label.split()[0]}.txt"
-        path.write_text(dump.stdout + dump.stderr)
+        path.write_text("\n".join(dumps))
         return path
 
     def _stop_run(self, step: int, name: str, elapsed: float, stop_s: float) -> None:

@@ -119,12 +119,19 @@ def run_script(args: list[str], cwd: Path, env: dict[str, str], timeout: float) 
 
 
 def run_entry_point(
-    algorithm: str, workdir: Path, *overrides: str, timeout: int = 600, config: str | None = None
+    algorithm: str,
+    workdir: Path,
+    *overrides: str,
+    timeout: int = 600,
+    config: str | None = None,
+    plain_workers: bool = False,
 ) -> subprocess.CompletedProcess:
     """Run `entry_point_args` to the end (`run_script`), attached to the test worker's Ray cluster
-    (`shared_ray_env`); asserts exit code 0."""
+    (`shared_ray_env`); asserts exit code 0. ``plain_workers``: its Ray workers are not forked from the zygote (a
+    test that reads their peak memory: a fork's counts the zygote's imports)."""
     args = entry_point_args(algorithm, workdir, *overrides, config=config)
-    proc = run_script(args, workdir, shared_ray_env(), timeout)
+    env = plain_worker_processes(shared_ray_env()) if plain_workers else shared_ray_env()
+    proc = run_script(args, workdir, env, timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc
 

@@ -36,8 +36,12 @@ from tests.functional.supervised_runs import (
 from tests.functional.test_memory_plan_measured import assert_memory_plan_holds
 
 
-def run_grpo(tmp_path: Path, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return run_entry_point("grpo_math", tmp_path, *overrides, timeout=timeout, config="grpo_smoke.yaml")
+def run_grpo(
+    tmp_path: Path, *overrides: str, timeout: int = 600, plain_workers: bool = False
+) -> subprocess.CompletedProcess:
+    return run_entry_point(
+        "grpo_math", tmp_path, *overrides, timeout=timeout, config="grpo_smoke.yaml", plain_workers=plain_workers
+    )
 
 
 def grpo_args(tmp_path: Path, *overrides: str) -> list[str]:
@@ -207,7 +211,7 @@ def test_previous_policy_logprobs_and_kl_penalty(tmp_path):
         "++data_plane.enabled=true",
         "++grpo.num_val_generations_per_prompt=2",  # validation: mean@2 and pass@2 over two samples per prompt
     ]
-    proc = run_grpo(tmp_path, *overrides)
+    proc = run_grpo(tmp_path, *overrides, plain_workers=True)  # its workers' peak memory is checked below
     (run_dir,) = run_dirs(tmp_path)
     metrics = read_metrics(run_dir)
     assert sorted(s for s in metrics if "train/loss" in metrics[s]) == [1, 2, 3]  # one epoch, not one step more

@@ -45,7 +45,7 @@ RUNS = {
 @pytest.mark.parametrize("run", list(RUNS))
 def test_planned_peak_is_within_25_percent_of_the_measured_one(run, tmp_path: Path):
     algorithm, config_name, schema, overrides = RUNS[run]
-    run_entry_point(algorithm, tmp_path, *overrides, config=config_name, timeout=900)
+    run_entry_point(algorithm, tmp_path, *overrides, config=config_name, timeout=900, plain_workers=True)
     (log_dir,) = run_dirs(tmp_path)
     assert_memory_plan_holds(read_metrics(log_dir), config_name, overrides, schema)
 

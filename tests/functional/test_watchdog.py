@@ -1,6 +1,7 @@
-"""The progress watchdog on a real run. The environment actor, then the policy worker, is stopped with SIGSTOP until
-the watchdog's warning names it (by actor, pid and call), then resumed: the run goes on. Then the engine is stopped
-for good: it is named within the bound, the run stops with exit code 124, and nothing it started is left running."""
+"""The progress watchdog on a real run. The environment actor, then a policy worker, is stopped with SIGSTOP until
+the watchdog's warning names it (by actor, pid and call), then resumed: the run goes on. Then one rank of the engine
+(two tensor-parallel ranks) is stopped for good: the engine is named within the bound, the run stops with exit code
+124, and nothing it started is left running, the stopped rank included."""
 
 from __future__ import annotations
 
@@ -25,8 +26,16 @@ BOUNDS = (
 )
 
 
+# Two bundles, shared by two policy workers and one engine of two tensor-parallel ranks (vLLM's own rank processes).
+TP2_ENGINE = ("cluster.gpus_per_node=2", "policy.generation.vllm_cfg.tensor_parallel_size=2")
+
+
+def _all(tree: list[psutil.Process], title: str) -> list[psutil.Process]:
+    return [p for p in tree if " ".join(p.cmdline()).startswith(f"ray::{title}")]
+
+
 def _one(tree: list[psutil.Process], title: str) -> psutil.Process:
-    (process,) = [p for p in tree if " ".join(p.cmdline()).startswith(f"ray::{title}")]
+    (process,) = _all(tree, title)
     return process
 
 
@@ -42,11 +51,11 @@ def _named_while_stopped(run: LiveRun, process: psutil.Process) -> str:
 
 
 def test_stalled_workers_are_named_and_a_stopped_engine_stops_the_run(tmp_path):
-    run = LiveRun(grpo_args(tmp_path, "grpo.max_num_steps=10", "grpo.val_period=100", *BOUNDS), tmp_path)
+    run = LiveRun(grpo_args(tmp_path, "grpo.max_num_steps=10", "grpo.val_period=100", *TP2_ENGINE, *BOUNDS), tmp_path)
     try:
         run.wait_for_line("step 1: saved checkpoint", timeout_s=300)  # step 2 starts next
         tree = psutil.Process(run.proc.pid).children(recursive=True)
-        environment, policy = _one(tree, "ReasoningGymEnvironment"), _one(tree, "DTensorPolicyWorker")
+        environment, policy = _one(tree, "ReasoningGymEnvironment"), _all(tree, "DTensorPolicyWorker")[-1]
         # the driver's step call to the environment actor waits (step 2's rollout)
         env_warning = _named_while_stopped(run, environment)
         run.wait_for_line("step 3: saved checkpoint", timeout_s=120)
@@ -55,14 +64,17 @@ def test_stalled_workers_are_named_and_a_stopped_engine_stops_the_run(tmp_path):
         saved = run.wait_for_line("step ", timeout_s=120)
         while ": saved checkpoint" not in saved:
             saved = run.wait_for_line("step ", timeout_s=120)
-        engine = _one(tree, "VllmGenerationWorker")
-        engine.send_signal(signal.SIGSTOP)
+        engine = _one(tree, "VllmGenerationWorker")  # the actor; its ranks are its children
+        ranks = [p for p in engine.children(recursive=True) if "Worker_" in " ".join(p.cmdline())]
+        assert len(ranks) == 2, [" ".join(p.cmdline()) for p in engine.children(recursive=True)]
+        stopped_rank = max(ranks, key=lambda p: " ".join(p.cmdline()))  # Worker_TP1: not the actor's process
+        stopped_rank.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         code = run.wait_for_exit(timeout_s=120)
         took = time.monotonic() - stopped_at
         errors = "".join(run.err_lines)
-        # the reaper ends every process of the run, the stopped engine included
-        _, alive = psutil.wait_procs(tree, timeout=60)
+        # the reaper ends every process of the run, the stopped rank included
+        _, alive = psutil.wait_procs([*tree, *ranks], timeout=60)
         assert not alive, f"left running: {[p.pid for p in alive]}"
     finally:
         run.kill()
@@ -75,14 +87,16 @@ def test_stalled_workers_are_named_and_a_stopped_engine_stops_the_run(tmp_path):
     (verdict,) = [line for line in run.err_lines if line.startswith("Stopped by the watchdog: step ")]
     assert re.search(r"made no progress for \d+ s \(bound \d+ s\): waiting on ", verdict), verdict
     assert re.search(named, verdict), verdict
+    assert f"(its process {stopped_rank.pid} (" in verdict and ") is stopped)" in verdict, verdict
     assert "last complete checkpoint:" in verdict and "Resume: uv run" in verdict, verdict
     stack = re.search(r"\(stack: (\S+)\)", verdict)
     assert stack, verdict
     with open(stack.group(1)) as dump:  # py-spy's dump of the stopped engine: its Python threads
-        assert f"Process {engine.pid}:" in (text := dump.read()) and "Thread " in text, text[:2000]
+        text = dump.read()  # the actor's threads, then each rank's (the stopped one read without pausing it)
+        assert f"Process {engine.pid}:" in text and f"Process {stopped_rank.pid}:" in text, text[:2000]
     assert "Traceback" not in errors, errors[-3000:]
     assert re.search(rf"waiting on \S*ReasoningGymEnvironment\S* \(pid {environment.pid}\) step for \d+ s", env_warning)
-    assert re.search(rf"waiting on lm_policy-0 \(pid {policy.pid}\) \w+ for \d+ s", policy_warning), policy_warning
+    assert re.search(rf"waiting on lm_policy-\d \(pid {policy.pid}\) \w+ for \d+ s", policy_warning), policy_warning
     print(f"stopped {took:.1f} s after SIGSTOP:\n{env_warning}{policy_warning}{warning}{verdict}")
 
 

@@ -1,6 +1,6 @@
-"""Ray workers forked from the test worker's zygote (`nemo_rl_clone.distributed.worker_zygote`): the launcher must
-look to Ray like the process it started, and the child like a fresh interpreter with the launcher's arguments,
-environment, folder and streams. The suite's zygote (`_ray_worker_zygote` in tests/conftest.py) serves these."""
+"""Ray workers forked from a zygote (`nemo_rl_clone.distributed.worker_zygote`): the launcher must look to Ray like
+the process it started, and the child like a fresh interpreter with the launcher's arguments, environment, folder and
+streams. The module starts its own zygote with a light preload (numpy): the mechanism is the same for vLLM's."""
 
 from __future__ import annotations
 
@@ -11,27 +11,41 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
 import ray
 
-from nemo_rl_clone.distributed.worker_zygote import SOCKET_ENV
+from nemo_rl_clone.distributed.worker_zygote import PRELOAD_ENV, launcher_command
+
+PRELOADED = "numpy"
 
 
-@pytest.fixture(autouse=True)
-def _needs_the_zygote() -> None:
-    if SOCKET_ENV not in os.environ:  # set by the session fixture, after collection
-        pytest.skip("NRL_TEST_WORKER_ZYGOTE=0: the suite started no zygote")
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[tuple[str, int]]:
+    """A zygote of this module's own: its socket path and pid."""
+    path = f"/tmp/nrl-zygote-test-{os.getpid()}.sock"  # short: unix socket paths allow 107 characters
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    command = [sys.executable, "-m", "nemo_rl_clone.distributed.worker_zygote", "serve", path]
+    process = subprocess.Popen(command, env={**env, PRELOAD_ENV: PRELOADED}, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield path, process.pid
+    process.terminate()
+    assert process.wait(timeout=60) == 0
+    assert not os.path.exists(path)
 
 
 SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time
+    PRELOADED_BEFORE = "numpy" in sys.modules
     import numpy, torch
     print(json.dumps({
         "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv,
-        "env": os.environ.get("ZYGOTE_TEST"), "preloaded": "vllm" in sys.modules, "threads": torch.get_num_threads(),
+        "env": os.environ.get("ZYGOTE_TEST"), "preloaded": PRELOADED_BEFORE, "threads": torch.get_num_threads(),
         "numpy": int(numpy.random.randint(2**31)), "path0": sys.path[0], "extra": "/zygote/extra" in sys.path,
     }), flush=True)
     if sys.argv[1] == "wait":
@@ -41,13 +55,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _launch(tmp_path, *args: str, env: dict[str, str] | None = None, socket: str = "") -> subprocess.Popen:
+def _launch(tmp_path, socket: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    socket = socket or os.environ[SOCKET_ENV]
-    command = [sys.executable, "-m", "nemo_rl_clone.distributed.worker_zygote", "launch", socket]
     return subprocess.Popen(
-        [*command, str(script), *args],
+        [*launcher_command(socket).split(), str(script), *args],
         cwd=tmp_path,
         env={**os.environ, "ZYGOTE_TEST": "yes", "PYTHONPATH": "/zygote/extra", **(env or {})},
         stdout=subprocess.PIPE,
@@ -56,20 +68,13 @@ def _launch(tmp_path, *args: str, env: dict[str, str] | None = None, socket: str
     )
 
 
-def _zygote_pid() -> int:
-    return next(
-        p.pid
-        for p in psutil.process_iter(["cmdline"])
-        if os.environ[SOCKET_ENV] in (p.info["cmdline"] or []) and "serve" in p.info["cmdline"]
-    )
-
-
-def test_the_child_runs_the_script_as_a_fresh_interpreter_would_and_its_exit_code_comes_back(tmp_path):
-    runs = [_launch(tmp_path, "3", env={"OMP_NUM_THREADS": "1"}), _launch(tmp_path, "0")]
+def test_the_child_runs_the_script_as_a_fresh_interpreter_would_and_its_exit_code_comes_back(tmp_path, zygote):
+    path, zygote_pid = zygote
+    runs = [_launch(tmp_path, path, "3", env={"OMP_NUM_THREADS": "1"}), _launch(tmp_path, path, "0")]
     outputs = [run.communicate(timeout=120) for run in runs]
     first, second = (json.loads(out.splitlines()[-1]) for out, _ in outputs)
     assert [run.returncode for run in runs] == [3, 0], outputs
-    assert first["ppid"] == _zygote_pid() and first["preloaded"], first  # forked, not a plain start
+    assert first["ppid"] == zygote_pid and first["preloaded"], first  # forked, not a plain start
     assert first["pid"] != runs[0].pid  # the child is not the launcher: Ray registers the child's pid
     assert first["cwd"] == str(tmp_path) and first["argv"] == [str(tmp_path / "script.py"), "3"]
     assert first["env"] == "yes" and first["extra"] and first["path0"] == str(tmp_path)
@@ -78,15 +83,15 @@ def test_the_child_runs_the_script_as_a_fresh_interpreter_would_and_its_exit_cod
     assert all(err == "" or "no zygote" not in err for _, err in outputs)
 
 
-def test_a_signal_to_the_launcher_reaches_the_child_and_a_killed_launcher_leaves_no_child(tmp_path):
-    run = _launch(tmp_path, "wait")
+def test_a_signal_to_the_launcher_reaches_the_child_and_a_killed_launcher_leaves_no_child(tmp_path, zygote):
+    run = _launch(tmp_path, zygote[0], "wait")
     assert run.stdout is not None
     child = psutil.Process(json.loads(run.stdout.readline())["pid"])
     run.send_signal(signal.SIGTERM)
     assert run.wait(timeout=60) == -signal.SIGTERM  # the child died of it, and the launcher reports it the same way
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
 
-    run = _launch(tmp_path, "wait")
+    run = _launch(tmp_path, zygote[0], "wait")
     assert run.stdout is not None
     child = psutil.Process(json.loads(run.stdout.readline())["pid"])
     run.kill()  # SIGKILL: nothing can be passed on; the child notices its launcher is gone
@@ -97,12 +102,12 @@ def test_a_signal_to_the_launcher_reaches_the_child_and_a_killed_launcher_leaves
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
 
 
-def test_without_a_zygote_the_launcher_says_so_and_starts_the_script_itself(tmp_path):
-    run = _launch(tmp_path, "4", socket=str(tmp_path / "none.sock"))
+def test_without_a_zygote_the_launcher_says_so_and_starts_the_script_itself(tmp_path, zygote):
+    run = _launch(tmp_path, str(tmp_path / "none.sock"), "4")
     out, err = run.communicate(timeout=120)
     assert run.returncode == 4, err
     assert "no zygote at" in err and "as a plain process" in err
-    assert json.loads(out.splitlines()[-1])["ppid"] != _zygote_pid()
+    assert json.loads(out.splitlines()[-1])["ppid"] != zygote[1]
 
 
 @ray.remote
@@ -111,10 +116,11 @@ class _Where:
         return os.getpid(), os.getppid()
 
 
-def test_ray_registers_and_kills_the_forked_worker(ray_local):
-    actor = _Where.remote()
+def test_ray_registers_and_kills_the_forked_worker(ray_local, zygote):
+    """The launcher as the actor's ``py_executable`` (what the runtime-env hook gives every worker of a job)."""
+    actor = _Where.options(runtime_env={"py_executable": launcher_command(zygote[0])}).remote()
     pid, parent = ray.get(actor.where.remote(), timeout=120)
-    assert parent == _zygote_pid()
+    assert parent == zygote[1]
     ray.kill(actor)
     process = psutil.Process(pid)
     deadline = time.monotonic() + 30
