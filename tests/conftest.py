@@ -16,9 +16,6 @@ import contextlib
 import multiprocessing
 import os
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,14 +177,7 @@ def _ray_worker_zygote() -> Iterator[None]:
         yield
         return
     path = f"/tmp/nrl-zygote-{os.getpid()}.sock"  # short: unix socket paths allow 107 characters
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
-    command = [sys.executable, "-m", "nemo_rl_clone.distributed.worker_zygote", "serve", path]
-    zygote = subprocess.Popen(command, env=env, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not os.path.exists(path) and zygote.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # it binds before importing anything heavy
+    zygote = worker_zygote.start_zygote(path)
     os.environ[worker_zygote.SOCKET_ENV] = path
     os.environ["RAY_RUNTIME_ENV_HOOK"] = worker_zygote.HOOK
     try:

@@ -24,7 +24,9 @@ import selectors
 import signal
 import socket
 import struct
+import subprocess
 import sys
+import time
 
 SOCKET_ENV = "NRL_RAY_WORKER_ZYGOTE"
 HOOK = "nemo_rl_clone.distributed.worker_zygote.runtime_env_hook"  # for RAY_RUNTIME_ENV_HOOK
@@ -46,6 +48,22 @@ def runtime_env_hook(runtime_env: dict | None) -> dict | None:
     runtime_env = dict(runtime_env or {})
     runtime_env.setdefault("py_executable", launcher_command(path))
     return runtime_env
+
+
+def start_zygote(path: str, preload: str | None = None) -> subprocess.Popen:
+    """Start ``serve(path)`` in a process of its own session and return once it listens (it binds before importing
+    anything heavy). ``preload``: comma-separated modules instead of `PRELOAD`."""
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}  # each worker sets its own
+    if preload is not None:
+        env[PRELOAD_ENV] = preload
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a socket left by a zygote that was killed
+    command = [sys.executable, "-m", "nemo_rl_clone.distributed.worker_zygote", "serve", path]
+    process = subprocess.Popen(command, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process
 
 
 # ---------------------------------------------------------------------------------------------------- the launcher
@@ -185,7 +203,12 @@ def serve(path: str) -> None:
             for key, _ in selector.select():
                 if key.fileobj is listener:
                     conn, _ = listener.accept()
-                    request, fds = _receive_request(conn)
+                    try:
+                        request, fds = _receive_request(conn)
+                    except (OSError, ValueError) as error:  # a launcher that died mid-request: serve the others
+                        print(f"worker_zygote: a launcher's request was lost ({error})", file=sys.stderr)
+                        conn.close()
+                        continue
                     sys.stdout.flush()  # or the child writes the zygote's buffered text into the worker's log
                     sys.stderr.flush()
                     pid = os.fork()

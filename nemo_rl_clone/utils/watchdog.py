@@ -15,6 +15,7 @@ watchdog runs.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import statistics
 import subprocess
@@ -123,25 +124,23 @@ _pending: PendingCalls | None = None  # set while a watchdog runs
 _current: Watchdog | None = None
 
 
-def _children(pid: int | None) -> list[int]:
+def _children(pid: int | None) -> list[psutil.Process]:
     """The worker's descendant processes on this machine (an engine's rank processes), or none."""
     if pid is None:
         return []
     try:
-        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        return psutil.Process(pid).children(recursive=True)
     except psutil.Error:  # gone, or not a process of this machine's
         return []
 
 
-def _stopped_children(pid: int | None) -> str:
-    """``" (its process P (title) is stopped)"`` for each descendant stopped by a signal: the rank that holds the rest."""
+def _stopped(children: list[psutil.Process]) -> str:
+    """``" (its process P (title) is stopped)"`` for the children stopped by a signal: the rank that holds the rest."""
     stopped = []
-    for child in _children(pid):
-        try:
-            if psutil.Process(child).status() == psutil.STATUS_STOPPED:
-                stopped.append(f"{child} ({' '.join(psutil.Process(child).cmdline())[:40].strip()})")
-        except psutil.Error:
-            continue
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            if child.status() == psutil.STATUS_STOPPED:
+                stopped.append(f"{child.pid} ({' '.join(child.cmdline())[:40].strip()})")
     return f" (its process {', '.join(stopped)} is stopped)" if stopped else ""
 
 
@@ -234,20 +233,19 @@ class Watchdog:
             return "no worker call pending (the driver itself)"
         named = []
         for label, pid, running in calls[:4]:
-            stack = self._save_stack(step, label, pid)
-            named.append(
-                f"{label} for {running:.0f} s{_stopped_children(pid)}" + (f" (stack: {stack})" if stack else "")
-            )
+            children = _children(pid)
+            stack = self._save_stack(step, label, [pid, *(child.pid for child in children)] if pid else [])
+            named.append(f"{label} for {running:.0f} s{_stopped(children)}" + (f" (stack: {stack})" if stack else ""))
         more = f" and {len(calls) - 4} more" if len(calls) > 4 else ""
         return "waiting on " + "; ".join(named) + more
 
-    def _save_stack(self, step: int, label: str, pid: int | None) -> Path | None:
+    def _save_stack(self, step: int, label: str, pids: list[int]) -> Path | None:
         """py-spy's dump of the worker and of its child processes (an engine's ranks), in one file."""
         py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
-        if pid is None or py_spy is None:
+        if not pids or py_spy is None:
             return None
         dumps = []
-        for each in [pid, *_children(pid)][:8]:
+        for each in pids[:8]:
             try:  # --nonblocking: a stopped or stuck process is read without pausing it
                 dump = subprocess.run(
                     [py_spy, "dump", "--pid", str(each), "--nonblocking"], capture_output=True, text=True, timeout=20

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ import psutil
 import pytest
 import ray
 
-from nemo_rl_clone.distributed.worker_zygote import PRELOAD_ENV, launcher_command
+from nemo_rl_clone.distributed.worker_zygote import launcher_command, start_zygote
 
 PRELOADED = "numpy"
 
@@ -26,12 +25,7 @@ PRELOADED = "numpy"
 def zygote() -> Iterator[tuple[str, int]]:
     """A zygote of this module's own: its socket path and pid."""
     path = f"/tmp/nrl-zygote-test-{os.getpid()}.sock"  # short: unix socket paths allow 107 characters
-    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
-    command = [sys.executable, "-m", "nemo_rl_clone.distributed.worker_zygote", "serve", path]
-    process = subprocess.Popen(command, env={**env, PRELOAD_ENV: PRELOADED}, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(path) and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    process = start_zygote(path, preload=PRELOADED)
     yield path, process.pid
     process.terminate()
     assert process.wait(timeout=60) == 0
