@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +30,23 @@ def starts_local_ray() -> bool:
 def _existing_cluster_address() -> str | None:
     """``RAY_ADDRESS``, else the cluster of the last ``ray start`` on this machine, else None. (Ray's
     ``address="auto"`` would also grab any other Ray instance running here, e.g. another user's test session.)"""
-    return services.canonicalize_bootstrap_address(None)  # type: ignore[arg-type]  # None means "look it up"
+    address = services.canonicalize_bootstrap_address(None)  # type: ignore[arg-type]  # None means "look it up"
+    if address is None or os.environ.get("RAY_ADDRESS"):
+        return address
+    # From the file the last `ray start` wrote: after a crash or a reboot it names a cluster that is gone, and
+    # attaching to it would retry for minutes. Nothing listening there means nothing to attach to.
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except (OSError, ValueError):
+        logger.warning(
+            "Ignoring %s: it names the Ray cluster %s, where nothing answers (left by a `ray start` that did not "
+            "stop); starting a local cluster",
+            ray._private.utils.get_ray_address_file(None),
+            address,
+        )
+        return None
+    return address
 
 
 def init_ray(log_dir: str | os.PathLike | None = None, num_cpus: int | None = None) -> None:

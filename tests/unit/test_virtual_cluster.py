@@ -225,3 +225,28 @@ def test_ray_logs_go_to_log_dir_only_when_the_socket_path_fits(tmp_path, caplog)
         assert (short / "ray").is_dir()
     finally:
         shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_stale_ray_start_address_file_is_ignored_in_one_line(tmp_path, monkeypatch, caplog):
+    """A crash or reboot leaves `ray start`'s address file naming a dead cluster: attaching to it would retry for
+    minutes, so the run starts its own cluster and says why; a live address is still attached to."""
+    import socket
+
+    from ray._private.utils import get_ray_address_file
+
+    from nemo_rl_clone.distributed.ray_startup import _existing_cluster_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    address_file = Path(get_ray_address_file(None))
+    address_file.parent.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))  # Ray rewrites a loopback address to the node's own
+        listener.listen()
+        port = listener.getsockname()[1]
+        address_file.write_text(f"127.0.0.1:{port}")
+        live = _existing_cluster_address()
+        assert live is not None and live.endswith(f":{port}")
+    address_file.write_text(live)  # the listener is closed: nothing answers there now
+    assert _existing_cluster_address() is None
+    assert f"Ignoring {address_file}: it names the Ray cluster {live}, where nothing answers" in caplog.text
