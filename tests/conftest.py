@@ -168,12 +168,12 @@ def _ray_session_shutdown() -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _ray_worker_zygote() -> Iterator[None]:
-    """With ``NRL_TEST_WORKER_ZYGOTE=1``, every Ray worker this test process's drivers start is forked from one zygote
-    that has imported torch, transformers and vLLM (`nemo_rl_clone.distributed.worker_zygote`; docs/testing.md:
-    off by default until it is measured faster and green for the whole suite)."""
+    """Every Ray worker this test process's drivers start is forked from one zygote that has imported torch,
+    transformers and vLLM (`nemo_rl_clone.distributed.worker_zygote`; docs/testing.md: ~19% off the modules that
+    start runs). ``NRL_TEST_WORKER_ZYGOTE=0``: plain worker processes."""
     from nemo_rl_clone.distributed import worker_zygote
 
-    if os.environ.get("NRL_TEST_WORKER_ZYGOTE") != "1" or worker_zygote.SOCKET_ENV in os.environ:
+    if os.environ.get("NRL_TEST_WORKER_ZYGOTE") == "0" or worker_zygote.SOCKET_ENV in os.environ:
         yield
         return
     path = f"/tmp/nrl-zygote-{os.getpid()}.sock"  # short: unix socket paths allow 107 characters

@@ -81,9 +81,7 @@ def init_ray(log_dir: str | os.PathLike | None = None, num_cpus: int | None = No
     temp_dir = _ray_temp_dir(log_dir)
     with _without_env("OMP_NUM_THREADS"):
         # "local": a new cluster, even where a stale `ray start` address file is left (see above)
-        ray.init(
-            address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, _temp_dir=temp_dir
-        )
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=True, _temp_dir=temp_dir)
     node = ray._private.worker._global_node
     if temp_dir is None and node is not None:  # Ray's session dir is in the system temp dir, not the run's log dir
         register_temp_path(node.get_session_dir_path())

@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.functional.supervised_runs import REPO, read_metrics
+from tests.functional.supervised_runs import REPO, plain_worker_processes, read_metrics
 
 RAY = Path(sys.executable).with_name("ray")
 NODE_CPUS = 1  # one worker slot per node: cluster.num_nodes=2 fits, 3 does not
@@ -96,7 +96,8 @@ class TwoNodeRayCluster:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def start(self) -> None:
-        env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+        # The nodes start their workers themselves: not through this test process's zygote (tests/conftest.py)
+        env = plain_worker_processes({key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"})
         # What a container image sets: `uv run` uses this environment wherever the job's working dir is.
         env["UV_PROJECT_ENVIRONMENT"] = sys.prefix
         env["UV_NO_SYNC"] = "1"  # as docker/Dockerfile sets it: even a plain `uv run` never re-syncs this env

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.functional.supervised_runs import REPO, assert_checkpoint
+from tests.functional.supervised_runs import REPO, assert_checkpoint, plain_worker_processes
 from tests.scripts import load_script
 
 # On the worker of the other "system" tests, one at a time (tests/machine_share.py): installs Slurm and munge, starts their daemons.
@@ -53,7 +53,8 @@ def slurm_env() -> Iterator[dict[str, str]]:
         except (local_slurm.SlurmError, OSError, subprocess.SubprocessError) as error:
             pytest.fail(f"cannot start a local Slurm cluster (tools/local_slurm.py): {error}")
     assert len(state.nodes) == 2, f"the local Slurm cluster of {directory} has nodes {state.nodes}, want 2"
-    env = {**os.environ, "SLURM_CONF": state.conf, "PYTHONUNBUFFERED": "1"}
+    # Slurm's nodes start their own Ray workers: not through this test process's zygote (tests/conftest.py)
+    env = plain_worker_processes({**os.environ, "SLURM_CONF": state.conf, "PYTHONUNBUFFERED": "1"})
     jobs_before = set(_squeue(env))
     yield env
     for job in set(_squeue(env)) - jobs_before:  # whatever a failed test left running
