@@ -10,9 +10,10 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from nemo_rl_clone.utils.watchdog import WATCHDOG_EXIT_CODE
-from tests.functional.supervised_runs import LiveRun, entry_point_args
+from tests.functional.supervised_runs import LiveRun, entry_point_args, read_metrics, run_dirs, run_entry_point
 from tests.functional.test_grpo import grpo_args
 
 # Tiny-model phases take about a second: warn after 5 s, stop after 20 s (or 3x / 10x a phase's median if longer);
@@ -100,14 +101,17 @@ def test_stalled_workers_are_named_and_a_stopped_engine_stops_the_run(tmp_path):
     print(f"stopped {took:.1f} s after SIGSTOP:\n{env_warning}{policy_warning}{warning}{verdict}")
 
 
-def test_a_trainer_rank_whose_peer_is_stopped_times_out_in_its_collective(tmp_path):
+def test_a_trainer_rank_whose_peer_is_stopped_times_out_in_its_collective_and_the_run_resumes_exactly(tmp_path):
     """SFT on two policy workers with a 5 s collective timeout (`watchdog.collective_timeout_s`): one rank stopped
     during training leaves the other waiting in FSDP's collectives. That rank fails once the timeout passes, long
     before the watchdog's bounds, and the run stops with one line on stderr naming the call and gloo's words (exit
-    code 1), leaving nothing running — the stopped rank included."""
-    overrides = ("sft.max_num_steps=50", "sft.val_period=0", "checkpointing.save_period=100", "cluster.gpus_per_node=2")
-    args = entry_point_args("sft", tmp_path, *overrides, "watchdog.collective_timeout_s=5", config="sft_smoke.yaml")
-    run = LiveRun(args, tmp_path)
+    code 1), leaving nothing running — the stopped rank included. Resumed from the last checkpoint it names, the run
+    then trains exactly as one that was never stopped (its steps' losses and grad norms to fp32 noise)."""
+    common = ("sft.max_num_steps=6", "sft.val_period=0", "cluster.gpus_per_node=2")
+    cut, straight = tmp_path / "cut", tmp_path / "straight"
+    cut.mkdir(), straight.mkdir()
+    overrides = (*common, "checkpointing.save_period=1", "watchdog.collective_timeout_s=5")
+    run = LiveRun(entry_point_args("sft", cut, *overrides, config="sft_smoke.yaml"), cut)
     try:
         while "step 2: training" not in run.wait_for_line("", timeout_s=300):  # a log line, after its time
             pass
@@ -130,3 +134,17 @@ def test_a_trainer_rank_whose_peer_is_stopped_times_out_in_its_collective(tmp_pa
     assert re.search(timed_out, verdict), verdict
     assert "Resume: uv run" in verdict, verdict
     assert "Traceback" not in "".join(run.err_lines), "".join(run.err_lines)[-3000:]
+    last = re.search(r"last complete checkpoint: \S*step_(\d+)", verdict)
+    assert last, verdict
+    saved = int(last.group(1))
+    assert 1 <= saved < 6, verdict
+
+    # The resume (the default timeout again) and a run never stopped, on the test worker's Ray cluster.
+    resumed = run_entry_point("sft", cut, *common, config="sft_smoke.yaml")
+    assert f"step_{saved} (step {saved})" in resumed.stdout, resumed.stdout[-3000:]
+    run_entry_point("sft", straight, *common, "checkpointing.enabled=false", config="sft_smoke.yaml")
+    got, expected = read_metrics(run_dirs(cut)[-1]), read_metrics(run_dirs(straight)[-1])
+    assert sorted(s for s in got if "train/loss" in got[s]) == list(range(saved + 1, 7)), sorted(got)
+    for step in range(saved + 1, 7):
+        assert got[step]["train/loss"] == pytest.approx(expected[step]["train/loss"], abs=1e-5), step
+        assert got[step]["train/grad_norm"] == pytest.approx(expected[step]["train/grad_norm"], rel=1e-4), step
