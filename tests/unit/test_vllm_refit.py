@@ -73,9 +73,9 @@ def generation(cluster: RayVirtualCluster) -> Iterator[VllmGeneration]:
     tests/unit/test_vllm_in_flight_refit.py and every GRPO run of tests/functional."""
     config = tiny_config(max_new_tokens=8)
     config.vllm_cfg.async_engine = True
-    config.vllm_cfg.max_model_len = (
-        384  # room for a tool call spelled out character by character, and the examples' agents
-    )
+    # Room for a tool call spelled out character by character, the examples' agents, and a streamed call long enough
+    # that a refit lands while it runs even on a loaded machine (`test_a_refit_during_an_http_call_...`).
+    config.vllm_cfg.max_model_len = 2048
     config.vllm_cfg.expose_http_server = True
     config.vllm_cfg.http_server_serving_chat_kwargs = {"enable_auto_tools": True, "tool_parser": "hermes"}
     # JSON without free whitespace: a random model would otherwise pad a constrained tool call with blank lines
@@ -165,7 +165,7 @@ def test_http_servers_call_tools_and_refuse_bad_requests(generation: VllmGenerat
     with pytest.raises(openai.NotFoundError, match="The model `gpt-4` does not exist"):
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="cannot be greater than max_model_len"):
-        client.completions.create(model=TINY_LLAMA, prompt="hi", max_tokens=1_000)
+        client.completions.create(model=TINY_LLAMA, prompt="hi", max_tokens=10_000)
     assert client.completions.create(model=TINY_LLAMA, prompt="still serving", max_tokens=2).choices[0].text
 
 
@@ -353,15 +353,17 @@ def test_a_refit_during_an_http_call_labels_each_token_with_the_weights_that_sam
     before the refit). fp32, tolerance 1e-4; the new tokens differ from the old model's by more than 1e-2."""
     old, new = perturbed_model(model_path, seed=61), perturbed_model(model_path, seed=62)
     client = openai.OpenAI(base_url=generation.http_url, api_key=generation.api_key, max_retries=0)
-    # The call runs ~a second on the tiny model; on a loaded machine the refit can land after it ended (every token
-    # then carries the old version): the call is made again, up to three times, before that counts as a failure.
+    # The call runs ~10 s on the tiny model. A refit to two engines under CI's load has taken ~8 s, longer
+    # than a 360-token call (every token then carried the old version); should it still miss, the call is made again,
+    # up to three times, before that counts as a failure.
+    missed: list[list[int]] = []
     for attempt in range(3):
         generation.update_weights_from_state_dict(old.state_dict())
         episode = f"refit-in-flight-{attempt}"
         stream = client.completions.create(
             model=TINY_LLAMA,
             prompt="Once upon a time",
-            max_tokens=360,  # as long as max_model_len allows, so that it still runs when the refit lands
+            max_tokens=1200,  # so that it still runs when the refit lands
             stream=True,
             extra_body={"ignore_eos": True},
             extra_headers={"X-Episode-Id": episode},
@@ -374,6 +376,8 @@ def test_a_refit_during_an_http_call_labels_each_token_with_the_weights_that_sam
         before = versions[0]
         if before + 1 in versions:
             break
+        missed.append(sorted(set(versions)))
+    assert before + 1 in versions, f"the refit never landed during a call: versions seen {missed}"
     k = versions.index(before + 1)
     n = len(call.output_token_ids)
     assert versions == (before,) * k + (before + 1,) * (n - k) and 0 < k < n, versions
