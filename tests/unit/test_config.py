@@ -61,6 +61,26 @@ def test_defaults_cycle_and_missing_file(tmp_path):
         load_config(tmp_path / "c.yaml")
 
 
+def test_a_file_loaded_before_is_read_again_once_it_or_a_default_changes(tmp_path):
+    """Loads are remembered with the bytes of every file they merged: an edit of the file or of any default it
+    inherits is seen at once, a defaults list that now closes a cycle is still refused, and the caller may change
+    what it gets back."""
+    root = write(tmp_path / "root.yaml", "x: 1\nlr: ${mul:2,3}\nsection: {_override_: true, k: 1}\n")
+    mid = write(tmp_path / "mid.yaml", "defaults: root.yaml\ny: 2\n")
+    top = write(tmp_path / "top.yaml", "defaults: mid.yaml\nz: 3\n")
+    first = load_config(top)
+    assert OmegaConf.to_container(first) == {"x": 1, "lr": "${mul:2,3}", "section": {"k": 1}, "y": 2, "z": 3}
+    first.x = 100  # the caller's copy
+    assert load_config(top).x == 1 and load_config(top).lr == 6
+    write(root, "x: 5\n")  # a default two levels down, same length as before or not: its bytes decide
+    assert OmegaConf.to_container(load_config(top)) == {"x": 5, "y": 2, "z": 3}
+    write(mid, "defaults: root.yaml\ny: 7\n")
+    assert load_config(top).y == 7
+    write(root, "defaults: top.yaml\nx: 5\n")
+    with pytest.raises(ConfigError, match=r"inheritance cycle top.yaml -> mid.yaml -> root.yaml -> top.yaml"):
+        load_config(top)
+
+
 def test_invalid_yaml_is_one_line(tmp_path):
     bad = write(tmp_path / "bad.yaml", "a: [1, 2\n")
     with pytest.raises(ConfigError) as err:

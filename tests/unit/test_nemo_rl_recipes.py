@@ -42,7 +42,7 @@ BASE_RECIPES = {
 def _validate(config: dict[str, Any], algorithm: str, tmp_path: Path) -> list[str]:
     """Problems of ``config`` as the examples report them (empty when it validates)."""
     path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.write_text(yaml.dump(config, Dumper=yaml.CSafeDumper, sort_keys=False))  # libyaml: ~10x faster
     try:
         load_validated_config(path, [], SCHEMAS[algorithm])
     except ConfigError as err:
