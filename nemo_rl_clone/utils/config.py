@@ -155,6 +155,8 @@ def _load_tracked(path: Path, chain: tuple[Path, ...], base_dir: Path | None) ->
             deps.extend(parent_deps)
             merged = _merge(merged, parent_cfg, path)
         merged = _merge(merged, cfg, path)
+    if len(_LOADED) >= 512:  # a bound for processes that load many distinct files (tests writing recipes)
+        _LOADED.clear()
     _LOADED[(path, base_dir)] = (tuple(deps), OmegaConf.to_container(merged, resolve=False))
     return merged, tuple(deps)
 
