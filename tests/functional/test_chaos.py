@@ -6,9 +6,9 @@ responses cut by a stop string, so rewards vary within groups and every step tra
 starts it (it resumes from its latest checkpoint), SIGKILLs one process of a kind drawn at random (the driver, the
 vLLM worker, the policy worker) at a random moment (during start-up, or during the steps) and checks what is left:
 the one-line verdict, no process of the run still running, every checkpoint passing its manifest. Before the final
-resume the newest checkpoint is damaged, so the resume must fall back past it; during that final run an environment
-actor is killed, which the run survives (Ray restarts it and retries its step). The final rewards, losses and weights
-must equal the straight run's.
+resume the newest checkpoint is damaged (where an older one remains), so the resume must fall back past it; during
+that final run an environment actor is killed, which the run survives (Ray restarts it and retries its step). The
+final rewards, losses and weights must equal the straight run's.
 
 ``NRL_CHAOS_SEED`` replays a failing draw (the seed is printed); docs/logging_and_checkpoints.md reports trials.
 """
