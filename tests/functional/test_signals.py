@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from nemo_rl_clone.algorithms.run.state import SAVE_PAUSE_ENV
-from tests.functional.supervised_runs import REPO, assert_checkpoint, run_entry_point
+from tests.functional.supervised_runs import REPO, assert_checkpoint
 
 # Beside other tests: a /dev/shm entry counts as left behind only when no live process holds it (`held_shm`), so
 # another test's segments in use do not count; the exit bounds (10 s for Ctrl-C) are 4x what a run took beside a
@@ -250,10 +250,10 @@ def test_sft_sigterm_saves_the_last_step_and_resumes(tmp_path):
     assert checkpoints(tmp_path) == [f"step_{saved}"]
     assert_checkpoint(tmp_path / "ckpt" / f"step_{saved}")
 
-    # The resume goes to its end: forked from the zygote and attached to the test worker's cluster, as runs that are
-    # not signalled are (`run_entry_point`), without a Ray start and a fresh process's imports.
-    resumed = run_entry_point("sft", tmp_path, *overrides, config="sft_smoke.yaml", timeout=300)
-    assert f"step_{saved} (step {saved})" in resumed.stdout
+    run = Run("sft", tmp_path, *overrides, config="sft_smoke.yaml")
+    assert run.proc.wait(timeout=300) == 0, run.output[-3000:]
+    assert f"step_{saved} (step {saved})" in run.output
+    run.assert_nothing_left()
     assert checkpoints(tmp_path) == sorted([f"step_{saved}", "step_8"])
 
 
