@@ -178,6 +178,7 @@ def _ray_worker_zygote() -> Iterator[None]:
         return
     path = f"/tmp/nrl-zygote-{os.getpid()}.sock"  # short: unix socket paths allow 107 characters
     zygote = worker_zygote.start_zygote(path)
+    worker_zygote.use_zygote_setup_worker()  # the clusters this process starts (`ray_local`, `attached_ray_cluster`)
     os.environ[worker_zygote.SOCKET_ENV] = path
     os.environ["RAY_RUNTIME_ENV_HOOK"] = worker_zygote.HOOK
     try:

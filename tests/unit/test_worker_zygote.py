@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -121,3 +122,50 @@ def test_ray_registers_and_kills_the_forked_worker(ray_local, zygote):
     while process.is_running() and process.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+
+
+@ray.remote
+class _Env:
+    def read(self) -> tuple[str | None, int, int]:
+        return os.environ.get("ZYGOTE_SHIM_TEST"), os.getpid(), os.getppid()
+
+
+def _shims(socket: str) -> list[psutil.Process]:
+    """The worker shims of live workers whose runtime env names the zygote at ``socket``."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        words = process.info["cmdline"] or []
+        if len(words) > 1 and words[1].endswith("setup_worker.py") and any(socket in word for word in words):
+            found.append(process)
+    return found
+
+
+def test_the_shim_applies_the_env_like_rays_and_imports_no_ray(ray_local, zygote):
+    """The session's clusters run `zygote_setup_worker.py` as their workers' shim (tests/conftest.py). A worker
+    for the launcher gets the context's variables expanded as Ray's shim expands them (``${X}`` of an unset
+    variable: empty), and its shim (the launcher) never loads Ray's core library; any other context goes to Ray's
+    own shim, which still applies it."""
+    from ray._private import ray_constants
+
+    from nemo_rl_clone.distributed.worker_zygote import SETUP_WORKER
+
+    if not ray_constants.SETUP_WORKER_FILENAME.endswith(SETUP_WORKER):
+        pytest.skip("NRL_TEST_WORKER_ZYGOTE=0: the session's clusters use Ray's own worker shim")
+    value = "${HOME}/x${NRL_SURELY_UNSET_VARIABLE}"
+    forked = _Env.options(
+        runtime_env={"py_executable": launcher_command(zygote[0]), "env_vars": {"ZYGOTE_SHIM_TEST": value}}
+    ).remote()
+    got, _, parent = ray.get(forked.read.remote(), timeout=120)
+    assert got == os.path.expanduser("~") + "/x" and parent == zygote[1]
+    (shim,) = _shims(zygote[0])
+    assert shim.cmdline()[1].endswith(SETUP_WORKER)
+    with open(f"/proc/{shim.pid}/maps") as maps:
+        assert "_raylet" not in maps.read()  # Ray's shim imports ray, whose core library is _raylet.so
+
+    plain = _Env.options(
+        runtime_env={"py_executable": sys.executable, "env_vars": {"ZYGOTE_SHIM_TEST": value}}
+    ).remote()
+    got, _, parent = ray.get(plain.read.remote(), timeout=120)
+    assert got == os.path.expanduser("~") + "/x" and parent != zygote[1]
+    for actor in (forked, plain):
+        ray.kill(actor)
