@@ -46,6 +46,7 @@ FORKSERVER_PRELOAD = [
     *(f"nemo_rl_clone.algorithms.{name}.train" for name in ("grpo", "sft", "dpo", "rm", "ppo", "distillation")),
     "nemo_rl_clone.models.policy.megatron.policy_worker",
     "nemo_rl_clone.models.policy.dtensor.policy_worker",
+    "tests.gc_freeze",  # last: freezes the heap the imports above built
 ]
 
 

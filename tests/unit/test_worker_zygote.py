@@ -35,13 +35,14 @@ def zygote() -> Iterator[tuple[str, int]]:
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys, time
+    import gc, json, os, sys, time
     PRELOADED_BEFORE = "numpy" in sys.modules
     import numpy, torch
     print(json.dumps({
         "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv,
         "env": os.environ.get("ZYGOTE_TEST"), "preloaded": PRELOADED_BEFORE, "threads": torch.get_num_threads(),
         "numpy": int(numpy.random.randint(2**31)), "path0": sys.path[0], "extra": "/zygote/extra" in sys.path,
+        "frozen": gc.get_freeze_count(),
     }), flush=True)
     if sys.argv[1] == "wait":
         time.sleep(600)
@@ -74,6 +75,7 @@ def test_the_child_runs_the_script_as_a_fresh_interpreter_would_and_its_exit_cod
     assert first["cwd"] == str(tmp_path) and first["argv"] == [str(tmp_path / "script.py"), "3"]
     assert first["env"] == "yes" and first["extra"] and first["path0"] == str(tmp_path)
     assert first["threads"] == 1 and second["threads"] == len(os.sched_getaffinity(0))  # OMP_NUM_THREADS, or all
+    assert first["frozen"] > 1000  # the zygote's imported heap is out of the collector's reach (`gc.freeze`)
     assert first["numpy"] != second["numpy"]  # numpy's global generator is reseeded per child, as in a fresh process
     assert all(err == "" or "no zygote" not in err for _, err in outputs)
 
