@@ -29,6 +29,11 @@ pytest_plugins = ["tests.machine_share"]  # two xdist workers sharing one machin
 # faster (40.4 → 37.8 s, two pairs each) and a lone run no slower (26.6 s either way; `9476cc5`, 2026-11-30,
 # 2-core AMD EPYC). Set before any Ray cluster or entry point starts, so every process of the suite inherits it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Ray's log monitor lists its session's log folder for new worker files on every 0.1 s pass until the folder holds
+# 1,000 files, then every 0.5 s; the suite's long-lived clusters gather hundreds, and each listing cost more than the
+# last (the two clusters' monitors: 78 CPU-s in CI's first 23 minutes). Every 0.5 s from the start: a new worker's
+# first lines reach its driver up to 0.5 s later; lines of files already found still go every pass.
+os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 
 # Logical CPUs of the test cluster: actors in tests idle most of the time, so a 2-core machine can host 8 slots.
 RAY_TEST_NUM_CPUS = 8
