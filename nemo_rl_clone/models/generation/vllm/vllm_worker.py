@@ -23,6 +23,7 @@ one (``tmp_dir``) that `shutdown` deletes, together with ``/dev/shm`` segments i
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -60,6 +61,17 @@ from nemo_rl_clone.models.policy.workers.train_profile import peak_rss_bytes
 logger = logging.getLogger(__name__)
 
 TIED_HEAD, EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def _freeze_imported_heap() -> None:
+    """Move what the imports built (torch, transformers, vLLM: ~650k objects) out of the cyclic collector's reach
+    before the engine is built. vLLM collects five times while it builds one and freezes the heap itself when done;
+    frozen first, those collections skip the imports (the tiny model's engine: 3.4 -> 2.1 CPU-seconds). Objects
+    are still freed by reference counting; only cycles among these already-living ones are never collected."""
+    import vllm.entrypoints.llm  # noqa: F401  (the engine's modules, so that they are frozen too)
+
+    gc.collect()
+    gc.freeze()
 
 
 class VllmGenerationWorker:
@@ -106,6 +118,7 @@ class VllmGenerationWorker:
             kwargs["enable_prefix_caching"] = False
         self.is_async = config.vllm_cfg.async_engine
         self.http_url: str | None = None
+        _freeze_imported_heap()
         if self.is_async:
             self.llm: Any = AsyncEngine({**kwargs, "worker_extension_cls": EXTENSION})
             if config.vllm_cfg.expose_http_server:  # on this node's address only, a port the OS picks
